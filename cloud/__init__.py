@@ -1,0 +1,1 @@
+"""cloud: the cloud gRPC service. Verifies drafts and refines answers on vLLM."""

@@ -1,0 +1,193 @@
+"""The target-model engine behind a small interface, and its vLLM implementation.
+
+One engine serves both verification scoring (prompt logprobs of a draft) and
+refinement (streamed generation). vLLM's AsyncLLM batches every request from
+every session continuously; nothing here serialises requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from cloud.config import EngineConfig
+from coinfer.errors import Unavailable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GenParams:
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+
+
+@dataclass
+class EngineStats:
+    running: int
+    max_num_seqs: int
+    ready: bool
+
+
+class TargetEngine(ABC):
+    """What the cloud needs from a model server."""
+
+    @abstractmethod
+    def generate(self, prompt: str, params: GenParams, request_id: str) -> AsyncIterator[str]:
+        """Stream text deltas of a completion of ``prompt`` (BOS added by the tokenizer)."""
+
+    @abstractmethod
+    async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str) -> list[float]:
+        """Log-probability of each token of ``continuation`` (then EOS) given ``prompt``."""
+
+    @abstractmethod
+    async def abort(self, request_id: str) -> None: ...
+
+    @abstractmethod
+    async def check_health(self) -> None:
+        """Raise Unavailable if the engine is dead."""
+
+    @abstractmethod
+    def stats(self) -> EngineStats: ...
+
+    @abstractmethod
+    def count_tokens(self, text: str) -> int: ...
+
+    @property
+    @abstractmethod
+    def max_model_len(self) -> int: ...
+
+    async def close(self) -> None:  # noqa: B027 - optional
+        pass
+
+
+class VllmEngine(TargetEngine):
+    """vLLM AsyncLLM (v1 engine). Create inside a running event loop via ``start``."""
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self._llm = None
+        self._tok = None
+        self._running = 0
+
+    async def start(self) -> VllmEngine:
+        # the CPU build sizes its KV cache from this variable; it is read at engine start
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(self.cfg.kv_cache_gib))))
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(
+            model=self.cfg.model, tokenizer=self.cfg.model, max_model_len=self.cfg.max_model_len,
+            dtype=self.cfg.dtype, max_num_seqs=self.cfg.max_num_seqs, enforce_eager=self.cfg.enforce_eager,
+            gpu_memory_utilization=self.cfg.gpu_memory_utilization, seed=self.cfg.seed,
+            disable_log_stats=True, enable_prefix_caching=True,
+        )
+        # engine start is blocking (spawns the engine-core process, loads weights)
+        self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        from transformers import AutoTokenizer
+
+        self._tok = AutoTokenizer.from_pretrained(self.cfg.model)
+        # the first request pays for lazy kernel and allocator set-up (seconds on CPU):
+        # pay it here, before health says SERVING, not in a user's session
+        await self.continuation_logprobs("warm up", "warm up", "warmup-score")
+        async for _ in self.generate("warm up", GenParams(max_tokens=2), "warmup-gen"):
+            pass
+        return self
+
+    @property
+    def max_model_len(self) -> int:
+        return self.cfg.max_model_len
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._tok(text)["input_ids"])
+
+    def _ids(self, text: str) -> list[int]:
+        return self._tok(text)["input_ids"]
+
+    def _params(self, p: GenParams, **extra):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p, seed=p.seed,
+            presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
+            output_kind=RequestOutputKind.DELTA, **extra,
+        )
+
+    async def generate(self, prompt: str, params: GenParams, request_id: str) -> AsyncIterator[str]:
+        if self._llm is None or self._llm.errored:
+            raise Unavailable("engine is not running")
+        ids = self._ids(prompt)
+        room = self.cfg.max_model_len - len(ids)
+        if room < 1:
+            return
+        self._running += 1
+        try:
+            async for out in self._llm.generate({"prompt_token_ids": ids}, self._params(
+                    GenParams(**{**params.__dict__, "max_tokens": min(params.max_tokens, room)})), request_id):
+                delta = out.outputs[0].text
+                if delta:
+                    yield delta
+        except asyncio.CancelledError:
+            await self.abort(request_id)  # a cancelled stream aborts upstream, then re-raises
+            raise
+        finally:
+            self._running -= 1
+
+    async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str) -> list[float]:
+        if self._llm is None or self._llm.errored:
+            raise Unavailable("engine is not running")
+        head = self._ids(prompt)
+        tail = self._tok(continuation, add_special_tokens=False)["input_ids"] + [self._tok.eos_token_id]
+        ids = (head + tail)[: self.cfg.max_model_len - 1]
+        tail_len = len(ids) - len(head)
+        if tail_len <= 0:
+            return []
+        params = self._params(GenParams(max_tokens=1), prompt_logprobs=0)
+        self._running += 1
+        final = None
+        try:
+            async for out in self._llm.generate({"prompt_token_ids": ids}, params, request_id):
+                final = out if final is None or out.prompt_logprobs else final
+        except asyncio.CancelledError:
+            await self.abort(request_id)
+            raise
+        finally:
+            self._running -= 1
+        plp = final.prompt_logprobs if final is not None else None
+        if plp is None:
+            raise Unavailable("engine returned no prompt logprobs")
+        lps = []
+        for pos in range(len(head), len(ids)):
+            entry = plp[pos]
+            lps.append(float(entry[ids[pos]].logprob))
+        return lps
+
+    async def abort(self, request_id: str) -> None:
+        if self._llm is not None:
+            await self._llm.abort(request_id)
+
+    async def check_health(self) -> None:
+        if self._llm is None:
+            raise Unavailable("engine is loading")
+        try:
+            await self._llm.check_health()
+        except Exception as exc:
+            raise Unavailable(f"engine is dead: {exc}") from exc
+
+    def stats(self) -> EngineStats:
+        return EngineStats(self._running, self.cfg.max_num_seqs, self._llm is not None and not self._llm.errored)
+
+    async def close(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None

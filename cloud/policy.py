@@ -1,0 +1,69 @@
+"""Pure scheduling maths: verifier scores, the scheduler's rank, consensus, token budgets.
+
+No I/O here; everything is a function of numbers and strings (seed 003, 3.1 and 4.4).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+
+
+def likelihood_score(logprobs: Sequence[float]) -> float:
+    """exp(mean token logprob) of a draft under the target: a per-token probability in [0, 1].
+
+    Geometric-mean probability rather than the total, so long and short drafts compare.
+    """
+    if not logprobs:
+        return 0.0
+    return math.exp(sum(logprobs) / len(logprobs))
+
+
+def rank_scores(scores: Sequence[float], latencies_s: Sequence[float], a: float, b: float, g: float) -> list[float]:
+    """Scheduler score per draft: ``a*score + b*(1 - std(scores)) - g*latency`` (seed 3.1).
+
+    The agreement term is shared by all drafts of a session (it measures how much
+    the verifier agrees with itself across drafts); it matters when ranks of
+    different sessions or rounds are compared.
+    """
+    spread = statistics.pstdev(scores) if len(scores) > 1 else 0.0
+    return [a * s + b * (1.0 - spread) - g * lat for s, lat in zip(scores, latencies_s)]
+
+
+def segments(text: str) -> list[str]:
+    """A draft's steps: the ';'-separated parts before its ``answer`` part."""
+    parts = [p.strip() for p in text.replace("\n", ";").split(";")]
+    out = []
+    for p in parts:
+        if not p:
+            continue
+        if p.lower().startswith("answer"):
+            break
+        out.append(p)
+    return out
+
+
+def consensus_prefix(drafts: Sequence[Sequence[str]], min_support: int) -> list[str]:
+    """Longest step prefix where each step is shared by >= ``min_support`` of the drafts
+    that agree on every step before it (seed 4.4)."""
+    prefix: list[str] = []
+    alive = [list(d) for d in drafts]
+    while True:
+        pos = len(prefix)
+        counts = Counter(d[pos] for d in alive if len(d) > pos)
+        if not counts:
+            return prefix
+        step, n = counts.most_common(1)[0]
+        if n < min_support:
+            return prefix
+        prefix.append(step)
+        alive = [d for d in alive if len(d) > pos and d[pos] == step]
+
+
+def refine_max_tokens(best_score: float, cap: int, lo: int = 64) -> int:
+    """Latency-aware budget (seed 4.4): score 0.72 -> 256 tokens, 0.95 -> 512, linear between,
+    clamped to [lo, cap]. A confident draft earns a longer refinement."""
+    tokens = 256 + (best_score - 0.72) / (0.95 - 0.72) * 256
+    return int(max(lo, min(cap, tokens)))

@@ -1,0 +1,82 @@
+"""Thin gRPC servicer: coinfer.v1 <-> domain types, work done by ``CloudCore``.
+
+Errors are mapped once, here: a ``CoinferError`` becomes its status code with the
+message naming the field; anything else is logged and becomes INTERNAL, and the
+server goes on serving other sessions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+
+from cloud.core import CloudCore
+from cloud.session import DraftsDone, EdgeItem
+from coinfer import convert
+from coinfer import types as t
+from coinfer.errors import CoinferError, InvalidArgument
+from coinfer.v1 import coinfer_pb2 as pb
+from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+MAX_PROBE_BYTES = 16 << 20
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    if isinstance(exc, CoinferError):
+        await context.abort(exc.code, exc.message)
+    log.exception("internal error", exc_info=exc)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+
+
+class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
+    def __init__(self, core: CloudCore) -> None:
+        self.core = core
+
+    async def Session(self, request_iterator: AsyncIterator[pb.EdgeMessage],
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.CloudMessage]:
+        try:
+            first = await anext(aiter(request_iterator), None)
+            if first is None or first.WhichOneof("kind") != "open":
+                raise InvalidArgument("open: the first message of a session must be SessionOpen")
+            req = convert.open_from_pb(first.open)
+
+            async def inbox() -> AsyncIterator[EdgeItem]:
+                async for msg in request_iterator:
+                    kind = msg.WhichOneof("kind")
+                    if kind == "draft":
+                        yield convert.from_pb(msg.draft, t.Draft)
+                    elif kind == "done":
+                        yield DraftsDone(msg.done.count)
+                    else:
+                        raise InvalidArgument(f"{kind or 'kind'}: only draft or done may follow open")
+
+            async for ev in self.core.session(req, inbox()):
+                yield convert.event_to_pb(ev)
+        except Exception as exc:  # noqa: BLE001 - mapped to a status, never crashes the server
+            await _abort(context, exc)
+
+    async def Generate(self, request: pb.GenerateRequest,
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.CloudMessage]:
+        try:
+            req = convert.open_from_pb(pb.SessionOpen(
+                request_id=request.request_id, problem=request.problem, deadline_ms=request.deadline_ms,
+                refine=request.sampling if request.HasField("sampling") else None))
+            async for ev in self.core.generate(req):
+                yield convert.event_to_pb(ev)
+        except Exception as exc:  # noqa: BLE001
+            await _abort(context, exc)
+
+    async def Status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusResponse:
+        return convert.to_pb(self.core.status(), pb.StatusResponse)
+
+    async def Probe(self, request: pb.ProbeRequest, context: grpc.aio.ServicerContext) -> pb.ProbeResponse:
+        if request.response_bytes > MAX_PROBE_BYTES:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"response_bytes: {request.response_bytes} > limit {MAX_PROBE_BYTES}")
+        return pb.ProbeResponse(payload=os.urandom(request.response_bytes), received_bytes=len(request.payload),
+                                server_time_ns=time.time_ns())

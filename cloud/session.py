@@ -1,0 +1,262 @@
+"""One co-inference session: verify drafts as they arrive, then refine (seed 003, 2.2).
+
+Input: the edge's drafts and end-of-round markers (an async iterator).
+Output: domain events (``coinfer.types``) in the order the edge should see them:
+``SessionAccepted``, a ``Verdict`` per draft as soon as it is judged, then either
+``AnswerChunk``s and a ``Summary``, or ``RetryAdvice`` and another round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from cloud.config import CloudConfig
+from cloud.engine import GenParams, TargetEngine
+from cloud.policy import consensus_prefix, likelihood_score, rank_scores, refine_max_tokens, segments
+from coinfer import types as t
+from coinfer.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
+from coinfer.rules import RuleSet
+from coinfer.tasks import Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DraftsDone:
+    """End of a round of drafts (``count`` drafts were sent in it)."""
+
+    count: int
+
+
+EdgeItem = t.Draft | DraftsDone
+_END = object()
+
+
+@dataclass
+class _Judged:
+    draft: t.Draft
+    verdict: t.Verdict
+    support: int = 1  # 1 + structural duplicates merged into it
+
+
+@dataclass
+class Session:
+    """State of one session; ``run`` drives it."""
+
+    cfg: CloudConfig
+    engine: TargetEngine
+    req: t.OpenRequest
+    task: Task
+    spec: dict
+    rules: RuleSet
+    recommended_drafts: int
+    deadline_s: float
+    t0: float = field(default_factory=time.perf_counter)
+    judged: dict[int, _Judged] = field(default_factory=dict)
+    by_key: dict[tuple, int] = field(default_factory=dict)
+    attempt: int = 0
+    seen: set[int] = field(default_factory=set)
+
+    def _ms(self) -> float:
+        return (time.perf_counter() - self.t0) * 1e3
+
+    # ---- verification -------------------------------------------------------------
+    async def _verify(self, d: t.Draft, pending: dict[tuple, asyncio.Future]) -> t.Verdict:
+        t_start = time.perf_counter()
+        res, parsed = self.rules.check(d.text)
+        if not res.valid:  # rules fail fast: no model time spent
+            v = t.Verdict(d.index, False, 0.0, res.error, res.failed_rule, 0.0, res.passed)
+        else:
+            key = self.task.structure_key(parsed)
+            if key in pending:  # structural duplicate: counted as support, not verified twice
+                orig = await asyncio.shield(pending[key])
+                self.judged[orig.draft_index].support += 1
+                v = t.Verdict(d.index, orig.valid, orig.score, orig.error, orig.failed_rule, 0.0,
+                              orig.rules_passed, duplicate_of=orig.draft_index + 1)
+            else:
+                fut: asyncio.Future = asyncio.get_running_loop().create_future()
+                pending[key] = fut
+                try:
+                    lps = await self.engine.continuation_logprobs(
+                        self.task.format_prompt(self.req.prompt), d.text, f"{self.req.request_id}-v{d.index}")
+                    v = t.Verdict(d.index, True, likelihood_score(lps), "", "", 0.0, res.passed + ["likelihood"])
+                except BaseException as exc:
+                    fut.set_exception(exc)
+                    fut.exception()  # mark retrieved
+                    raise
+                fut.set_result(v)
+        v.verify_ms = (time.perf_counter() - t_start) * 1e3
+        if not v.duplicate_of:
+            self.judged[d.index] = _Judged(d, v)
+        else:
+            self.judged[d.index] = _Judged(d, v, support=0)
+        return v
+
+    # ---- refinement ---------------------------------------------------------------
+    def _ranked(self) -> list[tuple[_Judged, float]]:
+        cands = [j for j in self.judged.values() if j.verdict.valid and not j.verdict.duplicate_of]
+        if not cands:
+            return []
+        p = self.cfg.policy
+        ranks = rank_scores([j.verdict.score for j in cands], [j.verdict.verify_ms / 1e3 for j in cands], p.a, p.b, p.g)
+        return sorted(zip(cands, ranks), key=lambda x: -x[1])
+
+    async def _generate(self, prefix: str, max_tokens: int, tag: str, out: asyncio.Queue) -> tuple[str, float]:
+        """Stream the target's answer after ``prefix``; returns (text, time to first token ms)."""
+        sp = self.req.refine
+        params = GenParams(
+            max_tokens=max_tokens,
+            temperature=sp.temperature if sp else self.cfg.policy.refine_temperature,
+            top_p=sp.top_p if sp else 1.0,
+            presence_penalty=sp.presence_penalty if sp else 0.0,
+            frequency_penalty=sp.frequency_penalty if sp else 0.0,
+            seed=sp.seed if sp else None,
+        )
+        t_start, ttft = time.perf_counter(), 0.0
+        if prefix:
+            await out.put(t.AnswerChunk(prefix))
+        text = prefix
+        async for delta in self.engine.generate(self.task.format_prompt(self.req.prompt) + prefix, params,
+                                                f"{self.req.request_id}-{tag}"):
+            if not ttft:
+                ttft = (time.perf_counter() - t_start) * 1e3
+            text += delta
+            await out.put(t.AnswerChunk(delta))
+        return text, ttft
+
+    async def _finish(self, out: asyncio.Queue, verify_ms: float) -> None:
+        ranked = self._ranked()
+        p = self.cfg.policy
+        t_ref = time.perf_counter()
+        if ranked:
+            chosen = [j for j, _ in ranked[: p.context_drafts]]
+            steps = [segments(j.draft.text) for j, _ in ranked for _ in range(j.support)]
+            prefix_steps = consensus_prefix(steps, min(p.min_support, len(steps)))
+            prefix = "; ".join(prefix_steps) + "; " if prefix_steps else ""
+            best = ranked[0][0]
+            max_tokens = refine_max_tokens(best.verdict.score, p.refine_max_tokens)
+            text, ttft = await self._generate(prefix, max_tokens, f"r{self.attempt}", out)
+            res, _ = self.rules.check(text)
+            if res.valid:
+                answer, source, valid = text, t.AnswerSource.REFINED, True
+            else:  # never worse than the best valid draft
+                answer, source, valid = best.draft.text, t.AnswerSource.DRAFT, True
+            refine_note = f"refined with prefix of {len(prefix_steps)} steps" + (
+                "" if res.valid else f"; refinement failed ({res.error}), best draft returned")
+        else:
+            chosen = []
+            text, ttft = await self._generate("", p.refine_max_tokens, "cloud", out)
+            res, _ = self.rules.check(text)
+            answer, source, valid = text, t.AnswerSource.CLOUD, res.valid
+            refine_note = "no valid draft after retries: cloud drafted itself" + ("" if res.valid else f" ({res.error})")
+        rank_of = {j.draft.index: r for j, r in ranked}
+        scores = [t.DraftScore(i, j.verdict.valid, j.verdict.score, rank_of.get(i, 0.0))
+                  for i, j in sorted(self.judged.items())]
+        trace = "; ".join(
+            f"Draft#{j.draft.index} " + (f"scored {j.verdict.score:.2f}, passed {','.join(j.verdict.rules_passed)}"
+                                         if j.verdict.valid else f"failed {j.verdict.failed_rule}: {j.verdict.error}")
+            for j in self.judged.values()) + f" | {refine_note}"
+        await out.put(t.Summary(
+            answer=answer, source=source, chosen_drafts=[j.draft.index for j in chosen], scores=scores,
+            timings=t.Timings(verify_ms, ttft, (time.perf_counter() - t_ref) * 1e3, self._ms()),
+            trace=f"[THINKING_TRACE: {trace}]", answer_valid=valid,
+            recommended_drafts=self.recommended_drafts, request_id=self.req.request_id,
+        ))
+
+    def _advice(self) -> t.RetryAdvice:
+        errors: dict[str, int] = {}
+        for j in self.judged.values():
+            if not j.verdict.valid:
+                code = j.verdict.error.split(":")[0]
+                errors[code] = errors.get(code, 0) + 1
+        reason = ", ".join(f"{k} x{n}" for k, n in sorted(errors.items(), key=lambda kv: -kv[1])) or "no drafts"
+        # explore more each round: hotter, more diverse, a few more drafts
+        base = t.SamplingParams()
+        sampling = t.SamplingParams(
+            temperature=min(1.5, base.temperature + 0.3 * self.attempt), top_p=base.top_p,
+            presence_penalty=min(2.0, base.presence_penalty + 0.2 * self.attempt),
+            frequency_penalty=min(2.0, base.frequency_penalty + 0.1 * self.attempt),
+            max_new_tokens=base.max_new_tokens,
+        )
+        n = min(self.cfg.limits.max_drafts - len(self.seen), self.recommended_drafts + 2 * self.attempt)
+        return t.RetryAdvice(self.attempt, max(1, n), sampling, reason)
+
+    # ---- driver ---------------------------------------------------------------------
+    async def _consume(self, inbox: AsyncIterator[EdgeItem], out: asyncio.Queue) -> None:
+        round_tasks: list[asyncio.Task] = []
+        pending: dict[tuple, asyncio.Future] = {}
+
+        async def verify_and_emit(d: t.Draft) -> None:
+            await out.put(await self._verify(d, pending))
+
+        try:
+            await self._rounds(inbox, out, round_tasks, pending, verify_and_emit)
+        finally:  # a cancelled or failed session stops its verifications (and their vLLM requests)
+            for tk in round_tasks:
+                tk.cancel()
+            await asyncio.gather(*round_tasks, return_exceptions=True)
+
+    async def _rounds(self, inbox: AsyncIterator[EdgeItem], out: asyncio.Queue, round_tasks: list[asyncio.Task],
+                      pending: dict, verify_and_emit) -> None:
+        lim = self.cfg.limits
+        sent_in_round = 0
+        async for item in inbox:
+            if isinstance(item, t.Draft):
+                if item.index in self.seen:
+                    raise InvalidArgument(f"draft.index: {item.index} was already sent")
+                if len(item.text) > lim.max_draft_chars:
+                    raise ResourceExhausted(f"draft.text: {len(item.text)} chars > limit {lim.max_draft_chars}")
+                if len(self.seen) >= lim.max_drafts:
+                    raise ResourceExhausted(f"draft: more than {lim.max_drafts} drafts in one session")
+                self.seen.add(item.index)
+                round_tasks.append(asyncio.create_task(verify_and_emit(item), name=f"d{item.index}"))
+                sent_in_round += 1
+                continue
+            if item.count != sent_in_round:
+                raise InvalidArgument(f"done.count: {item.count} but {sent_in_round} drafts were sent this round")
+            await asyncio.gather(*round_tasks)
+            verify_ms = self._ms()
+            round_tasks.clear()
+            sent_in_round = 0
+            if self._ranked() or self.attempt >= self.cfg.policy.max_retries:
+                await self._finish(out, verify_ms)
+                return
+            self.attempt += 1
+            await out.put(self._advice())
+        # the edge closed its side without finishing a round: answer from what we have
+        await asyncio.gather(*round_tasks)
+        await self._finish(out, self._ms())
+
+    async def run(self, inbox: AsyncIterator[EdgeItem]) -> AsyncIterator[t.CloudEvent]:
+        out: asyncio.Queue = asyncio.Queue()
+        yield t.SessionAccepted(self.req.request_id, self.rules.labels, self.recommended_drafts)
+
+        async def consume() -> None:
+            try:
+                async with asyncio.timeout(self.deadline_s):
+                    await self._consume(inbox, out)
+                await out.put(_END)
+            except TimeoutError:
+                await out.put(DeadlineExceeded(f"deadline_ms: session exceeded its {self.deadline_s * 1e3:.0f} ms deadline"))
+            except BaseException as exc:  # hand every failure to the reader below
+                await out.put(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+
+        task = asyncio.create_task(consume())
+        try:
+            while True:
+                ev = await out.get()
+                if ev is _END:
+                    return
+                if isinstance(ev, BaseException):
+                    raise ev
+                yield ev
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)

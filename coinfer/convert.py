@@ -1,0 +1,126 @@
+"""coinfer.v1 protobuf <-> domain dataclasses (``coinfer.types``), both directions.
+
+One generic converter: dataclass fields and protobuf fields share names. The
+special cases are the protocol's "zero means default" fields (seed 0 = None,
+top_p 0 = default, an unset ``refine`` = server defaults) and rule params,
+which travel as ``google.protobuf.Struct``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from typing import Any, TypeVar
+
+from google.protobuf import json_format, struct_pb2
+
+from coinfer import types as t
+from coinfer.rules import Rule
+from coinfer.v1 import coinfer_pb2 as pb
+
+T = TypeVar("T")
+
+_EVENT_FIELD = {t.SessionAccepted: "accepted", t.Verdict: "verdict", t.AnswerChunk: "chunk",
+                t.Summary: "summary", t.RetryAdvice: "retry"}
+
+
+def to_pb(obj: Any, msg_cls: type) -> Any:
+    """Dataclass -> protobuf message of ``msg_cls`` (recursively)."""
+    msg = msg_cls()
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if v is None:
+            continue
+        if isinstance(obj, t.SamplingParams) and f.name == "seed":
+            msg.seed = v
+        elif isinstance(v, Rule) or (isinstance(v, list) and v and isinstance(v[0], Rule)):
+            getattr(msg, f.name).extend(rule_to_pb(r) for r in v)
+        elif dataclasses.is_dataclass(v):
+            getattr(msg, f.name).CopyFrom(to_pb(v, type(getattr(msg, f.name))))
+        elif isinstance(v, list) and v and dataclasses.is_dataclass(v[0]):
+            sub = getattr(msg, f.name)
+            for item in v:
+                el = sub.add()
+                el.CopyFrom(to_pb(item, type(el)))
+        elif isinstance(v, list):
+            getattr(msg, f.name).extend(v)
+        elif isinstance(v, enum.Enum):
+            setattr(msg, f.name, int(v))
+        else:
+            setattr(msg, f.name, v)
+    return msg
+
+
+def from_pb(msg: Any, cls: type[T]) -> T:
+    """Protobuf message -> dataclass ``cls`` (recursively)."""
+    hints = typing.get_type_hints(cls)
+    kw: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        v = getattr(msg, f.name)
+        hint = hints[f.name]
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        target = hint
+        if cls is t.SamplingParams and f.name == "seed":
+            kw[f.name] = v or None
+        elif cls is t.SamplingParams and f.name == "top_p":
+            kw[f.name] = float(f"{v:.7g}") or 1.0
+        elif target is list or typing.get_origin(target) is list:
+            (item,) = typing.get_args(target)
+            if item is Rule:
+                kw[f.name] = [rule_from_pb(r) for r in v]
+            elif dataclasses.is_dataclass(item):
+                kw[f.name] = [from_pb(x, item) for x in v]
+            else:
+                kw[f.name] = list(v)
+        elif dataclasses.is_dataclass(target):
+            kw[f.name] = from_pb(v, target) if msg.HasField(f.name) else None
+        elif isinstance(target, type) and issubclass(target, enum.Enum):
+            kw[f.name] = target(v)
+        elif isinstance(v, float):
+            kw[f.name] = float(f"{v:.7g}")  # float32 on the wire: drop the binary noise (0.3 -> 0.30000001)
+        else:
+            kw[f.name] = v
+    return cls(**kw)
+
+
+def rule_to_pb(r: Rule) -> pb.Rule:
+    params = struct_pb2.Struct()
+    params.update(dict(r.params))
+    return pb.Rule(kind=r.kind, params=params, name=r.name)
+
+
+def rule_from_pb(r: pb.Rule) -> Rule:
+    return Rule(r.kind, json_format.MessageToDict(r.params), r.name)
+
+
+def event_to_pb(ev: t.CloudEvent) -> pb.CloudMessage:
+    name = _EVENT_FIELD[type(ev)]
+    return pb.CloudMessage(**{name: to_pb(ev, type(getattr(pb.CloudMessage(), name)))})
+
+
+def event_from_pb(msg: pb.CloudMessage) -> t.CloudEvent:
+    name = msg.WhichOneof("kind")
+    cls = next(c for c, n in _EVENT_FIELD.items() if n == name)
+    return from_pb(getattr(msg, name), cls)
+
+
+def open_from_pb(msg: pb.SessionOpen) -> t.OpenRequest:
+    p = msg.problem
+    return t.OpenRequest(
+        request_id=msg.request_id, task=p.task, prompt=p.prompt, rules=[rule_from_pb(r) for r in p.rules],
+        refine=from_pb(msg.refine, t.SamplingParams) if msg.HasField("refine") else None,
+        expected_drafts=msg.expected_drafts, deadline_ms=msg.deadline_ms,
+    )
+
+
+def open_to_pb(req: t.OpenRequest) -> pb.SessionOpen:
+    msg = pb.SessionOpen(
+        request_id=req.request_id, expected_drafts=req.expected_drafts, deadline_ms=req.deadline_ms,
+        problem=pb.Problem(task=req.task, prompt=req.prompt, rules=[rule_to_pb(r) for r in req.rules]),
+    )
+    if req.refine is not None:
+        msg.refine.CopyFrom(to_pb(req.refine, pb.SamplingParams))
+    return msg

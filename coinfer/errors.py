@@ -1,0 +1,50 @@
+"""The two error kinds both sides raise, mapped once to gRPC status codes.
+
+Per-request errors (bad input, over a limit, cloud unreachable) are
+recoverable: the server answers that request with a status and keeps serving.
+Anything else is a bug or a dead engine and maps to INTERNAL / UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class CoinferError(Exception):
+    """Base class: a per-request error with a gRPC status code."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(CoinferError):
+    """Malformed or out-of-range input; the message names the field."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class ResourceExhausted(CoinferError):
+    """Input over a configured limit (prompt or draft length, draft count, sessions)."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Unavailable(CoinferError):
+    """The engine is loading, dead or draining; the client should fall back."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class DeadlineExceeded(CoinferError):
+    """The request's own deadline passed."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def require(cond: bool, field: str, message: str) -> None:
+    """Raise InvalidArgument('<field>: <message>') unless ``cond``."""
+    if not cond:
+        raise InvalidArgument(f"{field}: {message}")

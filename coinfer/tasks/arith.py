@@ -1,0 +1,171 @@
+"""``arith``: multi-step arithmetic written as checkable steps.
+
+Prompt:  ``If x=3 and y=5, compute (x+y)^2-x*y.``
+Answer:  ``3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 49``
+
+Steps are the post-order of the expression tree, each written with the numbers
+it combines (variables substituted, negatives in parentheses), so every step
+can be recomputed exactly. Steps written with the variable names
+(``x+y=8``, as in seed 003) are accepted and checked too.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import re
+from typing import Any
+
+from coinfer.errors import InvalidArgument
+from coinfer.rules import Rule
+from coinfer.tasks.base import Parsed, Problem, Task
+from coinfer.text import normalize
+
+TEMPLATES = (
+    "(x+y)^2-x*y",
+    "x*y+x+y",
+    "x^2-y",
+    "x^2+y^2",
+    "(x-y)^2+x*y",
+    "x*y-y",
+)
+MAX_OPERAND = 9
+_PROMPT_RE = re.compile(
+    r"^\s*If\s+((?:[a-z]=-?\d+)(?:\s*(?:,|and)\s*[a-z]=-?\d+)*)\s*,\s*compute\s+([0-9a-z+\-*^() ]+?)\s*\.?\s*$"
+)
+_ASSIGN_RE = re.compile(r"([a-z])=(-?\d+)")
+_STEP_RE = re.compile(r"([0-9a-z+\-*^() ]*[0-9a-z)])\s*=\s*(-?\d+)")
+_ANSWER_RE = re.compile(r"answer[\"']?\s*(?:is)?\s*[:=]?\s*(-?\d+)", re.IGNORECASE)
+_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Pow: "^"}
+_MAX_ABS = 10**12  # evaluation guard: a hostile "9^9^9" must not hang the verifier
+
+
+def _tree(expr: str) -> ast.expr:
+    try:
+        node = ast.parse(expr.replace("^", "**"), mode="eval").body
+    except SyntaxError as exc:
+        raise ValueError(f"not an expression: {expr!r}") from exc
+    return node
+
+
+def evaluate(expr: str, env: dict[str, int]) -> int:
+    """Evaluate + - * ^ over ints and variables in ``env``; ValueError if invalid."""
+
+    def ev(node: ast.expr) -> int:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name):
+            if node.id not in env:
+                raise ValueError(f"unknown variable {node.id!r}")
+            return env[node.id]
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -ev(node.operand)
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            a, b = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Pow):
+                if not 0 <= b <= 8:
+                    raise ValueError(f"exponent {b} out of range 0..8")
+                r = a**b
+            elif isinstance(node.op, ast.Add):
+                r = a + b
+            elif isinstance(node.op, ast.Sub):
+                r = a - b
+            else:
+                r = a * b
+            if abs(r) > _MAX_ABS:
+                raise ValueError("value too large")
+            return r
+        raise ValueError(f"unsupported syntax in {ast.unparse(node)!r}")
+
+    return ev(_tree(expr))
+
+
+def _num(v: int) -> str:
+    return str(v) if v >= 0 else f"({v})"  # "-3^2" would read as -(3^2)
+
+
+def steps_for(expr: str, env: dict[str, int]) -> list[tuple[str, int]]:
+    """Post-order steps ``(lhs, value)`` of ``expr``; see the module docstring."""
+    steps: list[tuple[str, int]] = []
+
+    def walk(node: ast.expr) -> str:
+        if isinstance(node, (ast.Name, ast.Constant)):
+            return _num(env[node.id] if isinstance(node, ast.Name) else int(node.value))
+        assert isinstance(node, ast.BinOp), ast.dump(node)
+        lhs = f"{walk(node.left)}{_OPS[type(node.op)]}{walk(node.right)}"
+        value = evaluate(lhs, env)
+        steps.append((lhs, value))
+        return _num(value)
+
+    walk(_tree(expr))
+    return steps
+
+
+class ArithTask(Task):
+    name = "arith"
+    checkers = {"arith_steps": "every step recomputed; the answer equals the last step"}
+
+    def generate(self, rng: random.Random) -> Problem:
+        expr = rng.choice(TEMPLATES)
+        x, y = rng.randint(0, MAX_OPERAND), rng.randint(0, MAX_OPERAND)
+        prompt = f"If x={x} and y={y}, compute {expr}."
+        return Problem(self.name, prompt, {"vars": {"x": x, "y": y}, "expr": expr})
+
+    def parse_problem(self, prompt: str) -> dict[str, Any]:
+        m = _PROMPT_RE.match(normalize(prompt))
+        if not m:
+            raise InvalidArgument(
+                "problem.prompt: not an arith problem; expected 'If x=<int> and y=<int>, compute <expr>.'"
+            )
+        env = {k: int(v) for k, v in _ASSIGN_RE.findall(m.group(1))}
+        expr = m.group(2).replace(" ", "")
+        if "**" in expr:
+            raise InvalidArgument(f"problem.prompt: write powers as '^', not '**' in {expr!r}")
+        try:
+            evaluate(expr, env)
+        except ValueError as exc:
+            raise InvalidArgument(f"problem.prompt: bad expression {expr!r}: {exc}") from None
+        return {"vars": env, "expr": expr}
+
+    def solve(self, spec: dict[str, Any]) -> str:
+        steps = steps_for(spec["expr"], spec["vars"])
+        body = "; ".join(f"{lhs}={v}" for lhs, v in steps)
+        return f"{body}; answer {steps[-1][1]}" if steps else f"answer {evaluate(spec['expr'], spec['vars'])}"
+
+    def parse_answer(self, text: str) -> Parsed:
+        clean = normalize(text)
+        steps = [(lhs.replace(" ", ""), int(v)) for lhs, v in _STEP_RE.findall(clean)]
+        fields: dict[str, Any] = {"steps": steps}
+        answers = _ANSWER_RE.findall(clean)
+        if not answers:
+            return Parsed(fields, "parse_error: no 'answer <int>' found" + (" (truncated?)" if clean.strip() else " (empty)"))
+        fields["answer"] = int(answers[-1])
+        return Parsed(fields)
+
+    def check(self, checker: str, spec: dict[str, Any], parsed: Parsed) -> str:
+        if checker != "arith_steps":
+            raise InvalidArgument(f"rules.params.check: unknown checker {checker!r} for arith (known: arith_steps)")
+        steps = parsed.fields.get("steps", [])
+        for lhs, value in steps:
+            try:
+                expected = evaluate(lhs, spec["vars"])
+            except ValueError as exc:
+                return f"step_invalid: {lhs}={value} ({exc})"
+            if expected != value:
+                return f"step_wrong: {lhs}={value} (expected {expected})"
+        if steps and parsed.fields.get("answer") != steps[-1][1]:
+            return f"answer_mismatch: answer {parsed.fields.get('answer')} != last step {steps[-1][1]}"
+        return ""
+
+    def grade(self, spec: dict[str, Any], parsed: Parsed) -> bool:
+        return parsed.ok and parsed.fields.get("answer") == evaluate(spec["expr"], spec["vars"])
+
+    def default_rules(self, spec: dict[str, Any]) -> list[Rule]:
+        return [
+            Rule("task_check", {"check": "arith_steps"}),
+            Rule("numeric_bounds", {"field": "answer", "min": -1e9, "max": 1e9}),
+            Rule("length", {"max": 512}),
+        ]
+
+    def structure_key(self, parsed: Parsed) -> tuple:
+        return (tuple(parsed.fields.get("steps", [])), parsed.fields.get("answer"))

@@ -1,0 +1,164 @@
+"""``select``: budgeted selection (seed 003, 3.2).
+
+Prompt:  ``Pick 2 of A(3,5) B(4,2) C(2,6) D(5,7) with cost<=8.``  items are ``id(cost,value)``
+Answer:  ``AB 7:7; AC 5:11; AD 8:12; BC 6:8; BD 9>8; CD 7:13; answer C,D``
+
+The answer enumerates every k-subset as ``<ids> <cost>:<value>`` (or
+``<ids> <cost>><budget>`` when over budget), then names the best. Each step is
+checkable; the grade is exact against the optimum found by enumeration. Ids are
+single capital letters so that a subset is written by concatenation. A JSON
+answer (``{"ids": ["C", "D"]}``, smart quotes and all) is accepted too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import re
+from typing import Any
+
+from coinfer.errors import InvalidArgument
+from coinfer.rules import Rule
+from coinfer.tasks.base import Parsed, Problem, Task
+from coinfer.text import normalize
+
+POOL_SIZE, PICK, MAX_COST, MAX_VALUE = 4, 2, 9, 9
+MAX_POOL = 12  # enumeration is C(n, k): keep requests small enough to verify instantly
+_PROMPT_RE = re.compile(r"^\s*Pick\s+(\d+)\s+of\s+((?:[A-Z]\(\d+,\d+\)\s*)+)with\s+cost\s*<=\s*(\d+)\s*\.?\s*$")
+_ITEM_RE = re.compile(r"([A-Z])\((\d+),(\d+)\)")
+_STEP_RE = re.compile(r"\b([A-Z]{2,})\s+(\d+)\s*(?::\s*(\d+)|>\s*(\d+))")
+_ANSWER_RE = re.compile(r"answer[\"']?\s*(?:is)?\s*[:=]?\s*([A-Z](?:\s*,\s*[A-Z]\b)*)", re.IGNORECASE)
+_JSON_RE = re.compile(r"\{[^{}]*\}")
+
+
+def optimum(pool: dict[str, tuple[int, int]], k: int, budget: int) -> int | None:
+    """Best total value of k distinct items with total cost <= budget (None if none fits)."""
+    best = None
+    for combo in itertools.combinations(pool, k):
+        cost = sum(pool[i][0] for i in combo)
+        if cost <= budget:
+            value = sum(pool[i][1] for i in combo)
+            best = value if best is None else max(best, value)
+    return best
+
+
+class SelectTask(Task):
+    name = "select"
+    checkers = {
+        "select_steps": "every listed subset's cost and value recomputed",
+        "select_budget": "total cost of the chosen ids within the budget",
+    }
+
+    def generate(self, rng: random.Random) -> Problem:
+        while True:
+            ids = [chr(ord("A") + i) for i in range(POOL_SIZE)]
+            pool = {i: (rng.randint(1, MAX_COST), rng.randint(1, MAX_VALUE)) for i in ids}
+            costs = sorted(sum(pool[i][0] for i in c) for c in itertools.combinations(ids, PICK))
+            # a budget between the cheapest and the dearest subset: some fit, some don't
+            budget = rng.randint(costs[0], costs[-1])
+            if optimum(pool, PICK, budget) is not None:
+                break
+        items = " ".join(f"{i}({c},{v})" for i, (c, v) in pool.items())
+        prompt = f"Pick {PICK} of {items} with cost<={budget}."
+        return Problem(self.name, prompt, {"pool": pool, "k": PICK, "budget": budget})
+
+    def parse_problem(self, prompt: str) -> dict[str, Any]:
+        m = _PROMPT_RE.match(normalize(prompt))
+        if not m:
+            raise InvalidArgument(
+                "problem.prompt: not a select problem; expected 'Pick <k> of A(<cost>,<value>) B(...) ... with cost<=<budget>.'"
+            )
+        pool = {i: (int(c), int(v)) for i, c, v in _ITEM_RE.findall(m.group(2))}
+        k, budget = int(m.group(1)), int(m.group(3))
+        if len(pool) != len(_ITEM_RE.findall(m.group(2))):
+            raise InvalidArgument("problem.prompt: duplicate item id in the pool")
+        if not 1 <= k <= len(pool) or len(pool) > MAX_POOL:
+            raise InvalidArgument(f"problem.prompt: need 1 <= k <= pool size <= {MAX_POOL}, got k={k}, pool={len(pool)}")
+        return {"pool": pool, "k": k, "budget": budget}
+
+    def solve(self, spec: dict[str, Any]) -> str:
+        pool, k, budget = spec["pool"], spec["k"], spec["budget"]
+        steps, best, best_value = [], None, -1
+        for combo in itertools.combinations(pool, k):
+            cost = sum(pool[i][0] for i in combo)
+            if cost > budget:
+                steps.append(f"{''.join(combo)} {cost}>{budget}")
+                continue
+            value = sum(pool[i][1] for i in combo)
+            steps.append(f"{''.join(combo)} {cost}:{value}")
+            if value > best_value:
+                best, best_value = combo, value
+        answer = ",".join(best) if best else "none"
+        return "; ".join(steps + [f"answer {answer}"])
+
+    def parse_answer(self, text: str) -> Parsed:
+        clean = normalize(text)
+        steps = [(s, int(c), int(v) if v else None, int(b) if b else None) for s, c, v, b in _STEP_RE.findall(clean)]
+        fields: dict[str, Any] = {"steps": steps}
+        ids = None
+        for blob in reversed(_JSON_RE.findall(clean)):
+            try:
+                obj = json.loads(blob)
+            except ValueError:
+                continue
+            if isinstance(obj, dict) and isinstance(obj.get("ids"), list):
+                ids = [str(i).strip().upper() for i in obj["ids"]]
+                break
+        if ids is None:
+            answers = _ANSWER_RE.findall(clean)
+            if not answers:
+                return Parsed(fields, "parse_error: no 'answer <ids>' found" + (" (truncated?)" if clean.strip() else " (empty)"))
+            ids = [i.strip().upper() for i in answers[-1].split(",")]
+        fields["ids"] = ids
+        return Parsed(fields)
+
+    def _totals(self, spec: dict[str, Any], ids: list[str]) -> tuple[int, int] | None:
+        pool = spec["pool"]
+        if any(i not in pool for i in ids):
+            return None
+        return sum(pool[i][0] for i in ids), sum(pool[i][1] for i in ids)
+
+    def check(self, checker: str, spec: dict[str, Any], parsed: Parsed) -> str:
+        pool, budget = spec["pool"], spec["budget"]
+        if checker == "select_steps":
+            for subset, cost, value, over in parsed.fields.get("steps", []):
+                totals = self._totals(spec, list(subset))
+                if totals is None:
+                    return f"step_invalid: {subset} has an id not in the pool"
+                if cost != totals[0]:
+                    return f"step_wrong: {subset} cost {cost} (expected {totals[0]})"
+                if over is not None and (over != budget or cost <= budget):
+                    return f"step_wrong: {subset} {cost}>{over} (budget is {budget})"
+                if value is not None and value != totals[1]:
+                    return f"step_wrong: {subset} value {value} (expected {totals[1]})"
+            return ""
+        if checker == "select_budget":
+            ids = parsed.fields.get("ids", [])
+            totals = self._totals(spec, ids)
+            if totals is None:
+                bad = next(i for i in ids if i not in pool)
+                return f"id_not_in_pool: {bad} (pool: {','.join(pool)})"
+            if totals[0] > budget:
+                return f"budget_exceeded: sum={totals[0]} > {budget}"
+            return ""
+        raise InvalidArgument(f"rules.params.check: unknown checker {checker!r} for select (known: {', '.join(self.checkers)})")
+
+    def grade(self, spec: dict[str, Any], parsed: Parsed) -> bool:
+        ids = parsed.fields.get("ids")
+        if not parsed.ok or not ids or len(ids) != spec["k"] or len(set(ids)) != len(ids):
+            return False
+        totals = self._totals(spec, ids)
+        return totals is not None and totals[0] <= spec["budget"] and totals[1] == optimum(spec["pool"], spec["k"], spec["budget"])
+
+    def default_rules(self, spec: dict[str, Any]) -> list[Rule]:
+        k = spec["k"]
+        return [
+            Rule("task_check", {"check": "select_steps"}),
+            Rule("membership", {"field": "ids", "values": list(spec["pool"])}),
+            Rule("count", {"field": "ids", "min": k, "max": k, "unique": True}),
+            Rule("task_check", {"check": "select_budget"}),
+        ]
+
+    def structure_key(self, parsed: Parsed) -> tuple:
+        return (tuple(parsed.fields.get("steps", [])), tuple(sorted(parsed.fields.get("ids", []))))

@@ -1,0 +1,145 @@
+"""Domain types both sides exchange; ``coinfer.convert`` maps them to and from coinfer.v1.
+
+Field names equal the protobuf field names so that one generic converter serves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from coinfer.errors import require
+from coinfer.rules import Rule
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling for a generation. Defaults are the seed's draft defaults (003, 4.2)."""
+
+    temperature: float = 0.3
+    """0 means greedy; range [0, 2]."""
+    top_p: float = 0.95
+    """Nucleus mass, (0, 1]."""
+    presence_penalty: float = 0.2
+    """Subtracted once from a token's logit if it appeared; [-2, 2]."""
+    frequency_penalty: float = 0.1
+    """Subtracted per occurrence; [-2, 2]."""
+    max_new_tokens: int = 256
+    """New-token budget, 1..limit."""
+    seed: int | None = None
+    """Seed for reproducible sampling; None = unseeded."""
+
+    def validate(self, field: str, max_new_tokens: int = 4096) -> None:
+        require(0.0 <= self.temperature <= 2.0, f"{field}.temperature", f"must be in [0, 2], got {self.temperature:g}")
+        require(0.0 < self.top_p <= 1.0, f"{field}.top_p", f"must be in (0, 1], got {self.top_p:g}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            require(-2.0 <= v <= 2.0, f"{field}.{name}", f"must be in [-2, 2], got {v:g}")
+        require(1 <= self.max_new_tokens <= max_new_tokens, f"{field}.max_new_tokens",
+                f"must be in 1..{max_new_tokens}, got {self.max_new_tokens}")
+
+
+@dataclass
+class OpenRequest:
+    """The first message of a session."""
+
+    request_id: str
+    task: str
+    prompt: str
+    rules: list[Rule] = field(default_factory=list)
+    refine: SamplingParams | None = None
+    """None = the server's refinement defaults."""
+    expected_drafts: int = 0
+    deadline_ms: int = 0
+
+
+@dataclass
+class Draft:
+    index: int
+    text: str
+    num_tokens: int = 0
+    mean_logprob: float = 0.0
+    edge_ms: float = 0.0
+
+
+@dataclass
+class Verdict:
+    draft_index: int
+    valid: bool
+    score: float = 0.0
+    error: str = ""
+    failed_rule: str = ""
+    verify_ms: float = 0.0
+    rules_passed: list[str] = field(default_factory=list)
+    duplicate_of: int = 0
+    """Index + 1 of the draft this one duplicates (0 = none)."""
+
+
+@dataclass
+class AnswerChunk:
+    text: str
+
+
+class AnswerSource(IntEnum):
+    UNSPECIFIED = 0
+    REFINED = 1
+    DRAFT = 2
+    CLOUD = 3
+
+
+@dataclass
+class DraftScore:
+    draft_index: int
+    valid: bool
+    score: float
+    rank_score: float
+
+
+@dataclass
+class Timings:
+    verify_ms: float = 0.0
+    refine_ttft_ms: float = 0.0
+    refine_ms: float = 0.0
+    total_ms: float = 0.0
+
+
+@dataclass
+class Summary:
+    answer: str
+    source: AnswerSource
+    chosen_drafts: list[int] = field(default_factory=list)
+    scores: list[DraftScore] = field(default_factory=list)
+    timings: Timings = field(default_factory=Timings)
+    trace: str = ""
+    answer_valid: bool = False
+    recommended_drafts: int = 0
+    request_id: str = ""
+
+
+@dataclass
+class RetryAdvice:
+    attempt: int
+    num_drafts: int
+    sampling: SamplingParams
+    reason: str
+
+
+@dataclass
+class SessionAccepted:
+    request_id: str
+    rules: list[str]
+    recommended_drafts: int
+
+
+@dataclass
+class Status:
+    queue_depth: int
+    running: int
+    utilisation: float
+    recommended_drafts: int
+    active_sessions: int
+    model: str
+    ready: bool
+
+
+CloudEvent = SessionAccepted | Verdict | AnswerChunk | Summary | RetryAdvice

@@ -1,0 +1,38 @@
+"""Build-once artefacts of the demo: the trained models and the draft's ONNX export.
+
+Everything lives under the recipe-keyed cache directory of ``demo.train``, so
+the demo, the tests and CI share one build.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from demo.train import DemoModels, Recipe, ensure_models
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DemoArtifacts:
+    models: DemoModels
+    draft_onnx: Path
+    """Directory with model.onnx + tokenizer (FP32 export of the draft)."""
+
+    @property
+    def target(self) -> Path:
+        return self.models.target
+
+
+def ensure_artifacts(recipe: Recipe | None = None) -> DemoArtifacts:
+    models = ensure_models(recipe)
+    onnx_dir = models.root / "draft-onnx-fp32"
+    if not (onnx_dir / "model.onnx").exists():
+        from quantize.export import export_dir
+
+        log.info("exporting the draft model to ONNX: %s", onnx_dir)
+        prompt = [1] + list(range(10, 40))
+        export_dir(models.draft, onnx_dir, parity_prompt=prompt)
+    return DemoArtifacts(models, onnx_dir)

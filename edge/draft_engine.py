@@ -1,0 +1,149 @@
+"""Batched drafting on ONNX Runtime: N drafts of one prompt as one batch.
+
+The prompt is prefilled once at batch 1 and its KV cache tiled N times, then
+all live drafts decode together (decode is memory-bound: reading the weights
+once per step for N rows costs little more than for one). A draft that stops
+(EOS, a stop string or its token budget) is handed to ``on_draft`` at once and
+its row is dropped from the batch, so later steps only pay for live drafts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+from edge.sampling import Sampling, sample_next
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DraftResult:
+    """One finished draft."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    mean_logprob: float
+    edge_ms: float
+    finish_reason: str  # "stop" (EOS or stop string) or "length"
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+class OrtDraftEngine:
+    """A draft model directory (``model.onnx`` + tokenizer) on ONNX Runtime."""
+
+    def __init__(self, model_dir: Path, providers: Sequence[str] | None = None, threads: int | None = None,
+                 model_file: str = "model.onnx") -> None:
+        self.model_dir = Path(model_dir)
+        t0 = time.perf_counter()
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads or os.cpu_count() or 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        avail = ort.get_available_providers()
+        wanted = list(providers) if providers else [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in avail]
+        self.session = ort.InferenceSession(str(self.model_dir / model_file), sess_options=opts, providers=wanted)
+        self.load_ms = (time.perf_counter() - t0) * 1e3
+        self.tokenizer = Tokenizer.from_file(str(self.model_dir / "tokenizer.json"))
+        cfg = json.loads((self.model_dir / "config.json").read_text())
+        self.eos_ids = set(cfg["eos_token_id"] if isinstance(cfg["eos_token_id"], list) else [cfg["eos_token_id"]])
+        self.max_positions = int(cfg.get("max_position_embeddings", 2048))
+        self.vocab_size = int(cfg["vocab_size"])
+        self.past_names = [i.name for i in self.session.get_inputs() if i.name.startswith("past_key_values.")]
+        shape = next(i.shape for i in self.session.get_inputs() if i.name == "past_key_values.0.key")
+        self.kv_heads, self.head_dim = int(shape[1]), int(shape[3])
+        self.dtype = np.float16 if "float16" in self.session.get_inputs()[3].type else np.float32
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    @property
+    def providers(self) -> list[str]:
+        return self.session.get_providers()
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text).ids  # post-processor adds BOS
+
+    def _run(self, ids: np.ndarray, past: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+        b, t = ids.shape
+        p = past[0].shape[2]
+        feed = {"input_ids": ids, "attention_mask": np.ones((b, p + t), np.int64),
+                "position_ids": np.broadcast_to(np.arange(p, p + t, dtype=np.int64), (b, t)).copy()}
+        feed.update(zip(self.past_names, past))
+        out = self.session.run(self.output_names, feed)
+        return out[0][:, -1, :].astype(np.float32), out[1:]
+
+    def warm_up(self) -> float:
+        """Run one token so that the first real request does not pay for lazy init."""
+        t0 = time.perf_counter()
+        self.generate("warm up", Sampling(n=1, temperature=0.0, max_new_tokens=1))
+        return (time.perf_counter() - t0) * 1e3
+
+    def generate(self, prompt: str, s: Sampling, on_draft: Callable[[DraftResult], None] | None = None,
+                 cancelled: Callable[[], bool] | None = None) -> list[DraftResult]:
+        """Write ``s.n`` drafts for ``prompt`` (already in the task's prompt format)."""
+        t0 = time.perf_counter()
+        prompt_ids = self.encode(prompt)
+        budget = min(s.max_new_tokens, self.max_positions - len(prompt_ids))
+        if budget < 1:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room in a {self.max_positions}-token context")
+        empty = [np.zeros((1, self.kv_heads, 0, self.head_dim), self.dtype) for _ in self.past_names]
+        logits, past = self._run(np.array([prompt_ids], np.int64), empty)
+        n = s.n
+        logits = np.repeat(logits, n, axis=0)
+        past = [np.repeat(p, n, axis=0) for p in past]
+        seeds = [None if s.seed is None else s.seed + i for i in range(n)]
+        rngs = [np.random.default_rng(sd) for sd in seeds]
+        live = list(range(n))  # draft index of each batch row
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logprobs: list[list[float]] = [[] for _ in range(n)]
+        counts = np.zeros((n, logits.shape[1]), np.float64)
+        results: list[DraftResult | None] = [None] * n
+
+        def finish(i: int, reason: str) -> None:
+            ids = tokens[i]
+            text = self.tokenizer.decode([t for t in ids if t not in self.eos_ids], skip_special_tokens=True)
+            for stop in s.stop:
+                cut = text.find(stop)
+                if cut >= 0:
+                    text = text[:cut]
+            lp = logprobs[i]
+            r = DraftResult(i, text, ids, float(np.mean(lp)) if lp else 0.0, (time.perf_counter() - t0) * 1e3, reason)
+            results[i] = r
+            if on_draft is not None:
+                on_draft(r)
+
+        for step in range(budget):
+            if cancelled is not None and cancelled():
+                break
+            nxt, lp = sample_next(logits, counts[live], s, [rngs[i] for i in live])
+            keep: list[int] = []
+            for row, i in enumerate(live):
+                tok = int(nxt[row])
+                tokens[i].append(tok)
+                logprobs[i].append(float(lp[row]))
+                counts[i, tok] += 1
+                stopped = tok in self.eos_ids or (
+                    s.stop and any(st in self.tokenizer.decode(tokens[i][-16:]) for st in s.stop))
+                if stopped or step == budget - 1:
+                    finish(i, "stop" if stopped else "length")
+                else:
+                    keep.append(row)
+            if not keep:
+                break
+            live = [live[r] for r in keep]
+            ids = np.array([[tokens[i][-1]] for i in live], np.int64)
+            idx = np.array(keep)
+            past = [p[idx] for p in past]
+            logits, past = self._run(ids, past)
+        return [r for r in results if r is not None]

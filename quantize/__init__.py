@@ -1,0 +1,1 @@
+"""quantize: turn a Hugging Face causal LM into an ONNX artefact the edge can trust."""

@@ -1,0 +1,52 @@
+import math
+
+import pytest
+
+from cloud.load import DraftCountController
+from cloud.policy import consensus_prefix, likelihood_score, rank_scores, refine_max_tokens, segments
+
+
+def test_likelihood_score_is_geometric_mean_probability():
+    assert likelihood_score([]) == 0.0
+    assert likelihood_score([math.log(0.5)] * 4) == pytest.approx(0.5)
+    assert likelihood_score([0.0, math.log(0.25)]) == pytest.approx(0.5)
+
+
+def test_rank_prefers_score_and_penalises_latency():
+    r = rank_scores([0.9, 0.5], [0.0, 0.0], a=1.0, b=0.3, g=0.02)
+    assert r[0] > r[1]
+    slow, fast = rank_scores([0.8, 0.8], [10.0, 0.0], a=1.0, b=0.3, g=0.02)
+    assert fast - slow == pytest.approx(0.2)
+    # the agreement term: drafts that disagree lower everyone's rank
+    agree = rank_scores([0.8, 0.8], [0, 0], 1.0, 0.3, 0.0)[0]
+    disagree = rank_scores([0.8, 0.2], [0, 0], 1.0, 0.3, 0.0)[0]
+    assert agree > disagree
+
+
+def test_segments_and_consensus():
+    a = segments("3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 49")
+    assert a == ["3+5=8", "8^2=64", "3*5=15", "64-15=49"]
+    b = segments("3+5=8; 8^2=64; 3*5=16; answer 48")
+    c = segments("3+5=9; answer 1")
+    assert consensus_prefix([a, b, c], 2) == ["3+5=8", "8^2=64"]
+    assert consensus_prefix([a, b, c], 3) == []
+    assert consensus_prefix([a], 1) == a
+
+
+def test_refine_budget_follows_the_seed_points():
+    assert refine_max_tokens(0.95, cap=4096) == 512
+    assert refine_max_tokens(0.72, cap=4096) == 256
+    assert refine_max_tokens(0.99, cap=300) == 300
+    assert refine_max_tokens(0.0, cap=4096) == 64
+
+
+def test_draft_count_controller_policy_and_hysteresis():
+    c = DraftCountController(alpha=1.0)
+    assert c.update(0.1) == 3
+    assert c.update(0.7) == 5
+    assert c.update(0.9) == 3
+    assert c.update(0.84) == 3  # inside the hysteresis band: stays heavy
+    assert c.update(0.5) == 3 and c.level == 0
+    smooth = DraftCountController(alpha=0.3)
+    # one spike does not flip a smoothed controller
+    assert [smooth.update(u) for u in (0.1, 0.1, 1.0, 0.1)] == [3, 3, 3, 3]

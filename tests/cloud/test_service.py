@@ -1,0 +1,187 @@
+"""The cloud service over real gRPC with real vLLM: verdicts, limits, bad input, health."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from coinfer import convert
+from coinfer import types as t
+from coinfer.rules import Rule
+from coinfer.v1 import coinfer_pb2 as pb
+
+pytestmark = pytest.mark.slow
+ARITH = "If x=3 and y=5, compute (x+y)^2-x*y."
+GOOD = "3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 49"
+
+
+def open_msg(task="arith", prompt=ARITH, rules=(), refine=None, **kw) -> pb.EdgeMessage:
+    req = t.OpenRequest(kw.pop("request_id", ""), task, prompt, list(rules), refine, **kw)
+    return pb.EdgeMessage(open=convert.open_to_pb(req))
+
+
+def draft(i: int, text: str) -> pb.EdgeMessage:
+    return pb.EdgeMessage(draft=pb.Draft(index=i, text=text, num_tokens=len(text)))
+
+
+def done(n: int) -> pb.EdgeMessage:
+    return pb.EdgeMessage(done=pb.DraftsDone(count=n))
+
+
+async def run_session(stub, msgs) -> list:
+    async def gen():
+        for m in msgs:
+            yield m
+
+    return [convert.event_from_pb(m) async for m in stub.Session(gen(), timeout=120)]
+
+
+async def expect_error(stub, msgs, code: grpc.StatusCode, *fragments: str) -> str:
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await run_session(stub, msgs)
+    assert e.value.code() == code, e.value.details()
+    for f in fragments:
+        assert f in e.value.details(), e.value.details()
+    return e.value.details()
+
+
+async def test_verdicts_rule_fast_fail_dedup_and_ordering(stub):
+    wrong_but_valid = "3+5=8; 8^2=64; 3*5=15; 64+15=79; answer 79"  # arithmetic right, wrong operation
+    events = await run_session(stub, [
+        open_msg(expected_drafts=5),
+        draft(0, GOOD),
+        draft(1, "3+5=8; 8^2=62; 3*5=15; 62-15=47; answer 47"),
+        draft(2, "  " + GOOD.replace(";", " ;")),  # same structure, different text
+        draft(3, wrong_but_valid),
+        draft(4, "I think the answer is"),
+        done(5),
+    ])
+    assert isinstance(events[0], t.SessionAccepted)
+    verdicts = {e.draft_index: e for e in events if isinstance(e, t.Verdict)}
+    assert sorted(verdicts) == [0, 1, 2, 3, 4]
+    assert verdicts[1].error == "step_wrong: 8^2=62 (expected 64)" and verdicts[1].failed_rule == "task_check:arith_steps"
+    assert verdicts[1].score == 0.0
+    assert verdicts[4].failed_rule == "parse"
+    assert verdicts[2].duplicate_of == 1 and verdicts[2].score == verdicts[0].score
+    # the target model's likelihood ranks the correct draft above the valid-but-wrong one
+    assert verdicts[0].valid and verdicts[3].valid
+    assert verdicts[0].score > verdicts[3].score
+    summary = events[-1]
+    assert isinstance(summary, t.Summary) and summary.answer_valid
+    assert summary.chosen_drafts[0] == 0
+    assert "Draft#1 failed task_check:arith_steps" in summary.trace
+    chunks = "".join(e.text for e in events if isinstance(e, t.AnswerChunk))
+    if summary.source == t.AnswerSource.REFINED:
+        assert chunks == summary.answer
+
+
+async def test_no_valid_draft_gets_retry_advice_then_cloud_answers(stub):
+    bad = "3+5=9; answer 9"
+    events = await run_session(stub, [open_msg(), draft(0, bad), done(1), draft(1, bad), done(1), draft(2, bad), done(1)])
+    retries = [e for e in events if isinstance(e, t.RetryAdvice)]
+    assert [r.attempt for r in retries] == [1, 2]
+    assert retries[1].sampling.temperature > retries[0].sampling.temperature > 0.3
+    assert "step_wrong x1" in retries[0].reason
+    assert isinstance(events[-1], t.Summary) and events[-1].source == t.AnswerSource.CLOUD
+
+
+@pytest.mark.parametrize("msgs,code,fragments", [
+    ([open_msg(task="poetry")], grpc.StatusCode.INVALID_ARGUMENT, ["problem.task", "known: arith, select"]),
+    ([open_msg(rules=[Rule("vibes")])], grpc.StatusCode.INVALID_ARGUMENT, ["problem.rules[0].kind", "known: json_schema"]),
+    ([open_msg(rules=[Rule("numeric_bounds", {"field": "answer", "min": 3, "max": 1})])],
+     grpc.StatusCode.INVALID_ARGUMENT, ["problem.rules[0].params.min"]),
+    ([open_msg(prompt="what is love?")], grpc.StatusCode.INVALID_ARGUMENT, ["problem.prompt", "not an arith problem"]),
+    ([open_msg(prompt="")], grpc.StatusCode.INVALID_ARGUMENT, ["problem.prompt: required"]),
+    ([open_msg(prompt="If x=1 and y=2, compute " + "x+" * 100 + "y.")], grpc.StatusCode.RESOURCE_EXHAUSTED,
+     ["problem.prompt", "limit 200"]),
+    ([open_msg(refine=t.SamplingParams(temperature=5.0))], grpc.StatusCode.INVALID_ARGUMENT, ["refine.temperature"]),
+    ([open_msg(refine=t.SamplingParams(presence_penalty=-9))], grpc.StatusCode.INVALID_ARGUMENT, ["refine.presence_penalty"]),
+    ([open_msg(expected_drafts=99)], grpc.StatusCode.RESOURCE_EXHAUSTED, ["expected_drafts"]),
+    ([open_msg(deadline_ms=10**9)], grpc.StatusCode.INVALID_ARGUMENT, ["deadline_ms"]),
+    ([draft(0, GOOD)], grpc.StatusCode.INVALID_ARGUMENT, ["first message", "SessionOpen"]),
+    ([], grpc.StatusCode.INVALID_ARGUMENT, ["SessionOpen"]),
+    ([open_msg(), open_msg()], grpc.StatusCode.INVALID_ARGUMENT, ["only draft or done"]),
+    ([open_msg(), draft(0, "x" * 301)], grpc.StatusCode.RESOURCE_EXHAUSTED, ["draft.text", "limit 300"]),
+    ([open_msg(), draft(0, GOOD), draft(0, GOOD)], grpc.StatusCode.INVALID_ARGUMENT, ["draft.index: 0"]),
+    ([open_msg()] + [draft(i, GOOD) for i in range(9)], grpc.StatusCode.RESOURCE_EXHAUSTED, ["more than 8 drafts"]),
+    ([open_msg(), draft(0, GOOD), done(3)], grpc.StatusCode.INVALID_ARGUMENT, ["done.count: 3"]),
+])
+async def test_bad_input_is_refused_with_the_field_named(stub, msgs, code, fragments):
+    await expect_error(stub, msgs, code, *fragments)
+
+
+async def test_bad_sessions_do_not_disturb_a_concurrent_good_one(stub):
+    good = asyncio.create_task(run_session(stub, [open_msg(), draft(0, GOOD), done(1)]))
+    bad = [expect_error(stub, [open_msg(task="nope")], grpc.StatusCode.INVALID_ARGUMENT) for _ in range(5)]
+    await asyncio.gather(*bad)
+    events = await good
+    assert isinstance(events[-1], t.Summary) and events[-1].answer_valid
+
+
+async def test_deadline_is_honoured(stub):
+    async def slow():
+        yield open_msg(deadline_ms=300)
+        await asyncio.sleep(2)
+        yield done(0)
+
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        async for _ in stub.Session(slow(), timeout=30):
+            pass
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "deadline_ms" in e.value.details()
+
+
+async def test_cancelled_session_frees_its_slot(cloud, stub):
+    gate = asyncio.Event()
+
+    async def hang():
+        yield open_msg()
+        yield draft(0, GOOD)
+        await gate.wait()
+
+    call = stub.Session(hang(), timeout=60)
+    first = await call.read()
+    assert first.WhichOneof("kind") == "accepted"
+    assert cloud.core.active == 1
+    call.cancel()
+    for _ in range(50):
+        if cloud.core.active == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert cloud.core.active == 0
+
+
+async def test_status_probe_health_reflection(cloud, channel, stub):
+    st = await stub.Status(pb.StatusRequest())
+    assert st.ready and st.recommended_drafts in (3, 5) and st.model.endswith("target")
+    probe = await stub.Probe(pb.ProbeRequest(payload=b"x" * 1000, response_bytes=50_000))
+    assert (len(probe.payload), probe.received_bytes) == (50_000, 1000)
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.Probe(pb.ProbeRequest(response_bytes=1 << 30))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "response_bytes" in e.value.details()
+    hs = health_pb2_grpc.HealthStub(channel)
+    resp = await hs.Check(health_pb2.HealthCheckRequest(service="coinfer.v1.CoinferCloud"))
+    assert resp.status == health_pb2.HealthCheckResponse.SERVING
+    refl = reflection_pb2_grpc.ServerReflectionStub(channel)
+
+    async def ask():
+        yield reflection_pb2.ServerReflectionRequest(list_services="")
+
+    names = [s.name async for r in refl.ServerReflectionInfo(ask()) for s in r.list_services_response.service]
+    assert "coinfer.v1.CoinferCloud" in names and "grpc.health.v1.Health" in names
+
+
+async def test_health_is_not_serving_without_an_engine():
+    from cloud.config import CloudConfig, EngineConfig
+    from cloud.server import create_server
+
+    srv = await create_server(CloudConfig(engine=EngineConfig(model="unused")))
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as ch:
+            resp = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""))
+            assert resp.status == health_pb2.HealthCheckResponse.NOT_SERVING
+    finally:
+        await srv.stop(grace=0)

@@ -1,0 +1,147 @@
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coinfer.errors import InvalidArgument
+from coinfer.rules import RuleSet
+from coinfer.tasks import TASKS, get_task
+from coinfer.tasks.arith import evaluate
+from coinfer.tasks.select import optimum
+
+ARITH = get_task("arith")
+SELECT = get_task("select")
+SEED_PROMPT = "If x=3 and y=5, compute (x+y)^2-x*y."
+POOL_PROMPT = "Pick 2 of A(3,5) B(4,2) C(2,6) D(5,7) with cost<=8."
+
+
+def test_unknown_task_lists_known():
+    with pytest.raises(InvalidArgument, match=r"problem.task: unknown task 'poetry' \(known: arith, select\)"):
+        get_task("poetry")
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_reference_answers_pass_rules_and_grade(name):
+    task, rng = TASKS[name], random.Random(0)
+    for _ in range(200):
+        p = task.generate(rng)
+        spec = task.parse_problem(p.prompt)
+        assert spec == p.spec
+        text = task.solve(spec)
+        res, parsed = RuleSet([], task, spec).check(text)
+        assert res.valid, (p.prompt, text, res)
+        assert task.grade(spec, parsed)
+
+
+def test_arith_seed_example():
+    spec = ARITH.parse_problem(SEED_PROMPT)
+    assert ARITH.solve(spec) == "3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 49"
+    rules = RuleSet([], ARITH, spec)
+    # the seed's own notation (variable names) is checked too
+    assert rules.check("x+y=8; 8^2=64; x*y=15; 64-15=49; answer 49")[0].valid
+    res, _ = rules.check("x+y=8; 8^2=62; x*y=15; 62-15=47; answer 47")
+    assert (res.valid, res.error, res.failed_rule) == (False, "step_wrong: 8^2=62 (expected 64)", "task_check:arith_steps")
+    res, parsed = rules.check("3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 50")
+    assert res.error == "answer_mismatch: answer 50 != last step 49"
+    assert not ARITH.grade(spec, parsed)
+
+
+def test_arith_negative_intermediate_parenthesised():
+    spec = ARITH.parse_problem("If x=2 and y=5, compute (x-y)^2+x*y.")
+    text = ARITH.solve(spec)
+    assert text.startswith("2-5=-3; (-3)^2=9;")
+    assert evaluate("(x-y)^2+x*y", spec["vars"]) == 19
+    assert RuleSet([], ARITH, spec).check(text)[0].valid
+
+
+@pytest.mark.parametrize("prompt", ["", "compute 3+4", "If x=3, compute x**2.", "If x=3 and y=4, compute x/y.",
+                                    "If x=3 and y=4, compute 9^99."])
+def test_arith_bad_prompts_name_the_field(prompt):
+    with pytest.raises(InvalidArgument, match="problem.prompt"):
+        ARITH.parse_problem(prompt)
+
+
+def test_arith_hostile_step_does_not_hang():
+    spec = ARITH.parse_problem(SEED_PROMPT)
+    res, _ = RuleSet([], ARITH, spec).check("9^9^9^9=1; answer 1")
+    assert not res.valid and res.error.startswith("step_invalid")
+
+
+def test_select_errors_are_precise():
+    spec = SELECT.parse_problem(POOL_PROMPT)
+    assert SELECT.solve(spec) == "AB 7:7; AC 5:11; AD 8:12; BC 6:8; BD 9>8; CD 7:13; answer C,D"
+    rules = RuleSet([], SELECT, spec)
+    cases = {
+        "answer B,D": ("budget_exceeded: sum=9 > 8", "task_check:select_budget"),
+        "answer C,E": ("not_member: ids has 'E' (allowed: A,B,C,D)", "membership"),
+        "answer C,C": ("duplicate: ids has 'C' twice", "count"),
+        "answer A,B,C": ("count_wrong: ids has 3 (expected 2..2)", "count"),
+        "AB 7:8; answer A,B": ("step_wrong: AB value 8 (expected 7)", "task_check:select_steps"),
+        "AD 9:12; answer A,D": ("step_wrong: AD cost 9 (expected 8)", "task_check:select_steps"),
+    }
+    for text, (error, rule) in cases.items():
+        res, _ = rules.check(text)
+        assert (res.error, res.failed_rule) == (error, rule), text
+    res, parsed = rules.check("answer A,C")  # valid but not optimal: the rules pass, the grade fails
+    assert res.valid and not SELECT.grade(spec, parsed)
+    assert optimum(spec["pool"], 2, 8) == 13
+
+
+@pytest.mark.parametrize("text", [
+    "Sure! Here it is: {\u201cids\u201d: [\u201cC\u201d, \u201cD\u201d]} hope that helps",
+    "After thinking: CD 7:13; answer C, D. Done.",
+    "answer: c,d",
+])
+def test_select_parses_dirty_drafts(text):
+    spec = SELECT.parse_problem(POOL_PROMPT)
+    parsed = SELECT.parse_answer(text)
+    assert parsed.ok and parsed.fields["ids"] == ["C", "D"], parsed
+    assert SELECT.grade(spec, parsed)
+
+
+@pytest.mark.parametrize("text,ok", [
+    ("3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 49", True),
+    ("Let me think.\n3+5=8; 8^2=64; 3*5=15; 64\u221215=49; so the answer is 49.", True),
+    ("3 + 5 = 8 ; 8^2 = 64 ; answer: 49", True),
+    ("3+5=8; 8^2=64; 3*5=1", False),  # truncated
+    ("", False),
+    ("\u201canswer\u201d 49", True),
+])
+def test_arith_parses_dirty_drafts(text, ok):
+    parsed = ARITH.parse_answer(text)
+    assert parsed.ok is ok, parsed
+    if ok:
+        assert parsed.fields["answer"] == 49
+    else:
+        assert parsed.error.startswith("parse_error")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300))
+def test_parsers_never_raise(text):
+    for name in ("arith", "select"):
+        task = TASKS[name]
+        prompt = SEED_PROMPT if name == "arith" else POOL_PROMPT
+        res, parsed = RuleSet([], task, task.parse_problem(prompt)).check(text)
+        assert isinstance(res.valid, bool)
+        assert res.valid or res.error
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 12), st.integers(0, 12), st.sampled_from(["(x+y)^2-x*y", "x*y-y", "(x-y)^2+x*y"]),
+       st.integers(0, 80))
+def test_truncated_answer_is_never_valid(x, y, expr, cut):
+    """A draft cut anywhere before its end (even mid-number: 'answer 4' of 49) fails the rules."""
+    spec = ARITH.parse_problem(f"If x={x} and y={y}, compute {expr}.")
+    full = ARITH.solve(spec)
+    res, _ = RuleSet([], ARITH, spec).check(full[:cut])
+    assert res.valid == (cut >= len(full)), (full[:cut], res)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="\u201c\u201d\u2018\u2019 \n,.:;", max_size=20), st.text(alphabet="abc xyz.!?", max_size=30))
+def test_smart_quotes_and_prose_around_json(noise, prose):
+    spec = SELECT.parse_problem(POOL_PROMPT)
+    parsed = SELECT.parse_answer(f"{prose}{noise}{{\u201cids\u201d: [\u201cC\u201d, \u201cD\u201d]}}{noise}{prose}")
+    assert parsed.ok and SELECT.grade(spec, parsed)

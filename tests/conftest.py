@@ -1,0 +1,49 @@
+"""Shared fixtures: the demo models (built once, cached by recipe), the draft's ONNX
+export, and one real cloud server (vLLM + gRPC on 127.0.0.1, port 0) per test session."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
+
+
+@pytest.fixture(scope="session")
+def artifacts():
+    from demo.artifacts import ensure_artifacts
+
+    return ensure_artifacts()
+
+
+@pytest.fixture(scope="session")
+def draft_engine(artifacts):
+    from edge.draft_engine import OrtDraftEngine
+
+    return OrtDraftEngine(artifacts.draft_onnx)
+
+
+@pytest.fixture(scope="session")
+async def cloud(artifacts):
+    """A real cloud service: vLLM (CPU) with the demo target model behind gRPC."""
+    from cloud.config import CloudConfig, EngineConfig, Limits
+    from cloud.engine import VllmEngine
+    from cloud.server import create_server
+
+    cfg = CloudConfig(engine=EngineConfig(model=str(artifacts.target)),
+                      limits=Limits(max_prompt_chars=200, max_draft_chars=300, max_drafts=8, max_sessions=32))
+    srv = await create_server(cfg)
+    await srv.attach_engine(await VllmEngine(cfg.engine).start())
+    yield srv
+    await srv.stop(grace=1.0)
+
+
+@pytest.fixture
+async def channel(cloud):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{cloud.port}") as ch:
+        yield ch
+
+
+@pytest.fixture
+def stub(channel):
+    return pb_grpc.CoinferCloudStub(channel)

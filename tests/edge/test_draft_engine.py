@@ -1,0 +1,39 @@
+"""Batched drafting on the real ONNX Runtime session of the demo draft model."""
+
+import pytest
+
+from edge.sampling import Sampling
+
+pytestmark = pytest.mark.slow
+PROMPT = "If x=4 and y=7, compute x*y+x+y.\n"
+
+
+def test_batch_equals_per_draft_runs_with_the_same_seeds(draft_engine):
+    s = Sampling(n=4, seed=100, temperature=0.8)
+    batch = draft_engine.generate(PROMPT, s)
+    assert [d.index for d in sorted(batch, key=lambda d: d.index)] == [0, 1, 2, 3]
+    for d in batch:
+        alone = draft_engine.generate(PROMPT, Sampling(n=1, seed=100 + d.index, temperature=0.8))[0]
+        assert alone.token_ids == d.token_ids
+        assert alone.mean_logprob == pytest.approx(d.mean_logprob, abs=1e-4)
+
+
+def test_drafts_are_handed_over_as_they_finish(draft_engine):
+    seen = []
+    out = draft_engine.generate(PROMPT, Sampling(n=5, seed=3, temperature=1.0), on_draft=seen.append)
+    assert sorted(d.index for d in seen) == [d.index for d in out]
+    assert [d.num_tokens for d in seen] == sorted(d.num_tokens for d in seen)
+    assert all(d.finish_reason in ("stop", "length") for d in seen)
+    assert all(d.mean_logprob <= 0 for d in seen)
+
+
+def test_token_budget_and_stop_strings(draft_engine):
+    (d,) = draft_engine.generate(PROMPT, Sampling(n=1, temperature=0.0, max_new_tokens=3))
+    assert d.num_tokens == 3 and d.finish_reason == "length"
+    (d,) = draft_engine.generate(PROMPT, Sampling(n=1, temperature=0.0, stop=(";",)))
+    assert ";" not in d.text and d.finish_reason == "stop"
+
+
+def test_greedy_drafts_are_identical(draft_engine):
+    out = draft_engine.generate(PROMPT, Sampling(n=3, temperature=0.0, presence_penalty=0, frequency_penalty=0))
+    assert len({d.text for d in out}) == 1

@@ -1,0 +1,45 @@
+import json
+
+import onnxruntime as ort
+import pytest
+
+from quantize.export import ExportError, export_dir
+from quantize.llama_graph import io_names
+
+pytestmark = pytest.mark.slow
+
+
+def test_demo_draft_export_matches_torch_on_the_kv_path(artifacts):
+    report = json.loads((artifacts.draft_onnx / "export.json").read_text())
+    parity = report["parity"]
+    assert parity["decode_steps"] >= 16
+    assert parity["greedy_match"] is True
+    assert parity["max_logit_diff"] < 1e-3
+
+
+def test_io_names_follow_optimum(artifacts):
+    sess = ort.InferenceSession(str(artifacts.draft_onnx / "model.onnx"), providers=["CPUExecutionProvider"])
+    layers = len([i for i in sess.get_inputs() if i.name.endswith(".key")])
+    inputs, outputs = io_names(layers)
+    assert [i.name for i in sess.get_inputs()] == inputs
+    assert [o.name for o in sess.get_outputs()] == outputs
+    assert inputs[:4] == ["input_ids", "attention_mask", "position_ids", "past_key_values.0.key"]
+    assert outputs[:2] == ["logits", "present.0.key"]
+
+
+def test_bad_sources_are_refused_clearly(tmp_path, artifacts):
+    with pytest.raises(ExportError, match="not a directory"):
+        export_dir(tmp_path / "missing", tmp_path / "out")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ExportError, match="config.json: missing"):
+        export_dir(tmp_path / "empty", tmp_path / "out")
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
+    with pytest.raises(ExportError, match="unsupported"):
+        export_dir(bert, tmp_path / "out")
+    (tmp_path / "exists").mkdir()
+    with pytest.raises(ExportError, match="output directory exists"):
+        export_dir(artifacts.models.draft, tmp_path / "exists")
+    # nothing half-written is left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bert", "empty", "exists"]
