@@ -32,19 +32,6 @@ def rank_scores(scores: Sequence[float], latencies_s: Sequence[float], a: float,
     return [a * s + b * (1.0 - spread) - g * lat for s, lat in zip(scores, latencies_s)]
 
 
-def segments(text: str) -> list[str]:
-    """A draft's steps: the ';'-separated parts before its ``answer`` part."""
-    parts = [p.strip() for p in text.replace("\n", ";").split(";")]
-    out = []
-    for p in parts:
-        if not p:
-            continue
-        if p.lower().startswith("answer"):
-            break
-        out.append(p)
-    return out
-
-
 def consensus_prefix(drafts: Sequence[Sequence[str]], min_support: int) -> list[str]:
     """Longest step prefix where each step is shared by >= ``min_support`` of the drafts
     that agree on every step before it (seed 4.4)."""

@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 
 from cloud.config import CloudConfig
 from cloud.engine import GenParams, TargetEngine
-from cloud.policy import consensus_prefix, likelihood_score, rank_scores, refine_max_tokens, segments
+from cloud.policy import consensus_prefix, likelihood_score, rank_scores, refine_max_tokens
 from coinfer import types as t
 from coinfer.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
 from coinfer.rules import RuleSet
 from coinfer.tasks import Task
+from coinfer.tasks.base import split_steps
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ class Session:
         t_ref = time.perf_counter()
         if ranked:
             chosen = [j for j, _ in ranked[: p.context_drafts]]
-            steps = [segments(j.draft.text) for j, _ in ranked for _ in range(j.support)]
+            steps = [split_steps(j.draft.text) for j, _ in ranked for _ in range(j.support)]
             prefix_steps = consensus_prefix(steps, min(p.min_support, len(steps)))
             prefix = "; ".join(prefix_steps) + "; " if prefix_steps else ""
             best = ranked[0][0]
@@ -148,11 +149,17 @@ class Session:
             refine_note = f"refined with prefix of {len(prefix_steps)} steps" + (
                 "" if res.valid else f"; refinement failed ({res.error}), best draft returned")
         else:
+            # no valid draft: the cloud answers itself, continuing from the steps the
+            # drafts got right before their first mistake (most common path first)
             chosen = []
-            text, ttft = await self._generate("", p.refine_max_tokens, "cloud", out)
+            verified = [self.task.verified_prefix(self.spec, j.draft.text) for j in self.judged.values()]
+            prefix_steps = consensus_prefix([v for v in verified if v], 1)
+            prefix = "; ".join(prefix_steps) + "; " if prefix_steps else ""
+            text, ttft = await self._generate(prefix, p.refine_max_tokens, "cloud", out)
             res, _ = self.rules.check(text)
             answer, source, valid = text, t.AnswerSource.CLOUD, res.valid
-            refine_note = "no valid draft after retries: cloud drafted itself" + ("" if res.valid else f" ({res.error})")
+            refine_note = (f"no valid draft after retries: cloud drafted itself from {len(prefix_steps)} verified steps"
+                           + ("" if res.valid else f" ({res.error})"))
         rank_of = {j.draft.index: r for j, r in ranked}
         scores = [t.DraftScore(i, j.verdict.valid, j.verdict.score, rank_of.get(i, 0.0))
                   for i, j in sorted(self.judged.items())]

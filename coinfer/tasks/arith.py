@@ -157,6 +157,15 @@ class ArithTask(Task):
             return f"answer_mismatch: answer {parsed.fields.get('answer')} != last step {steps[-1][1]}"
         return ""
 
+    def step_ok(self, spec: dict[str, Any], step: str) -> bool:
+        m = _STEP_RE.fullmatch(normalize(step).strip())
+        if not m:
+            return False
+        try:
+            return evaluate(m.group(1).replace(" ", ""), spec["vars"]) == int(m.group(2))
+        except ValueError:
+            return False
+
     def grade(self, spec: dict[str, Any], parsed: Parsed) -> bool:
         return parsed.ok and parsed.fields.get("answer") == evaluate(spec["expr"], spec["vars"])
 

@@ -36,6 +36,18 @@ class Parsed:
         return not self.error
 
 
+def split_steps(text: str) -> list[str]:
+    """A draft's steps: its ';'- or newline-separated parts before the ``answer`` part."""
+    out = []
+    for part in text.replace("\n", ";").split(";"):
+        part = part.strip()
+        if part.lower().startswith("answer"):
+            break
+        if part:
+            out.append(part)
+    return out
+
+
 class Task(ABC):
     """A built-in task. Subclasses are stateless singletons."""
 
@@ -74,6 +86,23 @@ class Task(ABC):
     @abstractmethod
     def structure_key(self, parsed: Parsed) -> tuple:
         """Normalised structure (numbers, ids, operators, answer) for de-duplication."""
+
+    @abstractmethod
+    def step_ok(self, spec: dict[str, Any], step: str) -> bool:
+        """Whether one step (a part of ``split_steps``) is well-formed and exactly right."""
+
+    def verified_prefix(self, spec: dict[str, Any], text: str) -> list[str]:
+        """The steps of ``text`` up to (not including) its first wrong or malformed one.
+
+        Even a draft that fails its rules usually starts right; those steps are
+        safe context for the cloud when no draft is valid.
+        """
+        out = []
+        for step in split_steps(text):
+            if not self.step_ok(spec, step):
+                break
+            out.append(step)
+        return out
 
     def format_prompt(self, prompt: str) -> str:
         """Model input for a prompt: the answer starts on the next line."""

@@ -144,6 +144,14 @@ class SelectTask(Task):
             return ""
         raise InvalidArgument(f"rules.params.check: unknown checker {checker!r} for select (known: {', '.join(self.checkers)})")
 
+    def step_ok(self, spec: dict[str, Any], step: str) -> bool:
+        m = _STEP_RE.fullmatch(normalize(step).strip())
+        if not m:
+            return False
+        subset, cost, value, over = m.group(1), int(m.group(2)), m.group(3), m.group(4)
+        one = Parsed({"steps": [(subset, cost, int(value) if value else None, int(over) if over else None)]})
+        return self.check("select_steps", spec, one) == ""
+
     def grade(self, spec: dict[str, Any], parsed: Parsed) -> bool:
         ids = parsed.fields.get("ids")
         if not parsed.ok or not ids or len(ids) != spec["k"] or len(set(ids)) != len(ids):

@@ -3,7 +3,8 @@ import math
 import pytest
 
 from cloud.load import DraftCountController
-from cloud.policy import consensus_prefix, likelihood_score, rank_scores, refine_max_tokens, segments
+from cloud.policy import consensus_prefix, likelihood_score, rank_scores, refine_max_tokens
+from coinfer.tasks.base import split_steps
 
 
 def test_likelihood_score_is_geometric_mean_probability():
@@ -24,10 +25,10 @@ def test_rank_prefers_score_and_penalises_latency():
 
 
 def test_segments_and_consensus():
-    a = segments("3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 49")
+    a = split_steps("3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 49")
     assert a == ["3+5=8", "8^2=64", "3*5=15", "64-15=49"]
-    b = segments("3+5=8; 8^2=64; 3*5=16; answer 48")
-    c = segments("3+5=9; answer 1")
+    b = split_steps("3+5=8; 8^2=64; 3*5=16; answer 48")
+    c = split_steps("3+5=9; answer 1")
     assert consensus_prefix([a, b, c], 2) == ["3+5=8", "8^2=64"]
     assert consensus_prefix([a, b, c], 3) == []
     assert consensus_prefix([a], 1) == a

@@ -145,3 +145,13 @@ def test_smart_quotes_and_prose_around_json(noise, prose):
     spec = SELECT.parse_problem(POOL_PROMPT)
     parsed = SELECT.parse_answer(f"{prose}{noise}{{\u201cids\u201d: [\u201cC\u201d, \u201cD\u201d]}}{noise}{prose}")
     assert parsed.ok and SELECT.grade(spec, parsed)
+
+
+def test_verified_prefix_stops_at_the_first_wrong_step():
+    spec = ARITH.parse_problem(SEED_PROMPT)
+    assert ARITH.verified_prefix(spec, "3+5=8; 8^2=62; 3*5=15; answer 47") == ["3+5=8"]
+    assert ARITH.verified_prefix(spec, "x+y=8; 8^2=64; oops; 3*5=15") == ["x+y=8", "8^2=64"]
+    sspec = SELECT.parse_problem(POOL_PROMPT)
+    assert SELECT.verified_prefix(sspec, "AB 7:7; AC 5:11; AD 9:12; answer A,D") == ["AB 7:7", "AC 5:11"]
+    assert SELECT.verified_prefix(sspec, "BD 9>8; CD 7:13; answer C,D") == ["BD 9>8", "CD 7:13"]
+    assert SELECT.verified_prefix(sspec, "") == []
