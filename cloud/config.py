@@ -68,6 +68,10 @@ class PolicyConfig:
     """Refinement is greedy by default: the tasks have one exact answer (the seed's 0.7
     is for open-ended prose)."""
     refine_max_tokens: int = 512
+    cloud_candidates: int = 4
+    """When the cloud answers itself and its greedy answer fails the rules: sampled
+    candidates (one batched request) checked against the rules; 0 disables."""
+    cloud_temperature: float = 0.7
     default_drafts: int = 5
     default_deadline_ms: int = 60_000
 

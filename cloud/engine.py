@@ -45,6 +45,10 @@ class TargetEngine(ABC):
         """Stream text deltas of a completion of ``prompt`` (BOS added by the tokenizer)."""
 
     @abstractmethod
+    async def sample(self, prompt: str, params: GenParams, n: int, request_id: str) -> list[str]:
+        """``n`` independent completions of ``prompt`` in one request (not streamed)."""
+
+    @abstractmethod
     async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str) -> list[float]:
         """Log-probability of each token of ``continuation`` (then EOS) given ``prompt``."""
 
@@ -142,6 +146,30 @@ class VllmEngine(TargetEngine):
             raise
         finally:
             self._running -= 1
+
+    async def sample(self, prompt: str, params: GenParams, n: int, request_id: str) -> list[str]:
+        from vllm import SamplingParams
+
+        if self._llm is None or self._llm.errored:
+            raise Unavailable("engine is not running")
+        ids = self._ids(prompt)
+        room = self.cfg.max_model_len - len(ids)
+        if room < 1:
+            return []
+        sp = SamplingParams(n=n, max_tokens=min(params.max_tokens, room), temperature=params.temperature,
+                            top_p=params.top_p, seed=params.seed, presence_penalty=params.presence_penalty,
+                            frequency_penalty=params.frequency_penalty)
+        final = None
+        self._running += 1
+        try:
+            async for out in self._llm.generate({"prompt_token_ids": ids}, sp, request_id):
+                final = out
+        except asyncio.CancelledError:
+            await self.abort(request_id)
+            raise
+        finally:
+            self._running -= 1
+        return [c.text for c in final.outputs] if final is not None else []
 
     async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str) -> list[float]:
         if self._llm is None or self._llm.errored:

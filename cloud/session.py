@@ -157,6 +157,16 @@ class Session:
             prefix = "; ".join(prefix_steps) + "; " if prefix_steps else ""
             text, ttft = await self._generate(prefix, p.refine_max_tokens, "cloud", out)
             res, _ = self.rules.check(text)
+            if not res.valid and p.cloud_candidates > 0:
+                # the greedy answer failed the rules: sample candidates in one batched
+                # request and keep the first that passes
+                for cand in await self.engine.sample(
+                        self.task.format_prompt(self.req.prompt) + prefix,
+                        GenParams(max_tokens=p.refine_max_tokens, temperature=p.cloud_temperature),
+                        p.cloud_candidates, f"{self.req.request_id}-cands"):
+                    if self.rules.check(prefix + cand)[0].valid:
+                        text, res = prefix + cand, self.rules.check(prefix + cand)[0]
+                        break
             answer, source, valid = text, t.AnswerSource.CLOUD, res.valid
             refine_note = (f"no valid draft after retries: cloud drafted itself from {len(prefix_steps)} verified steps"
                            + ("" if res.valid else f" ({res.error})"))
@@ -190,7 +200,7 @@ class Session:
             max_new_tokens=base.max_new_tokens,
         )
         n = min(self.cfg.limits.max_drafts - len(self.seen), self.recommended_drafts + 2 * self.attempt)
-        return t.RetryAdvice(self.attempt, max(1, n), sampling, reason)
+        return t.RetryAdvice(self.attempt, n, sampling, reason)
 
     # ---- driver ---------------------------------------------------------------------
     async def _consume(self, inbox: AsyncIterator[EdgeItem], out: asyncio.Queue) -> None:
@@ -229,7 +239,8 @@ class Session:
             verify_ms = self._ms()
             round_tasks.clear()
             sent_in_round = 0
-            if self._ranked() or self.attempt >= self.cfg.policy.max_retries:
+            budget_left = self.cfg.limits.max_drafts - len(self.seen)
+            if self._ranked() or self.attempt >= self.cfg.policy.max_retries or budget_left < 1:
                 await self._finish(out, verify_ms)
                 return
             self.attempt += 1

@@ -41,7 +41,7 @@ from coinfer.tasks import TASKS, Problem
 from demo import tokenizer as chartok
 
 log = logging.getLogger(__name__)
-DATA_VERSION = "3"  # bump when a task generator or answer format changes
+DATA_VERSION = "4"  # bump when a task generator or answer format changes
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,11 @@ TEMPLATES = (
     "x*y-y",
 )
 MAX_OPERAND = 9
+# Besides the fixed templates, generated problems draw expressions from these
+# shapes (a, b, c over {x, y}; o over + - *): thousands of distinct problems, so a
+# model has to learn the arithmetic of a step rather than memorise answers.
+SHAPES = ("(a o b)^2 o c", "a o b o c", "(a o b) o c", "a^2 o b", "a o (b o c)", "(a o b)^2")
+MAX_VALUE, MIN_VALUE = 999, -99  # every step's value stays within these
 _PROMPT_RE = re.compile(
     r"^\s*If\s+((?:[a-z]=-?\d+)(?:\s*(?:,|and)\s*[a-z]=-?\d+)*)\s*,\s*compute\s+([0-9a-z+\-*^() ]+?)\s*\.?\s*$"
 )
@@ -105,9 +110,20 @@ class ArithTask(Task):
     name = "arith"
     checkers = {"arith_steps": "every step recomputed; the answer equals the last step"}
 
+    def _random_expr(self, rng: random.Random) -> str:
+        expr = rng.choice(SHAPES)
+        for sym in "abc":
+            expr = expr.replace(sym, rng.choice("xy"))
+        while " o " in expr:
+            expr = expr.replace(" o ", rng.choice("+-*"), 1)
+        return expr
+
     def generate(self, rng: random.Random) -> Problem:
-        expr = rng.choice(TEMPLATES)
-        x, y = rng.randint(0, MAX_OPERAND), rng.randint(0, MAX_OPERAND)
+        while True:
+            expr = rng.choice(TEMPLATES) if rng.random() < 0.5 else self._random_expr(rng)
+            x, y = rng.randint(0, MAX_OPERAND), rng.randint(0, MAX_OPERAND)
+            if all(MIN_VALUE <= v <= MAX_VALUE for _, v in steps_for(expr, {"x": x, "y": y})):
+                break
         prompt = f"If x={x} and y={y}, compute {expr}."
         return Problem(self.name, prompt, {"vars": {"x": x, "y": y}, "expr": expr})
 

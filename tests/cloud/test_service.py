@@ -185,3 +185,15 @@ async def test_health_is_not_serving_without_an_engine():
             assert resp.status == health_pb2.HealthCheckResponse.NOT_SERVING
     finally:
         await srv.stop(grace=0)
+
+
+async def test_retry_advice_never_exceeds_the_draft_budget(stub):
+    bad = "3+5=9; answer 9"
+    # 8 drafts is the limit in these tests: a first round of 8 leaves no budget for a retry
+    events = await run_session(stub, [open_msg()] + [draft(i, bad) for i in range(8)] + [done(8)])
+    assert not [e for e in events if isinstance(e, t.RetryAdvice)]
+    assert events[-1].source == t.AnswerSource.CLOUD
+    events = await run_session(stub, [open_msg()] + [draft(i, bad) for i in range(6)] + [done(6)] +
+                               [draft(6, bad), draft(7, bad), done(2)])
+    (advice,) = [e for e in events if isinstance(e, t.RetryAdvice)]
+    assert advice.num_drafts == 2
