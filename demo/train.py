@@ -66,8 +66,8 @@ class Recipe:
     # Sized for a 2-core CPU: both build in under 10 minutes. The draft is kept
     # deliberately fallible (30-70% held-out accuracy) so that verification matters;
     # the target is ~3x larger and trained longer.
-    draft: ModelSpec = ModelSpec(hidden=96, layers=4, heads=3, intermediate=256, steps=450, seed=1)
-    target: ModelSpec = ModelSpec(hidden=128, layers=6, heads=4, intermediate=384, steps=650, seed=2)
+    draft: ModelSpec = ModelSpec(hidden=96, layers=4, heads=3, intermediate=256, steps=500, seed=1)
+    target: ModelSpec = ModelSpec(hidden=128, layers=6, heads=4, intermediate=384, steps=540, seed=2)
     tasks: tuple[str, ...] = ("arith", "select")
     max_positions: int = 256
     data_version: str = DATA_VERSION
