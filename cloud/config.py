@@ -60,6 +60,10 @@ class PolicyConfig:
     """Latency weight (per second of verification)."""
     min_support: int = 2
     """Drafts that must share a step for it to join the consensus prefix."""
+    consensus_prefix: bool = True
+    """Start the refinement from the valid drafts' consensus steps (seed 4.4)."""
+    prefix_min_score: float = 0.9
+    """...but only when the best draft's verifier score reaches this (see session.py)."""
     context_drafts: int = 2
     """Best valid drafts used as refinement context."""
     max_retries: int = 2

@@ -136,9 +136,14 @@ class Session:
         if ranked:
             chosen = [j for j, _ in ranked[: p.context_drafts]]
             steps = [split_steps(j.draft.text) for j, _ in ranked for _ in range(j.support)]
-            prefix_steps = consensus_prefix(steps, min(p.min_support, len(steps)))
-            prefix = "; ".join(prefix_steps) + "; " if prefix_steps else ""
             best = ranked[0][0]
+            # A fixed prefix only where the target itself finds the best draft likely: a
+            # low score means the target would not write those steps, and forcing them
+            # on it steers it down the draft's (wrong) path. Duplicated drafts from a
+            # confident small model are support, but not independent evidence.
+            use_prefix = p.consensus_prefix and best.verdict.score >= p.prefix_min_score
+            prefix_steps = consensus_prefix(steps, min(p.min_support, len(steps))) if use_prefix else []
+            prefix = "; ".join(prefix_steps) + "; " if prefix_steps else ""
             max_tokens = refine_max_tokens(best.verdict.score, p.refine_max_tokens)
             text, ttft = await self._generate(prefix, max_tokens, f"r{self.attempt}", out)
             res, _ = self.rules.check(text)
