@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -58,9 +59,10 @@ class Session:
     deadline_s: float
     t0: float = field(default_factory=time.perf_counter)
     judged: dict[int, _Judged] = field(default_factory=dict)
-    by_key: dict[tuple, int] = field(default_factory=dict)
     attempt: int = 0
     seen: set[int] = field(default_factory=set)
+    # engine request ids must be unique across sessions even when two edges reuse a request_id
+    key: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def _ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1e3
@@ -83,7 +85,7 @@ class Session:
                 pending[key] = fut
                 try:
                     lps = await self.engine.continuation_logprobs(
-                        self.task.format_prompt(self.req.prompt), d.text, f"{self.req.request_id}-v{d.index}")
+                        self.task.format_prompt(self.req.prompt), d.text, f"{self.key}-v{d.index}")
                     v = t.Verdict(d.index, True, likelihood_score(lps), "", "", 0.0, res.passed + ["likelihood"])
                 except BaseException as exc:
                     fut.set_exception(exc)
@@ -122,7 +124,7 @@ class Session:
             await out.put(t.AnswerChunk(prefix))
         text = prefix
         async for delta in self.engine.generate(self.task.format_prompt(self.req.prompt) + prefix, params,
-                                                f"{self.req.request_id}-{tag}"):
+                                                f"{self.key}-{tag}"):
             if not ttft:
                 ttft = (time.perf_counter() - t_start) * 1e3
             text += delta
@@ -168,7 +170,7 @@ class Session:
                 for cand in await self.engine.sample(
                         self.task.format_prompt(self.req.prompt) + prefix,
                         GenParams(max_tokens=p.refine_max_tokens, temperature=p.cloud_temperature),
-                        p.cloud_candidates, f"{self.req.request_id}-cands"):
+                        p.cloud_candidates, f"{self.key}-cands"):
                     if self.rules.check(prefix + cand)[0].valid:
                         text, res = prefix + cand, self.rules.check(prefix + cand)[0]
                         break

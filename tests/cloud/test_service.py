@@ -197,3 +197,10 @@ async def test_retry_advice_never_exceeds_the_draft_budget(stub):
                                [draft(6, bad), draft(7, bad), done(2)])
     (advice,) = [e for e in events if isinstance(e, t.RetryAdvice)]
     assert advice.num_drafts == 2
+
+
+async def test_concurrent_sessions_may_share_a_request_id(stub):
+    msgs = [open_msg(request_id="same"), draft(0, GOOD), done(1)]
+    a, b = await asyncio.gather(run_session(stub, msgs), run_session(stub, msgs))
+    for events in (a, b):
+        assert isinstance(events[-1], t.Summary) and events[-1].request_id == "same" and events[-1].answer_valid
