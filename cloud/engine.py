@@ -8,6 +8,7 @@ every session continuously; nothing here serialises requests.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from abc import ABC, abstractmethod
@@ -136,8 +137,8 @@ class VllmEngine(TargetEngine):
             return
         self._running += 1
         try:
-            async for out in self._llm.generate({"prompt_token_ids": ids}, self._params(
-                    GenParams(**{**params.__dict__, "max_tokens": min(params.max_tokens, room)})), request_id):
+            sp = self._params(dataclasses.replace(params, max_tokens=min(params.max_tokens, room)))
+            async for out in self._llm.generate({"prompt_token_ids": ids}, sp, request_id):
                 delta = out.outputs[0].text
                 if delta:
                     yield delta
@@ -182,16 +183,15 @@ class VllmEngine(TargetEngine):
             return []
         params = self._params(GenParams(max_tokens=1), prompt_logprobs=0)
         self._running += 1
-        final = None
+        plp = None
         try:
             async for out in self._llm.generate({"prompt_token_ids": ids}, params, request_id):
-                final = out if final is None or out.prompt_logprobs else final
+                plp = out.prompt_logprobs or plp  # delta outputs: they come with the first one
         except asyncio.CancelledError:
             await self.abort(request_id)
             raise
         finally:
             self._running -= 1
-        plp = final.prompt_logprobs if final is not None else None
         if plp is None:
             raise Unavailable("engine returned no prompt logprobs")
         lps = []

@@ -30,6 +30,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -87,7 +88,7 @@ def is_held_out(prompt: str) -> bool:
     return hashlib.sha256(prompt.encode()).digest()[0] % 10 == 0
 
 
-def problems(rng: random.Random, tasks: tuple[str, ...], held_out: bool) -> iter[Problem]:
+def problems(rng: random.Random, tasks: tuple[str, ...], held_out: bool) -> Iterator[Problem]:
     """Endless stream of problems from the train (or held-out) side of the split."""
     while True:
         p = TASKS[rng.choice(tasks)].generate(rng)
