@@ -29,8 +29,12 @@ class DemoArtifacts:
 def ensure_artifacts(recipe: Recipe | None = None) -> DemoArtifacts:
     models = ensure_models(recipe)
     onnx_dir = models.root / "draft-onnx-fp32"
-    if not (onnx_dir / "model.onnx").exists():
+    if not (onnx_dir / "manifest.json").exists():
+        import shutil
+
         from quantize.export import export_dir
+
+        shutil.rmtree(onnx_dir, ignore_errors=True)  # an export from before manifests existed
 
         log.info("exporting the draft model to ONNX: %s", onnx_dir)
         prompt = [1] + list(range(10, 40))

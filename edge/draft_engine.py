@@ -21,6 +21,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
+from coinfer.manifest import verify_manifest
 from edge.sampling import Sampling, sample_next
 
 log = logging.getLogger(__name__)
@@ -46,9 +47,11 @@ class OrtDraftEngine:
     """A draft model directory (``model.onnx`` + tokenizer) on ONNX Runtime."""
 
     def __init__(self, model_dir: Path, providers: Sequence[str] | None = None, threads: int | None = None,
-                 model_file: str = "model.onnx") -> None:
+                 model_file: str = "model.onnx", allow_unverified: bool = False) -> None:
         self.model_dir = Path(model_dir)
         t0 = time.perf_counter()
+        # refuse a tampered, truncated or mismatched artefact before ORT parses any of it
+        self.manifest = verify_manifest(self.model_dir, allow_unverified)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads or os.cpu_count() or 1
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

@@ -19,13 +19,26 @@ import onnx
 import torch
 from transformers import AutoConfig, LlamaForCausalLM
 
+from coinfer.manifest import sha256_file, write_manifest
 from quantize.llama_graph import ExportLlama, io_names
 
 log = logging.getLogger(__name__)
 SUPPORTED = ("LlamaForCausalLM",)
 MODEL_FILE = "model.onnx"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "generation_config.json", "config.json")
+                   "generation_config.json", "config.json")  # copied beside the model; not the manifest
+
+
+def _source_hash(model_dir: Path) -> str:
+    """One hash over the source model's config and weight files (names + contents)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in sorted(model_dir.iterdir()):
+        if p.is_file() and (p.suffix in (".safetensors", ".bin") or p.name == "config.json"):
+            h.update(p.name.encode())
+            h.update(sha256_file(p).encode())
+    return h.hexdigest()
 
 
 class ExportError(ValueError):
@@ -130,6 +143,12 @@ def export_dir(model_dir: Path, out_dir: Path, parity_prompt: list[int] | None =
         if parity_prompt is not None:
             report["parity"] = asdict(parity(model_dir, tmp / MODEL_FILE, parity_prompt))
         (tmp / "export.json").write_text(json.dumps(report, indent=2))
+        write_manifest(tmp, {
+            "scheme": "fp32", "opset": onnx.load(str(tmp / MODEL_FILE), load_external_data=False).opset_import[0].version,
+            "source": {"path": str(model_dir), "sha256": _source_hash(model_dir)},
+            "tokenizer_sha256": sha256_file(tmp / "tokenizer.json") if (tmp / "tokenizer.json").exists() else None,
+            "providers": ["CPUExecutionProvider", "CUDAExecutionProvider"], "checks": {"parity": report.get("parity")},
+        })
         tmp.rename(out_dir)
     finally:
         if tmp.exists():

@@ -15,6 +15,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from coinfer.manifest import sha256_file, write_manifest
+from quantize.check import check_structure
 from quantize.export import MODEL_FILE, TOKENIZER_FILES, ExportError
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,14 @@ def quantize_dir(src_dir: Path, out_dir: Path, scheme: str = "dynamic", per_chan
                 shutil.copy2(src_dir / name, tmp / name)
         report = {"scheme": scheme, "per_channel": per_channel, "weight_type": "int8",
                   "bytes": (tmp / MODEL_FILE).stat().st_size, "source_bytes": src.stat().st_size}
+        checked, problems = check_structure(tmp / MODEL_FILE)
+        write_manifest(tmp, {
+            "scheme": scheme, "params": {"per_channel": per_channel, "weight_type": "int8", "ops": ["MatMul"]},
+            "source": {"path": str(src_dir), "sha256": sha256_file(src)},
+            "tokenizer_sha256": sha256_file(tmp / "tokenizer.json") if (tmp / "tokenizer.json").exists() else None,
+            "providers": ["CPUExecutionProvider"],
+            "checks": {"structure": {"weights_checked": checked, "problems": problems}},
+        })
         tmp.rename(out_dir)
     finally:
         if tmp.exists():

@@ -1,7 +1,11 @@
 """Batched drafting on the real ONNX Runtime session of the demo draft model."""
 
+import shutil
+
 import pytest
 
+from coinfer.manifest import ManifestError
+from edge.draft_engine import OrtDraftEngine
 from edge.sampling import Sampling
 
 pytestmark = pytest.mark.slow
@@ -37,3 +41,17 @@ def test_token_budget_and_stop_strings(draft_engine):
 def test_greedy_drafts_are_identical(draft_engine):
     out = draft_engine.generate(PROMPT, Sampling(n=3, temperature=0.0, presence_penalty=0, frequency_penalty=0))
     assert len({d.text for d in out}) == 1
+
+
+def test_loader_refuses_a_tampered_model(artifacts, tmp_path):
+    src = artifacts.draft_onnx
+    d = tmp_path / "copy"
+    shutil.copytree(src, d)
+    with (d / "model.onnx").open("r+b") as f:
+        f.seek(100)
+        f.write(b"\x00\x00\x00\x00")
+    with pytest.raises(ManifestError, match="model.onnx"):
+        OrtDraftEngine(d)
+    (d / "manifest.json").unlink()
+    with pytest.raises(ManifestError, match="manifest.json: missing"):
+        OrtDraftEngine(d)
