@@ -45,12 +45,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_int8(args: argparse.Namespace) -> int:
-    from quantize.check import check_structure
     from quantize.int8 import quantize_dir
 
     report = quantize_dir(args.onnx_dir, args.out, scheme=args.scheme)
-    checked, problems = check_structure(args.out / MODEL_FILE)
-    report.update(weights_checked=checked, structure_problems=problems)
+    problems = report["structure_problems"]
     _out(args, report, f"{args.scheme} INT8 model at {args.out / MODEL_FILE}: {report['bytes'] / 1e6:.2f} MB "
          f"({report['bytes'] / report['source_bytes']:.2f}x of FP32); structure "
          + ("ok" if not problems else f"FAILED: {problems[0]}"))

@@ -48,6 +48,7 @@ def quantize_dir(src_dir: Path, out_dir: Path, scheme: str = "dynamic", per_chan
         report = {"scheme": scheme, "per_channel": per_channel, "weight_type": "int8",
                   "bytes": (tmp / MODEL_FILE).stat().st_size, "source_bytes": src.stat().st_size}
         checked, problems = check_structure(tmp / MODEL_FILE)
+        report.update(weights_checked=checked, structure_problems=problems)
         write_manifest(tmp, {
             "scheme": scheme, "params": {"per_channel": per_channel, "weight_type": "int8", "ops": ["MatMul"]},
             "source": {"path": str(src_dir), "sha256": sha256_file(src)},
