@@ -76,7 +76,6 @@ class PolicyConfig:
     """When the cloud answers itself and its greedy answer fails the rules: sampled
     candidates (one batched request) checked against the rules; 0 disables."""
     cloud_temperature: float = 0.7
-    default_drafts: int = 5
     default_deadline_ms: int = 60_000
 
 

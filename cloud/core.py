@@ -29,14 +29,15 @@ class CloudCore:
         self.cfg = cfg
         self.engine = engine
         self.active = 0
-        self.waiting = 0
         self.controller = DraftCountController()
 
     def status(self) -> t.Status:
         st = self.engine.stats() if self.engine else None
         util = (st.running / st.max_num_seqs) if st else 0.0
         return t.Status(
-            queue_depth=self.waiting, running=st.running if st else 0, utilisation=util,
+            # vLLM runs max_num_seqs at once and queues the rest
+            queue_depth=max(0, st.running - st.max_num_seqs) if st else 0, running=st.running if st else 0,
+            utilisation=min(1.0, util),
             recommended_drafts=self.controller.update(util), active_sessions=self.active,
             model=self.cfg.engine.model, ready=bool(st and st.ready),
         )

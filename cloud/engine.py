@@ -8,7 +8,6 @@ every session continuously; nothing here serialises requests.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 from abc import ABC, abstractmethod
@@ -63,9 +62,6 @@ class TargetEngine(ABC):
     @abstractmethod
     def stats(self) -> EngineStats: ...
 
-    @abstractmethod
-    def count_tokens(self, text: str) -> int: ...
-
     @property
     @abstractmethod
     def max_model_len(self) -> int: ...
@@ -112,93 +108,63 @@ class VllmEngine(TargetEngine):
     def max_model_len(self) -> int:
         return self.cfg.max_model_len
 
-    def count_tokens(self, text: str) -> int:
-        return len(self._tok(text)["input_ids"])
-
     def _ids(self, text: str) -> list[int]:
         return self._tok(text)["input_ids"]
 
-    def _params(self, p: GenParams, **extra):
+    def _params(self, p: GenParams, room: int, delta: bool = True, **extra):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         return SamplingParams(
-            max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p, seed=p.seed,
+            max_tokens=min(p.max_tokens, room), temperature=p.temperature, top_p=p.top_p, seed=p.seed,
             presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
-            output_kind=RequestOutputKind.DELTA, **extra,
+            output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY, **extra,
         )
 
-    async def generate(self, prompt: str, params: GenParams, request_id: str) -> AsyncIterator[str]:
+    async def _run(self, ids: list[int], sp, request_id: str) -> AsyncIterator:
+        """Every engine request goes through here: liveness check, the running count
+        for Status, and abort upstream when the caller is cancelled (then re-raise)."""
         if self._llm is None or self._llm.errored:
             raise Unavailable("engine is not running")
+        self._running += 1
+        try:
+            async for out in self._llm.generate({"prompt_token_ids": ids}, sp, request_id):
+                yield out
+        except asyncio.CancelledError:
+            await self.abort(request_id)
+            raise
+        finally:
+            self._running -= 1
+
+    async def generate(self, prompt: str, params: GenParams, request_id: str) -> AsyncIterator[str]:
         ids = self._ids(prompt)
         room = self.cfg.max_model_len - len(ids)
         if room < 1:
             return
-        self._running += 1
-        try:
-            sp = self._params(dataclasses.replace(params, max_tokens=min(params.max_tokens, room)))
-            async for out in self._llm.generate({"prompt_token_ids": ids}, sp, request_id):
-                delta = out.outputs[0].text
-                if delta:
-                    yield delta
-        except asyncio.CancelledError:
-            await self.abort(request_id)  # a cancelled stream aborts upstream, then re-raises
-            raise
-        finally:
-            self._running -= 1
+        async for out in self._run(ids, self._params(params, room), request_id):
+            if out.outputs[0].text:
+                yield out.outputs[0].text
 
     async def sample(self, prompt: str, params: GenParams, n: int, request_id: str) -> list[str]:
-        from vllm import SamplingParams
-
-        if self._llm is None or self._llm.errored:
-            raise Unavailable("engine is not running")
         ids = self._ids(prompt)
         room = self.cfg.max_model_len - len(ids)
         if room < 1:
             return []
-        sp = SamplingParams(n=n, max_tokens=min(params.max_tokens, room), temperature=params.temperature,
-                            top_p=params.top_p, seed=params.seed, presence_penalty=params.presence_penalty,
-                            frequency_penalty=params.frequency_penalty)
-        final = None
-        self._running += 1
-        try:
-            async for out in self._llm.generate({"prompt_token_ids": ids}, sp, request_id):
-                final = out
-        except asyncio.CancelledError:
-            await self.abort(request_id)
-            raise
-        finally:
-            self._running -= 1
-        return [c.text for c in final.outputs] if final is not None else []
+        outs = [out async for out in self._run(ids, self._params(params, room, delta=False, n=n), request_id)]
+        return [c.text for c in outs[-1].outputs] if outs else []
 
     async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str) -> list[float]:
-        if self._llm is None or self._llm.errored:
-            raise Unavailable("engine is not running")
         head = self._ids(prompt)
         tail = self._tok(continuation, add_special_tokens=False)["input_ids"] + [self._tok.eos_token_id]
         ids = (head + tail)[: self.cfg.max_model_len - 1]
-        tail_len = len(ids) - len(head)
-        if tail_len <= 0:
+        if len(ids) <= len(head):
             return []
-        params = self._params(GenParams(max_tokens=1), prompt_logprobs=0)
-        self._running += 1
         plp = None
-        try:
-            async for out in self._llm.generate({"prompt_token_ids": ids}, params, request_id):
-                plp = out.prompt_logprobs or plp  # delta outputs: they come with the first one
-        except asyncio.CancelledError:
-            await self.abort(request_id)
-            raise
-        finally:
-            self._running -= 1
+        async for out in self._run(ids, self._params(GenParams(max_tokens=1), 1, prompt_logprobs=0), request_id):
+            plp = out.prompt_logprobs or plp  # delta outputs: they come with the first one
         if plp is None:
             raise Unavailable("engine returned no prompt logprobs")
-        lps = []
-        for pos in range(len(head), len(ids)):
-            entry = plp[pos]
-            lps.append(float(entry[ids[pos]].logprob))
-        return lps
+        return [float(plp[pos][ids[pos]].logprob) for pos in range(len(head), len(ids))]
 
     async def abort(self, request_id: str) -> None:
         if self._llm is not None:

@@ -38,6 +38,11 @@ EdgeItem = t.Draft | DraftsDone
 _END = object()
 
 
+def _join_steps(steps: list[str]) -> str:
+    """Steps as an answer prefix the target continues: ``"a; b; "`` (empty for none)."""
+    return "; ".join(steps) + "; " if steps else ""
+
+
 @dataclass
 class _Judged:
     draft: t.Draft
@@ -93,10 +98,7 @@ class Session:
                     raise
                 fut.set_result(v)
         v.verify_ms = (time.perf_counter() - t_start) * 1e3
-        if not v.duplicate_of:
-            self.judged[d.index] = _Judged(d, v)
-        else:
-            self.judged[d.index] = _Judged(d, v, support=0)
+        self.judged[d.index] = _Judged(d, v, support=0 if v.duplicate_of else 1)
         return v
 
     # ---- refinement ---------------------------------------------------------------
@@ -145,7 +147,7 @@ class Session:
             # confident small model are support, but not independent evidence.
             use_prefix = p.consensus_prefix and best.verdict.score >= p.prefix_min_score
             prefix_steps = consensus_prefix(steps, min(p.min_support, len(steps))) if use_prefix else []
-            prefix = "; ".join(prefix_steps) + "; " if prefix_steps else ""
+            prefix = _join_steps(prefix_steps)
             max_tokens = refine_max_tokens(best.verdict.score, p.refine_max_tokens)
             text, ttft = await self._generate(prefix, max_tokens, f"r{self.attempt}", out)
             res, _ = self.rules.check(text)
@@ -161,7 +163,7 @@ class Session:
             chosen = []
             verified = [self.task.verified_prefix(self.spec, j.draft.text) for j in self.judged.values()]
             prefix_steps = consensus_prefix([v for v in verified if v], 1)
-            prefix = "; ".join(prefix_steps) + "; " if prefix_steps else ""
+            prefix = _join_steps(prefix_steps)
             text, ttft = await self._generate(prefix, p.refine_max_tokens, "cloud", out)
             res, _ = self.rules.check(text)
             if not res.valid and p.cloud_candidates > 0:
@@ -171,8 +173,9 @@ class Session:
                         self.task.format_prompt(self.req.prompt) + prefix,
                         GenParams(max_tokens=p.refine_max_tokens, temperature=p.cloud_temperature),
                         p.cloud_candidates, f"{self.key}-cands"):
-                    if self.rules.check(prefix + cand)[0].valid:
-                        text, res = prefix + cand, self.rules.check(prefix + cand)[0]
+                    cand_res, _ = self.rules.check(prefix + cand)
+                    if cand_res.valid:
+                        text, res = prefix + cand, cand_res
                         break
             answer, source, valid = text, t.AnswerSource.CLOUD, res.valid
             refine_note = (f"no valid draft after retries: cloud drafted itself from {len(prefix_steps)} verified steps"

@@ -7,6 +7,7 @@ the demo, the tests and CI share one build.
 from __future__ import annotations
 
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,8 +31,6 @@ def ensure_artifacts(recipe: Recipe | None = None) -> DemoArtifacts:
     models = ensure_models(recipe)
     onnx_dir = models.root / "draft-onnx-fp32"
     if not (onnx_dir / "manifest.json").exists():
-        import shutil
-
         from quantize.export import export_dir
 
         shutil.rmtree(onnx_dir, ignore_errors=True)  # an export from before manifests existed

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from quantize.export import MODEL_FILE, ExportError
+from quantize.int8 import SCHEMES, quantize_dir
 
 
 def _out(args: argparse.Namespace, data: dict, text: str) -> None:
@@ -36,7 +37,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         tok = Tokenizer.from_file(str(args.model / "tokenizer.json")) if (args.model / "tokenizer.json").exists() else None
         prompt = tok.encode("If x=3 and y=5, compute (x+y)^2-x*y.\n").ids if tok else [1, 2, 3, 4]
-    report = export_dir(args.model, args.out, parity_prompt=prompt)
+    report = export_dir(args.model, args.out, parity_prompt=prompt, parity_steps=args.parity_steps)
     parity = report.get("parity", {})
     _out(args, report, f"exported {args.out / MODEL_FILE}" + (
         f"; parity over {parity['decode_steps']} decode steps: max logit diff {parity['max_logit_diff']:.2e}, "
@@ -45,8 +46,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_int8(args: argparse.Namespace) -> int:
-    from quantize.int8 import quantize_dir
-
     report = quantize_dir(args.onnx_dir, args.out, scheme=args.scheme)
     problems = report["structure_problems"]
     _out(args, report, f"{args.scheme} INT8 model at {args.out / MODEL_FILE}: {report['bytes'] / 1e6:.2f} MB "
@@ -80,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("int8", help="exported ONNX dir -> INT8 per-channel model")
     p.add_argument("onnx_dir", type=Path, help="directory with model.onnx (from `export`)")
     p.add_argument("out", type=Path, help="output directory (must not exist)")
-    p.add_argument("--scheme", choices=["dynamic"], default="dynamic",
+    p.add_argument("--scheme", choices=SCHEMES, default="dynamic",
                    help="dynamic: per-channel int8 weights, dynamic activations (CPU VNNI)")
     p.set_defaults(func=cmd_int8)
     p = sub.add_parser("check", help="structure check of an INT8 model")

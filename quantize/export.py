@@ -129,7 +129,7 @@ def parity(model_dir: Path, onnx_path: Path, prompt_ids: list[int], steps: int =
     return Parity(max_diff, match, steps)
 
 
-def export_dir(model_dir: Path, out_dir: Path, parity_prompt: list[int] | None = None) -> dict:
+def export_dir(model_dir: Path, out_dir: Path, parity_prompt: list[int] | None = None, parity_steps: int = 16) -> dict:
     """Export to ``out_dir`` (model.onnx + tokenizer + export.json), atomically."""
     if out_dir.exists():
         raise ExportError(f"{out_dir}: output directory exists")
@@ -141,7 +141,7 @@ def export_dir(model_dir: Path, out_dir: Path, parity_prompt: list[int] | None =
                 shutil.copy2(model_dir / name, tmp / name)
         report: dict = {"source": str(model_dir), "precision": "fp32"}
         if parity_prompt is not None:
-            report["parity"] = asdict(parity(model_dir, tmp / MODEL_FILE, parity_prompt))
+            report["parity"] = asdict(parity(model_dir, tmp / MODEL_FILE, parity_prompt, parity_steps))
         (tmp / "export.json").write_text(json.dumps(report, indent=2))
         write_manifest(tmp, {
             "scheme": "fp32", "opset": onnx.load(str(tmp / MODEL_FILE), load_external_data=False).opset_import[0].version,
