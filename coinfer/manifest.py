@@ -65,4 +65,18 @@ def verify_manifest(model_dir: Path, allow_unverified: bool = False) -> dict[str
             raise ManifestError(f"{f}: {size} bytes, manifest says {entry.get('bytes')} (truncated or replaced)")
         if sha256_file(f) != entry.get("sha256"):
             raise ManifestError(f"{f}: sha256 mismatch with the manifest (tampered or corrupt)")
+    checks = manifest.get("checks") or {}
+    if checks.get("passed") is False and not allow_unverified:
+        raise ManifestError(f"{path}: this model failed its quantization checks ({_first_failure(checks)}); "
+                            "allow unverified models explicitly to load it anyway")
     return manifest
+
+
+def _first_failure(checks: dict[str, Any]) -> str:
+    problems = (checks.get("structure") or {}).get("problems") or []
+    if problems:
+        return f"structure: {problems[0]}"
+    for g in (checks.get("gates") or {}).get("gates") or []:
+        if not g.get("passed", True):
+            return g.get("message", g.get("name", "gate"))
+    return "see manifest.json"

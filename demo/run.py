@@ -27,9 +27,8 @@ import time
 import grpc
 
 from coinfer import types as t
-from coinfer.tasks import TASKS
+from coinfer.tasks import TASKS, problems
 from demo.artifacts import ensure_artifacts
-from demo.train import problems
 
 log = logging.getLogger(__name__)
 

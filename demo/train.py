@@ -30,7 +30,6 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -38,7 +37,7 @@ import torch
 from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from coinfer.tasks import TASKS, Problem
+from coinfer.tasks import TASKS, Problem, problems
 from demo import tokenizer as chartok
 
 log = logging.getLogger(__name__)
@@ -80,20 +79,11 @@ class Recipe:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+BF16_FAST = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "coinfer" / "models"
-
-
-def is_held_out(prompt: str) -> bool:
-    return hashlib.sha256(prompt.encode()).digest()[0] % 10 == 0
-
-
-def problems(rng: random.Random, tasks: tuple[str, ...], held_out: bool) -> Iterator[Problem]:
-    """Endless stream of problems from the train (or held-out) side of the split."""
-    while True:
-        p = TASKS[rng.choice(tasks)].generate(rng)
-        if is_held_out(p.prompt) == held_out:
-            yield p
 
 
 def make_batch(batch: list[Problem], table: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,8 +137,10 @@ def train_one(name: str, spec: ModelSpec, recipe: Recipe, out: Path) -> dict:
         ids, labels = make_batch([next(stream) for _ in range(spec.batch)], table)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        # bf16 autocast: ~2x faster matmuls on AVX512 CPUs; the master weights stay fp32
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        # bf16 autocast: ~2x faster matmuls where the CPU has bf16 instructions (master
+        # weights stay fp32); without them (AVX2-only, e.g. some AMD EPYC hosts) torch
+        # falls back to a scalar bf16 GEMM ~15x slower than fp32, so train in fp32 there.
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=BF16_FAST):
             loss = model(input_ids=ids, attention_mask=(ids != chartok.PAD_ID).long(), labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from coinfer.manifest import verify_manifest
+from edge.onnx_lm import OnnxLM
 from edge.sampling import Sampling, sample_next
 
 log = logging.getLogger(__name__)
@@ -52,39 +51,20 @@ class OrtDraftEngine:
         t0 = time.perf_counter()
         # refuse a tampered, truncated or mismatched artefact before ORT parses any of it
         self.manifest = verify_manifest(self.model_dir, allow_unverified)
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads or os.cpu_count() or 1
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        avail = ort.get_available_providers()
-        wanted = list(providers) if providers else [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in avail]
-        self.session = ort.InferenceSession(str(self.model_dir / model_file), sess_options=opts, providers=wanted)
+        self.lm = OnnxLM(self.model_dir / model_file, providers, threads)
         self.load_ms = (time.perf_counter() - t0) * 1e3
         self.tokenizer = Tokenizer.from_file(str(self.model_dir / "tokenizer.json"))
         cfg = json.loads((self.model_dir / "config.json").read_text())
         self.eos_ids = set(cfg["eos_token_id"] if isinstance(cfg["eos_token_id"], list) else [cfg["eos_token_id"]])
         self.max_positions = int(cfg.get("max_position_embeddings", 2048))
         self.vocab_size = int(cfg["vocab_size"])
-        self.past_names = [i.name for i in self.session.get_inputs() if i.name.startswith("past_key_values.")]
-        shape = next(i.shape for i in self.session.get_inputs() if i.name == "past_key_values.0.key")
-        self.kv_heads, self.head_dim = int(shape[1]), int(shape[3])
-        self.dtype = np.float16 if "float16" in self.session.get_inputs()[3].type else np.float32
-        self.output_names = [o.name for o in self.session.get_outputs()]
 
     @property
     def providers(self) -> list[str]:
-        return self.session.get_providers()
+        return self.lm.providers
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text).ids  # post-processor adds BOS
-
-    def _run(self, ids: np.ndarray, past: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-        b, t = ids.shape
-        p = past[0].shape[2]
-        feed = {"input_ids": ids, "attention_mask": np.ones((b, p + t), np.int64),
-                "position_ids": np.broadcast_to(np.arange(p, p + t, dtype=np.int64), (b, t)).copy()}
-        feed.update(zip(self.past_names, past))
-        out = self.session.run(self.output_names, feed)
-        return out[0][:, -1, :].astype(np.float32), out[1:]
 
     def warm_up(self) -> float:
         """Run one token so that the first real request does not pay for lazy init."""
@@ -100,8 +80,7 @@ class OrtDraftEngine:
         budget = min(s.max_new_tokens, self.max_positions - len(prompt_ids))
         if budget < 1:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room in a {self.max_positions}-token context")
-        empty = [np.zeros((1, self.kv_heads, 0, self.head_dim), self.dtype) for _ in self.past_names]
-        logits, past = self._run(np.array([prompt_ids], np.int64), empty)
+        logits, past = self.lm.step(np.array([prompt_ids], np.int64), self.lm.empty_past())
         n = s.n
         logits = np.repeat(logits, n, axis=0)
         past = [np.repeat(p, n, axis=0) for p in past]
@@ -148,5 +127,5 @@ class OrtDraftEngine:
             ids = np.array([[tokens[i][-1]] for i in live], np.int64)
             idx = np.array(keep)
             past = [p[idx] for p in past]
-            logits, past = self._run(ids, past)
+            logits, past = self.lm.step(ids, past)
         return [r for r in results if r is not None]

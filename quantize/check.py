@@ -1,8 +1,15 @@
 """Structure check of an INT8 model: per-channel weights done right (000 article, 4.4).
 
-Every quantized MatMul weight must carry float32 scales and a 1-D zero point of
-length = output channels, with int8/uint8 zero points. A per-tensor (scalar)
-scale or zero point, or one on the wrong axis, is reported naming the node.
+Every quantized MatMul weight must carry float32 scales and zero points with one
+entry per output channel, on the output axis, and int8/uint8 zero points:
+
+- ``MatMulInteger`` (dynamic): 1-D scale and zero point of length N for B [K, N];
+- ``DequantizeLinear`` of a weight (static QDQ): the same, and ``axis`` = 1 (N);
+- ``MatMulNBits`` (weight-only): 8 bits, scales and zero points [N, K-blocks]
+  (per output channel and block along K).
+
+A per-tensor (scalar) scale or zero point, or one on the wrong axis, is reported
+naming the node.
 """
 
 from __future__ import annotations
@@ -22,6 +29,10 @@ def check_structure(model_path: Path) -> tuple[int, list[str]]:
     problems: list[str] = []
     checked = 0
     for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            checked += 1
+            problems += _check_nbits(node, inits)
+            continue
         if node.op_type == "MatMulInteger":
             weight, zp = node.input[1], node.input[3] if len(node.input) > 3 else ""
             scale = weight.removesuffix("_quantized") + "_scale"
@@ -37,6 +48,10 @@ def check_structure(model_path: Path) -> tuple[int, list[str]]:
         if w.data_type not in _INT8:
             problems.append(f"{where}: weight {weight} is {TensorProto.DataType.Name(w.data_type)}, not int8/uint8")
         out_channels = w.dims[-1] if len(w.dims) == 2 else None  # MatMul B is [K, N]: N outputs
+        if node.op_type == "DequantizeLinear":
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+            if len(w.dims) == 2 and axis not in (1, -1):
+                problems.append(f"{where}: axis {axis}, expected 1 (the output channels of a [K, N] weight)")
         s = inits.get(scale)
         if s is None:
             problems.append(f"{where}: no scale initializer {scale}")
@@ -57,3 +72,35 @@ def check_structure(model_path: Path) -> tuple[int, list[str]]:
     if checked == 0:
         problems.append("no quantized MatMul weights found: not an INT8 model")
     return checked, problems
+
+
+def _check_nbits(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> list[str]:
+    attrs = {a.name: a.i for a in node.attribute}
+    where = f"MatMulNBits {node.name}"
+    n, k, bits, block = attrs.get("N", 0), attrs.get("K", 0), attrs.get("bits", 4), attrs.get("block_size", 0)
+    problems = []
+    if bits != 8:
+        problems.append(f"{where}: {bits}-bit weights, expected 8")
+    blocks = -(-k // block) if block else 0
+    w, s = inits.get(node.input[1]), inits.get(node.input[2])
+    if w is None or w.data_type != TensorProto.UINT8:
+        problems.append(f"{where}: packed weight {node.input[1]} missing or not uint8")
+    if s is None:
+        problems.append(f"{where}: no scale initializer {node.input[2]}")
+        return problems
+    if s.data_type != TensorProto.FLOAT:
+        problems.append(f"{where}: scale {s.name} is {TensorProto.DataType.Name(s.data_type)}, not float32")
+    numel = 1
+    for d in s.dims:
+        numel *= d
+    if numel != n * blocks or (s.dims and s.dims[0] != n):
+        problems.append(f"{where}: scale {s.name} has shape {list(s.dims)}, expected [{n}, {blocks}] "
+                        "(per output channel and K-block)")
+    z = inits.get(node.input[3]) if len(node.input) > 3 and node.input[3] else None
+    if z is None:
+        problems.append(f"{where}: no zero point initializer")
+    elif z.data_type not in _INT8:
+        problems.append(f"{where}: zero point {z.name} is {TensorProto.DataType.Name(z.data_type)}, not int8/uint8")
+    elif not z.dims or z.dims[0] != n:
+        problems.append(f"{where}: zero point {z.name} has shape {list(z.dims)}, expected [{n}, ...]")
+    return problems

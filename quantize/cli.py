@@ -2,14 +2,20 @@
 
 Usage::
 
-    python -m quantize export MODEL_DIR OUT_DIR          # FP32 ONNX with KV cache + parity check
-    python -m quantize int8 ONNX_DIR OUT_DIR --scheme dynamic
-    python -m quantize check OUT_DIR                     # per-channel structure check
-    (every command takes --json for machine output)
+    python -m quantize export MODEL_DIR OUT_DIR [--dtype fp16]     # ONNX with KV cache + parity vs torch
+    python -m quantize int8 ONNX_DIR OUT_DIR --scheme dynamic|static|weight-only
+    python -m quantize check DIR [--providers CUDAExecutionProvider] [--reference FP32_DIR]
+    python -m quantize bench FP32_DIR INT8_DIR... [--batch 5]
+    (every command takes --json for machine output and --quiet to hide progress bars)
 
-Exit status: 0 ok, 1 a check failed (the message says which and by how much),
-2 bad input (missing / wrong model directory, existing output directory).
-Nothing half-written is left: outputs are built in a temp dir and renamed.
+``int8`` runs the structure check and the accuracy gates against its source
+before publishing the artefact; ``check`` runs them (and the provider placement
+check) on any directory.
+
+Exit status: 0 ok, 1 a check or gate failed (the message says which and by how
+much), 2 bad input (missing / wrong model directory, unsupported architecture,
+corrupt ONNX, bad calibration file, existing output directory). Nothing
+half-written is left: outputs are built in a temp dir and renamed at the end.
 """
 
 from __future__ import annotations
@@ -18,14 +24,21 @@ import argparse
 import json
 import logging
 import sys
+from dataclasses import asdict, fields
 from pathlib import Path
 
-from quantize.export import MODEL_FILE, ExportError
-from quantize.int8 import SCHEMES, quantize_dir
+from quantize.artifact import MODEL_FILE, ArtifactError, model_file
+from quantize.gates import GateConfig
+from quantize.int8 import SCHEMES, QuantConfig
+from quantize.prompts import PromptFileError
 
 
 def _out(args: argparse.Namespace, data: dict, text: str) -> None:
-    print(json.dumps(data, indent=2) if args.json else text)
+    print(json.dumps(data, indent=2, default=str) if args.json else text)
+
+
+def _gate_config(args: argparse.Namespace) -> GateConfig:
+    return GateConfig(**{f.name: getattr(args, f.name) for f in fields(GateConfig)})
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -35,67 +48,172 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.parity_steps:
         from tokenizers import Tokenizer
 
-        tok = Tokenizer.from_file(str(args.model / "tokenizer.json")) if (args.model / "tokenizer.json").exists() else None
-        prompt = tok.encode("If x=3 and y=5, compute (x+y)^2-x*y.\n").ids if tok else [1, 2, 3, 4]
-    report = export_dir(args.model, args.out, parity_prompt=prompt, parity_steps=args.parity_steps)
+        tok_file = args.model / "tokenizer.json"
+        prompt = Tokenizer.from_file(str(tok_file)).encode("If x=3 and y=5, compute (x+y)^2-x*y.\n").ids \
+            if tok_file.exists() else [1, 2, 3, 4]
+    report = export_dir(args.model, args.out, parity_prompt=prompt, parity_steps=args.parity_steps, dtype=args.dtype)
     parity = report.get("parity", {})
-    _out(args, report, f"exported {args.out / MODEL_FILE}" + (
+    _out(args, report, f"exported {args.out / MODEL_FILE} ({args.dtype})" + (
         f"; parity over {parity['decode_steps']} decode steps: max logit diff {parity['max_logit_diff']:.2e}, "
         f"greedy match {parity['greedy_match']}" if parity else ""))
     return 0 if not parity or parity["greedy_match"] else 1
 
 
 def cmd_int8(args: argparse.Namespace) -> int:
-    report = quantize_dir(args.onnx_dir, args.out, scheme=args.scheme)
-    problems = report["structure_problems"]
-    _out(args, report, f"{args.scheme} INT8 model at {args.out / MODEL_FILE}: {report['bytes'] / 1e6:.2f} MB "
-         f"({report['bytes'] / report['source_bytes']:.2f}x of FP32); structure "
-         + ("ok" if not problems else f"FAILED: {problems[0]}"))
-    return 0 if not problems else 1
+    from quantize.build import BuildOptions, CheckFailed, int8_dir
+
+    cfg = QuantConfig(scheme=args.scheme, calib_prompts=args.calib_prompts, calib_decode_steps=args.calib_decode_steps,
+                      block_size=args.block_size, reduce_range=args.reduce_range)
+    opts = BuildOptions(gates=None if args.no_gates else _gate_config(args), calibration_file=args.calibration,
+                        keep_failed=args.keep_failed, progress=not (args.quiet or args.json))
+    try:
+        report = int8_dir(args.onnx_dir, args.out, cfg, opts)
+    except CheckFailed as exc:
+        report = exc.report
+    failures = report["failures"]
+    lines = [f"{args.scheme} INT8 model: {report['bytes'] / 1e6:.2f} MB ({report['bytes'] / report['source_bytes']:.2f}x "
+             f"of the source), {report['structure']['weights_checked']} per-channel weights"]
+    lines += [f"  {g['message']}" for g in (report.get("gates") or {}).get("gates", [])]
+    lines.append(f"published {args.out}" if not failures or args.keep_failed else "NOT published: " + failures[0])
+    _out(args, report, "\n".join(lines))
+    return 0 if not failures else 1
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     from quantize.check import check_structure
 
-    path = args.dir / MODEL_FILE if args.dir.is_dir() else args.dir
-    if not path.is_file():
-        raise ExportError(f"{path}: missing")
-    checked, problems = check_structure(path)
-    _out(args, {"weights_checked": checked, "problems": problems},
-         f"structure: {checked} quantized weights, " + ("ok" if not problems else
-                                                          f"{len(problems)} problem(s):\n  " + "\n  ".join(problems)))
-    return 0 if not problems else 1
+    path = model_file(args.dir)
+    from quantize.build import load_checked
+
+    load_checked(path)
+    report: dict = {}
+    failures: list[str] = []
+    lines = []
+    if not args.no_structure:
+        checked, problems = check_structure(path)
+        report["structure"] = {"weights_checked": checked, "problems": problems}
+        failures += [f"structure: {p}" for p in problems]
+        lines.append(f"structure: {checked} quantized weights, " + (
+            "ok" if not problems else f"{len(problems)} problem(s):\n  " + "\n  ".join(problems)))
+    if args.providers:
+        from quantize.placement import check_placement
+
+        pl = check_placement(path, args.providers)
+        report["placement"] = asdict(pl)
+        failures += [f"placement: {p}" for p in pl.problems]
+        lines.append(f"placement ({', '.join(pl.session)}): " + ", ".join(f"{k} {v} nodes" for k, v in pl.nodes.items())
+                     + ("" if pl.ok else "\n  " + "\n  ".join(pl.problems)))
+    if args.reference:
+        from tqdm import tqdm
+
+        from edge.draft_engine import OrtDraftEngine
+        from quantize.gates import gate_report, run_gates
+        from quantize.prompts import task_prompts
+
+        cfg = _gate_config(args)
+        ref = OrtDraftEngine(args.reference, providers=["CPUExecutionProvider"])
+        cand = OrtDraftEngine(path.parent, providers=["CPUExecutionProvider"], allow_unverified=args.allow_unverified)
+        prompts = task_prompts(cfg.prompts, held_out=True, seed=2)
+        with tqdm(total=len(prompts), desc="gates", unit="prompt", disable=args.quiet or args.json) as bar:
+            results = run_gates(ref, cand, prompts, cfg, on_prompt=bar.update)
+        report["gates"] = gate_report(results, cfg)
+        failures += [r.message for r in results if not r.passed]
+        lines += [r.message for r in results]
+    report["failures"] = failures
+    _out(args, report, "\n".join(lines) or "nothing to check (see --help)")
+    return 0 if not failures else 1
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from quantize import bench
+
+    cfg = bench.BenchConfig(batch=args.batch, prompt_tokens=args.prompt_tokens, decode_steps=args.decode_steps,
+                            threads=args.threads, providers=tuple(args.providers))
+    result = bench.run(args.dirs, cfg, progress=not (args.quiet or args.json))
+    _out(args, result, bench.table(result))
+    return 0
+
+
+def _gate_args(p: argparse.ArgumentParser) -> None:
+    d = GateConfig()
+    g = p.add_argument_group("accuracy gates (against the FP32 reference, held-out task prompts)")
+    g.add_argument("--min-top1-agreement", type=float, default=d.min_top1_agreement,
+                   help="min fraction of KV-path positions whose argmax matches FP32")
+    g.add_argument("--min-greedy-match", type=float, default=d.min_greedy_match,
+                   help="min fraction of prompts whose greedy continuation is identical")
+    g.add_argument("--max-accuracy-drop", type=float, default=d.max_accuracy_drop,
+                   help="max drop in task accuracy of sampled drafts (absolute fraction)")
+    g.add_argument("--prompts", type=int, default=d.prompts, help="held-out prompts")
+    g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    g.add_argument("--drafts", type=int, default=d.drafts, help="sampled drafts per prompt")
+    g.add_argument("--temperature", type=float, default=d.temperature)
+    g.add_argument("--seed", type=int, default=d.seed)
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m quantize", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     sub = ap.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("export", help="HF causal LM dir -> FP32 ONNX with KV cache")
+    p = sub.add_parser("export", help="HF causal LM dir -> ONNX with KV cache (FP32 or FP16)")
     p.add_argument("model", type=Path, help="Hugging Face model directory (LlamaForCausalLM)")
     p.add_argument("out", type=Path, help="output directory (must not exist)")
+    p.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32")
     p.add_argument("--parity-steps", type=int, default=16, help="decode steps compared with torch (0 = skip)")
     p.set_defaults(func=cmd_export)
-    p = sub.add_parser("int8", help="exported ONNX dir -> INT8 per-channel model")
+
+    q = QuantConfig()
+    p = sub.add_parser("int8", help="exported ONNX dir -> checked INT8 per-channel artefact")
     p.add_argument("onnx_dir", type=Path, help="directory with model.onnx (from `export`)")
     p.add_argument("out", type=Path, help="output directory (must not exist)")
     p.add_argument("--scheme", choices=SCHEMES, default="dynamic",
-                   help="dynamic: per-channel int8 weights, dynamic activations (CPU VNNI)")
+                   help="dynamic: int8 weights, dynamic activations (CPU); static: QDQ calibrated on task prompts "
+                        "(TensorRT / CPU); weight-only: 8-bit MatMulNBits (CUDA)")
+    p.add_argument("--calibration", type=Path, help='static: JSONL file of {"task": ..., "prompt": ...} lines')
+    p.add_argument("--calib-prompts", type=int, default=q.calib_prompts, help="static: generated calibration prompts")
+    p.add_argument("--calib-decode-steps", type=int, default=q.calib_decode_steps,
+                   help="static: decode steps recorded per calibration prompt")
+    p.add_argument("--block-size", type=int, default=q.block_size,
+                   help="weight-only: K-block (power of 2 >= 16; 0 = one block over K)")
+    p.add_argument("--reduce-range", choices=("auto", "on", "off"), default=q.reduce_range,
+                   help="dynamic/static: 7-bit weights (auto: on where the CPU lacks VNNI, whose u8s8 kernels saturate)")
+    p.add_argument("--no-gates", action="store_true", help="skip the accuracy gates (structure is always checked)")
+    p.add_argument("--keep-failed", action="store_true",
+                   help="publish even if a check fails (the manifest records it; the edge refuses such a model)")
+    _gate_args(p)
     p.set_defaults(func=cmd_int8)
-    p = sub.add_parser("check", help="structure check of an INT8 model")
+
+    p = sub.add_parser("check", help="structure, provider placement and accuracy gates of a model")
     p.add_argument("dir", type=Path, help="model directory or .onnx file")
+    p.add_argument("--no-structure", action="store_true", help="skip the per-channel structure check")
+    p.add_argument("--providers", nargs="+", metavar="EP",
+                   help="placement check: e.g. CUDAExecutionProvider CPUExecutionProvider")
+    p.add_argument("--reference", type=Path, help="FP32 model directory: run the accuracy gates against it")
+    p.add_argument("--allow-unverified", action="store_true", help="gate a model without (or failing) its manifest")
+    _gate_args(p)
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("bench", help="cold start, ms/token at batch 1 and N, RSS, size; first dir = baseline")
+    p.add_argument("dirs", type=Path, nargs="+", help="model directories (FP32 first)")
+    p.add_argument("--batch", type=int, default=5)
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--decode-steps", type=int, default=32)
+    p.add_argument("--threads", type=int, default=0, help="ORT intra-op threads (0 = all cores)")
+    p.add_argument("--providers", nargs="+", default=["CPUExecutionProvider"], metavar="EP")
+    p.set_defaults(func=cmd_bench)
     for sp in sub.choices.values():
         sp.add_argument("--json", action="store_true", help="machine-readable output")
+        sp.add_argument("--quiet", action="store_true", help="no progress bars")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from coinfer.manifest import ManifestError
+
     try:
         return args.func(args)
-    except (ExportError, ValueError) as exc:
+    except (ArtifactError, PromptFileError, ManifestError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -3,14 +3,15 @@
 One graph for prefill and decode (see ``llama_graph``), exported with PyTorch's
 dynamo-based exporter, checked with ``onnx.checker`` and against torch on the
 KV-cache path (prefill + decode steps): max logit difference and greedy match.
+FP16 is the FP32 graph converted by ONNX Runtime's float16 converter (weights,
+cache and logits in fp16): exporting from an fp16 torch model on a CPU would
+trace CPU fp16 kernels that do not exist.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,13 +21,13 @@ import torch
 from transformers import AutoConfig, LlamaForCausalLM
 
 from coinfer.manifest import sha256_file, write_manifest
+from edge.onnx_lm import OnnxLM
+from quantize.artifact import MODEL_FILE, ArtifactError, copy_sidecars, staged, tokenizer_hash
 from quantize.llama_graph import ExportLlama, io_names
 
 log = logging.getLogger(__name__)
 SUPPORTED = ("LlamaForCausalLM",)
-MODEL_FILE = "model.onnx"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "generation_config.json", "config.json")  # copied beside the model; not the manifest
+DTYPES = ("fp32", "fp16")
 
 
 def _source_hash(model_dir: Path) -> str:
@@ -41,7 +42,7 @@ def _source_hash(model_dir: Path) -> str:
     return h.hexdigest()
 
 
-class ExportError(ValueError):
+class ExportError(ArtifactError):
     """The source model cannot be exported (message names the file or field)."""
 
 
@@ -99,58 +100,49 @@ def export_onnx(model_dir: Path, out_path: Path, opset: int = 18) -> None:
 
 
 def parity(model_dir: Path, onnx_path: Path, prompt_ids: list[int], steps: int = 16) -> Parity:
-    """Greedy decode ``steps`` tokens with torch (HF) and ONNX Runtime (KV path); compare logits."""
-    import onnxruntime as ort
-
+    """Greedy decode ``steps`` tokens with torch (HF, full recompute) and feed the same tokens to
+    ONNX Runtime one by one on its KV path; compare the logits at every position."""
     hf = load_source(model_dir)
-    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    n_layers = hf.config.num_hidden_layers
-    heads = hf.config.num_key_value_heads
-    hd = getattr(hf.config, "head_dim", None) or hf.config.hidden_size // hf.config.num_attention_heads
-    feed: dict[str, np.ndarray] = {f"past_key_values.{i}.{kv}": np.zeros((1, heads, 0, hd), np.float32)
-                                   for i in range(n_layers) for kv in ("key", "value")}
     ids = list(prompt_ids)
-    cur = np.array([ids], dtype=np.int64)
-    max_diff, match = 0.0, True
-    for _ in range(steps + 1):
-        past_len = feed["past_key_values.0.key"].shape[2]
-        feed.update(input_ids=cur, attention_mask=np.ones((1, past_len + cur.shape[1]), np.int64),
-                    position_ids=np.arange(past_len, past_len + cur.shape[1], dtype=np.int64)[None])
-        out = sess.run(None, feed)
-        ort_logits = out[0][0, -1]
-        with torch.no_grad():
-            ref = hf(torch.tensor([ids])).logits[0, -1].numpy()
-        max_diff = max(max_diff, float(np.abs(ref - ort_logits).max()))
-        nxt_ref, nxt = int(ref.argmax()), int(ort_logits.argmax())
-        match &= nxt_ref == nxt
-        ids.append(nxt_ref)
-        cur = np.array([[nxt_ref]], dtype=np.int64)
-        feed.update({f"past_key_values.{i // 2}.{('key', 'value')[i % 2]}": t for i, t in enumerate(out[1:])})
+    ref = []
+    with torch.no_grad():
+        for _ in range(steps + 1):
+            ref.append(hf(torch.tensor([ids])).logits[0, -1].numpy())
+            ids.append(int(ref[-1].argmax()))
+    got = OnnxLM(onnx_path, providers=["CPUExecutionProvider"]).forced(list(prompt_ids), ids[len(prompt_ids):])
+    max_diff = max(float(np.abs(a - b).max()) for a, b in zip(ref, got))
+    match = all(int(a.argmax()) == int(b.argmax()) for a, b in zip(ref, got))
     return Parity(max_diff, match, steps)
 
 
-def export_dir(model_dir: Path, out_dir: Path, parity_prompt: list[int] | None = None, parity_steps: int = 16) -> dict:
-    """Export to ``out_dir`` (model.onnx + tokenizer + export.json), atomically."""
-    if out_dir.exists():
-        raise ExportError(f"{out_dir}: output directory exists")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    try:
+def to_fp16(src: Path, dst: Path) -> None:
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = convert_float_to_float16(onnx.load(str(src)), keep_io_types=False, disable_shape_infer=True)
+    onnx.save(model, str(dst))
+    onnx.checker.check_model(str(dst), full_check=True)
+
+
+def export_dir(model_dir: Path, out_dir: Path, parity_prompt: list[int] | None = None, parity_steps: int = 16,
+               dtype: str = "fp32") -> dict:
+    """Export to ``out_dir`` (model.onnx + tokenizer + export.json + manifest.json), atomically."""
+    if dtype not in DTYPES:
+        raise ExportError(f"dtype: unknown {dtype!r} (known: {', '.join(DTYPES)})")
+    load_source(model_dir)  # bad input fails before a temp dir exists
+    with staged(out_dir) as tmp:
         export_onnx(model_dir, tmp / MODEL_FILE)
-        for name in TOKENIZER_FILES:
-            if (model_dir / name).exists():
-                shutil.copy2(model_dir / name, tmp / name)
-        report: dict = {"source": str(model_dir), "precision": "fp32"}
+        if dtype == "fp16":
+            to_fp16(tmp / MODEL_FILE, tmp / "model.fp16.onnx")
+            (tmp / "model.fp16.onnx").replace(tmp / MODEL_FILE)
+        copy_sidecars(model_dir, tmp)
+        report: dict = {"source": str(model_dir), "precision": dtype}
         if parity_prompt is not None:
             report["parity"] = asdict(parity(model_dir, tmp / MODEL_FILE, parity_prompt, parity_steps))
         (tmp / "export.json").write_text(json.dumps(report, indent=2))
         write_manifest(tmp, {
-            "scheme": "fp32", "opset": onnx.load(str(tmp / MODEL_FILE), load_external_data=False).opset_import[0].version,
+            "scheme": dtype, "opset": onnx.load(str(tmp / MODEL_FILE), load_external_data=False).opset_import[0].version,
             "source": {"path": str(model_dir), "sha256": _source_hash(model_dir)},
-            "tokenizer_sha256": sha256_file(tmp / "tokenizer.json") if (tmp / "tokenizer.json").exists() else None,
+            "tokenizer_sha256": tokenizer_hash(tmp),
             "providers": ["CPUExecutionProvider", "CUDAExecutionProvider"], "checks": {"parity": report.get("parity")},
         })
-        tmp.rename(out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return report

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import random
+from collections.abc import Iterator
+
 from coinfer.errors import InvalidArgument
 from coinfer.tasks.arith import ArithTask
 from coinfer.tasks.base import Parsed, Problem, Task
@@ -9,7 +13,7 @@ from coinfer.tasks.select import SelectTask
 
 TASKS: dict[str, Task] = {t.name: t for t in (ArithTask(), SelectTask())}
 
-__all__ = ["TASKS", "Parsed", "Problem", "Task", "get_task"]
+__all__ = ["TASKS", "Parsed", "Problem", "Task", "get_task", "is_held_out", "problems"]
 
 
 def get_task(name: str, field: str = "problem.task") -> Task:
@@ -17,3 +21,17 @@ def get_task(name: str, field: str = "problem.task") -> Task:
         return TASKS[name]
     except KeyError:
         raise InvalidArgument(f"{field}: unknown task {name!r} (known: {', '.join(TASKS)})") from None
+
+
+def is_held_out(prompt: str) -> bool:
+    """The fixed train / held-out split (1 in 10 by prompt hash): models train on one side
+    only; accuracy, calibration-free gates and the demo use the other."""
+    return hashlib.sha256(prompt.encode()).digest()[0] % 10 == 0
+
+
+def problems(rng: random.Random, tasks: tuple[str, ...], held_out: bool) -> Iterator[Problem]:
+    """Endless stream of problems from the train (or held-out) side of the split."""
+    while True:
+        p = TASKS[rng.choice(tasks)].generate(rng)
+        if is_held_out(p.prompt) == held_out:
+            yield p

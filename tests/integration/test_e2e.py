@@ -8,8 +8,7 @@ import pytest
 
 from coinfer import types as t
 from coinfer.rules import RuleSet
-from coinfer.tasks import TASKS
-from demo.train import problems
+from coinfer.tasks import TASKS, problems
 from edge.pipeline import EdgePipeline, Plan
 from edge.sampling import Sampling
 

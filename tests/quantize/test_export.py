@@ -3,6 +3,9 @@ import json
 import onnxruntime as ort
 import pytest
 
+from edge.draft_engine import OrtDraftEngine
+from edge.sampling import Sampling
+from quantize.artifact import ArtifactError
 from quantize.export import ExportError, export_dir
 from quantize.llama_graph import io_names
 
@@ -39,7 +42,23 @@ def test_bad_sources_are_refused_clearly(tmp_path, artifacts):
     with pytest.raises(ExportError, match="unsupported"):
         export_dir(bert, tmp_path / "out")
     (tmp_path / "exists").mkdir()
-    with pytest.raises(ExportError, match="output directory exists"):
+    with pytest.raises(ArtifactError, match="output directory exists"):
         export_dir(artifacts.models.draft, tmp_path / "exists")
     # nothing half-written is left behind
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bert", "empty", "exists"]
+
+
+def test_fp16_export_runs_on_the_edge_engine(artifacts, tmp_path):
+    out = tmp_path / "fp16"
+    report = export_dir(artifacts.models.draft, out, parity_prompt=[1] + list(range(10, 40)), dtype="fp16")
+    assert report["precision"] == "fp16" and report["parity"]["greedy_match"] is True
+    assert report["parity"]["max_logit_diff"] < 0.1
+    fp16 = OrtDraftEngine(out)
+    assert fp16.lm.dtype.__name__ == "float16"
+    assert (out / "model.onnx").stat().st_size < 0.7 * (artifacts.draft_onnx / "model.onnx").stat().st_size
+    greedy = Sampling(n=2, temperature=0.0, presence_penalty=0.0, frequency_penalty=0.0, max_new_tokens=24)
+    a = OrtDraftEngine(artifacts.draft_onnx).generate("Compute 2+3.\n", greedy)
+    b = fp16.generate("Compute 2+3.\n", greedy)
+    assert [d.text for d in a] == [d.text for d in b]
+    with pytest.raises(ExportError, match="dtype"):
+        export_dir(artifacts.models.draft, tmp_path / "x", dtype="int4")

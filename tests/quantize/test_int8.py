@@ -1,60 +1,177 @@
-"""INT8 dynamic quantization of the demo draft, the structure check, and the CLI."""
+"""INT8 schemes on the demo draft: structure, gates, manifest, and what the edge does with them."""
 
 import json
 import random
 
+import numpy as np
+import onnx
 import pytest
+from onnx import numpy_helper
 
-from coinfer.tasks import TASKS
-from demo.train import problems
+from coinfer.manifest import ManifestError
+from coinfer.tasks import TASKS, problems
 from edge.draft_engine import OrtDraftEngine
 from edge.sampling import Sampling
+from quantize.artifact import copy_sidecars
 from quantize.check import check_structure
 from quantize.cli import main
-from quantize.int8 import quantize_dir
+from quantize.int8 import SCHEMES, QuantConfig, quantize_model
 
 pytestmark = pytest.mark.slow
 GREEDY = Sampling(n=1, temperature=0.0, presence_penalty=0.0, frequency_penalty=0.0)
 
 
 @pytest.fixture(scope="module")
-def int8_dir(artifacts, tmp_path_factory):
-    out = tmp_path_factory.mktemp("q") / "int8"
-    assert main(["int8", str(artifacts.draft_onnx), str(out), "--json"]) == 0
+def built(artifacts, tmp_path_factory):
+    """scheme -> (output dir, manifest); each built by the CLI with its default gates."""
+    root = tmp_path_factory.mktemp("int8")
+    out = {}
+    for scheme in SCHEMES:
+        d = root / scheme
+        rc = main(["int8", str(artifacts.draft_onnx), str(d), "--scheme", scheme, "--json", "--quiet"])
+        assert rc == 0, f"{scheme}: exit {rc}"
+        out[scheme] = (d, json.loads((d / "manifest.json").read_text()))
     return out
 
 
-def test_dynamic_int8_is_per_channel_and_smaller(int8_dir, artifacts):
-    checked, problems_ = check_structure(int8_dir / "model.onnx")
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_each_scheme_is_per_channel_smaller_and_passes_its_gates(built, artifacts, scheme):
+    d, manifest = built[scheme]
+    checked, problems_ = check_structure(d / "model.onnx")
     layers = artifacts.models.report["recipe"]["draft"]["layers"]
     assert checked == 7 * layers + 1 and problems_ == []  # q k v o gate up down per layer + LM head
-    size, fp32 = (int8_dir / "model.onnx").stat().st_size, (artifacts.draft_onnx / "model.onnx").stat().st_size
-    assert size <= 0.4 * fp32
+    fp32 = (artifacts.draft_onnx / "model.onnx").stat().st_size
+    assert (d / "model.onnx").stat().st_size <= 0.45 * fp32
+    assert manifest["scheme"] == scheme and manifest["checks"]["passed"] is True
+    gates = {g["name"]: g for g in manifest["checks"]["gates"]["gates"]}
+    assert set(gates) == {"top1_agreement", "greedy_match", "accuracy_drop"}
+    assert gates["top1_agreement"]["value"] >= 0.95, gates["top1_agreement"]["message"]
+    assert manifest["providers"] and manifest["source"]["sha256"] and manifest["tokenizer_sha256"]
+    ops = {n.op_type for n in onnx.load(str(d / "model.onnx")).graph.node}
+    assert {"dynamic": "MatMulInteger", "static": "DequantizeLinear", "weight-only": "MatMulNBits"}[scheme] in ops \
+        or (scheme == "dynamic" and "DynamicQuantizeLinear" in ops)
 
 
-def test_per_tensor_model_is_caught(artifacts, tmp_path):
-    quantize_dir(artifacts.draft_onnx, tmp_path / "pt", per_channel=False)
-    checked, problems_ = check_structure(tmp_path / "pt" / "model.onnx")
-    assert checked > 0 and problems_ and "expected [" in problems_[0]
-    assert main(["check", str(tmp_path / "pt")]) == 1
-    assert main(["check", str(artifacts.draft_onnx)]) == 1  # FP32: nothing quantized
-
-
-def test_int8_drafts_track_fp32(int8_dir, artifacts):
-    fp32, int8 = OrtDraftEngine(artifacts.draft_onnx), OrtDraftEngine(int8_dir)
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_edge_engine_runs_every_scheme_close_to_fp32(built, artifacts, scheme):
+    fp32, q = OrtDraftEngine(artifacts.draft_onnx), OrtDraftEngine(built[scheme][0])
     stream = problems(random.Random(5), ("arith", "select"), held_out=True)
     same = acc32 = acc8 = 0
-    n = 30
+    n = 20
     for _ in range(n):
         p = next(stream)
         task = TASKS[p.task]
         a = fp32.generate(task.format_prompt(p.prompt), GREEDY)[0].text
-        b = int8.generate(task.format_prompt(p.prompt), GREEDY)[0].text
+        b = q.generate(task.format_prompt(p.prompt), GREEDY)[0].text
         same += a == b
         acc32 += task.grade(p.spec, task.parse_answer(a))
         acc8 += task.grade(p.spec, task.parse_answer(b))
-    assert same / n >= 0.6, f"greedy drafts identical in {same}/{n}"
+    assert same / n >= 0.5, f"greedy drafts identical in {same}/{n}"
     assert acc8 >= acc32 - 3, (acc32, acc8)
+
+
+def _build_raw(artifacts, out, cfg: QuantConfig):
+    """A quantized dir without gates or manifest (for deliberately wrong models)."""
+    out.mkdir()
+    copy_sidecars(artifacts.draft_onnx, out)
+    reader = None
+    if cfg.scheme == "static":
+        from tokenizers import Tokenizer
+
+        from quantize.calibrate import KvCalibrationReader
+        from quantize.prompts import task_prompts
+
+        tok = Tokenizer.from_file(str(artifacts.draft_onnx / "tokenizer.json"))
+        reader = lambda: KvCalibrationReader(artifacts.draft_onnx / "model.onnx", tok,  # noqa: E731
+                                             task_prompts(4, held_out=False), decode_steps=2)
+    quantize_model(artifacts.draft_onnx / "model.onnx", out / "model.onnx", cfg, calibration=reader)
+    return out
+
+
+@pytest.mark.parametrize("scheme", ["dynamic", "static"])
+def test_structure_check_catches_per_tensor_models(artifacts, tmp_path, capsys, scheme):
+    d = _build_raw(artifacts, tmp_path / "pt", QuantConfig(scheme=scheme, per_channel=False))
+    checked, problems_ = check_structure(d / "model.onnx")
+    assert checked > 0 and problems_ and "expected [" in problems_[0]
+    assert main(["check", str(d)]) == 1
+    assert "per-channel on the output axis" in capsys.readouterr().out
+    assert main(["check", str(artifacts.draft_onnx)]) == 1  # FP32: nothing quantized
+
+
+def test_gates_fail_a_broken_model_and_say_which_by_how_much(artifacts, tmp_path, capsys):
+    d = _build_raw(artifacts, tmp_path / "broken", QuantConfig(scheme="dynamic"))
+    model = onnx.load(str(d / "model.onnx"))
+    for init in model.graph.initializer:  # a mis-scaled export: every weight scale 4x too large
+        if init.name.endswith("_scale") and len(init.dims) == 1:
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 4, init.name))
+    onnx.save(model, str(d / "model.onnx"))
+    assert check_structure(d / "model.onnx")[1] == []  # structurally fine: only the gates can tell
+    rc = main(["check", str(d), "--reference", str(artifacts.draft_onnx), "--allow-unverified", "--quiet",
+               "--prompts", "12"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "top1_agreement" in out and "FAIL by" in out
+
+
+def test_failed_gate_publishes_nothing_unless_kept_and_the_edge_refuses_it(artifacts, tmp_path, capsys):
+    out = tmp_path / "strict"
+    args = ["int8", str(artifacts.draft_onnx), str(out), "--min-top1-agreement", "1.0", "--min-greedy-match", "1.0",
+            "--prompts", "16", "--quiet"]
+    assert main(args) == 1
+    assert "NOT published" in capsys.readouterr().out and not out.exists()
+    assert list(tmp_path.iterdir()) == []
+    assert main([*args, "--keep-failed"]) == 1
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["checks"]["passed"] is False
+    with pytest.raises(ManifestError, match="failed its quantization checks"):
+        OrtDraftEngine(out)
+    OrtDraftEngine(out, allow_unverified=True)  # explicitly allowed: loads
+
+
+def test_static_calibration_file(artifacts, tmp_path, capsys):
+    good = tmp_path / "calib.jsonl"
+    good.write_text('{"task": "arith", "prompt": "If x=3 and y=4, compute x*y."}\n\n{"prompt": "free text"}\n')
+    assert main(["int8", str(artifacts.draft_onnx), str(tmp_path / "s"), "--scheme", "static", "--calibration",
+                 str(good), "--no-gates", "--quiet"]) == 0
+    assert check_structure(tmp_path / "s" / "model.onnx")[1] == []
+    for body, msg in [('{"prompt": "ok"}\nnot json\n', "calib.jsonl:2: not JSON"),
+                      ('{"task": "poetry", "prompt": "x"}\n', "task: unknown 'poetry'"),
+                      ('{"text": "x"}\n', 'non-empty string "prompt"'),
+                      ("", "no prompts")]:
+        good.write_text(body)
+        assert main(["int8", str(artifacts.draft_onnx), str(tmp_path / "bad"), "--scheme", "static",
+                     "--calibration", str(good), "--quiet"]) == 2
+        assert msg in capsys.readouterr().err
+        assert not (tmp_path / "bad").exists()
+    good.write_bytes(b'{"prompt": "\xff"}\n')
+    assert main(["int8", str(artifacts.draft_onnx), str(tmp_path / "bad"), "--scheme", "static",
+                 "--calibration", str(good)]) == 2
+    assert "not UTF-8" in capsys.readouterr().err
+
+
+def test_placement_flags_a_missing_accelerator(built, capsys):
+    d = built["dynamic"][0]
+    assert main(["check", str(d), "--no-structure", "--providers", "CPUExecutionProvider", "--json"]) == 0
+    pl = json.loads(capsys.readouterr().out)["placement"]
+    assert pl["session"] == ["CPUExecutionProvider"] and pl["nodes"]["CPUExecutionProvider"] > 0
+    assert any(op.startswith("MatMulInteger") for op in pl["by_op"]["CPUExecutionProvider"])
+    assert main(["check", str(d), "--no-structure", "--providers", "CUDAExecutionProvider"]) == 1
+    assert "CUDAExecutionProvider requested but" in capsys.readouterr().out
+    assert main(["check", str(d), "--providers", "NopeExecutionProvider"]) == 2
+
+
+def test_bench_reports_every_model_side_by_side(built, artifacts, capsys):
+    dirs = [str(artifacts.draft_onnx), str(built["dynamic"][0]), str(built["weight-only"][0])]
+    assert main(["bench", *dirs, "--batch", "3", "--prompt-tokens", "8", "--decode-steps", "4", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["read_bandwidth_gbs"] > 0 and len(res["rows"]) == 3
+    first = res["rows"][0]
+    assert first["speedup_b1"] == 1.0 and first["scheme"] == "fp32"
+    for r in res["rows"]:
+        assert r["decode_ms_b1"] > 0 and r["decode_ms_step_b3"] > 0 and r["peak_rss_mb"] > 10
+        assert 0 < r["floor_ms"] and r["read_per_token_bytes"] < r["initializer_bytes"]
+    assert res["rows"][1]["size_ratio"] < 0.5
+    assert main(["bench", dirs[0], "--batch", "0"]) == 2
 
 
 def test_cli_bad_input_exits_2_and_leaves_nothing(tmp_path, artifacts, capsys):
@@ -63,6 +180,15 @@ def test_cli_bad_input_exits_2_and_leaves_nothing(tmp_path, artifacts, capsys):
     (tmp_path / "exists").mkdir()
     assert main(["int8", str(artifacts.draft_onnx), str(tmp_path / "exists")]) == 2
     assert main(["export", str(tmp_path / "nope"), str(tmp_path / "out2")]) == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["exists"]
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "model.onnx").write_bytes(np.random.default_rng(0).bytes(4096))
+    assert main(["int8", str(corrupt), str(tmp_path / "out3")]) == 2
+    assert "not a valid ONNX model" in capsys.readouterr().err
+    assert main(["check", str(corrupt)]) == 2
+    assert main(["int8", str(artifacts.draft_onnx), str(tmp_path / "out4"), "--block-size", "100",
+                 "--scheme", "weight-only"]) == 2
+    assert "block_size" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt", "exists"]
     assert main(["check", str(artifacts.draft_onnx), "--json"]) == 1
-    assert json.loads(capsys.readouterr().out)["weights_checked"] == 0
+    assert json.loads(capsys.readouterr().out)["structure"]["weights_checked"] == 0

@@ -1,0 +1,98 @@
+"""One ONNX causal LM with a KV cache on ONNX Runtime: session, feeds, one step.
+
+The graph layout is Optimum's ``text-generation-with-past`` (see
+``quantize.llama_graph``): ``input_ids``, ``attention_mask``, ``position_ids``,
+``past_key_values.N.key|value`` -> ``logits``, ``present.N.key|value``. The
+edge's draft engine decodes with it, and the quantize CLI calibrates, gates and
+benchmarks models with the very same code, so a check measures what the edge runs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+ACCELERATORS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+
+
+def default_providers() -> list[str]:
+    """CUDA when this onnxruntime build has it, else CPU (TensorRT only when asked for)."""
+    avail = ort.get_available_providers()
+    return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in avail]
+
+
+def session_options(threads: int | None = None, profile: bool = False) -> ort.SessionOptions:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads or os.cpu_count() or 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.enable_profiling = profile
+    return opts
+
+
+class OnnxLM:
+    """``step(ids, past) -> (last-position logits, present)`` over one InferenceSession."""
+
+    def __init__(self, model_path: Path | str, providers: Sequence[str] | None = None, threads: int | None = None,
+                 profile: bool = False) -> None:
+        self.path = Path(model_path)
+        self.session = ort.InferenceSession(str(self.path), sess_options=session_options(threads, profile),
+                                            providers=list(providers) if providers else default_providers())
+        inputs = self.session.get_inputs()
+        self.past_names = [i.name for i in inputs if i.name.startswith("past_key_values.")]
+        missing = {"input_ids", "attention_mask", "position_ids"} - {i.name for i in inputs}
+        if missing or not self.past_names:
+            raise ValueError(f"{self.path}: not a causal LM with a KV cache (inputs lack "
+                             f"{', '.join(sorted(missing)) or 'past_key_values.*'})")
+        shape = next(i.shape for i in inputs if i.name == "past_key_values.0.key")
+        self.kv_heads, self.head_dim = int(shape[1]), int(shape[3])
+        past_type = next(i.type for i in inputs if i.name == "past_key_values.0.key")
+        self.dtype = np.float16 if "float16" in past_type else np.float32
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    @property
+    def providers(self) -> list[str]:
+        return self.session.get_providers()
+
+    def empty_past(self, batch: int = 1) -> list[np.ndarray]:
+        return [np.zeros((batch, self.kv_heads, 0, self.head_dim), self.dtype) for _ in self.past_names]
+
+    def feed(self, ids: np.ndarray, past: list[np.ndarray]) -> dict[str, np.ndarray]:
+        """The input dict of one step (also what calibration records)."""
+        b, t = ids.shape
+        p = past[0].shape[2]
+        feed = {"input_ids": ids, "attention_mask": np.ones((b, p + t), np.int64),
+                "position_ids": np.broadcast_to(np.arange(p, p + t, dtype=np.int64), (b, t)).copy()}
+        feed.update(zip(self.past_names, past))
+        return feed
+
+    def step(self, ids: np.ndarray, past: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Run ``ids`` [B, T] after ``past``; float32 logits of the last position [B, V] and the new cache."""
+        out = self.session.run(self.output_names, self.feed(ids, past))
+        return out[0][:, -1, :].astype(np.float32), out[1:]
+
+    def greedy(self, prompt_ids: list[int], steps: int, stop_ids: set[int] | frozenset[int] = frozenset()
+               ) -> tuple[list[int], list[np.ndarray]]:
+        """Greedy continuation of ``prompt_ids`` (batch 1): (tokens, logits before each token)."""
+        logits, past = self.step(np.array([prompt_ids], np.int64), self.empty_past())
+        tokens, seen = [], []
+        for _ in range(steps):
+            seen.append(logits[0])
+            tok = int(logits[0].argmax())
+            tokens.append(tok)
+            if tok in stop_ids:
+                break
+            logits, past = self.step(np.array([[tok]], np.int64), past)
+        return tokens, seen
+
+    def forced(self, prompt_ids: list[int], tokens: list[int]) -> list[np.ndarray]:
+        """Logits before each of ``tokens`` when the model is fed them one by one (teacher forcing on the KV path)."""
+        logits, past = self.step(np.array([prompt_ids], np.int64), self.empty_past())
+        seen = [logits[0]]
+        for tok in tokens[:-1]:
+            logits, past = self.step(np.array([[tok]], np.int64), past)
+            seen.append(logits[0])
+        return seen

@@ -1,0 +1,58 @@
+"""Model artefact directories: built in a temp dir beside the target, renamed into place at the end.
+
+A crash, a bad input or a failed check leaves nothing at the output path that
+could be mistaken for a valid model.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from coinfer.manifest import sha256_file
+
+MODEL_FILE = "model.onnx"
+# copied beside the model: what the edge needs to tokenize and stop (not the weights)
+SIDECAR_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                 "generation_config.json", "config.json")
+
+
+class ArtifactError(ValueError):
+    """Bad input to a build (missing source, existing output, unusable model); the message names the path."""
+
+
+@contextmanager
+def staged(out_dir: Path) -> Iterator[Path]:
+    """Yield a fresh temp dir; rename it to ``out_dir`` if the block succeeds, else delete it."""
+    if out_dir.exists():
+        raise ArtifactError(f"{out_dir}: output directory exists")
+    if not out_dir.parent.is_dir():
+        raise ArtifactError(f"{out_dir.parent}: parent of the output directory does not exist")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        yield tmp
+        tmp.rename(out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def copy_sidecars(src_dir: Path, dst_dir: Path) -> None:
+    for name in SIDECAR_FILES:
+        if (src_dir / name).exists():
+            shutil.copy2(src_dir / name, dst_dir / name)
+
+
+def tokenizer_hash(model_dir: Path) -> str | None:
+    return sha256_file(model_dir / "tokenizer.json") if (model_dir / "tokenizer.json").exists() else None
+
+
+def model_file(model_dir: Path) -> Path:
+    """``model_dir/model.onnx``, or a clear error."""
+    path = model_dir if model_dir.suffix == ".onnx" or model_dir.is_file() else model_dir / MODEL_FILE
+    if not path.is_file():
+        raise ArtifactError(f"{path}: missing; expected a model directory from `export`")
+    return path

@@ -1,0 +1,199 @@
+"""``bench``: cold start, decode speed, memory and size of model directories, side by side.
+
+Each model is measured in its own fresh process (so peak RSS and cold start are
+its own), one after the other (so they never compete for the cores):
+
+- cold start: reading the file with the page cache for it dropped first
+  (``posix_fadvise(DONTNEED)``; reported if that was not possible), session
+  creation (graph optimisation, weight prepacking), first token (prefill of a
+  ``prompt_tokens`` prompt);
+- decode: median ms per step at batch 1 and at batch N (N drafts of one prompt, as
+  the edge runs them), after warm-up steps;
+- peak RSS of the process, file size;
+- the memory-bandwidth floor: a decode step must read every weight once, so
+  ``weight bytes / measured read bandwidth`` is the fastest a step can be; the
+  ratio floor / measured says how close the kernels get.
+
+Ratios are against the first model given (the FP32 baseline), measured in this run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    batch: int = 5
+    """Drafts per batch for the batched decode measurement (the edge's default n)."""
+    prompt_tokens: int = 32
+    decode_steps: int = 32
+    warmup_steps: int = 3
+    threads: int = 0
+    """ONNX Runtime intra-op threads; 0 = all cores."""
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+
+    def validate(self) -> None:
+        if not 1 <= self.batch <= 64:
+            raise ValueError(f"batch: must be in 1..64, got {self.batch}")
+        if not 1 <= self.prompt_tokens <= 4096 or not 1 <= self.decode_steps <= 4096:
+            raise ValueError("prompt_tokens / decode_steps: must be in 1..4096")
+        if not 0 <= self.warmup_steps <= 100 or not 0 <= self.threads <= 256:
+            raise ValueError("warmup_steps / threads: out of range (0..100 / 0..256)")
+
+
+def _drop_cache(path: Path) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+def model_files(model_dir: Path) -> list[Path]:
+    return sorted(p for p in model_dir.iterdir() if p.suffix in (".onnx", ".data") or p.name.endswith(".onnx_data"))
+
+
+def measure(model_dir: Path, cfg: BenchConfig) -> dict:
+    """One model, in this process (the worker side of ``bench``)."""
+    from edge.onnx_lm import OnnxLM
+
+    files = model_files(model_dir)
+    dropped = all([_drop_cache(f) for f in files])
+    t0 = time.perf_counter()
+    for f in files:
+        with f.open("rb") as fh:
+            while fh.read(1 << 24):
+                pass
+    read_ms = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter()
+    lm = OnnxLM(model_dir / "model.onnx", providers=list(cfg.providers), threads=cfg.threads or None)
+    session_ms = (time.perf_counter() - t0) * 1e3
+    prompt = np.array([[4 + i % 16 for i in range(cfg.prompt_tokens)]], np.int64)
+    t0 = time.perf_counter()
+    logits, past0 = lm.step(prompt, lm.empty_past())
+    first = logits.argmax(-1, keepdims=True).astype(np.int64)
+    first_token_ms = (time.perf_counter() - t0) * 1e3
+
+    def decode(batch: int) -> float:
+        ids = np.repeat(first, batch, axis=0)
+        past = [np.repeat(p, batch, axis=0) for p in past0]
+        times = []
+        for i in range(cfg.warmup_steps + cfg.decode_steps):
+            t = time.perf_counter()
+            logits, past = lm.step(ids, past)
+            ids = logits.argmax(-1, keepdims=True).astype(np.int64)
+            if i >= cfg.warmup_steps:
+                times.append((time.perf_counter() - t) * 1e3)
+        return statistics.median(times)
+
+    b1 = decode(1)
+    bn = decode(cfg.batch)
+    return {"model": str(model_dir), "providers": lm.providers, "file_bytes": sum(f.stat().st_size for f in files),
+            "page_cache_dropped": dropped, "read_ms": read_ms, "session_ms": session_ms,
+            "first_token_ms": first_token_ms, "decode_ms_b1": b1, f"decode_ms_step_b{cfg.batch}": bn,
+            "batch": cfg.batch, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def read_bandwidth_gbs(mib: int = 512, threads: int | None = None, repeats: int = 5) -> float:
+    """Best-of-``repeats`` read bandwidth of summing a ``mib`` MiB array in ``threads`` threads (GB/s)."""
+    threads = threads or os.cpu_count() or 1
+    a = np.ones(mib * (1 << 20) // 4, np.float32)
+    chunks = np.array_split(a, threads)
+    best = float("inf")
+    for _ in range(repeats):
+        ts = [threading.Thread(target=np.add.reduce, args=(c,)) for c in chunks]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        best = min(best, time.perf_counter() - t0)
+    return a.nbytes / best / 1e9
+
+
+def weight_bytes(model_path: Path) -> dict:
+    """Bytes of initializers a decode step reads: all of them except embedding tables (Gather reads one row)."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    sizes = {}
+    for init in model.graph.initializer:
+        n = int(np.prod(init.dims)) if init.dims else 1
+        sizes[init.name] = n * onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
+    gathered = {n.input[0] for n in model.graph.node if n.op_type in ("Gather", "GatherBlockQuantized")}
+    total = sum(sizes.values())
+    return {"initializer_bytes": total, "read_per_token_bytes": total - sum(sizes.get(g, 0) for g in gathered)}
+
+
+def run(model_dirs: list[Path], cfg: BenchConfig = BenchConfig(), progress: bool = True) -> dict:
+    from tqdm import tqdm
+
+    cfg.validate()
+    for d in model_dirs:
+        if not (d / "model.onnx").is_file():
+            raise ValueError(f"{d / 'model.onnx'}: missing; bench takes model directories")
+    bw = read_bandwidth_gbs(threads=cfg.threads or None)
+    rows = []
+    for d in tqdm(model_dirs, desc="bench", unit="model", disable=not progress):
+        proc = subprocess.run([sys.executable, "-m", "quantize.bench", str(d), json.dumps(asdict(cfg))],
+                              capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{d}: benchmark process failed: {proc.stderr.strip()[-500:]}")
+        row = json.loads(proc.stdout.strip().splitlines()[-1])
+        manifest = d / "manifest.json"
+        row["scheme"] = json.loads(manifest.read_text()).get("scheme", "?") if manifest.exists() else "?"
+        row.update(weight_bytes(d / "model.onnx"))
+        row["floor_ms"] = row["read_per_token_bytes"] / (bw * 1e9) * 1e3
+        row["floor_over_measured_b1"] = row["floor_ms"] / row["decode_ms_b1"]
+        rows.append(row)
+    base = rows[0]
+    key = f"decode_ms_step_b{cfg.batch}"
+    for r in rows:
+        r["speedup_b1"] = base["decode_ms_b1"] / r["decode_ms_b1"]
+        r[f"speedup_b{cfg.batch}"] = base[key] / r[key]
+        r["size_ratio"] = r["file_bytes"] / base["file_bytes"]
+        r["session_ratio"] = r["session_ms"] / base["session_ms"]
+        r["batch_cost"] = r[key] / r["decode_ms_b1"]  # wall of N drafts' step / one draft's step
+    return {"config": asdict(cfg), "read_bandwidth_gbs": bw, "cpu_count": os.cpu_count(), "rows": rows}
+
+
+def table(result: dict) -> str:
+    b = result["config"]["batch"]
+    head = ["model", "scheme", "MB", "size x", "read ms", "session ms", "session x", "1st tok ms", "b1 ms/tok",
+            "b1 speedup", f"b{b} ms/step", f"b{b} ms/tok", f"b{b} step/b1", "floor ms", "floor/meas", "RSS MB"]
+    lines = []
+    for r in result["rows"]:
+        lines.append([Path(r["model"]).name, r["scheme"], f"{r['file_bytes'] / 1e6:.1f}", f"{r['size_ratio']:.2f}",
+                      f"{r['read_ms']:.0f}", f"{r['session_ms']:.0f}", f"{r['session_ratio']:.2f}",
+                      f"{r['first_token_ms']:.1f}", f"{r['decode_ms_b1']:.2f}", f"{r['speedup_b1']:.2f}x",
+                      f"{r[f'decode_ms_step_b{b}']:.2f}", f"{r[f'decode_ms_step_b{b}'] / b:.2f}",
+                      f"{r['batch_cost']:.2f}", f"{r['floor_ms']:.2f}", f"{r['floor_over_measured_b1']:.2f}",
+                      f"{r['peak_rss_mb']:.0f}"])
+    widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
+    out = [fmt.format(*head)] + [fmt.format(*row) for row in lines]
+    out.append(f"read bandwidth {result['read_bandwidth_gbs']:.1f} GB/s on {result['cpu_count']} cores; "
+               "floor = weight bytes read per step / bandwidth; ratios against the first row")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # worker: python -m quantize.bench DIR CONFIG_JSON
+    cfg = json.loads(sys.argv[2])
+    cfg["providers"] = tuple(cfg["providers"])
+    print(json.dumps(measure(Path(sys.argv[1]), BenchConfig(**cfg))))

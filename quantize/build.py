@@ -1,0 +1,101 @@
+"""``int8``: an exported FP32 directory -> a checked, gated, manifested INT8 artefact."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+from tqdm import tqdm
+
+from coinfer.manifest import sha256_file, write_manifest
+from edge.draft_engine import OrtDraftEngine
+from quantize.artifact import MODEL_FILE, ArtifactError, copy_sidecars, model_file, staged, tokenizer_hash
+from quantize.check import check_structure
+from quantize.gates import GateConfig, gate_report, run_gates
+from quantize.int8 import PROVIDERS, QuantConfig, quantize_model
+from quantize.prompts import TaskPrompt, read_prompt_file, task_prompts
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BuildOptions:
+    gates: GateConfig | None = field(default_factory=GateConfig)
+    """None skips the accuracy gates (the structure check always runs)."""
+    calibration_file: Path | None = None
+    """static: JSONL prompts instead of the task generators' train split."""
+    keep_failed: bool = False
+    """Publish the artefact even when a check fails (its manifest says so; the edge refuses it)."""
+    progress: bool = True
+
+
+class CheckFailed(RuntimeError):
+    """A structure check or accuracy gate failed; ``report`` says which and by how much."""
+
+    def __init__(self, report: dict) -> None:
+        super().__init__("; ".join(report["failures"]))
+        self.report = report
+
+
+def load_checked(path: Path) -> onnx.ModelProto:
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+        onnx.checker.check_model(model)
+    except Exception as exc:  # DecodeError, ValidationError, ...: all mean "not a usable ONNX file"
+        raise ArtifactError(f"{path}: not a valid ONNX model ({type(exc).__name__}: {str(exc)[:200]})") from None
+    return model
+
+
+def calibration_prompts(cfg: QuantConfig, opts: BuildOptions) -> list[TaskPrompt]:
+    if opts.calibration_file is not None:
+        return read_prompt_file(opts.calibration_file)
+    return task_prompts(cfg.calib_prompts, held_out=False, seed=1)
+
+
+def int8_dir(src_dir: Path, out_dir: Path, cfg: QuantConfig = QuantConfig(), opts: BuildOptions | None = None) -> dict:
+    """Quantize ``src_dir`` (from ``export``) into ``out_dir``; returns the report (raises CheckFailed)."""
+    opts = opts or BuildOptions()
+    cfg.validate()
+    src = model_file(src_dir)
+    load_checked(src)
+    prompts = calibration_prompts(cfg, opts) if cfg.scheme == "static" else []  # bad file: fail before any work
+    with staged(out_dir) as tmp:
+        copy_sidecars(src_dir, tmp)
+
+        def reader():
+            from tokenizers import Tokenizer
+
+            from quantize.calibrate import KvCalibrationReader
+
+            bar = tqdm(total=len(prompts), desc="calibrate", unit="prompt", disable=not opts.progress)
+            return KvCalibrationReader(src, Tokenizer.from_file(str(src_dir / "tokenizer.json")), prompts,
+                                       cfg.calib_decode_steps, on_prompt=bar.update)
+
+        info = quantize_model(src, tmp / MODEL_FILE, cfg, calibration=reader)
+        checked, problems = check_structure(tmp / MODEL_FILE)
+        report: dict = {"scheme": cfg.scheme, "params": cfg.params() | info,
+                        "bytes": (tmp / MODEL_FILE).stat().st_size, "source_bytes": src.stat().st_size,
+                        "structure": {"weights_checked": checked, "problems": problems}}
+        failures = [f"structure: {p}" for p in problems[:3]]
+        if opts.gates is not None:
+            reference = OrtDraftEngine(src_dir, providers=["CPUExecutionProvider"])
+            candidate = OrtDraftEngine(tmp, providers=["CPUExecutionProvider"], allow_unverified=True)
+            gate_prompts = task_prompts(opts.gates.prompts, held_out=True, seed=2)
+            with tqdm(total=len(gate_prompts), desc="gates", unit="prompt", disable=not opts.progress) as bar:
+                results = run_gates(reference, candidate, gate_prompts, opts.gates, on_prompt=bar.update)
+            report["gates"] = gate_report(results, opts.gates)
+            failures += [r.message for r in results if not r.passed]
+        report["failures"] = failures
+        write_manifest(tmp, {
+            "scheme": cfg.scheme, "params": report["params"],
+            "opset": next((o.version for o in onnx.load(str(tmp / MODEL_FILE), load_external_data=False).opset_import
+                           if o.domain in ("", "ai.onnx")), None),
+            "source": {"path": str(src_dir), "sha256": sha256_file(src)},
+            "tokenizer_sha256": tokenizer_hash(tmp), "providers": PROVIDERS[cfg.scheme],
+            "checks": {"structure": report["structure"], "gates": report.get("gates"), "passed": not failures},
+        })
+        if failures and not opts.keep_failed:
+            raise CheckFailed(report)
+    return report

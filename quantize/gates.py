@@ -1,0 +1,114 @@
+"""Accuracy gates of a quantized model against its FP32 reference, on held-out task prompts.
+
+1. ``top1_agreement``: the reference greedily continues each prompt; the candidate
+   is fed the same tokens one by one on its own KV path (teacher forcing), and at
+   every position its argmax is compared with the reference's. Measures the
+   per-token damage, undisturbed by divergence.
+2. ``greedy_match``: fraction of prompts whose greedy continuation is identical.
+   Strict: one flipped token anywhere fails the prompt.
+3. ``accuracy_drop``: task accuracy of sampled drafts (the edge's real workload,
+   ``drafts`` per prompt, same seeds for both models) of the reference minus the
+   candidate's. Negative = the candidate did better.
+
+Defaults are set so that the demo draft's INT8 models pass (top-1 >= 0.97,
+greedy match >= 0.7, accuracy within a few points, measured) and a broken model
+fails (per-tensor or scrambled weights: top-1 well under 0.5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+from coinfer.tasks import TASKS
+from edge.draft_engine import OrtDraftEngine
+from edge.sampling import Sampling
+from quantize.prompts import TaskPrompt
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    min_top1_agreement: float = 0.90
+    min_greedy_match: float = 0.50
+    max_accuracy_drop: float = 0.10
+    """Absolute drop in the fraction of correct sampled drafts."""
+    prompts: int = 32
+    max_new_tokens: int = 64
+    drafts: int = 4
+    temperature: float = 0.7
+    seed: int = 0
+
+    def validate(self) -> None:
+        for name in ("min_top1_agreement", "min_greedy_match"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name}: must be in [0, 1], got {getattr(self, name)}")
+        if not -1.0 <= self.max_accuracy_drop <= 1.0:
+            raise ValueError(f"max_accuracy_drop: must be in [-1, 1], got {self.max_accuracy_drop}")
+        if not 1 <= self.prompts <= 10000 or not 1 <= self.max_new_tokens <= 4096 or not 1 <= self.drafts <= 64:
+            raise ValueError("prompts / max_new_tokens / drafts: out of range (1..10000 / 1..4096 / 1..64)")
+        if not 0.0 < self.temperature <= 2.0:
+            raise ValueError(f"temperature: must be in (0, 2], got {self.temperature}")
+
+
+@dataclass
+class GateResult:
+    name: str
+    value: float | None
+    threshold: float
+    passed: bool
+    detail: str
+
+    @property
+    def message(self) -> str:
+        if self.value is None:
+            return f"{self.name}: skipped ({self.detail})"
+        op = ">=" if self.name != "accuracy_drop" else "<="
+        verdict = "pass" if self.passed else f"FAIL by {abs(self.value - self.threshold):.3f}"
+        return f"{self.name} {self.value:.3f} (needs {op} {self.threshold:.3f}): {verdict}; {self.detail}"
+
+
+def run_gates(reference: OrtDraftEngine, candidate: OrtDraftEngine, prompts: Sequence[TaskPrompt],
+              cfg: GateConfig = GateConfig(), on_prompt: Callable[[], None] | None = None) -> list[GateResult]:
+    cfg.validate()
+    agree = positions = same = 0
+    ref_ok = cand_ok = graded = 0
+    for i, p in enumerate(prompts):
+        ids = reference.encode(p.text)
+        ref_tokens, ref_logits = reference.lm.greedy(ids, cfg.max_new_tokens, reference.eos_ids)
+        cand_logits = candidate.lm.forced(ids, ref_tokens)
+        agree += sum(int(a.argmax() == b.argmax()) for a, b in zip(ref_logits, cand_logits))
+        positions += len(ref_tokens)
+        cand_tokens, _ = candidate.lm.greedy(ids, cfg.max_new_tokens, candidate.eos_ids)
+        same += cand_tokens == ref_tokens
+        if p.problem is not None:
+            task = TASKS[p.problem.task]
+            s = Sampling(n=cfg.drafts, temperature=cfg.temperature, top_p=1.0, presence_penalty=0.0,
+                         frequency_penalty=0.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 1000 * i)
+            for engine, bump in ((reference, 0), (candidate, 1)):
+                ok = sum(task.grade(p.problem.spec, task.parse_answer(d.text)) for d in engine.generate(p.text, s))
+                if bump:
+                    cand_ok += ok
+                else:
+                    ref_ok += ok
+            graded += cfg.drafts
+        if on_prompt is not None:
+            on_prompt()
+    top1 = agree / max(positions, 1)
+    match = same / max(len(prompts), 1)
+    out = [GateResult("top1_agreement", top1, cfg.min_top1_agreement, top1 >= cfg.min_top1_agreement,
+                      f"{agree}/{positions} positions over {len(prompts)} prompts"),
+           GateResult("greedy_match", match, cfg.min_greedy_match, match >= cfg.min_greedy_match,
+                      f"{same}/{len(prompts)} greedy continuations identical")]
+    if graded:
+        drop = (ref_ok - cand_ok) / graded
+        out.append(GateResult("accuracy_drop", drop, cfg.max_accuracy_drop, drop <= cfg.max_accuracy_drop,
+                              f"sampled drafts correct: reference {ref_ok}/{graded}, candidate {cand_ok}/{graded} "
+                              f"(T={cfg.temperature}, {cfg.drafts} per prompt)"))
+    else:
+        out.append(GateResult("accuracy_drop", None, cfg.max_accuracy_drop, True, "no gradable task prompts"))
+    return out
+
+
+def gate_report(results: list[GateResult], cfg: GateConfig) -> dict:
+    return {"passed": all(r.passed for r in results), "config": asdict(cfg),
+            "gates": [asdict(r) | {"message": r.message} for r in results]}
