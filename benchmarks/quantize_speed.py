@@ -69,14 +69,16 @@ def ensure_variants(root: Path, hf: Path, fp32: Path, gates: GateConfig | None) 
     """[FP32, FP16, one dir per INT8 scheme] under ``root`` (built once)."""
     from quantize.export import export_dir
 
+    root.mkdir(parents=True, exist_ok=True)
     fp16 = root / "onnx-fp16"
     if not (fp16 / "manifest.json").exists():
         export_dir(hf, fp16, parity_prompt=[1, 10, 20, 30, 40], parity_steps=4, dtype="fp16")
     dirs = [fp32, fp16]
     for scheme in SCHEMES:
-        out = root / f"int8-{scheme}"
+        cfg = QuantConfig(scheme=scheme, calib_prompts=16, calib_decode_steps=4)
+        # keyed by the full quantization recipe: a changed default rebuilds, never reuses a stale model
+        out = root / f"int8-{scheme}-{hashlib.sha256(repr(cfg).encode()).hexdigest()[:8]}"
         if not (out / "manifest.json").exists():
-            cfg = QuantConfig(scheme=scheme, calib_prompts=16, calib_decode_steps=4)
             int8_dir(fp32, out, cfg, BuildOptions(gates=gates, keep_failed=True))
         dirs.append(out)
     return dirs

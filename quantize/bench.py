@@ -107,7 +107,19 @@ def measure(model_dir: Path, cfg: BenchConfig) -> dict:
     return {"model": str(model_dir), "providers": lm.providers, "file_bytes": sum(f.stat().st_size for f in files),
             "page_cache_dropped": dropped, "read_ms": read_ms, "session_ms": session_ms,
             "first_token_ms": first_token_ms, "decode_ms_b1": b1, f"decode_ms_step_b{cfg.batch}": bn,
-            "batch": cfg.batch, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "batch": cfg.batch, "peak_rss_mb": peak_rss_mb()}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS. VmHWM, not ru_maxrss: Linux carries ru_maxrss across execve, so a
+    worker started from a big parent would report the parent's peak."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def read_bandwidth_gbs(mib: int = 512, threads: int | None = None, repeats: int = 5) -> float:

@@ -47,6 +47,7 @@ def test_each_scheme_is_per_channel_smaller_and_passes_its_gates(built, artifact
     assert set(gates) == {"top1_agreement", "greedy_match", "accuracy_drop"}
     assert gates["top1_agreement"]["value"] >= 0.95, gates["top1_agreement"]["message"]
     assert manifest["providers"] and manifest["source"]["sha256"] and manifest["tokenizer_sha256"]
+    assert manifest["params"]["embeddings"] == "fp16" and manifest["params"]["fp16_tables"]
     ops = {n.op_type for n in onnx.load(str(d / "model.onnx")).graph.node}
     assert {"dynamic": "MatMulInteger", "static": "DequantizeLinear", "weight-only": "MatMulNBits"}[scheme] in ops \
         or (scheme == "dynamic" and "DynamicQuantizeLinear" in ops)
@@ -192,3 +193,26 @@ def test_cli_bad_input_exits_2_and_leaves_nothing(tmp_path, artifacts, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt", "exists"]
     assert main(["check", str(artifacts.draft_onnx), "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["structure"]["weights_checked"] == 0
+
+
+def test_fp16_embeddings_only_touch_tables_read_by_gather_alone(tmp_path):
+    from onnx import TensorProto, helper
+
+    from quantize.int8 import fp16_embeddings
+
+    table = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3), "table")
+    shared = numpy_helper.from_array(np.ones((4, 3), np.float32), "shared")  # tied: also a MatMul weight
+    g = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["e"], name="g1"),
+         helper.make_node("Gather", ["shared", "ids"], ["f"], name="g2"),
+         helper.make_node("MatMul", ["x", "shared"], ["y"], name="mm")],
+        "t", [helper.make_tensor_value_info("ids", TensorProto.INT64, [2]),
+              helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("e", "f", "y")], [table, shared])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g), str(path))
+    assert fp16_embeddings(path) == ["table"]
+    import onnxruntime as ort
+
+    out = ort.InferenceSession(str(path)).run(["e"], {"ids": np.array([1, 3]), "x": np.ones((1, 4), np.float32)})[0]
+    assert out.dtype == np.float32 and out.tolist() == [[3, 4, 5], [9, 10, 11]]
