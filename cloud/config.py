@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass
@@ -77,6 +78,20 @@ class PolicyConfig:
     candidates (one batched request) checked against the rules; 0 disables."""
     cloud_temperature: float = 0.7
     default_deadline_ms: int = 60_000
+    verifier: str = "likelihood"
+    """LLM verifier after the rules: "likelihood" (the target's prompt logprobs of the draft; any
+    model) or "judge" (the model answers {valid, score, error} as constrained JSON; needs an
+    instruction-tuned verifier model to mean anything)."""
+    learn_every: int = 100
+    """Refit a, b, g from outcomes every this many sessions (seed 3.1); 0 disables learning."""
+    learn_alpha: float = 0.3
+    """EWMA weight of each refit."""
+
+    def validate(self) -> None:
+        if self.verifier not in ("likelihood", "judge"):
+            raise ValueError(f"policy.verifier: must be likelihood|judge, got {self.verifier!r}")
+        if self.learn_every < 0 or not 0.0 < self.learn_alpha <= 1.0:
+            raise ValueError("policy.learn_every >= 0 and policy.learn_alpha in (0, 1] required")
 
 
 @dataclass
@@ -91,3 +106,34 @@ class CloudConfig:
     """0 picks a free port (tests); the chosen port is returned by create_server."""
     grace_s: float = 10.0
     """Graceful shutdown: in-flight sessions get this long to finish."""
+    auth_tokens: dict[str, str] = field(default_factory=dict)
+    """Bearer token per edge id; empty = no authentication (loopback / tests only)."""
+    tls_cert: str = ""
+    """PEM certificate chain file; with ``tls_key`` the port speaks TLS only."""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    """PEM CA bundle: when set, edges must present a client certificate it signed (mTLS)."""
+    metrics_port: int = -1
+    """Prometheus scrape port (HTTP); -1 = off, 0 = any free port."""
+    metrics_host: str = "127.0.0.1"
+    state_path: str = ""
+    """JSON file where learned scheduler weights persist across restarts; empty = in memory only."""
+    load_period_s: float = 0.5
+    """How often engine load is sampled into the draft-count controller."""
+
+    def validate(self) -> None:
+        self.engine.validate()
+        self.policy.validate()
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert / tls_key: give both or neither")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("tls_client_ca: needs tls_cert and tls_key")
+        for name in ("tls_cert", "tls_key", "tls_client_ca"):
+            path = getattr(self, name)
+            if path and not Path(path).is_file():
+                raise ValueError(f"{name}: {path} is not a file")
+        if not -1 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port: must be -1..65535, got {self.metrics_port}")
+        for edge, token in self.auth_tokens.items():
+            if len(token) < 16:
+                raise ValueError(f"auth_tokens[{edge!r}]: at least 16 characters")

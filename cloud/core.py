@@ -5,6 +5,7 @@ Transport-free: takes and returns domain types, raises ``coinfer.errors``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -12,10 +13,12 @@ from collections.abc import AsyncIterator
 
 from cloud.config import CloudConfig
 from cloud.engine import TargetEngine
+from cloud.learning import WeightLearner
 from cloud.load import DraftCountController
+from cloud.metrics import CloudMetrics
 from cloud.session import EdgeItem, Session
 from coinfer import types as t
-from coinfer.errors import InvalidArgument, ResourceExhausted, require
+from coinfer.errors import InvalidArgument, ResourceExhausted, Unavailable, require
 from coinfer.rules import RuleSet
 from coinfer.tasks import get_task
 
@@ -29,18 +32,57 @@ class CloudCore:
         self.cfg = cfg
         self.engine = engine
         self.active = 0
+        self.draining = False
+        self._idle = asyncio.Event()
+        self._idle.set()
         self.controller = DraftCountController()
+        p = cfg.policy
+        self.learner = WeightLearner.open(p.a, p.b, p.g, p.learn_every, p.learn_alpha, cfg.state_path)
+        self.metrics = CloudMetrics()
+        self._publish_weights()
+
+    def _publish_weights(self) -> None:
+        w = self.learner.weights
+        for name in ("a", "b", "g"):
+            self.metrics.weights.labels(name).set(getattr(w, name))
+
+    def sample_load(self) -> None:
+        """One load sample into the controller (called at a fixed rate by the server)."""
+        st = self.engine.stats() if self.engine else None
+        self.controller.update(st.load if st else 0.0)
+        self.metrics.recommended.set(self.controller.recommended)
+        self.metrics.load.set(self.controller.smoothed)
+        if st is not None:
+            self.metrics.engine.labels("running").set(st.running)
+            self.metrics.engine.labels("waiting").set(st.waiting)
+            self.metrics.kv_usage.set(st.kv_cache_usage)
 
     def status(self) -> t.Status:
         st = self.engine.stats() if self.engine else None
-        util = (st.running / st.max_num_seqs) if st else 0.0
+        w = self.learner.weights
         return t.Status(
-            # vLLM runs max_num_seqs at once and queues the rest
-            queue_depth=max(0, st.running - st.max_num_seqs) if st else 0, running=st.running if st else 0,
-            utilisation=min(1.0, util),
-            recommended_drafts=self.controller.update(util), active_sessions=self.active,
-            model=self.cfg.engine.model, ready=bool(st and st.ready),
+            # waiting: vLLM's own scheduler queue; before its first stats, requests beyond max_num_seqs
+            queue_depth=(st.waiting or max(0, st.running - st.max_num_seqs)) if st else 0,
+            running=st.running if st else 0, utilisation=st.load if st else 0.0,
+            recommended_drafts=self.controller.recommended, active_sessions=self.active,
+            model=self.cfg.engine.model, ready=bool(st and st.ready), weight_a=w.a, weight_b=w.b, weight_g=w.g,
+            weight_updates=w.updates, kv_cache_usage=st.kv_cache_usage if st else 0.0,
+            load=self.controller.smoothed, draining=self.draining,
         )
+
+    async def drained(self, timeout_s: float) -> bool:
+        """Wait until no session is in flight (or ``timeout_s``); True if drained."""
+        if self.active == 0:
+            return True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            return True
+        except TimeoutError:
+            log.warning("%d session(s) still running after the %.1f s grace", self.active, timeout_s)
+            return False
+
+    def close(self) -> None:
+        self.metrics.close()
 
     def _admit(self, req: t.OpenRequest) -> tuple:
         lim = self.cfg.limits
@@ -58,6 +100,8 @@ class CloudCore:
             raise InvalidArgument(f"deadline_ms: must be in 0..{lim.max_deadline_ms}, got {req.deadline_ms}")
         if len(req.request_id) > 128:
             raise InvalidArgument(f"request_id: {len(req.request_id)} chars > 128")
+        if self.draining:
+            raise Unavailable("server: draining for shutdown; retry on another replica")
         if self.active >= lim.max_sessions:
             raise ResourceExhausted(f"sessions: {self.active} active, limit {lim.max_sessions}")
         return task, spec, rules
@@ -67,15 +111,31 @@ class CloudCore:
         task, spec, rules = self._admit(req)
         req.request_id = req.request_id or uuid.uuid4().hex[:16]
         deadline_ms = req.deadline_ms or self.cfg.policy.default_deadline_ms
-        s = Session(self.cfg, self.engine, req, task, spec, rules, self.status().recommended_drafts, deadline_ms / 1e3)
+        w = self.learner.weights
+        s = Session(self.cfg, self.engine, req, task, spec, rules, self.controller.recommended, deadline_ms / 1e3,
+                    weights=(w.a, w.b, w.g), load=self.controller.smoothed)
         self.active += 1
+        self._idle.clear()
+        self.metrics.active.inc()
         t0 = time.perf_counter()
+        outcome, chunks = "error", [0]
         try:
             async for ev in s.run(inbox):
+                self.metrics.observe(ev, chunks)
                 yield ev
+            outcome = "ok"
+            if s.outcome and self.cfg.policy.learn_every and self.learner.record(s.outcome):
+                self._publish_weights()
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
         finally:
             self.active -= 1
-            log.info("session %s done in %.0f ms", req.request_id, (time.perf_counter() - t0) * 1e3)
+            if self.active == 0:
+                self._idle.set()
+            self.metrics.active.dec()
+            self.metrics.sessions.labels(outcome).inc()
+            log.info("session %s %s in %.0f ms", req.request_id, outcome, (time.perf_counter() - t0) * 1e3)
 
     async def generate(self, req: t.OpenRequest) -> AsyncIterator[t.CloudEvent]:
         """Cloud-only: a session with no drafts (the cloud drafts itself at once)."""

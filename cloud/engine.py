@@ -33,8 +33,20 @@ class GenParams:
 @dataclass
 class EngineStats:
     running: int
+    """Requests this process has in the engine (scoring, refinement, sampling)."""
     max_num_seqs: int
     ready: bool
+    waiting: int = 0
+    """vLLM scheduler's waiting queue (from its stat logger; 0 until the first engine step)."""
+    kv_cache_usage: float = 0.0
+    """vLLM's KV-cache use in [0, 1]."""
+
+    @property
+    def load(self) -> float:
+        """One number in [0, 1] for the draft-count controller: the busier of slot use
+        (running + waiting over the batch size) and KV-cache use."""
+        slots = (max(self.running, 0) + self.waiting) / max(1, self.max_num_seqs)
+        return min(1.0, max(slots, self.kv_cache_usage))
 
 
 class TargetEngine(ABC):
@@ -51,6 +63,10 @@ class TargetEngine(ABC):
     @abstractmethod
     async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str) -> list[float]:
         """Log-probability of each token of ``continuation`` (then EOS) given ``prompt``."""
+
+    @abstractmethod
+    async def judge(self, prompt: str, schema: dict, max_tokens: int, request_id: str) -> str:
+        """Greedy completion of ``prompt`` constrained to JSON matching ``schema``."""
 
     @abstractmethod
     async def abort(self, request_id: str) -> None: ...
@@ -79,6 +95,26 @@ class VllmEngine(TargetEngine):
         self._llm = None
         self._tok = None
         self._running = 0
+        self._sched = None  # last vLLM SchedulerStats, written by the stat logger below
+
+    def _stat_logger_factory(self):
+        """vLLM calls the factory once per engine; its logger gets SchedulerStats every step."""
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        engine = self
+
+        class _Recorder(StatLoggerBase):
+            def __init__(self, vllm_config, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
+                if scheduler_stats is not None:
+                    engine._sched = scheduler_stats
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return _Recorder
 
     async def start(self) -> VllmEngine:
         # the CPU build sizes its KV cache from this variable; it is read at engine start
@@ -93,7 +129,8 @@ class VllmEngine(TargetEngine):
             disable_log_stats=True, enable_prefix_caching=True,
         )
         # engine start is blocking (spawns the engine-core process, loads weights)
-        self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args,
+                                            stat_loggers=[self._stat_logger_factory()])
         from transformers import AutoTokenizer
 
         self._tok = AutoTokenizer.from_pretrained(self.cfg.model)
@@ -166,6 +203,18 @@ class VllmEngine(TargetEngine):
             raise Unavailable("engine returned no prompt logprobs")
         return [float(plp[pos][ids[pos]].logprob) for pos in range(len(head), len(ids))]
 
+    async def judge(self, prompt: str, schema: dict, max_tokens: int, request_id: str) -> str:
+        from vllm.sampling_params import StructuredOutputsParams
+
+        ids = self._ids(prompt)
+        room = self.cfg.max_model_len - len(ids)
+        if room < 1:
+            return ""
+        sp = self._params(GenParams(max_tokens=max_tokens), room, delta=False,
+                          structured_outputs=StructuredOutputsParams(json=schema))
+        outs = [out async for out in self._run(ids, sp, request_id)]
+        return outs[-1].outputs[0].text if outs else ""
+
     async def abort(self, request_id: str) -> None:
         if self._llm is not None:
             await self._llm.abort(request_id)
@@ -179,7 +228,10 @@ class VllmEngine(TargetEngine):
             raise Unavailable(f"engine is dead: {exc}") from exc
 
     def stats(self) -> EngineStats:
-        return EngineStats(self._running, self.cfg.max_num_seqs, self._llm is not None and not self._llm.errored)
+        sched = self._sched
+        return EngineStats(self._running, self.cfg.max_num_seqs, self._llm is not None and not self._llm.errored,
+                           waiting=getattr(sched, "num_waiting_reqs", 0),
+                           kv_cache_usage=float(getattr(sched, "kv_cache_usage", 0.0)))
 
     async def close(self) -> None:
         if self._llm is not None:

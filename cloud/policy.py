@@ -54,3 +54,36 @@ def refine_max_tokens(best_score: float, cap: int, lo: int = 64) -> int:
     clamped to [lo, cap]. A confident draft earns a longer refinement."""
     tokens = 256 + (best_score - 0.72) / (0.95 - 0.72) * 256
     return int(max(lo, min(cap, tokens)))
+
+
+def load_scaled_g(g: float, load: float) -> float:
+    """The latency weight rises with load (seed 3.1): at full load latency counts twice as much."""
+    return g * (1.0 + min(1.0, max(0.0, load)))
+
+
+def fit_weights(rows: Sequence[tuple[float, float, float, float]], total: float,
+                ridge: float = 1e-2) -> tuple[float, float, float] | None:
+    """Least-squares fit of ``label ~ a*score + b*agreement - g*latency + c`` over outcome rows
+    ``(score, agreement, latency_s, label)``; ridge-regularised, a, b, g clipped at 0 and
+    rescaled to sum to ``total`` (ranks are invariant to a positive scale, so the sum is free
+    and pinning it keeps the EWMA between fits meaningful). None when the outcomes cannot
+    tell the terms apart: fewer than 8 rows, one label only, or every coefficient <= 0."""
+    import numpy as np
+
+    if len(rows) < 8:
+        return None
+    arr = np.asarray(rows, dtype=np.float64)
+    y = arr[:, 3]
+    if y.min() == y.max():
+        return None
+    x = np.column_stack([arr[:, 0], arr[:, 1], -arr[:, 2], np.ones(len(arr))])
+    mu, sd = x[:, :3].mean(0), x[:, :3].std(0)
+    sd[sd == 0] = 1.0
+    xs = x.copy()
+    xs[:, :3] = (x[:, :3] - mu) / sd  # standardise so one ridge fits all three terms
+    coef = np.linalg.solve(xs.T @ xs + ridge * np.eye(4), xs.T @ y)[:3] / sd
+    coef = np.clip(coef, 0.0, None)
+    if coef.sum() <= 0:
+        return None
+    a, b, g = (coef / coef.sum() * total).tolist()
+    return a, b, g

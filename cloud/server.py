@@ -16,12 +16,14 @@ import asyncio
 import logging
 import signal
 import sys
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from cloud.config import CloudConfig, EngineConfig
+from cloud.auth import BearerAuthInterceptor, load_tokens
+from cloud.config import CloudConfig, EngineConfig, PolicyConfig
 from cloud.core import CloudCore
 from cloud.engine import TargetEngine, VllmEngine
 from cloud.servicer import CoinferCloudServicer
@@ -37,7 +39,9 @@ class CloudServer:
     def __init__(self, server: grpc.aio.Server, port: int, core: CloudCore, health_servicer: health.aio.HealthServicer,
                  cfg: CloudConfig) -> None:
         self.server, self.port, self.core, self.health, self.cfg = server, port, core, health_servicer, cfg
+        self.metrics_port: int | None = None
         self._watch: asyncio.Task | None = None
+        self._load: asyncio.Task | None = None
 
     async def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -48,6 +52,13 @@ class CloudServer:
         self.core.engine = engine
         await self.set_serving(True)
         self._watch = asyncio.create_task(self._watch_engine())
+        self._load = asyncio.create_task(self._sample_load())
+
+    async def _sample_load(self) -> None:
+        """Engine load into the draft-count controller at a fixed rate (its smoothing is per sample)."""
+        while True:
+            self.core.sample_load()
+            await asyncio.sleep(self.cfg.load_period_s)
 
     async def _watch_engine(self, period_s: float = 5.0) -> None:
         """Heartbeat (seed 5.2): a dead engine flips health to NOT_SERVING."""
@@ -62,26 +73,44 @@ class CloudServer:
 
     async def stop(self, grace: float | None = None) -> None:
         await self.set_serving(False)
-        if self._watch:
-            self._watch.cancel()
-        await self.server.stop(self.cfg.grace_s if grace is None else grace)
+        self.core.draining = True  # new sessions: UNAVAILABLE; in-flight ones finish within the grace
+        for task in (self._watch, self._load):
+            if task:
+                task.cancel()
+        await self.core.drained(self.cfg.grace_s if grace is None else grace)
+        await self.server.stop(0.5)
         if self.core.engine is not None:
             await self.core.engine.close()
+        self.core.close()
+
+
+def server_credentials(cfg: CloudConfig) -> grpc.ServerCredentials | None:
+    if not cfg.tls_cert:
+        return None
+    ca = Path(cfg.tls_client_ca).read_bytes() if cfg.tls_client_ca else None
+    return grpc.ssl_server_credentials([(Path(cfg.tls_key).read_bytes(), Path(cfg.tls_cert).read_bytes())],
+                                       root_certificates=ca, require_client_auth=ca is not None)
 
 
 async def create_server(cfg: CloudConfig, engine: TargetEngine | None = None) -> CloudServer:
     """Bind and start; health is NOT_SERVING until an engine is attached."""
+    cfg.validate()
     opts = [("grpc.max_receive_message_length", cfg.limits.max_message_bytes),
             ("grpc.max_send_message_length", max(cfg.limits.max_message_bytes, 17 << 20))]
-    server = grpc.aio.server(options=opts)
+    interceptors = [BearerAuthInterceptor(cfg.auth_tokens)] if cfg.auth_tokens else []
+    server = grpc.aio.server(options=opts, interceptors=interceptors)
     core = CloudCore(cfg)
     coinfer_pb2_grpc.add_CoinferCloudServicer_to_server(CoinferCloudServicer(core), server)
     hs = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    creds = server_credentials(cfg)
+    addr = f"{cfg.host}:{cfg.port}"
+    port = server.add_secure_port(addr, creds) if creds else server.add_insecure_port(addr)
     await server.start()
     srv = CloudServer(server, port, core, hs, cfg)
+    if cfg.metrics_port >= 0:
+        srv.metrics_port = core.metrics.serve(cfg.metrics_port, cfg.metrics_host)
     await srv.set_serving(False)
     if engine is not None:
         await srv.attach_engine(engine)
@@ -113,12 +142,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-model-len", type=int, default=256, help="engine context length")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"])
     ap.add_argument("--grace", type=float, default=10.0, help="seconds in-flight sessions get on shutdown")
+    ap.add_argument("--auth-tokens", type=Path, help='JSON file {"edge-id": "token", ...}; callers need '
+                    "'authorization: Bearer <token>' (health and reflection stay open)")
+    ap.add_argument("--tls-cert", default="", help="PEM certificate chain (TLS; with --tls-key)")
+    ap.add_argument("--tls-key", default="", help="PEM private key")
+    ap.add_argument("--tls-client-ca", default="", help="PEM CA bundle: require client certificates (mTLS)")
+    ap.add_argument("--metrics-port", type=int, default=-1, help="Prometheus /metrics port (-1 off, 0 any)")
+    ap.add_argument("--metrics-host", default="127.0.0.1", help="Prometheus bind address")
+    ap.add_argument("--state", default="", help="JSON file persisting the learned scheduler weights")
+    ap.add_argument("--verifier", choices=["likelihood", "judge"], default="likelihood",
+                    help="LLM verifier: target-model likelihood (any model) or judge (instruction-tuned model)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg = CloudConfig(engine=EngineConfig(model=args.model, max_model_len=args.max_model_len, dtype=args.dtype),
-                      host=args.host, port=args.port, grace_s=args.grace)
     try:
-        cfg.engine.validate()
+        cfg = CloudConfig(engine=EngineConfig(model=args.model, max_model_len=args.max_model_len, dtype=args.dtype),
+                          host=args.host, port=args.port, grace_s=args.grace,
+                          auth_tokens=load_tokens(args.auth_tokens) if args.auth_tokens else {},
+                          tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
+                          metrics_port=args.metrics_port, metrics_host=args.metrics_host, state_path=args.state,
+                          policy=PolicyConfig(verifier=args.verifier))
+        cfg.validate()
     except ValueError as exc:
         ap.error(str(exc))
     asyncio.run(serve(cfg))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -17,11 +18,12 @@ from dataclasses import dataclass, field
 
 from cloud.config import CloudConfig
 from cloud.engine import GenParams, TargetEngine
-from cloud.policy import consensus_prefix, likelihood_score, rank_scores, refine_max_tokens
+from cloud.policy import consensus_prefix, likelihood_score, load_scaled_g, rank_scores, refine_max_tokens
+from cloud.verifier import JUDGE_MAX_TOKENS, JUDGE_SCHEMA, judge_prompt, parse_judge
 from coinfer import types as t
 from coinfer.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
 from coinfer.rules import RuleSet
-from coinfer.tasks import Task
+from coinfer.tasks import Parsed, Task
 from coinfer.tasks.base import split_steps
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,7 @@ class _Judged:
     draft: t.Draft
     verdict: t.Verdict
     support: int = 1  # 1 + structural duplicates merged into it
+    parsed: Parsed | None = None
 
 
 @dataclass
@@ -68,6 +71,12 @@ class Session:
     seen: set[int] = field(default_factory=set)
     # engine request ids must be unique across sessions even when two edges reuse a request_id
     key: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    weights: tuple[float, float, float] | None = None
+    """Scheduler weights (a, b, g) in force; None = the configured ones."""
+    load: float = 0.0
+    """Engine load at open: raises the latency weight."""
+    outcome: list[tuple[float, float, float, float]] = field(default_factory=list)
+    """(score, agreement, latency_s, label) per ranked draft once finished: the learner's input."""
 
     def _ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1e3
@@ -89,17 +98,26 @@ class Session:
                 fut: asyncio.Future = asyncio.get_running_loop().create_future()
                 pending[key] = fut
                 try:
-                    lps = await self.engine.continuation_logprobs(
-                        self.task.format_prompt(self.req.prompt), d.text, f"{self.key}-v{d.index}")
-                    v = t.Verdict(d.index, True, likelihood_score(lps), "", "", 0.0, res.passed + ["likelihood"])
+                    v = await self._llm_verdict(d, res.passed)
                 except BaseException as exc:
                     fut.set_exception(exc)
                     fut.exception()  # mark retrieved
                     raise
                 fut.set_result(v)
         v.verify_ms = (time.perf_counter() - t_start) * 1e3
-        self.judged[d.index] = _Judged(d, v, support=0 if v.duplicate_of else 1)
+        self.judged[d.index] = _Judged(d, v, support=0 if v.duplicate_of else 1, parsed=parsed)
         return v
+
+    async def _llm_verdict(self, d: t.Draft, passed: list[str]) -> t.Verdict:
+        if self.cfg.policy.verifier == "judge":
+            text = await self.engine.judge(judge_prompt(self.req.prompt, d.text), JUDGE_SCHEMA, JUDGE_MAX_TOKENS,
+                                           f"{self.key}-j{d.index}")
+            valid, score, error = parse_judge(text)
+            return t.Verdict(d.index, valid, score, error, "" if valid else "judge", 0.0,
+                             passed + (["judge"] if valid else []))
+        lps = await self.engine.continuation_logprobs(self.task.format_prompt(self.req.prompt), d.text,
+                                                      f"{self.key}-v{d.index}")
+        return t.Verdict(d.index, True, likelihood_score(lps), "", "", 0.0, passed + ["likelihood"])
 
     # ---- refinement ---------------------------------------------------------------
     def _ranked(self) -> list[tuple[_Judged, float]]:
@@ -107,8 +125,24 @@ class Session:
         if not cands:
             return []
         p = self.cfg.policy
-        ranks = rank_scores([j.verdict.score for j in cands], [j.verdict.verify_ms / 1e3 for j in cands], p.a, p.b, p.g)
+        a, b, g = self.weights or (p.a, p.b, p.g)
+        ranks = rank_scores([j.verdict.score for j in cands], [j.verdict.verify_ms / 1e3 for j in cands], a, b,
+                            load_scaled_g(g, self.load))
         return sorted(zip(cands, ranks), key=lambda x: -x[1])
+
+    def _outcome(self, ranked: list[tuple[_Judged, float]], answer: str) -> None:
+        """Label each ranked draft for the weight learner: graded right, else agrees with the answer."""
+        if not ranked:
+            return
+        scores = [j.verdict.score for j, _ in ranked]
+        agreement = 1.0 - (statistics.pstdev(scores) if len(scores) > 1 else 0.0)
+        final_key = self.task.structure_key(self.task.parse_answer(answer))
+        for j, _ in ranked:
+            try:
+                label = float(self.task.grade(self.spec, j.parsed))
+            except Exception:  # noqa: BLE001 - a task that cannot grade: agreement with the answer
+                label = float(self.task.structure_key(j.parsed) == final_key)
+            self.outcome.append((j.verdict.score, agreement, j.verdict.verify_ms / 1e3, label))
 
     async def _generate(self, prefix: str, max_tokens: int, tag: str, out: asyncio.Queue) -> tuple[str, float]:
         """Stream the target's answer after ``prefix``; returns (text, time to first token ms)."""
@@ -180,6 +214,7 @@ class Session:
             answer, source, valid = text, t.AnswerSource.CLOUD, res.valid
             refine_note = (f"no valid draft after retries: cloud drafted itself from {len(prefix_steps)} verified steps"
                            + ("" if res.valid else f" ({res.error})"))
+        self._outcome(ranked, answer)
         rank_of = {j.draft.index: r for j, r in ranked}
         scores = [t.DraftScore(i, j.verdict.valid, j.verdict.score, rank_of.get(i, 0.0))
                   for i, j in sorted(self.judged.items())]

@@ -140,6 +140,13 @@ class Status:
     active_sessions: int
     model: str
     ready: bool
+    weight_a: float = 0.0
+    weight_b: float = 0.0
+    weight_g: float = 0.0
+    weight_updates: int = 0
+    kv_cache_usage: float = 0.0
+    load: float = 0.0
+    draining: bool = False
 
 
 CloudEvent = SessionAccepted | Verdict | AnswerChunk | Summary | RetryAdvice

@@ -204,3 +204,37 @@ async def test_concurrent_sessions_may_share_a_request_id(stub):
     a, b = await asyncio.gather(run_session(stub, msgs), run_session(stub, msgs))
     for events in (a, b):
         assert isinstance(events[-1], t.Summary) and events[-1].request_id == "same" and events[-1].answer_valid
+
+
+async def test_judge_mode_gives_parseable_verdicts(cloud, stub):
+    from cloud.verifier import JUDGE_MAX_TOKENS, JUDGE_SCHEMA, judge_prompt, parse_judge
+
+    text = await cloud.core.engine.judge(judge_prompt(ARITH, GOOD), JUDGE_SCHEMA, JUDGE_MAX_TOKENS, "judge-direct")
+    valid, score, error = parse_judge(text)
+    assert 0.0 <= score <= 1.0 and (valid or error), text  # schema-constrained: parses, or says why not
+    cloud.cfg.policy.verifier = "judge"
+    try:
+        events = await run_session(stub, [open_msg(), draft(0, GOOD), draft(1, "3+5=9; answer 9"), done(2)])
+    finally:
+        cloud.cfg.policy.verifier = "likelihood"
+    verdicts = {e.draft_index: e for e in events if isinstance(e, t.Verdict)}
+    assert verdicts[1].failed_rule == "task_check:arith_steps"  # rules still first: no judge time for a wrong step
+    v0 = verdicts[0]
+    assert ("judge" in v0.rules_passed) if v0.valid else (v0.failed_rule == "judge" and v0.error.startswith("judge:"))
+    assert isinstance(events[-1], t.Summary) and events[-1].answer_valid
+
+
+async def test_metrics_vllm_stats_and_weights_in_status(cloud, stub):
+    reg = cloud.core.metrics.registry
+    before = reg.get_sample_value("coinfer_drafts_verified_total") or 0.0
+    fails = reg.get_sample_value("coinfer_rule_failures_total", {"rule": "task_check:arith_steps"}) or 0.0
+    await run_session(stub, [open_msg(), draft(0, GOOD), draft(1, "3+5=9; answer 9"), done(2)])
+    assert reg.get_sample_value("coinfer_drafts_verified_total") == before + 2
+    assert reg.get_sample_value("coinfer_rule_failures_total", {"rule": "task_check:arith_steps"}) == fails + 1
+    assert reg.get_sample_value("coinfer_sessions_total", {"outcome": "ok"}) >= 1
+    assert reg.get_sample_value("coinfer_refine_ttft_seconds_count") >= 1
+    assert cloud.core.engine._sched is not None  # vLLM's scheduler stats reach our stat logger
+    st = await stub.Status(pb.StatusRequest())
+    w = cloud.core.learner.weights
+    assert (st.weight_a, st.weight_b, st.weight_g) == pytest.approx((w.a, w.b, w.g))
+    assert 0.0 <= st.load <= 1.0 and 0.0 <= st.kv_cache_usage <= 1.0 and not st.draining

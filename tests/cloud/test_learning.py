@@ -1,0 +1,61 @@
+"""Online learning of the scheduler weights: the fit, the EWMA, persistence across restarts."""
+
+import json
+import random
+
+from cloud.engine import EngineStats
+from cloud.learning import WeightLearner
+from cloud.policy import fit_weights, load_scaled_g
+
+
+def rows_where(label_of, n=200, seed=0):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        s, agree, lat = rng.random(), rng.uniform(0.6, 1.0), rng.uniform(0.0, 0.5)
+        out.append((s, agree, lat, float(label_of(s, agree, lat, rng))))
+    return out
+
+
+def test_fit_puts_weight_on_the_term_that_predicts_outcomes():
+    by_score = fit_weights(rows_where(lambda s, a, lat, r: s > 0.5), total=1.32)
+    assert by_score is not None and abs(sum(by_score) - 1.32) < 1e-9
+    a, b, g = by_score
+    assert a > 5 * max(b, g)
+    a, b, g = fit_weights(rows_where(lambda s, a_, lat, r: lat < 0.2), total=1.0)
+    assert g > 5 * max(a, b)  # slow drafts were the wrong ones: latency weight learned
+
+
+def test_fit_refuses_what_outcomes_cannot_tell():
+    assert fit_weights(rows_where(lambda *x: 1), total=1.0) is None  # one label only
+    assert fit_weights(rows_where(lambda s, *x: s > 0.5)[:5], total=1.0) is None  # too few rows
+
+
+def test_learner_updates_every_n_sessions_and_persists(tmp_path):
+    path = tmp_path / "state" / "weights.json"
+    learner = WeightLearner.open(1.0, 0.3, 0.02, every=10, alpha=0.5, path=str(path))
+    rows = rows_where(lambda s, a, lat, r: s > 0.5, n=100)
+    for i in range(9):
+        assert learner.record(rows[i * 10:(i + 1) * 10]) is False
+    assert not path.exists()
+    assert learner.record(rows[90:]) is True
+    w = learner.weights
+    assert w.updates == 1 and w.sessions == 10 and w.a > 1.0 and w.b < 0.3  # moved halfway to the fit
+    saved = json.loads(path.read_text())["weights"]
+    again = WeightLearner.open(1.0, 0.3, 0.02, every=10, alpha=0.5, path=str(path))
+    assert again.weights.a == saved["a"] and again.weights.updates == 1 and again.weights.sessions == 10
+
+
+def test_corrupt_state_falls_back_to_configured_weights(tmp_path):
+    path = tmp_path / "w.json"
+    path.write_text("{not json")
+    learner = WeightLearner.open(1.0, 0.3, 0.02, every=10, alpha=0.5, path=str(path))
+    assert (learner.weights.a, learner.weights.b, learner.weights.g) == (1.0, 0.3, 0.02)
+
+
+def test_load_combines_slots_queue_and_kv_cache():
+    assert EngineStats(0, 64, True).load == 0.0
+    assert EngineStats(32, 64, True).load == 0.5
+    assert EngineStats(60, 64, True, waiting=40).load == 1.0
+    assert EngineStats(1, 64, True, kv_cache_usage=0.9).load == 0.9
+    assert load_scaled_g(0.02, 0.0) == 0.02 and load_scaled_g(0.02, 1.0) == 0.04 and load_scaled_g(0.02, 7) == 0.04
