@@ -134,13 +134,16 @@ async def serve(cfg: CloudConfig, ready: asyncio.Event | None = None) -> None:
     await srv.stop()
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="coinfer cloud gRPC service (verify + refine on vLLM)")
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m cloud.server",
+                                 description="coinfer cloud gRPC service (verify + refine on vLLM)")
     ap.add_argument("--model", required=True, help="target model directory (Hugging Face format)")
     ap.add_argument("--host", default="127.0.0.1", help="bind address")
     ap.add_argument("--port", type=int, default=50051, help="port; 0 picks a free one (printed as 'PORT n')")
     ap.add_argument("--max-model-len", type=int, default=256, help="engine context length")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"])
+    ap.add_argument("--max-num-seqs", type=int, default=64, help="sequences one engine step batches")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="GPU memory fraction for vLLM")
     ap.add_argument("--grace", type=float, default=10.0, help="seconds in-flight sessions get on shutdown")
     ap.add_argument("--auth-tokens", type=Path, help='JSON file {"edge-id": "token", ...}; callers need '
                     "'authorization: Bearer <token>' (health and reflection stay open)")
@@ -152,10 +155,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--state", default="", help="JSON file persisting the learned scheduler weights")
     ap.add_argument("--verifier", choices=["likelihood", "judge"], default="likelihood",
                     help="LLM verifier: target-model likelihood (any model) or judge (instruction-tuned model)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        cfg = CloudConfig(engine=EngineConfig(model=args.model, max_model_len=args.max_model_len, dtype=args.dtype),
+        cfg = CloudConfig(engine=EngineConfig(model=args.model, max_model_len=args.max_model_len, dtype=args.dtype,
+                                                 max_num_seqs=args.max_num_seqs,
+                                                 gpu_memory_utilization=args.gpu_memory_utilization),
                           host=args.host, port=args.port, grace_s=args.grace,
                           auth_tokens=load_tokens(args.auth_tokens) if args.auth_tokens else {},
                           tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
