@@ -71,7 +71,7 @@ class CloudServer:
                 await self.set_serving(False)
                 return
 
-    async def stop(self, grace: float | None = None) -> None:
+    async def stop(self, grace: float | None = None, close_engine: bool = True) -> None:
         await self.set_serving(False)
         self.core.draining = True  # new sessions: UNAVAILABLE; in-flight ones finish within the grace
         for task in (self._watch, self._load):
@@ -79,7 +79,7 @@ class CloudServer:
                 task.cancel()
         await self.core.drained(self.cfg.grace_s if grace is None else grace)
         await self.server.stop(0.5)
-        if self.core.engine is not None:
+        if close_engine and self.core.engine is not None:
             await self.core.engine.close()
         self.core.close()
 

@@ -238,3 +238,41 @@ async def test_metrics_vllm_stats_and_weights_in_status(cloud, stub):
     w = cloud.core.learner.weights
     assert (st.weight_a, st.weight_b, st.weight_g) == pytest.approx((w.a, w.b, w.g))
     assert 0.0 <= st.load <= 1.0 and 0.0 <= st.kv_cache_usage <= 1.0 and not st.draining
+
+
+async def test_shutdown_drains_in_flight_sessions_and_refuses_new_ones(cloud):
+    from cloud.config import CloudConfig
+    from cloud.server import create_server
+    from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
+
+    srv = await create_server(CloudConfig(engine=cloud.cfg.engine, limits=cloud.cfg.limits))
+    await srv.attach_engine(cloud.core.engine)  # the shared engine: this server must not close it
+    release = asyncio.Event()
+
+    async def slow_edge():
+        yield open_msg()
+        yield draft(0, GOOD)
+        await release.wait()  # the edge is still drafting when shutdown begins
+        yield done(1)
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as ch:
+        stub = pb_grpc.CoinferCloudStub(ch)
+        in_flight = asyncio.create_task(
+            asyncio.wait_for(_collect(stub.Session(slow_edge())), 60))
+        for _ in range(100):
+            if srv.core.active:
+                break
+            await asyncio.sleep(0.05)
+        stopping = asyncio.create_task(srv.stop(grace=30, close_engine=False))
+        await asyncio.sleep(0.3)
+        assert not stopping.done()
+        await expect_error(stub, [open_msg(), draft(0, GOOD), done(1)], grpc.StatusCode.UNAVAILABLE, "draining")
+        release.set()
+        events = await in_flight
+        await stopping
+    assert isinstance(events[-1], t.Summary) and events[-1].answer_valid
+    assert cloud.core.engine.stats().ready  # the shared engine lives on
+
+
+async def _collect(call) -> list:
+    return [convert.event_from_pb(m) async for m in call]
