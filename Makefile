@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml setup.py
 
 protos: $(STAMP) coinfer/v1/coinfer_pb2.py
 
-coinfer/v1/coinfer_pb2.py: protos/coinfer/v1/coinfer.proto protos/build_stubs.py
+coinfer/v1/coinfer_pb2.py: $(wildcard protos/coinfer/v1/*.proto) protos/build_stubs.py
 	$(PY) protos/build_stubs.py
 
 models: setup

@@ -1,0 +1,65 @@
+"""Circuit breaker towards the cloud: stop hammering a dead cloud, probe it back in.
+
+closed    -> requests go to the cloud; ``failures`` consecutive failures (or the health
+             watch seeing NOT_SERVING / losing the stream) open the circuit.
+open      -> requests skip the cloud and are answered locally at once; after ``reset_s``
+             one request is let through (half_open).
+half_open -> one trial request; success (or the health watch seeing SERVING) closes the
+             circuit, failure opens it for another ``reset_s``.
+Pure logic with an injectable clock; no I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CircuitBreaker:
+    failures: int = 3
+    reset_s: float = 10.0
+    clock: Callable[[], float] = time.monotonic
+    state: str = "closed"
+    _fails: int = 0
+    _opened_at: float = 0.0
+    _trial: bool = False
+    transitions: list[tuple[str, str]] = field(default_factory=list)
+
+    def _to(self, state: str, why: str) -> None:
+        if state != self.state:
+            self.transitions.append((state, why))
+            self.state = state
+        if state == "open":
+            self._opened_at = self.clock()
+            self._trial = False
+
+    def allow(self) -> bool:
+        """May this request use the cloud?"""
+        if self.state == "open" and self.clock() - self._opened_at >= self.reset_s:
+            self._to("half_open", "reset timeout")
+        if self.state == "half_open":
+            if self._trial:
+                return False  # one trial at a time
+            self._trial = True
+            return True
+        return self.state == "closed"
+
+    def success(self) -> None:
+        self._fails = 0
+        self._to("closed", "request succeeded")
+
+    def failure(self, why: str = "request failed") -> None:
+        self._fails += 1
+        if self.state == "half_open" or self._fails >= self.failures:
+            self._to("open", why)
+
+    def health(self, serving: bool) -> None:
+        """The health watch's view: NOT_SERVING opens at once; SERVING closes."""
+        if serving:
+            if self.state != "closed":
+                self._fails = 0
+                self._to("closed", "health: SERVING")
+        else:
+            self._to("open", "health: NOT_SERVING")

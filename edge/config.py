@@ -1,0 +1,106 @@
+"""Edge daemon configuration: one documented dataclass; a TOML file, then environment variables
+(``COINFER_EDGE_<FIELD>``), then command-line flags, each overriding the one before.
+Defaults run on a CPU box with the cloud on localhost."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+PLANS = ("auto", "edge", "split", "cloud")
+
+
+@dataclass
+class EdgeConfig:
+    model: str = ""
+    """Draft model directory from the quantize CLI (manifest verified at load)."""
+    allow_unverified: bool = False
+    """Load a model without (or failing) its manifest."""
+    providers: str = ""
+    """Comma-separated ONNX Runtime providers; empty = CUDA when present, else CPU."""
+    threads: int = 0
+    """ORT intra-op threads; 0 = all cores."""
+    warm: bool = True
+    """Pre-warm at start (session + one token); False = lazy, loaded on the first request."""
+    cloud: str = ""
+    """Cloud gRPC target host:port; empty = no cloud (every request is edge-only)."""
+    token: str = ""
+    """Bearer token of this edge at the cloud."""
+    tls_ca: str = ""
+    """PEM CA of the cloud's certificate: TLS when set."""
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_server_name: str = ""
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int = 50061
+    """EdgeService port; 0 = any free one; -1 = off."""
+    http_host: str = "127.0.0.1"
+    http_port: int = 8000
+    """OpenAI-compatible HTTP API (+ /metrics, /healthz); 0 = any free one; -1 = off."""
+    plan: str = "auto"
+    deadline_ms: int = 30_000
+    """Default whole-request deadline."""
+    max_prompt_chars: int = 2048
+    max_drafts: int = 16
+    max_new_tokens: int = 1024
+    breaker_failures: int = 3
+    breaker_reset_s: float = 10.0
+    model_name: str = "coinfer-edge"
+    """The model id the OpenAI API lists and accepts."""
+
+    def validate(self) -> None:
+        if not self.model:
+            raise ValueError("model: a draft model directory is required")
+        if self.plan not in PLANS:
+            raise ValueError(f"plan: must be one of {', '.join(PLANS)}, got {self.plan!r}")
+        for name in ("grpc_port", "http_port"):
+            if not -1 <= getattr(self, name) <= 65535:
+                raise ValueError(f"{name}: must be -1..65535, got {getattr(self, name)}")
+        if not 100 <= self.deadline_ms <= 600_000:
+            raise ValueError(f"deadline_ms: must be in 100..600000, got {self.deadline_ms}")
+        if self.breaker_failures < 1 or self.breaker_reset_s <= 0:
+            raise ValueError("breaker_failures >= 1 and breaker_reset_s > 0 required")
+        if self.token and not self.cloud:
+            raise ValueError("token: given without a cloud target")
+
+    @classmethod
+    def load(cls, path: Path | None = None, env: dict[str, str] | None = None, **overrides: Any) -> EdgeConfig:
+        values: dict[str, Any] = {}
+        if path is not None:
+            try:
+                data = tomllib.loads(Path(path).read_text())
+            except (OSError, tomllib.TOMLDecodeError) as exc:
+                raise ValueError(f"{path}: unreadable config: {exc}") from None
+            values.update(data.get("edge", data))
+        env = os.environ if env is None else env
+        known = {f.name: f for f in fields(cls)}
+        for f in fields(cls):
+            raw = env.get(f"COINFER_EDGE_{f.name.upper()}")
+            if raw is not None:
+                values[f.name] = _parse(raw, f.type, f"COINFER_EDGE_{f.name.upper()}")
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = set(values) - set(known)
+        if unknown:
+            raise ValueError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        cfg = cls(**values)
+        cfg.validate()
+        return cfg
+
+
+def _parse(raw: str, typ: Any, where: str) -> Any:
+    t = str(typ)
+    try:
+        if t == "bool":
+            if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError(raw)
+            return raw.lower() in ("1", "true", "yes")
+        if t == "int":
+            return int(raw)
+        if t == "float":
+            return float(raw)
+    except ValueError:
+        raise ValueError(f"{where}: expected {t}, got {raw!r}") from None
+    return raw

@@ -1,0 +1,127 @@
+"""The edge daemon: EdgeService (gRPC) + the OpenAI-compatible HTTP API over one EdgeCore.
+
+Usage::
+
+    python -m edge.daemon --model INT8_DIR --cloud cloud.example:50051 --token-file /etc/coinfer/token
+    python -m edge.daemon --config /etc/coinfer/edge.toml      # [edge] table; COINFER_EDGE_* env overrides
+
+Prints ``GRPC <port>`` and ``HTTP <port>`` once serving (ports may be 0 = any free one).
+SIGTERM / SIGINT: stop taking requests, finish in-flight ones, exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from coinfer.v1 import edge_pb2, edge_pb2_grpc
+from edge.config import EdgeConfig
+from edge.service import EdgeCore
+from edge.servicer import EdgeServicer
+
+log = logging.getLogger(__name__)
+SERVICE = edge_pb2.DESCRIPTOR.services_by_name["CoinferEdge"].full_name
+
+
+class EdgeDaemon:
+    """Started front ends: ``grpc_port``, ``http_port``; ``stop()`` shuts both down."""
+
+    def __init__(self, cfg: EdgeConfig) -> None:
+        self.cfg = cfg
+        self.core = EdgeCore(cfg)
+        self.grpc_server: grpc.aio.Server | None = None
+        self.http_server = None
+        self._http_task: asyncio.Task | None = None
+        self.grpc_port = self.http_port = -1
+
+    async def start(self) -> EdgeDaemon:
+        await self.core.start()
+        c = self.cfg
+        if c.grpc_port >= 0:
+            self.grpc_server = grpc.aio.server()
+            edge_pb2_grpc.add_CoinferEdgeServicer_to_server(EdgeServicer(self.core), self.grpc_server)
+            hs = health.aio.HealthServicer()
+            health_pb2_grpc.add_HealthServicer_to_server(hs, self.grpc_server)
+            reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME),
+                                                self.grpc_server)
+            self.grpc_port = self.grpc_server.add_insecure_port(f"{c.grpc_host}:{c.grpc_port}")
+            await self.grpc_server.start()
+            for name in ("", SERVICE):
+                await hs.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if c.http_port >= 0:
+            import uvicorn
+
+            from edge.http import create_app
+
+            config = uvicorn.Config(create_app(self.core), host=c.http_host, port=c.http_port, log_level="warning",
+                                    lifespan="off")
+            self.http_server = uvicorn.Server(config)
+            self._http_task = asyncio.create_task(self.http_server.serve())
+            while not self.http_server.started:
+                if self._http_task.done():
+                    await self._http_task  # re-raise a bind error
+                    raise RuntimeError("HTTP server exited before starting")
+                await asyncio.sleep(0.02)
+            self.http_port = self.http_server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    async def stop(self, grace: float = 5.0) -> None:
+        if self.http_server is not None:
+            self.http_server.should_exit = True
+            await self._http_task
+        if self.grpc_server is not None:
+            await self.grpc_server.stop(grace)
+        await self.core.close()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m edge.daemon", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", type=Path, help="TOML file ([edge] table with EdgeConfig fields)")
+    ap.add_argument("--token-file", type=Path, help="file holding this edge's bearer token")
+    for f in fields(EdgeConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if str(f.type) == "bool":
+            ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+        else:
+            ap.add_argument(flag, type={"int": int, "float": float}.get(str(f.type), str), default=None)
+    return ap
+
+
+async def serve(cfg: EdgeConfig) -> None:
+    daemon = await EdgeDaemon(cfg).start()
+    print(f"GRPC {daemon.grpc_port}", flush=True)
+    print(f"HTTP {daemon.http_port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await daemon.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides = {f.name: getattr(args, f.name) for f in fields(EdgeConfig)}
+    try:
+        if args.token_file:
+            overrides["token"] = args.token_file.read_text().strip()
+        cfg = EdgeConfig.load(args.config, **overrides)
+    except (OSError, ValueError) as exc:
+        ap.error(str(exc))
+    asyncio.run(serve(cfg))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

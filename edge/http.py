@@ -1,0 +1,222 @@
+"""OpenAI-compatible HTTP API of the edge daemon (FastAPI): existing OpenAI SDK clients work unchanged.
+
+``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (``stream: true``
+-> server-sent events ending in ``data: [DONE]``), ``GET /healthz``, ``GET /metrics``.
+coinfer's own knobs ride in an extra ``coinfer`` object (``extra_body={"coinfer": {...}}`` in
+the SDK): ``task`` (default: inferred from the prompt), ``rules``, ``plan``, ``num_drafts``,
+``deadline_ms``. Standard fields map onto draft sampling: ``max_tokens``, ``temperature``,
+``top_p``, ``presence_penalty``, ``frequency_penalty``, ``seed``; unset ones keep the
+daemon's defaults (seed 003: T=0.3, top_p 0.95, ...), not OpenAI's.
+
+Streaming: answer chunks are sent as the cloud's refinement produces them. The cloud
+guarantees the answer is never worse than the best valid draft, so it may replace a
+refinement that failed the rules; a stream whose text differs from the final answer then
+ends with one more chunk carrying ``coinfer.replaced: true`` and the whole answer.
+Errors: 400 with an OpenAI-style error body naming the field (``param``), 413 over a limit.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from coinfer import types as t
+from coinfer.errors import CoinferError, ResourceExhausted
+from coinfer.rules import Rule
+from edge.service import Done, EdgeCore, SolveRequest
+
+MAX_BODY_BYTES = 1 << 20
+
+
+class CoinferExtra(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    task: str = ""
+    rules: list[dict[str, Any]] = Field(default_factory=list)
+    plan: Literal["auto", "edge", "split", "cloud"] = "auto"
+    num_drafts: int = Field(default=0, ge=0, le=64)
+    deadline_ms: int = Field(default=0, ge=0, le=600_000)
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="allow")  # OpenAI fields we do not use are accepted and ignored
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1, le=4096)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    n: int = Field(default=1, ge=1, le=1)
+    stream: bool = False
+    coinfer: CoinferExtra = Field(default_factory=CoinferExtra)
+
+
+class CompletionBody(_Base):
+    prompt: str = Field(min_length=1)
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str
+
+
+class ChatBody(_Base):
+    messages: list[ChatMessage] = Field(min_length=1)
+
+
+def _error(status: int, message: str, param: str | None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param,
+                                   "code": None}}, status_code=status)
+
+
+def _sampling(body: _Base) -> t.SamplingParams | None:
+    given = {"max_new_tokens": body.max_tokens, "temperature": body.temperature, "top_p": body.top_p,
+             "presence_penalty": body.presence_penalty, "frequency_penalty": body.frequency_penalty, "seed": body.seed}
+    given = {k: v for k, v in given.items() if v is not None}
+    return t.SamplingParams(**given) if given else None
+
+
+def _request(body: _Base, prompt: str) -> SolveRequest:
+    x = body.coinfer
+    rules = []
+    for i, r in enumerate(x.rules):
+        if not isinstance(r.get("kind"), str):
+            raise ValueError(f"coinfer.rules[{i}].kind: required string")
+        rules.append(Rule(r["kind"], r.get("params") or {}, r.get("name", "")))
+    return SolveRequest(prompt=prompt, task=x.task, rules=rules, sampling=_sampling(body), num_drafts=x.num_drafts,
+                        plan=x.plan, deadline_ms=x.deadline_ms, request_id=uuid.uuid4().hex[:16])
+
+
+def _info(done: Done) -> dict:
+    r = done.result
+    return {"source": r.source, "valid": r.valid, "plan": done.plan, "rounds": r.rounds,
+            "fallback_reason": r.fallback_reason, "timings_ms": r.timings, "drafts": len(r.drafts)}
+
+
+def create_app(core: EdgeCore) -> FastAPI:
+    app = FastAPI(title="coinfer edge", docs_url=None, redoc_url=None)
+
+    async def parse(request: Request, cls: type[_Base]) -> _Base | JSONResponse:
+        raw = await request.body()
+        if len(raw) > MAX_BODY_BYTES:
+            return _error(413, f"body: {len(raw)} bytes > limit {MAX_BODY_BYTES}", "body")
+        try:
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return _error(400, f"body: not valid JSON ({exc})", "body")
+        try:
+            body = cls.model_validate(data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            param = ".".join(str(p) for p in err["loc"]) or "body"
+            core.metrics.errors.labels(param[:40]).inc()
+            return _error(400, f"{param}: {err['msg']}", param)
+        if body.model != core.cfg.model_name:
+            return _error(404, f"model: unknown {body.model!r} (served: {core.cfg.model_name})", "model")
+        return body
+
+    async def run(body: _Base, prompt: str, chat: bool):
+        try:
+            req = _request(body, prompt)
+            events = core.solve(req)
+            first = await anext(events)  # validation happens before the first event: errors are still 4xx
+        except ResourceExhausted as exc:
+            return _error(413, exc.message, exc.message.split(":")[0])
+        except (CoinferError, ValueError) as exc:
+            msg = exc.message if isinstance(exc, CoinferError) else str(exc)
+            core.metrics.errors.labels(msg.split(":")[0][:40]).inc()
+            return _error(400, msg, msg.split(":")[0])
+        rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{req.request_id}", int(time.time())
+        obj = "chat.completion" if chat else "text_completion"
+
+        async def all_events():
+            yield first
+            async for ev in events:
+                yield ev
+
+        if not body.stream:
+            text, done = "", None
+            async for ev in all_events():
+                if isinstance(ev, Done):
+                    done = ev
+            text = done.result.answer
+            choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                      if chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"})
+            return JSONResponse({"id": rid, "object": obj, "created": created, "model": body.model,
+                                 "choices": [choice], "usage": _usage(prompt, done), "coinfer": _info(done)})
+
+        def chunk(delta: str | None, finish: str | None = None, extra: dict | None = None) -> str:
+            if chat:
+                d = {} if delta is None else {"content": delta}
+                choice = {"index": 0, "delta": d, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
+            payload = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                       "created": created, "model": body.model, "choices": [choice]}
+            if extra:
+                payload["coinfer"] = extra
+            return f"data: {json.dumps(payload)}\n\n"
+
+        async def sse():
+            sent = ""
+            if chat:
+                role = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": body.model,
+                        "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]}
+                yield f"data: {json.dumps(role)}\n\n"
+            async for ev in all_events():
+                if isinstance(ev, t.AnswerChunk) and ev.text:
+                    sent += ev.text
+                    yield chunk(ev.text)
+                elif isinstance(ev, Done):
+                    info = _info(ev)
+                    if sent != ev.result.answer:
+                        info["replaced"] = True
+                        yield chunk(("\n" if sent else "") + ev.result.answer, None, info)
+                    yield chunk(None, "stop", info)
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(sse(), media_type="text/event-stream")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": core.cfg.model_name, "object": "model", "created": 0,
+                                            "owned_by": "coinfer"}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await parse(request, CompletionBody)
+        return body if isinstance(body, JSONResponse) else await run(body, body.prompt, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = await parse(request, ChatBody)
+        if isinstance(body, JSONResponse):
+            return body
+        users = [m.content for m in body.messages if m.role == "user"]
+        if not users:
+            return _error(400, "messages: needs a user message", "messages")
+        return await run(body, users[-1], chat=True)
+
+    @app.get("/healthz")
+    async def healthz():
+        st = core.status()
+        return JSONResponse(st, status_code=200 if st["model_state"] == "warm" or not core.cfg.warm else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(core.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _usage(prompt: str, done: Done) -> dict:
+    drafted = sum(d.num_tokens for d in done.result.drafts)
+    return {"prompt_tokens": len(prompt), "completion_tokens": len(done.result.answer),
+            "total_tokens": len(prompt) + len(done.result.answer), "draft_tokens": drafted}

@@ -1,0 +1,25 @@
+"""Prometheus metrics of the edge daemon (served on the HTTP API's /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class EdgeMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("coinfer_edge_requests", "Requests answered, by plan run and answer source",
+                                ["plan", "source"], registry=r)
+        self.plans = Counter("coinfer_edge_plan_chosen", "Plan chosen per request", ["plan"], registry=r)
+        self.drafts = Counter("coinfer_edge_drafts", "Drafts written (rate = drafts/s)", registry=r)
+        self.tokens = Counter("coinfer_edge_draft_tokens", "Draft tokens generated (rate = tokens/s)", registry=r)
+        self.fallbacks = Counter("coinfer_edge_fallbacks", "Answers served locally because the cloud failed or "
+                                 "its circuit was open", ["reason"], registry=r)
+        self.ttft = Histogram("coinfer_edge_ttft_seconds", "Time to the first answer byte", buckets=_S, registry=r)
+        self.latency = Histogram("coinfer_edge_request_seconds", "Request wall time", buckets=_S, registry=r)
+        self.errors = Counter("coinfer_edge_bad_requests", "Requests refused, by field", ["field"], registry=r)
+        self.active = Gauge("coinfer_edge_active", "Requests in flight", registry=r)
+        self.circuit = Gauge("coinfer_edge_cloud_circuit_open", "1 while the circuit to the cloud is open",
+                             registry=r)

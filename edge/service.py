@@ -1,0 +1,186 @@
+"""The edge daemon's core, behind both front ends (gRPC EdgeService and the OpenAI HTTP API):
+request validation, the model's lifecycle (cold -> loading -> warm), plan choice with the
+circuit breaker, and one event stream per request. Transport-free: domain types in and out,
+``coinfer.errors`` for bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coinfer import types as t
+from coinfer.errors import InvalidArgument, ResourceExhausted, require
+from coinfer.rules import Rule
+from coinfer.tasks import TASKS, get_task
+from edge.config import PLANS, EdgeConfig
+from edge.draft_engine import OrtDraftEngine
+from edge.link import CloudLink
+from edge.metrics import EdgeMetrics
+from edge.pipeline import EdgePipeline, EdgeResult, Plan
+from edge.sampling import Sampling
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SolveRequest:
+    prompt: str
+    task: str = ""
+    """Empty: the first task whose problem format the prompt matches."""
+    rules: list[Rule] = field(default_factory=list)
+    sampling: t.SamplingParams | None = None
+    num_drafts: int = 0
+    plan: str = "auto"
+    deadline_ms: int = 0
+    request_id: str = ""
+
+
+@dataclass
+class Done:
+    """The last event of a request."""
+
+    result: EdgeResult
+    plan: str
+
+
+def infer_task(prompt: str) -> str:
+    """The task whose problem format ``prompt`` matches (apps need not name it)."""
+    for name, task in TASKS.items():
+        try:
+            task.parse_problem(prompt)
+            return name
+        except InvalidArgument:
+            continue
+    raise InvalidArgument(f"prompt: matches no task's problem format (tasks: {', '.join(TASKS)}); "
+                          "name the task explicitly")
+
+
+class EdgeCore:
+    def __init__(self, cfg: EdgeConfig) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.link = CloudLink(cfg)
+        self.metrics = EdgeMetrics()
+        self.engine: OrtDraftEngine | None = None
+        self.model_state = "cold"
+        self.model_load_ms = 0.0
+        self.active = 0
+        self._load_lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        await self.link.start()
+        if self.cfg.warm:
+            await self.ensure_engine()
+
+    async def ensure_engine(self) -> OrtDraftEngine:
+        """Load (manifest check, session, one warm-up token) once; concurrent callers wait for it."""
+        async with self._load_lock:
+            if self.engine is None:
+                self.model_state = "loading"
+                t0 = time.perf_counter()
+                providers = [p for p in self.cfg.providers.split(",") if p] or None
+                try:
+                    engine = await asyncio.to_thread(OrtDraftEngine, Path(self.cfg.model), providers,
+                                                     self.cfg.threads or None, allow_unverified=self.cfg.allow_unverified)
+                    await asyncio.to_thread(engine.warm_up)
+                except BaseException:
+                    self.model_state = "cold"
+                    raise
+                self.engine = engine
+                self.model_load_ms = (time.perf_counter() - t0) * 1e3
+                self.model_state = "warm"
+                log.info("draft model warm in %.0f ms on %s", self.model_load_ms, engine.providers)
+        return self.engine
+
+    def status(self) -> dict:
+        return {"model": self.cfg.model_name, "model_state": self.model_state, "model_load_ms": self.model_load_ms,
+                "cloud_circuit": self.link.breaker.state if self.link.enabled else "disabled",
+                "cloud_serving": self.link.serving, "recommended_drafts": self.link.recommended_drafts,
+                "active": self.active}
+
+    def _validate(self, req: SolveRequest) -> tuple[Sampling, float]:
+        c = self.cfg
+        require(isinstance(req.prompt, str) and req.prompt.strip() != "", "prompt", "required")
+        if len(req.prompt) > c.max_prompt_chars:
+            raise ResourceExhausted(f"prompt: {len(req.prompt)} chars > limit {c.max_prompt_chars}")
+        req.task = req.task or infer_task(req.prompt)
+        get_task(req.task, "task")
+        require(req.plan in PLANS, "plan", f"must be one of {', '.join(PLANS)}, got {req.plan!r}")
+        require(0 <= req.num_drafts <= c.max_drafts, "num_drafts", f"must be in 0..{c.max_drafts}")
+        require(0 <= req.deadline_ms <= 600_000, "deadline_ms", "must be in 0..600000")
+        base = req.sampling or t.SamplingParams()
+        n = req.num_drafts or min(c.max_drafts, self.link.recommended_drafts)
+        s = Sampling(**{f: getattr(base, f) for f in t.SamplingParams.__dataclass_fields__}, n=n)
+        s.validate("sampling", c.max_drafts, c.max_new_tokens)
+        return s, (req.deadline_ms or c.deadline_ms) / 1e3
+
+    def _plan(self, asked: str) -> tuple[Plan, str]:
+        """(plan to run, why the cloud is skipped if it is)."""
+        asked = self.cfg.plan if asked == "auto" and self.cfg.plan != "auto" else asked
+        if asked == "edge":
+            return Plan.EDGE, ""
+        if not self.link.enabled:
+            return Plan.EDGE, "no cloud configured"
+        if not self.link.breaker.allow():
+            return Plan.EDGE, f"cloud circuit {self.link.breaker.state}"
+        return (Plan.CLOUD if asked == "cloud" else Plan.SPLIT), ""
+
+    async def solve(self, req: SolveRequest) -> AsyncIterator[object]:
+        """Events: t.Draft, t.Verdict, t.AnswerChunk ..., then one Done."""
+        s, deadline_s = self._validate(req)
+        engine = await self.ensure_engine()
+        plan, skipped = self._plan(req.plan)
+        self.metrics.plans.labels(plan.value).inc()
+        q: asyncio.Queue = asyncio.Queue()
+        pipe = EdgePipeline(engine, self.link.channel if plan is not Plan.EDGE else None)
+        t0 = time.perf_counter()
+        first: list[float] = []
+
+        def on_event(ev: object) -> None:
+            if isinstance(ev, t.Draft):
+                self.metrics.drafts.inc()
+                self.metrics.tokens.inc(ev.num_tokens)
+            elif isinstance(ev, t.AnswerChunk) and not first:
+                first.append(time.perf_counter() - t0)
+            q.put_nowait(ev)
+
+        self.active += 1
+        self.metrics.active.inc()
+        job = asyncio.create_task(pipe.solve(req.task, req.prompt, req.rules, s, plan, deadline_s, req.request_id,
+                                             on_event))
+        job.add_done_callback(lambda _: q.put_nowait(None))
+        try:
+            while (ev := await q.get()) is not None:
+                if not isinstance(ev, t.Summary):
+                    yield ev
+            result = job.result()
+            if plan is not Plan.EDGE:
+                if result.fallback_reason:
+                    self.link.breaker.failure(result.fallback_reason)
+                else:
+                    self.link.breaker.success()
+            if result.summary is not None and result.summary.recommended_drafts:
+                self.link.recommended_drafts = result.summary.recommended_drafts  # adopt the cloud's count
+            result.fallback_reason = result.fallback_reason or skipped
+            if result.fallback_reason:
+                self.metrics.fallbacks.labels(result.fallback_reason.split(":")[0][:40]).inc()
+            if not first:
+                first.append(time.perf_counter() - t0)
+                yield t.AnswerChunk(result.answer)  # a local answer arrives whole
+            self.metrics.ttft.observe(first[0])
+            self.metrics.latency.observe(time.perf_counter() - t0)
+            self.metrics.requests.labels(plan.value, result.source).inc()
+            self.metrics.circuit.set(1 if self.link.breaker.state == "open" else 0)
+            yield Done(result, plan.value)
+        finally:
+            if not job.done():
+                job.cancel()
+            self.active -= 1
+            self.metrics.active.dec()
+
+    async def close(self) -> None:
+        await self.link.close()

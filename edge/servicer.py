@@ -1,0 +1,56 @@
+"""Thin gRPC EdgeService over ``EdgeCore``: protobuf <-> domain types, errors mapped once."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from coinfer import convert
+from coinfer import types as t
+from coinfer.errors import CoinferError
+from coinfer.v1 import coinfer_pb2 as pb
+from coinfer.v1 import edge_pb2 as epb
+from coinfer.v1 import edge_pb2_grpc as epb_grpc
+from edge.service import Done, EdgeCore, SolveRequest
+
+log = logging.getLogger(__name__)
+
+
+def result_to_pb(done: Done) -> epb.SolveResult:
+    r = done.result
+    return epb.SolveResult(answer=r.answer, source=r.source, valid=r.valid, rounds=r.rounds,
+                           fallback_reason=r.fallback_reason, timings_ms=r.timings, plan=done.plan)
+
+
+class EdgeServicer(epb_grpc.CoinferEdgeServicer):
+    def __init__(self, core: EdgeCore) -> None:
+        self.core = core
+
+    async def Solve(self, request: epb.SolveRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[epb.SolveEvent]:
+        try:
+            req = SolveRequest(
+                prompt=request.problem.prompt, task=request.problem.task,
+                rules=[convert.rule_from_pb(r) for r in request.problem.rules],
+                sampling=convert.from_pb(request.sampling, t.SamplingParams) if request.HasField("sampling") else None,
+                num_drafts=request.num_drafts, plan=request.plan or "auto", deadline_ms=request.deadline_ms,
+                request_id=request.request_id)
+            async for ev in self.core.solve(req):
+                if isinstance(ev, Done):
+                    yield epb.SolveEvent(result=result_to_pb(ev))
+                elif isinstance(ev, t.Draft):
+                    yield epb.SolveEvent(draft=convert.to_pb(ev, pb.Draft))
+                elif isinstance(ev, t.Verdict):
+                    yield epb.SolveEvent(verdict=convert.to_pb(ev, pb.Verdict))
+                elif isinstance(ev, t.AnswerChunk):
+                    yield epb.SolveEvent(chunk=pb.AnswerChunk(text=ev.text))
+        except CoinferError as exc:
+            self.core.metrics.errors.labels(exc.message.split(":")[0][:40]).inc()
+            await context.abort(exc.code, exc.message)
+        except Exception as exc:  # noqa: BLE001 - never crash the daemon
+            log.exception("solve failed")
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+
+    async def Status(self, request: epb.EdgeStatusRequest, context: grpc.aio.ServicerContext) -> epb.EdgeStatus:
+        return epb.EdgeStatus(**self.core.status())
