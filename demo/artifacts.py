@@ -26,6 +26,19 @@ class DemoArtifacts:
     def target(self) -> Path:
         return self.models.target
 
+    @property
+    def draft_int8(self) -> Path:
+        """The edge's default draft: INT8 dynamic, gated against the FP32 export (built once)."""
+        out = self.models.root / "draft-int8-dynamic"
+        if not (out / "manifest.json").exists():
+            from quantize.build import int8_dir
+            from quantize.int8 import QuantConfig
+
+            shutil.rmtree(out, ignore_errors=True)
+            log.info("quantizing the draft model (INT8 dynamic): %s", out)
+            int8_dir(self.draft_onnx, out, QuantConfig(scheme="dynamic"))
+        return out
+
 
 def ensure_artifacts(recipe: Recipe | None = None) -> DemoArtifacts:
     models = ensure_models(recipe)

@@ -47,3 +47,9 @@ async def channel(cloud):
 @pytest.fixture
 def stub(channel):
     return pb_grpc.CoinferCloudStub(channel)
+
+
+@pytest.fixture(scope="session")
+def int8_draft(artifacts):
+    """Directory of the demo draft quantized INT8 (dynamic), the edge daemon's model."""
+    return artifacts.draft_int8

@@ -1,0 +1,46 @@
+"""Circuit breaker logic with a fake clock."""
+
+from edge.breaker import CircuitBreaker
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_opens_after_consecutive_failures_and_probes_back():
+    clk = Clock()
+    b = CircuitBreaker(failures=3, reset_s=10, clock=clk)
+    assert b.allow()
+    b.failure()
+    b.failure()
+    assert b.state == "closed" and b.allow()
+    b.success()
+    b.failure()
+    b.failure()
+    assert b.state == "closed"  # the success reset the count
+    b.failure()
+    assert b.state == "open" and not b.allow()
+    clk.now = 9.9
+    assert not b.allow()
+    clk.now = 10.0
+    assert b.allow() and b.state == "half_open"
+    assert not b.allow()  # one trial at a time
+    b.failure()
+    assert b.state == "open" and not b.allow()
+    clk.now = 20.0
+    assert b.allow()
+    b.success()
+    assert b.state == "closed" and b.allow()
+
+
+def test_health_watch_opens_and_closes_at_once():
+    b = CircuitBreaker(failures=3, reset_s=10, clock=Clock())
+    b.health(False)
+    assert b.state == "open" and not b.allow()
+    b.health(True)
+    assert b.state == "closed" and b.allow()
+    assert [s for s, _ in b.transitions] == ["open", "closed"]

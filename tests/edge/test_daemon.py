@@ -1,0 +1,173 @@
+"""The edge daemon end to end: real ONNX Runtime (demo INT8 draft), real cloud (vLLM), gRPC
+EdgeService and the OpenAI-compatible HTTP API (driven by the official openai SDK)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import grpc
+import httpx
+import pytest
+
+from coinfer.v1 import coinfer_pb2 as pb
+from coinfer.v1 import edge_pb2 as epb
+from coinfer.v1 import edge_pb2_grpc as epb_grpc
+from edge.config import EdgeConfig
+from edge.daemon import EdgeDaemon
+
+pytestmark = pytest.mark.slow
+ARITH = "If x=3 and y=5, compute (x+y)^2-x*y."
+
+
+@pytest.fixture(scope="module")
+async def daemon(int8_draft, cloud):
+    d = await EdgeDaemon(EdgeConfig(model=str(int8_draft), cloud=f"127.0.0.1:{cloud.port}", grpc_port=0,
+                                    http_port=0)).start()
+    for _ in range(100):  # the health watch sees SERVING
+        if d.core.link.serving:
+            break
+        await asyncio.sleep(0.05)
+    yield d
+    await d.stop()
+
+
+async def solve(port: int, **kw) -> list[epb.SolveEvent]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        stub = epb_grpc.CoinferEdgeStub(ch)
+        req = epb.SolveRequest(problem=pb.Problem(task=kw.pop("task", "arith"), prompt=kw.pop("prompt", ARITH)), **kw)
+        return [ev async for ev in stub.Solve(req, timeout=120)]
+
+
+async def test_split_plan_over_the_edge_service(daemon):
+    events = await solve(daemon.grpc_port, plan="split", num_drafts=4)
+    kinds = [e.WhichOneof("kind") for e in events]
+    assert kinds.count("draft") >= 4 and "verdict" in kinds and kinds[-1] == "result"
+    assert kinds.index("draft") < kinds.index("verdict")  # verdicts stream while drafting goes on
+    res = events[-1].result
+    assert res.plan == "split" and res.source in ("refined", "draft", "cloud") and not res.fallback_reason
+    assert res.answer and res.timings_ms["total"] > 0
+    st = daemon.core.status()
+    assert st["model_state"] == "warm" and st["cloud_circuit"] == "closed" and st["cloud_serving"]
+    assert st["recommended_drafts"] in (3, 5)  # adopted from the cloud's summary
+
+
+async def test_edge_and_cloud_plans(daemon):
+    edge = (await solve(daemon.grpc_port, plan="edge"))[-1].result
+    assert edge.source == "edge_only" and edge.plan == "edge"
+    cloud = (await solve(daemon.grpc_port, plan="cloud"))[-1].result
+    assert cloud.source == "cloud" and cloud.plan == "cloud"
+
+
+@pytest.mark.parametrize("kw,code,fragment", [
+    ({"task": "poetry"}, grpc.StatusCode.INVALID_ARGUMENT, "task"),
+    ({"prompt": "hello there"}, grpc.StatusCode.INVALID_ARGUMENT, "prompt"),
+    ({"plan": "moon"}, grpc.StatusCode.INVALID_ARGUMENT, "plan"),
+    ({"num_drafts": 99}, grpc.StatusCode.INVALID_ARGUMENT, "num_drafts"),
+    ({"sampling": pb.SamplingParams(temperature=9.0)}, grpc.StatusCode.INVALID_ARGUMENT, "sampling.temperature"),
+    ({"prompt": "If x=1 and y=2, compute " + "x+" * 2000 + "y."}, grpc.StatusCode.RESOURCE_EXHAUSTED, "prompt"),
+])
+async def test_bad_grpc_input_names_the_field(daemon, kw, code, fragment):
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await solve(daemon.grpc_port, **kw)
+    assert e.value.code() == code and fragment in e.value.details(), e.value.details()
+
+
+async def test_openai_sdk_streams_a_completion_and_a_chat(daemon):
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
+    models = await client.models.list()
+    assert [m.id for m in models.data] == ["coinfer-edge"]
+    stream = await client.completions.create(model="coinfer-edge", prompt=ARITH, stream=True, max_tokens=96,
+                                             extra_body={"coinfer": {"plan": "split"}})
+    texts, finish, info = [], None, None
+    async for chunk in stream:
+        texts.append(chunk.choices[0].text)
+        finish = chunk.choices[0].finish_reason or finish
+        info = (chunk.model_extra or {}).get("coinfer") or info
+    assert finish == "stop" and info["plan"] == "split" and "answer" in "".join(texts)
+    chat = await client.chat.completions.create(model="coinfer-edge", messages=[{"role": "user", "content": ARITH}],
+                                                stream=True)
+    parts = [c.choices[0].delta.content or "" async for c in chat]
+    assert "answer" in "".join(parts)
+    plain = await client.completions.create(model="coinfer-edge", prompt=ARITH,
+                                            extra_body={"coinfer": {"plan": "edge"}})
+    assert plain.choices[0].text and plain.model_extra["coinfer"]["source"] == "edge_only"
+
+
+@pytest.mark.parametrize("path,body,status,param", [
+    ("/v1/completions", b"{not json", 400, "body"),
+    ("/v1/completions", {"model": "coinfer-edge", "prompt": ARITH, "temperature": 7}, 400, "temperature"),
+    ("/v1/completions", {"model": "coinfer-edge", "prompt": ARITH, "coinfer": {"task": "poetry"}}, 400, "task"),
+    ("/v1/completions", {"model": "coinfer-edge", "prompt": ARITH, "coinfer": {"plan": "moon"}}, 400, "coinfer.plan"),
+    ("/v1/completions", {"model": "coinfer-edge", "prompt": "x" * 5000}, 413, "prompt"),
+    ("/v1/completions", {"model": "gpt-9", "prompt": ARITH}, 404, "model"),
+    ("/v1/completions", {"prompt": ARITH}, 400, "model"),
+    ("/v1/chat/completions", {"model": "coinfer-edge", "messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"model": "coinfer-edge", "messages": [{"role": "system", "content": "hi"}]}, 400,
+     "messages"),
+])
+async def test_bad_http_input_is_4xx_naming_the_field_and_the_daemon_keeps_serving(daemon, path, body, status, param):
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{daemon.http_port}", timeout=60) as http:
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        r = await http.post(path, content=content, headers={"content-type": "application/json"})
+        assert r.status_code == status, r.text
+        assert r.json()["error"]["param"] == param, r.text
+        ok = await http.post("/v1/completions", json={"model": "coinfer-edge", "prompt": ARITH,
+                                                      "coinfer": {"plan": "edge"}})
+        assert ok.status_code == 200
+        metrics = (await http.get("/metrics")).text
+        assert "coinfer_edge_bad_requests_total" in metrics and "coinfer_edge_drafts_total" in metrics
+
+
+async def test_cloud_dying_mid_stream_is_answered_locally_and_opens_the_circuit(int8_draft, cloud):
+    """A second cloud server on the shared engine; it dies while a session is open."""
+    from cloud.config import CloudConfig
+    from cloud.server import create_server
+
+    srv = await create_server(CloudConfig(engine=cloud.cfg.engine, limits=cloud.cfg.limits))
+    gate = asyncio.Event()
+    real = cloud.core.engine
+
+    class Stalled:  # the real engine, but verification waits: the session is mid-stream when the cloud dies
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        async def continuation_logprobs(self, *a, **kw):
+            await gate.wait()
+            return await real.continuation_logprobs(*a, **kw)
+
+    await srv.attach_engine(Stalled())
+    d = await EdgeDaemon(EdgeConfig(model=str(int8_draft), cloud=f"127.0.0.1:{srv.port}", grpc_port=0,
+                                    http_port=-1, breaker_reset_s=60)).start()
+    try:
+        for _ in range(100):
+            if d.core.link.serving:
+                break
+            await asyncio.sleep(0.05)
+        t0 = time.perf_counter()
+        pending = asyncio.create_task(solve(d.grpc_port, plan="split", deadline_ms=20_000))
+        for _ in range(200):
+            if srv.core.active:
+                break
+            await asyncio.sleep(0.02)
+        assert srv.core.active == 1
+        await srv.server.stop(None)  # hard stop: no drain, the stream breaks
+        res = (await pending)[-1].result
+        elapsed = time.perf_counter() - t0
+        assert res.source == "edge_only" and res.fallback_reason and res.answer
+        assert elapsed < 20
+        for _ in range(100):  # the health watch loses the cloud: circuit open
+            if d.core.link.breaker.state == "open":
+                break
+            await asyncio.sleep(0.05)
+        t1 = time.perf_counter()
+        fast = (await solve(d.grpc_port, plan="split"))[-1].result
+        assert fast.source == "edge_only" and "circuit" in fast.fallback_reason
+        assert time.perf_counter() - t1 < 5  # no time spent on a dead cloud
+    finally:
+        gate.set()
+        await d.stop()
+        await srv.stop(grace=0, close_engine=False)
