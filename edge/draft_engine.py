@@ -46,12 +46,12 @@ class OrtDraftEngine:
     """A draft model directory (``model.onnx`` + tokenizer) on ONNX Runtime."""
 
     def __init__(self, model_dir: Path, providers: Sequence[str] | None = None, threads: int | None = None,
-                 model_file: str = "model.onnx", allow_unverified: bool = False) -> None:
+                 model_file: str = "model.onnx", allow_unverified: bool = False, io_binding: bool | None = None) -> None:
         self.model_dir = Path(model_dir)
         t0 = time.perf_counter()
         # refuse a tampered, truncated or mismatched artefact before ORT parses any of it
         self.manifest = verify_manifest(self.model_dir, allow_unverified)
-        self.lm = OnnxLM(self.model_dir / model_file, providers, threads)
+        self.lm = OnnxLM(self.model_dir / model_file, providers, threads, io_binding=io_binding)
         self.load_ms = (time.perf_counter() - t0) * 1e3
         self.tokenizer = Tokenizer.from_file(str(self.model_dir / "tokenizer.json"))
         cfg = json.loads((self.model_dir / "config.json").read_text())
@@ -83,7 +83,7 @@ class OrtDraftEngine:
         logits, past = self.lm.step(np.array([prompt_ids], np.int64), self.lm.empty_past())
         n = s.n
         logits = np.repeat(logits, n, axis=0)
-        past = [np.repeat(p, n, axis=0) for p in past]
+        past = self.lm.tile(past, n)
         seeds = [None if s.seed is None else s.seed + i for i in range(n)]
         rngs = [np.random.default_rng(sd) for sd in seeds]
         live = list(range(n))  # draft index of each batch row
@@ -123,9 +123,9 @@ class OrtDraftEngine:
                     keep.append(row)
             if not keep:
                 break
+            if len(keep) < len(live):  # a draft finished: its row leaves the batch (no copy otherwise)
+                past = self.lm.select(past, np.array(keep))
             live = [live[r] for r in keep]
             ids = np.array([[tokens[i][-1]] for i in live], np.int64)
-            idx = np.array(keep)
-            past = [p[idx] for p in past]
             logits, past = self.lm.step(ids, past)
         return [r for r in results if r is not None]

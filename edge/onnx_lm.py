@@ -33,14 +33,27 @@ def session_options(threads: int | None = None, profile: bool = False) -> ort.Se
     return opts
 
 
+Past = list  # list[np.ndarray] on the numpy path, list[ort.OrtValue] (device-resident) with IO binding
+
+
 class OnnxLM:
-    """``step(ids, past) -> (last-position logits, present)`` over one InferenceSession."""
+    """``step(ids, past) -> (last-position logits, present)`` over one InferenceSession.
+
+    With IO binding (default on CUDA) the KV cache never leaves the device between steps:
+    ``present`` comes back as device OrtValues and is bound as the next ``past``; only the
+    last position's logits are copied to the host for sampling. Tiling the cache for N
+    drafts and dropping finished rows (``tile`` / ``select``) go through the host, once per
+    request and once per finished draft.
+    """
 
     def __init__(self, model_path: Path | str, providers: Sequence[str] | None = None, threads: int | None = None,
-                 profile: bool = False) -> None:
+                 profile: bool = False, io_binding: bool | None = None) -> None:
         self.path = Path(model_path)
         self.session = ort.InferenceSession(str(self.path), sess_options=session_options(threads, profile),
                                             providers=list(providers) if providers else default_providers())
+        on_cuda = self.session.get_providers()[0] == "CUDAExecutionProvider"
+        self.io_binding = on_cuda if io_binding is None else io_binding
+        self.device = "cuda" if on_cuda else "cpu"
         inputs = self.session.get_inputs()
         self.past_names = [i.name for i in inputs if i.name.startswith("past_key_values.")]
         missing = {"input_ids", "attention_mask", "position_ids"} - {i.name for i in inputs}
@@ -57,22 +70,49 @@ class OnnxLM:
     def providers(self) -> list[str]:
         return self.session.get_providers()
 
-    def empty_past(self, batch: int = 1) -> list[np.ndarray]:
+    def empty_past(self, batch: int = 1) -> Past:
         return [np.zeros((batch, self.kv_heads, 0, self.head_dim), self.dtype) for _ in self.past_names]
 
-    def feed(self, ids: np.ndarray, past: list[np.ndarray]) -> dict[str, np.ndarray]:
+    def _host(self, x) -> np.ndarray:
+        return x.numpy() if isinstance(x, ort.OrtValue) else x
+
+    def _device(self, arr: np.ndarray):
+        return ort.OrtValue.ortvalue_from_numpy(arr, self.device, 0) if self.io_binding else arr
+
+    def tile(self, past: Past, n: int) -> Past:
+        """Repeat a batch-1 cache for ``n`` drafts."""
+        return [self._device(np.repeat(self._host(p), n, axis=0)) for p in past]
+
+    def select(self, past: Past, rows: np.ndarray) -> Past:
+        """Keep only ``rows`` of the batch (finished drafts leave it)."""
+        return [self._device(np.ascontiguousarray(self._host(p)[rows])) for p in past]
+
+    def feed(self, ids: np.ndarray, past: Past) -> dict[str, np.ndarray]:
         """The input dict of one step (also what calibration records)."""
         b, t = ids.shape
-        p = past[0].shape[2]
+        p = past[0].shape()[2] if isinstance(past[0], ort.OrtValue) else past[0].shape[2]
         feed = {"input_ids": ids, "attention_mask": np.ones((b, p + t), np.int64),
                 "position_ids": np.broadcast_to(np.arange(p, p + t, dtype=np.int64), (b, t)).copy()}
         feed.update(zip(self.past_names, past))
         return feed
 
-    def step(self, ids: np.ndarray, past: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+    def step(self, ids: np.ndarray, past: Past) -> tuple[np.ndarray, Past]:
         """Run ``ids`` [B, T] after ``past``; float32 logits of the last position [B, V] and the new cache."""
-        out = self.session.run(self.output_names, self.feed(ids, past))
-        return out[0][:, -1, :].astype(np.float32), out[1:]
+        if not self.io_binding:
+            out = self.session.run(self.output_names, self.feed(ids, past))
+            return out[0][:, -1, :].astype(np.float32), out[1:]
+        binding = self.session.io_binding()
+        for name, value in self.feed(ids, past).items():
+            if isinstance(value, ort.OrtValue):
+                binding.bind_ortvalue_input(name, value)
+            else:
+                binding.bind_cpu_input(name, value)
+        binding.bind_output(self.output_names[0], "cpu")
+        for name in self.output_names[1:]:
+            binding.bind_output(name, self.device)
+        self.session.run_with_iobinding(binding)
+        out = binding.get_outputs()
+        return out[0].numpy()[:, -1, :].astype(np.float32), list(out[1:])
 
     def greedy(self, prompt_ids: list[int], steps: int, stop_ids: set[int] | frozenset[int] = frozenset()
                ) -> tuple[list[int], list[np.ndarray]]:

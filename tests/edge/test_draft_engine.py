@@ -55,3 +55,14 @@ def test_loader_refuses_a_tampered_model(artifacts, tmp_path):
     (d / "manifest.json").unlink()
     with pytest.raises(ManifestError, match="manifest.json: missing"):
         OrtDraftEngine(d)
+
+
+def test_io_binding_path_keeps_the_cache_in_ort_values_and_matches(artifacts, draft_engine):
+    """The CUDA path (device-resident KV cache through IO binding), exercised on CPU OrtValues."""
+    bound = OrtDraftEngine(artifacts.draft_onnx, io_binding=True)
+    assert bound.lm.io_binding
+    s = Sampling(n=4, temperature=0.8, presence_penalty=0.0, frequency_penalty=0.0, seed=11, max_new_tokens=40)
+    prompt = "If x=3 and y=5, compute (x+y)^2-x*y.\n"
+    a = [(d.index, d.text, d.token_ids) for d in draft_engine.generate(prompt, s)]
+    b = [(d.index, d.text, d.token_ids) for d in bound.generate(prompt, s)]
+    assert sorted(a) == sorted(b)

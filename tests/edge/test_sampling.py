@@ -51,3 +51,18 @@ def test_seed_defaults():
     s = Sampling()
     assert (s.n, s.temperature, s.top_p, s.presence_penalty, s.frequency_penalty, s.max_new_tokens) == (
         5, 0.3, 0.95, 0.2, 0.1, 256)
+
+
+def test_sampled_frequencies_follow_the_distribution():
+    import numpy as np
+
+    from edge.sampling import Sampling, sample_next
+
+    probs = np.array([0.1, 0.2, 0.0, 0.7])
+    logits = np.log(np.where(probs > 0, probs, 1e-30))[None].repeat(4000, axis=0)
+    s = Sampling(n=1, temperature=1.0, top_p=1.0, presence_penalty=0.0, frequency_penalty=0.0)
+    rngs = [np.random.default_rng(i) for i in range(4000)]
+    tokens, _ = sample_next(logits, np.zeros_like(logits), s, rngs)
+    freq = np.bincount(tokens, minlength=4) / len(tokens)
+    assert freq[2] == 0.0  # a zero-probability token is never drawn
+    assert np.allclose(freq, probs, atol=0.03), freq
