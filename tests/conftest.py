@@ -51,5 +51,5 @@ def stub(channel):
 
 @pytest.fixture(scope="session")
 def int8_draft(artifacts):
-    """Directory of the demo draft quantized INT8 (dynamic), the edge daemon's model."""
+    """Directory of the demo draft quantized INT8 (static QDQ), the edge daemon's model."""
     return artifacts.draft_int8

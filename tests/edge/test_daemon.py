@@ -171,3 +171,19 @@ async def test_cloud_dying_mid_stream_is_answered_locally_and_opens_the_circuit(
         gate.set()
         await d.stop()
         await srv.stop(grace=0, close_engine=False)
+
+
+async def test_lazy_mode_loads_on_the_first_request_and_reports_its_cost(int8_draft):
+    d = await EdgeDaemon(EdgeConfig(model=str(int8_draft), warm=False, grpc_port=0, http_port=-1)).start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{d.grpc_port}") as ch:
+            stub = epb_grpc.CoinferEdgeStub(ch)
+            st = await stub.Status(epb.EdgeStatusRequest())
+            assert (st.model_state, st.cloud_circuit) == ("cold", "disabled")
+        res = (await solve(d.grpc_port, plan="split"))[-1].result  # no cloud configured: edge plan
+        assert res.source == "edge_only" and res.fallback_reason == "no cloud configured"
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{d.grpc_port}") as ch:
+            st = await epb_grpc.CoinferEdgeStub(ch).Status(epb.EdgeStatusRequest())
+        assert st.model_state == "warm" and st.model_load_ms > 0
+    finally:
+        await d.stop()
