@@ -50,6 +50,14 @@ class EdgeConfig:
     breaker_reset_s: float = 10.0
     model_name: str = "coinfer-edge"
     """The model id the OpenAI API lists and accepts."""
+    planner_state: str = ""
+    """JSON file where the planner's calibration persists; empty = in memory only."""
+    quality_floor: float = 0.0
+    """Plan "auto": the fastest plan whose expected quality (rule-valid answers) reaches this."""
+    probe_on_start: bool = True
+    """Calibrate at start (disk, PCIe, decode steps, network, cloud queue)."""
+    reprobe_s: float = 300.0
+    """Network / cloud estimates older than this are re-probed (in the background)."""
 
     def validate(self) -> None:
         if not self.model:

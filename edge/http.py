@@ -97,7 +97,8 @@ def _request(body: _Base, prompt: str) -> SolveRequest:
 def _info(done: Done) -> dict:
     r = done.result
     return {"source": r.source, "valid": r.valid, "plan": done.plan, "rounds": r.rounds,
-            "fallback_reason": r.fallback_reason, "timings_ms": r.timings, "drafts": len(r.drafts)}
+            "fallback_reason": r.fallback_reason, "timings_ms": r.timings, "drafts": len(r.drafts),
+            "predicted_ms": r.predicted, "plan_reason": r.plan_reason}
 
 
 def create_app(core: EdgeCore) -> FastAPI:

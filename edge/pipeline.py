@@ -32,6 +32,10 @@ from edge.sampling import Sampling
 log = logging.getLogger(__name__)
 
 
+class CloudFailed(ConnectionError):
+    """The cloud failed a request and no edge model is loaded to answer it locally."""
+
+
 class Plan(StrEnum):
     EDGE = "edge"
     SPLIT = "split"
@@ -53,6 +57,9 @@ class EdgeResult:
     fallback_reason: str = ""
     timings: dict[str, float] = field(default_factory=dict)
     """ms: first_draft, drafting (all rounds), total."""
+    predicted: dict[str, float] = field(default_factory=dict)
+    """The planner's predicted breakdown (ms) for the plan that ran."""
+    plan_reason: str = ""
 
 
 Event = t.Draft | t.CloudEvent
@@ -60,7 +67,8 @@ OnEvent = Callable[[Event], None]
 
 
 class EdgePipeline:
-    def __init__(self, engine: OrtDraftEngine, channel: grpc.aio.Channel | None) -> None:
+    def __init__(self, engine: OrtDraftEngine | None, channel: grpc.aio.Channel | None) -> None:
+        """``engine`` may be None for a cloud-only request (the edge model is still loading)."""
         self.engine = engine
         self.stub = pb_grpc.CoinferCloudStub(channel) if channel is not None else None
 
@@ -105,8 +113,6 @@ class EdgePipeline:
         s.validate()
         emit = on_event or (lambda ev: None)
         req = t.OpenRequest(request_id, task_name, prompt, list(rules or []), None, s.n, int(deadline_s * 1e3))
-        if plan is Plan.CLOUD:
-            return await self._cloud_only(req, deadline_s, emit, t0)
         result = EdgeResult("", "edge_only", False)
         if plan is Plan.EDGE or self.stub is None:
             drafts = await self._draft_round(task.format_prompt(prompt), s, 0, t0, lambda d: emit(d))
@@ -117,12 +123,16 @@ class EdgePipeline:
             return result
         try:
             async with asyncio.timeout(deadline_s):
+                if plan is Plan.CLOUD:
+                    return await self._cloud_only(req, deadline_s, emit, t0)
                 return await self._split(req, task.format_prompt(prompt), s, deadline_s, emit, t0, result)
         except (grpc.aio.AioRpcError, TimeoutError, ConnectionError) as exc:
             reason = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else type(exc).__name__
             if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in (
                     grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAUTHENTICATED):
                 raise  # the request itself is wrong: falling back would hide it
+            if self.engine is None:
+                raise CloudFailed(reason) from exc  # the caller loads the edge model and answers locally
             log.warning("cloud failed (%s): answering from local drafts", reason)
             if not result.drafts:
                 result.drafts = await self._draft_round(task.format_prompt(prompt), s, 0, t0, lambda d: None)

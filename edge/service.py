@@ -20,7 +20,11 @@ from edge.config import PLANS, EdgeConfig
 from edge.draft_engine import OrtDraftEngine
 from edge.link import CloudLink
 from edge.metrics import EdgeMetrics
-from edge.pipeline import EdgePipeline, EdgeResult, Plan
+from edge.pipeline import CloudFailed, EdgePipeline, EdgeResult, Plan
+from edge.planner import probes
+from edge.planner.cost import cold_start_ms
+from edge.planner.estimates import Estimates
+from edge.planner.planner import EdgeState, Planner
 from edge.sampling import Sampling
 
 log = logging.getLogger(__name__)
@@ -70,18 +74,55 @@ class EdgeCore:
         self.model_load_ms = 0.0
         self.active = 0
         self._load_lock = asyncio.Lock()
+        self._load_started = 0.0
+        self.planner = Planner(Estimates.open(cfg.planner_state), cfg.quality_floor)
+        self.model_bytes = sum(f.stat().st_size for f in Path(cfg.model).glob("*.onnx*")) if Path(cfg.model).is_dir() \
+            else 0
+        self._probe: asyncio.Task | None = None
 
     async def start(self) -> None:
         await self.link.start()
         if self.cfg.warm:
             await self.ensure_engine()
+        if self.cfg.probe_on_start:
+            await self.calibrate()
+
+    async def calibrate(self) -> list[str]:
+        """Probe what applies now: disk/PCIe always, decode steps once warm, network/queue with a cloud."""
+        stub = None
+        if self.link.enabled:
+            from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
+
+            for _ in range(50):  # give a fresh channel a moment to connect
+                if self.link.serving:
+                    break
+                await asyncio.sleep(0.05)
+            stub = pb_grpc.CoinferCloudStub(self.link.channel)
+        model = next(iter(sorted(Path(self.cfg.model).glob("*.onnx"))), None)
+        return await probes.calibrate(self.planner.est, model, self.engine.lm if self.engine else None, stub)
+
+    def _edge_state(self) -> EdgeState:
+        gpu = bool(self.engine and self.engine.providers[0] == "CUDAExecutionProvider")
+        remaining = 0.0
+        if self.model_state == "loading":
+            full = cold_start_ms(self.planner.edge_profile(EdgeState(self.model_bytes, "cold", gpu=gpu)))
+            remaining = max(0.0, full - (time.perf_counter() - self._load_started) * 1e3)
+        return EdgeState(self.model_bytes, self.model_state, remaining, gpu)
+
+    def _maybe_reprobe(self) -> None:
+        est = self.planner.est
+        if self.link.enabled and (self._probe is None or self._probe.done()) and est.stale("rtt_ms", self.cfg.reprobe_s):
+            est.updated["rtt_ms"] = time.time()  # one probe at a time
+            from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
+
+            self._probe = asyncio.create_task(probes.calibrate(est, stub=pb_grpc.CoinferCloudStub(self.link.channel)))
 
     async def ensure_engine(self) -> OrtDraftEngine:
         """Load (manifest check, session, one warm-up token) once; concurrent callers wait for it."""
         async with self._load_lock:
             if self.engine is None:
                 self.model_state = "loading"
-                t0 = time.perf_counter()
+                t0 = self._load_started = time.perf_counter()
                 providers = [p for p in self.cfg.providers.split(",") if p] or None
                 try:
                     engine = await asyncio.to_thread(OrtDraftEngine, Path(self.cfg.model), providers,
@@ -93,6 +134,7 @@ class EdgeCore:
                 self.engine = engine
                 self.model_load_ms = (time.perf_counter() - t0) * 1e3
                 self.model_state = "warm"
+                self.planner.est.observe("session_ms", engine.load_ms)
                 log.info("draft model warm in %.0f ms on %s", self.model_load_ms, engine.providers)
         return self.engine
 
@@ -118,22 +160,38 @@ class EdgeCore:
         s.validate("sampling", c.max_drafts, c.max_new_tokens)
         return s, (req.deadline_ms or c.deadline_ms) / 1e3
 
-    def _plan(self, asked: str) -> tuple[Plan, str]:
-        """(plan to run, why the cloud is skipped if it is)."""
-        asked = self.cfg.plan if asked == "auto" and self.cfg.plan != "auto" else asked
+    def _plan(self, req: SolveRequest, n: int) -> tuple[Plan, str, str, EdgeState, object]:
+        """(plan to run, why the cloud is skipped if it is, why this plan, edge state, choice)."""
+        asked = self.cfg.plan if req.plan == "auto" and self.cfg.plan != "auto" else req.plan
+        edge = self._edge_state()
+        cloud_ok = self.link.enabled and self.link.breaker.state != "open"
+        choice = None
+        if asked == "auto":
+            bpt = self.planner.est.values.get("bytes_per_token", 1.0)
+            nbytes = len(req.prompt.encode())
+            choice = self.planner.choose(req.task, max(1, round(nbytes / bpt)), nbytes, n, edge, cloud_ok)
+            asked, why = choice.plan, choice.reason
+        else:
+            why = "requested"
         if asked == "edge":
-            return Plan.EDGE, ""
+            return Plan.EDGE, "", why, edge, choice
         if not self.link.enabled:
-            return Plan.EDGE, "no cloud configured"
+            return Plan.EDGE, "no cloud configured", why, edge, choice
         if not self.link.breaker.allow():
-            return Plan.EDGE, f"cloud circuit {self.link.breaker.state}"
-        return (Plan.CLOUD if asked == "cloud" else Plan.SPLIT), ""
+            return Plan.EDGE, f"cloud circuit {self.link.breaker.state}", why, edge, choice
+        return (Plan.CLOUD if asked == "cloud" else Plan.SPLIT), "", why, edge, choice
 
     async def solve(self, req: SolveRequest) -> AsyncIterator[object]:
         """Events: t.Draft, t.Verdict, t.AnswerChunk ..., then one Done."""
         s, deadline_s = self._validate(req)
-        engine = await self.ensure_engine()
-        plan, skipped = self._plan(req.plan)
+        plan, skipped, why, edge_was, choice = self._plan(req, s.n)
+        self._maybe_reprobe()
+        if plan is Plan.CLOUD and self.engine is None:
+            # serve this request from the cloud while the edge model warms in the background
+            asyncio.create_task(self.ensure_engine())
+            engine = None
+        else:
+            engine = await self.ensure_engine()
         self.metrics.plans.labels(plan.value).inc()
         q: asyncio.Queue = asyncio.Queue()
         pipe = EdgePipeline(engine, self.link.channel if plan is not Plan.EDGE else None)
@@ -150,8 +208,17 @@ class EdgeCore:
 
         self.active += 1
         self.metrics.active.inc()
-        job = asyncio.create_task(pipe.solve(req.task, req.prompt, req.rules, s, plan, deadline_s, req.request_id,
-                                             on_event))
+        async def run() -> EdgeResult:
+            try:
+                return await pipe.solve(req.task, req.prompt, req.rules, s, plan, deadline_s, req.request_id, on_event)
+            except CloudFailed as exc:  # cloud plan while the edge was cold: load it and answer locally
+                local = EdgePipeline(await self.ensure_engine(), None)
+                r = await local.solve(req.task, req.prompt, req.rules, s, Plan.EDGE,
+                                      max(0.1, deadline_s - (time.perf_counter() - t0)), req.request_id, on_event)
+                r.fallback_reason = str(exc)
+                return r
+
+        job = asyncio.create_task(run())
         job.add_done_callback(lambda _: q.put_nowait(None))
         try:
             while (ev := await q.get()) is not None:
@@ -166,6 +233,13 @@ class EdgeCore:
             if result.summary is not None and result.summary.recommended_drafts:
                 self.link.recommended_drafts = result.summary.recommended_drafts  # adopt the cloud's count
             result.fallback_reason = result.fallback_reason or skipped
+            result.plan_reason = why
+            if choice is not None and plan.value in choice.breakdowns:
+                b = choice.breakdowns[plan.value]
+                result.predicted = {k: v for k, v in b.as_dict().items() if k.endswith("_ms")}
+            bpt = self.planner.est.values.get("bytes_per_token", 1.0)
+            nbytes = len(req.prompt.encode())
+            self.planner.observe(plan.value, req.task, max(1, round(nbytes / bpt)), nbytes, s.n, result, edge_was)
             if result.fallback_reason:
                 self.metrics.fallbacks.labels(result.fallback_reason.split(":")[0][:40]).inc()
             if not first:

@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 def result_to_pb(done: Done) -> epb.SolveResult:
     r = done.result
     return epb.SolveResult(answer=r.answer, source=r.source, valid=r.valid, rounds=r.rounds,
-                           fallback_reason=r.fallback_reason, timings_ms=r.timings, plan=done.plan)
+                           fallback_reason=r.fallback_reason, timings_ms=r.timings, plan=done.plan,
+                           predicted_ms=r.predicted, plan_reason=r.plan_reason)
 
 
 class EdgeServicer(epb_grpc.CoinferEdgeServicer):

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edge.planner.probes import drop_page_cache
+
 
 @dataclass(frozen=True)
 class BenchConfig:
@@ -53,18 +55,6 @@ class BenchConfig:
             raise ValueError("warmup_steps / threads: out of range (0..100 / 0..256)")
 
 
-def _drop_cache(path: Path) -> bool:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-        return True
-    except (OSError, AttributeError):
-        return False
-
-
 def model_files(model_dir: Path) -> list[Path]:
     return sorted(p for p in model_dir.iterdir() if p.suffix in (".onnx", ".data") or p.name.endswith(".onnx_data"))
 
@@ -74,7 +64,7 @@ def measure(model_dir: Path, cfg: BenchConfig) -> dict:
     from edge.onnx_lm import OnnxLM
 
     files = model_files(model_dir)
-    dropped = all([_drop_cache(f) for f in files])
+    dropped = all([drop_page_cache(f) for f in files])
     t0 = time.perf_counter()
     for f in files:
         with f.open("rb") as fh:

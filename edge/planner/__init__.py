@@ -1,0 +1,1 @@
+"""The split planner: where each request runs (edge only, split, cloud only) — see cost.py."""

@@ -1,0 +1,171 @@
+"""Latency and quality model of the three plans. Pure and typed: numbers in, numbers out.
+
+For a request of ``P`` prompt tokens, ``n`` drafts of ``D`` tokens each and an answer of
+``A`` tokens (bytes: ``Bp`` prompt, ``Bd`` one draft, ``Ba`` answer):
+
+    cold start   C = 0                                             edge model warm
+                   remaining load time                             loading
+                   M/disk_bw + M/pcie_bw + session + warm-up       cold (pcie term only with a GPU)
+    drafting     E = P * prefill_ms_per_token + D * step_ms(n)     step_ms(n): one decode step at batch n
+    transfer     split: RTT + Bp/up + Bd/up + Ba/down              drafts stream while later ones are
+                                                                   written; only the last is on the path
+                 cloud: RTT + Bp/up + Ba/down
+    cloud        split: queue + verify_last + refine_ttft + A * refine_ms_per_token
+                 cloud: queue + cloud_answer_ms                    the cloud answers by itself
+
+    edge  = C + E
+    split = C + E + T_split + cloud_split
+    cloud = T_cloud + cloud_cloud                                  no edge model needed: the way to
+                                                                   serve a request while the edge warms
+Objective: the fastest plan whose expected quality (history of rule-valid answers per task and
+plan) reaches ``quality_floor``; if none does, the plan of highest expected quality. A floor
+rather than a weighted sum because the price of a wrong answer in milliseconds is not
+something an operator can state; "at least this good, then fastest" is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+PLANS = ("edge", "split", "cloud")
+
+
+@dataclass(frozen=True)
+class EdgeProfile:
+    model_bytes: int
+    disk_read_bps: float
+    """Bytes/s reading the model file from disk (page cache dropped)."""
+    pcie_h2d_bps: float | None
+    """Bytes/s host -> device; None on a CPU-only box (no copy)."""
+    session_ms: float
+    warmup_ms: float
+    prefill_ms_per_token: float
+    step_ms: dict[int, float]
+    """Decode step time at batch size n (measured at a few n; others interpolated)."""
+    state: str = "warm"
+    """cold | loading | warm"""
+    loading_remaining_ms: float = 0.0
+
+    def step(self, n: int) -> float:
+        """Step time at batch ``n``: linear interpolation between measured sizes, extrapolated flat-slope."""
+        pts = sorted(self.step_ms.items())
+        if not pts:
+            raise ValueError("step_ms: no measurements")
+        if n <= pts[0][0]:
+            return pts[0][1]
+        for (n0, t0), (n1, t1) in zip(pts, pts[1:]):
+            if n <= n1:
+                return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
+        (n0, t0), (n1, t1) = (pts[-2], pts[-1]) if len(pts) > 1 else (pts[-1], pts[-1])
+        slope = (t1 - t0) / (n1 - n0) if n1 != n0 else 0.0
+        return t1 + slope * (n - n1)
+
+
+@dataclass(frozen=True)
+class NetProfile:
+    rtt_ms: float
+    up_bps: float
+    down_bps: float
+
+
+@dataclass(frozen=True)
+class CloudProfile:
+    queue_ms: float
+    verify_ms: float
+    """Verifying one draft once it arrives (rules + LLM verifier)."""
+    refine_ttft_ms: float
+    refine_ms_per_token: float
+    cloud_answer_ms: float
+    """The cloud answering without drafts (Generate), queue excluded."""
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    prompt_tokens: int
+    draft_tokens: int
+    n_drafts: int
+    answer_tokens: int
+    prompt_bytes: int
+    draft_bytes: int
+    answer_bytes: int
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    plan: str
+    cold_start_ms: float
+    drafting_ms: float
+    transfer_ms: float
+    cloud_ms: float
+    quality: float
+
+    @property
+    def total_ms(self) -> float:
+        return self.cold_start_ms + self.drafting_ms + self.transfer_ms + self.cloud_ms
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {"total_ms": self.total_ms}
+
+
+@dataclass(frozen=True)
+class Choice:
+    plan: str
+    breakdowns: dict[str, Breakdown]
+    reason: str
+    notes: tuple[str, ...] = field(default=())
+
+
+def cold_start_ms(e: EdgeProfile) -> float:
+    if e.state == "warm":
+        return 0.0
+    if e.state == "loading":
+        return max(0.0, e.loading_remaining_ms)
+    disk = e.model_bytes / e.disk_read_bps * 1e3
+    pcie = e.model_bytes / e.pcie_h2d_bps * 1e3 if e.pcie_h2d_bps else 0.0
+    return disk + pcie + e.session_ms + e.warmup_ms
+
+
+def drafting_ms(e: EdgeProfile, r: RequestShape) -> float:
+    return r.prompt_tokens * e.prefill_ms_per_token + r.draft_tokens * e.step(r.n_drafts)
+
+
+def _ms(nbytes: int, bps: float) -> float:
+    return nbytes / bps * 1e3
+
+
+def predict(plan: str, r: RequestShape, e: EdgeProfile, n: NetProfile | None, c: CloudProfile | None,
+            quality: float) -> Breakdown:
+    if plan == "edge":
+        return Breakdown(plan, cold_start_ms(e), drafting_ms(e, r), 0.0, 0.0, quality)
+    if n is None or c is None:
+        raise ValueError(f"{plan}: needs network and cloud profiles")
+    if plan == "split":
+        transfer = n.rtt_ms + _ms(r.prompt_bytes + r.draft_bytes, n.up_bps) + _ms(r.answer_bytes, n.down_bps)
+        cloud = c.queue_ms + c.verify_ms + c.refine_ttft_ms + r.answer_tokens * c.refine_ms_per_token
+        return Breakdown(plan, cold_start_ms(e), drafting_ms(e, r), transfer, cloud, quality)
+    if plan == "cloud":
+        transfer = n.rtt_ms + _ms(r.prompt_bytes, n.up_bps) + _ms(r.answer_bytes, n.down_bps)
+        return Breakdown(plan, 0.0, 0.0, transfer, c.queue_ms + c.cloud_answer_ms, quality)
+    raise ValueError(f"plan: unknown {plan!r} (known: {', '.join(PLANS)})")
+
+
+def choose(r: RequestShape, e: EdgeProfile, n: NetProfile | None, c: CloudProfile | None,
+           quality: dict[str, float], quality_floor: float = 0.0) -> Choice:
+    """Fastest plan meeting the quality floor. Without a reachable cloud (``n``/``c`` None): edge."""
+    plans = PLANS if (n is not None and c is not None) else ("edge",)
+    bd = {p: predict(p, r, e, n, c, quality.get(p, 0.0)) for p in plans}
+    for b in bd.values():
+        if not math.isfinite(b.total_ms) or b.total_ms < 0:
+            raise ValueError(f"{b.plan}: non-finite or negative prediction {b.total_ms}")
+    ok = [b for b in bd.values() if b.quality >= quality_floor]
+    if ok:
+        best = min(ok, key=lambda b: b.total_ms)
+        others = ", ".join(f"{b.plan} {b.total_ms:.0f} ms" for b in sorted(bd.values(), key=lambda b: b.total_ms)
+                           if b.plan != best.plan)
+        reason = (f"{best.plan}: fastest predicted ({best.total_ms:.0f} ms) with expected quality "
+                  f"{best.quality:.2f} >= floor {quality_floor:.2f}" + (f"; then {others}" if others else ""))
+    else:
+        best = max(bd.values(), key=lambda b: (b.quality, -b.total_ms))
+        reason = f"{best.plan}: no plan reaches the quality floor {quality_floor:.2f}; highest expected quality"
+    return Choice(best.plan, bd, reason)

@@ -1,0 +1,116 @@
+"""The planner's measured quantities: probed, then updated online (EWMA) from every request,
+persisted across restarts, re-probed when stale. An absurd measurement (zero or negative
+bandwidth, a negative or non-finite time, a quality outside [0, 1]) is refused and noted;
+a quantity never measured uses a conservative default, also noted, so ``--explain`` can say
+which numbers are guesses."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# conservative: slow disk, slow link, slow cloud — a guess should not lure a request away
+DEFAULTS: dict[str, float] = {
+    "disk_read_bps": 100e6, "pcie_h2d_bps": 4e9, "session_ms": 2000.0, "warmup_ms": 200.0, "prefill_ms_per_token": 1.0,
+    "step_ms.1": 30.0, "rtt_ms": 100.0, "up_bps": 125e3, "down_bps": 125e3, "queue_ms": 0.0,
+    "verify_ms": 100.0, "refine_ttft_ms": 200.0, "refine_ms_per_token": 20.0, "cloud_answer_ms": 1000.0,
+    "draft_tokens": 48.0, "answer_tokens": 48.0,
+    "quality.edge": 0.35, "quality.split": 0.6, "quality.cloud": 0.6,
+}
+_BOUNDS = {"bps": (1e3, 1e12), "ms": (0.0, 600_000.0), "tokens": (1.0, 1e5), "quality": (0.0, 1.0)}
+
+
+def _bounds(key: str) -> tuple[float, float]:
+    if key.endswith("_bps"):
+        return _BOUNDS["bps"]
+    if key.startswith("quality."):
+        return _BOUNDS["quality"]
+    if "tokens" in key and not key.endswith("_per_token"):
+        return _BOUNDS["tokens"]
+    return _BOUNDS["ms"]
+
+
+def _family(key: str) -> str:
+    """Per-task keys (``draft_tokens.arith``) fall back to their family's default."""
+    parts = key.split(".")
+    for i in range(len(parts), 0, -1):
+        k = ".".join(parts[:i])
+        if k in DEFAULTS:
+            return k
+    return key
+
+
+@dataclass
+class Estimates:
+    values: dict[str, float] = field(default_factory=dict)
+    updated: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    path: Path | None = None
+    alpha: float = 0.3
+
+    def observe(self, key: str, value: float | None, replace: bool = False) -> bool:
+        """Fold one measurement in (EWMA; ``replace`` for a fresh probe). False if refused."""
+        lo, hi = _bounds(key)
+        if value is None or not math.isfinite(value) or not lo <= value <= hi:
+            self.note(f"{key}: refused absurd measurement {value!r} (valid {lo:g}..{hi:g})")
+            return False
+        old = self.values.get(key)
+        self.values[key] = value if (old is None or replace) else (1 - self.alpha) * old + self.alpha * value
+        self.updated[key] = time.time()
+        self.counts[key] = self.counts.get(key, 0) + 1
+        return True
+
+    def get(self, key: str) -> float:
+        if key in self.values:
+            return self.values[key]
+        fam = _family(key)
+        if fam != key and fam in self.values:
+            return self.values[fam]
+        self.note(f"{key}: not measured yet, default {DEFAULTS[fam]:g}")
+        return DEFAULTS[fam]
+
+    def has(self, key: str) -> bool:
+        return key in self.values
+
+    def stale(self, key: str, max_age_s: float) -> bool:
+        return time.time() - self.updated.get(key, 0.0) > max_age_s
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+            log.info("planner: %s", text)
+
+    def step_ms(self) -> dict[int, float]:
+        out = {int(k.split(".")[1]): v for k, v in self.values.items() if k.startswith("step_ms.")}
+        return out or {1: self.get("step_ms.1")}
+
+    # ---- persistence ----------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | Path | None) -> Estimates:
+        est = cls(path=Path(path) if path else None)
+        if est.path is not None and est.path.is_file():
+            try:
+                data = json.loads(est.path.read_text())
+                for k, v in data["values"].items():
+                    if est.observe(k, float(v), replace=True):
+                        est.updated[k] = float(data.get("updated", {}).get(k, 0.0))
+                est.counts = {k: int(v) for k, v in data.get("counts", {}).items()}
+            except (ValueError, KeyError, TypeError) as exc:
+                est.note(f"{est.path}: unreadable calibration ({exc}); starting from defaults")
+        return est
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text(json.dumps({"values": self.values, "updated": self.updated, "counts": self.counts}, indent=1))
+        os.replace(tmp, self.path)

@@ -1,0 +1,121 @@
+"""The planner: estimates -> profiles -> the cost model's choice; measured requests -> estimates.
+
+Online updates (each finished request):
+  drafting      step_ms.<n>           (drafting - prompt * prefill) / longest draft's tokens
+  split         refine_ttft_ms, refine_ms_per_token from the cloud's summary timings;
+                verify_ms = what the split took beyond drafting, refinement and the transfer model
+  cloud         cloud_answer_ms = total - transfer model - queue
+  every plan    draft / answer sizes per task, quality.<plan>.<task> (rule-valid answers)
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from edge.planner.cost import Choice, CloudProfile, EdgeProfile, NetProfile, RequestShape, choose, predict
+from edge.planner.estimates import Estimates
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EdgeState:
+    model_bytes: int
+    state: str  # cold | loading | warm
+    loading_remaining_ms: float = 0.0
+    gpu: bool = False
+
+
+class Planner:
+    def __init__(self, est: Estimates, quality_floor: float = 0.0) -> None:
+        self.est = est
+        self.quality_floor = quality_floor
+
+    # ---- profiles ------------------------------------------------------------------
+    def edge_profile(self, s: EdgeState) -> EdgeProfile:
+        e = self.est
+        return EdgeProfile(model_bytes=s.model_bytes, disk_read_bps=e.get("disk_read_bps"),
+                           pcie_h2d_bps=e.get("pcie_h2d_bps") if s.gpu else None, session_ms=e.get("session_ms"),
+                           warmup_ms=e.get("warmup_ms"), prefill_ms_per_token=e.get("prefill_ms_per_token"),
+                           step_ms=e.step_ms(), state=s.state, loading_remaining_ms=s.loading_remaining_ms)
+
+    def net_profile(self) -> NetProfile:
+        e = self.est
+        return NetProfile(e.get("rtt_ms"), e.get("up_bps"), e.get("down_bps"))
+
+    def cloud_profile(self) -> CloudProfile:
+        e = self.est
+        return CloudProfile(e.get("queue_ms"), e.get("verify_ms"), e.get("refine_ttft_ms"),
+                            e.get("refine_ms_per_token"), e.get("cloud_answer_ms"))
+
+    def shape(self, task: str, prompt_tokens: int, prompt_bytes: int, n: int) -> RequestShape:
+        e = self.est
+        dt, at = e.get(f"draft_tokens.{task}"), e.get(f"answer_tokens.{task}")
+        bpt = e.values.get("bytes_per_token", 1.0)
+        return RequestShape(prompt_tokens, round(dt), n, round(at), prompt_bytes, round(dt * bpt), round(at * bpt))
+
+    def quality(self, task: str) -> dict[str, float]:
+        return {p: self.est.get(f"quality.{p}.{task}") for p in ("edge", "split", "cloud")}
+
+    def choose(self, task: str, prompt_tokens: int, prompt_bytes: int, n: int, edge: EdgeState,
+               cloud_available: bool) -> Choice:
+        self.est.notes.clear()
+        try:
+            shape = self.shape(task, prompt_tokens, prompt_bytes, n)
+            net, cloud = (self.net_profile(), self.cloud_profile()) if cloud_available else (None, None)
+            c = choose(shape, self.edge_profile(edge), net, cloud, self.quality(task), self.quality_floor)
+        except (ValueError, ZeroDivisionError) as exc:  # never let the planner fail a request
+            self.est.note(f"cost model failed ({exc}); falling back to split")
+            return Choice("split" if cloud_available else "edge", {}, "fallback: cost model failed",
+                          tuple(self.est.notes))
+        return Choice(c.plan, c.breakdowns, c.reason, tuple(self.est.notes))
+
+    def predict(self, plan: str, task: str, prompt_tokens: int, prompt_bytes: int, n: int, edge: EdgeState):
+        shape = self.shape(task, prompt_tokens, prompt_bytes, n)
+        return predict(plan, shape, self.edge_profile(edge), self.net_profile(), self.cloud_profile(),
+                       self.quality(task).get(plan, 0.0))
+
+    # ---- online updates ------------------------------------------------------------
+    def observe(self, plan: str, task: str, prompt_tokens: int, prompt_bytes: int, n: int, result,
+                edge_was: EdgeState) -> None:
+        """Fold one finished request's measured stage times into the estimates."""
+        e = self.est
+        t = result.timings
+        drafts = result.drafts
+        if drafts:
+            longest = max(d.num_tokens for d in drafts)
+            if longest:
+                e.observe(f"draft_tokens.{task}", float(longest))
+                nbytes = sum(len(d.text.encode()) for d in drafts)
+                ntok = sum(d.num_tokens for d in drafts)
+                if ntok:
+                    e.observe("bytes_per_token", max(nbytes / ntok, 0.25))
+            if "drafting" in t and longest and edge_was.state == "warm":
+                step = (t["drafting"] - prompt_tokens * e.get("prefill_ms_per_token")) / longest
+                if step > 0:
+                    e.observe(f"step_ms.{n}", step)
+        if result.answer:
+            bpt = e.values.get("bytes_per_token", 1.0)
+            e.observe(f"answer_tokens.{task}", max(1.0, len(result.answer.encode()) / bpt))
+        if not result.fallback_reason:
+            e.observe(f"quality.{plan}.{task}", 1.0 if result.valid else 0.0)
+        s = result.summary
+        net = self.net_profile()
+        if plan == "split" and s is not None and not result.fallback_reason and edge_was.state == "warm":
+            tm = s.timings
+            if tm.refine_ttft_ms > 0:
+                e.observe("refine_ttft_ms", tm.refine_ttft_ms)
+            at = max(1.0, e.get(f"answer_tokens.{task}"))
+            if tm.refine_ms > tm.refine_ttft_ms:
+                e.observe("refine_ms_per_token", (tm.refine_ms - tm.refine_ttft_ms) / at)
+            shape = self.shape(task, prompt_tokens, prompt_bytes, n)
+            transfer = net.rtt_ms + (shape.prompt_bytes + shape.draft_bytes) / net.up_bps * 1e3 \
+                + shape.answer_bytes / net.down_bps * 1e3
+            extra = t.get("total", 0.0) - t.get("drafting", 0.0) - tm.refine_ms - transfer - e.get("queue_ms")
+            e.observe("verify_ms", max(0.0, extra))
+        if plan == "cloud" and s is not None and not result.fallback_reason:
+            shape = self.shape(task, prompt_tokens, prompt_bytes, n)
+            transfer = net.rtt_ms + shape.prompt_bytes / net.up_bps * 1e3 + shape.answer_bytes / net.down_bps * 1e3
+            e.observe("cloud_answer_ms", max(0.0, t.get("total", 0.0) - transfer - e.get("queue_ms")))
+        e.save()
