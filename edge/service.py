@@ -127,14 +127,15 @@ class EdgeCore:
                 try:
                     engine = await asyncio.to_thread(OrtDraftEngine, Path(self.cfg.model), providers,
                                                      self.cfg.threads or None, allow_unverified=self.cfg.allow_unverified)
-                    await asyncio.to_thread(engine.warm_up)
+                    warm_ms = await asyncio.to_thread(engine.warm_up)
                 except BaseException:
                     self.model_state = "cold"
                     raise
                 self.engine = engine
                 self.model_load_ms = (time.perf_counter() - t0) * 1e3
                 self.model_state = "warm"
-                self.planner.est.observe("session_ms", engine.load_ms)
+                self.planner.est.observe("session_ms", engine.load_ms)  # manifest check + session creation
+                self.planner.est.observe("warmup_ms", warm_ms)
                 log.info("draft model warm in %.0f ms on %s", self.model_load_ms, engine.providers)
         return self.engine
 

@@ -12,9 +12,11 @@ For a request of ``P`` prompt tokens, ``n`` drafts of ``D`` tokens each and an a
                  cloud: RTT + Bp/up + Ba/down
     cloud        split: queue + verify_last + refine_ttft + A * refine_ms_per_token
                  cloud: queue + cloud_answer_ms                    the cloud answers by itself
+    rounds       R = expected draft rounds of a split (history): a round with no valid draft
+                 costs another drafting pass plus the advice's trip: (R - 1) * (E + RTT + verify)
 
     edge  = C + E
-    split = C + E + T_split + cloud_split
+    split = C + R * E + (R - 1) * (RTT + verify) + T_split + cloud_split
     cloud = T_cloud + cloud_cloud                                  no edge model needed: the way to
                                                                    serve a request while the edge warms
 Objective: the fastest plan whose expected quality (history of rule-valid answers per task and
@@ -89,6 +91,8 @@ class RequestShape:
     prompt_bytes: int
     draft_bytes: int
     answer_bytes: int
+    rounds: float = 1.0
+    """Expected draft rounds of a split (retry advice), from history."""
 
 
 @dataclass(frozen=True)
@@ -141,9 +145,11 @@ def predict(plan: str, r: RequestShape, e: EdgeProfile, n: NetProfile | None, c:
     if n is None or c is None:
         raise ValueError(f"{plan}: needs network and cloud profiles")
     if plan == "split":
-        transfer = n.rtt_ms + _ms(r.prompt_bytes + r.draft_bytes, n.up_bps) + _ms(r.answer_bytes, n.down_bps)
-        cloud = c.queue_ms + c.verify_ms + c.refine_ttft_ms + r.answer_tokens * c.refine_ms_per_token
-        return Breakdown(plan, cold_start_ms(e), drafting_ms(e, r), transfer, cloud, quality)
+        extra = max(0.0, r.rounds - 1.0)
+        transfer = (1 + extra) * n.rtt_ms + _ms(r.prompt_bytes + r.draft_bytes, n.up_bps) + _ms(r.answer_bytes,
+                                                                                                   n.down_bps)
+        cloud = c.queue_ms + (1 + extra) * c.verify_ms + c.refine_ttft_ms + r.answer_tokens * c.refine_ms_per_token
+        return Breakdown(plan, cold_start_ms(e), (1 + extra) * drafting_ms(e, r), transfer, cloud, quality)
     if plan == "cloud":
         transfer = n.rtt_ms + _ms(r.prompt_bytes, n.up_bps) + _ms(r.answer_bytes, n.down_bps)
         return Breakdown(plan, 0.0, 0.0, transfer, c.queue_ms + c.cloud_answer_ms, quality)

@@ -21,7 +21,7 @@ DEFAULTS: dict[str, float] = {
     "disk_read_bps": 100e6, "pcie_h2d_bps": 4e9, "session_ms": 2000.0, "warmup_ms": 200.0, "prefill_ms_per_token": 1.0,
     "step_ms.1": 30.0, "rtt_ms": 100.0, "up_bps": 125e3, "down_bps": 125e3, "queue_ms": 0.0,
     "verify_ms": 100.0, "refine_ttft_ms": 200.0, "refine_ms_per_token": 20.0, "cloud_answer_ms": 1000.0,
-    "draft_tokens": 48.0, "answer_tokens": 48.0,
+    "draft_tokens": 48.0, "answer_tokens": 48.0, "rounds": 1.5,
     "quality.edge": 0.35, "quality.split": 0.6, "quality.cloud": 0.6,
 }
 _BOUNDS = {"bps": (1e3, 1e12), "ms": (0.0, 600_000.0), "tokens": (1.0, 1e5), "quality": (0.0, 1.0)}
@@ -32,7 +32,7 @@ def _bounds(key: str) -> tuple[float, float]:
         return _BOUNDS["bps"]
     if key.startswith("quality."):
         return _BOUNDS["quality"]
-    if "tokens" in key and not key.endswith("_per_token"):
+    if ("tokens" in key and not key.endswith("_per_token")) or key.startswith("rounds"):
         return _BOUNDS["tokens"]
     return _BOUNDS["ms"]
 

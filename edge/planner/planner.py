@@ -53,7 +53,8 @@ class Planner:
         e = self.est
         dt, at = e.get(f"draft_tokens.{task}"), e.get(f"answer_tokens.{task}")
         bpt = e.values.get("bytes_per_token", 1.0)
-        return RequestShape(prompt_tokens, round(dt), n, round(at), prompt_bytes, round(dt * bpt), round(at * bpt))
+        return RequestShape(prompt_tokens, round(dt), n, round(at), prompt_bytes, round(dt * bpt), round(at * bpt),
+                            rounds=e.get(f"rounds.{task}"))
 
     def quality(self, task: str) -> dict[str, float]:
         return {p: self.est.get(f"quality.{p}.{task}") for p in ("edge", "split", "cloud")}
@@ -92,7 +93,8 @@ class Planner:
                 if ntok:
                     e.observe("bytes_per_token", max(nbytes / ntok, 0.25))
             if "drafting" in t and longest and edge_was.state == "warm":
-                step = (t["drafting"] - prompt_tokens * e.get("prefill_ms_per_token")) / longest
+                rounds = max(1, result.rounds)
+                step = (t["drafting"] / rounds - prompt_tokens * e.get("prefill_ms_per_token")) / longest
                 if step > 0:
                     e.observe(f"step_ms.{n}", step)
         if result.answer:
@@ -102,6 +104,8 @@ class Planner:
             e.observe(f"quality.{plan}.{task}", 1.0 if result.valid else 0.0)
         s = result.summary
         net = self.net_profile()
+        if plan == "split" and s is not None and not result.fallback_reason:
+            e.observe(f"rounds.{task}", float(max(1, result.rounds)))
         if plan == "split" and s is not None and not result.fallback_reason and edge_was.state == "warm":
             tm = s.timings
             if tm.refine_ttft_ms > 0:
@@ -110,10 +114,11 @@ class Planner:
             if tm.refine_ms > tm.refine_ttft_ms:
                 e.observe("refine_ms_per_token", (tm.refine_ms - tm.refine_ttft_ms) / at)
             shape = self.shape(task, prompt_tokens, prompt_bytes, n)
-            transfer = net.rtt_ms + (shape.prompt_bytes + shape.draft_bytes) / net.up_bps * 1e3 \
+            r = max(1, result.rounds)
+            transfer = r * net.rtt_ms + (shape.prompt_bytes + shape.draft_bytes) / net.up_bps * 1e3 \
                 + shape.answer_bytes / net.down_bps * 1e3
             extra = t.get("total", 0.0) - t.get("drafting", 0.0) - tm.refine_ms - transfer - e.get("queue_ms")
-            e.observe("verify_ms", max(0.0, extra))
+            e.observe("verify_ms", max(0.0, extra / r))
         if plan == "cloud" and s is not None and not result.fallback_reason:
             shape = self.shape(task, prompt_tokens, prompt_bytes, n)
             transfer = net.rtt_ms + shape.prompt_bytes / net.up_bps * 1e3 + shape.answer_bytes / net.down_bps * 1e3

@@ -1,0 +1,290 @@
+"""The planner against reality: every plan, run for real, in a matrix of network / edge / cloud scenarios.
+
+    .venv/bin/python -m benchmarks.scenarios [--quick] [--reps 3] [--out docs/planner]
+
+Real parts only: the cloud is vLLM behind gRPC; the edge is the daemon core with the demo
+INT8 draft on ONNX Runtime; the network between them is a shaping proxy on loopback
+(``benchmarks/netem.py``: added RTT and a bandwidth cap on every byte); "busy" is other
+clients keeping the cloud loaded; "cold" is a fresh edge whose model file was evicted from
+the page cache. Per scenario: the planner is calibrated (Probe / Status RPCs through the
+proxy), warmed with a few requests (online EWMA updates), then each plan runs ``reps``
+times with the planner's prediction taken just before each run. Reported per scenario:
+predicted and measured median latency of each plan, the planner's choice, regret =
+measured(chosen) / measured(best). Goals (issue 6): median |predicted - measured| /
+measured <= 20%; regret <= 1.10 in >= 90% of scenarios. Writes results.md, results.json
+and scenarios.png to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from benchmarks.netem import ShapingProxy
+
+PLANS = ("edge", "split", "cloud")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    rtt_ms: float
+    bandwidth_bps: float
+    edge: str  # cold | warm
+    cloud: str  # idle | busy
+
+    @property
+    def name(self) -> str:
+        bw = f"{self.bandwidth_bps / 1e6:g}Mbit" if self.bandwidth_bps < 1e9 else f"{self.bandwidth_bps / 1e9:g}Gbit"
+        return f"rtt{self.rtt_ms:g}-{bw}-{self.edge}-{self.cloud}"
+
+
+def matrix(quick: bool) -> list[Scenario]:
+    rtts = (1, 200) if quick else (1, 20, 80, 200)
+    bws = (10e9,) if quick else (1e6, 100e6, 10e9)
+    edges = ("cold", "warm")
+    clouds = ("idle",) if quick else ("idle", "busy")
+    return [Scenario(r, b, e, c) for r, b, e, c in itertools.product(rtts, bws, edges, clouds)]
+
+
+async def _busy(stub, stop: asyncio.Event, prompts: list) -> None:
+    from coinfer.v1 import coinfer_pb2 as pb
+
+    i = 0
+    while not stop.is_set():
+        p = prompts[i % len(prompts)]
+        i += 1
+        try:
+            async for _ in stub.Generate(pb.GenerateRequest(problem=pb.Problem(task=p.task, prompt=p.prompt)),
+                                         timeout=60):
+                pass
+        except grpc.aio.AioRpcError:
+            await asyncio.sleep(0.1)
+
+
+class Runner:
+    def __init__(self, reps: int, warmup: int, quality_floor: float, busy_clients: int) -> None:
+        self.reps, self.warmup, self.quality_floor, self.busy_clients = reps, warmup, quality_floor, busy_clients
+
+    async def setup(self, cloud=None) -> None:
+        """``cloud``: an already running CloudServer to use (and leave running), else start one."""
+        from cloud.config import CloudConfig, EngineConfig
+        from cloud.engine import VllmEngine
+        from cloud.server import create_server
+        from coinfer.tasks import TASKS, problems
+        from demo.artifacts import ensure_artifacts
+        from edge.planner.estimates import Estimates
+
+        self.art = ensure_artifacts()
+        self.model = self.art.draft_int8
+        self.own_cloud = cloud is None
+        if cloud is None:
+            cfg = CloudConfig(engine=EngineConfig(model=str(self.art.target)))
+            cloud = await create_server(cfg)
+            await cloud.attach_engine(await VllmEngine(cfg.engine).start())
+        self.cloud = cloud
+        self.proxy = ShapingProxy("127.0.0.1", self.cloud.port)
+        await self.proxy.start()
+        self.direct = grpc.aio.insecure_channel(f"127.0.0.1:{self.cloud.port}")
+        stream = problems(random.Random(5), tuple(TASKS), held_out=True)
+        self.problems = [next(stream) for _ in range(64)]
+        self.est = Estimates()  # one calibration store across the run, as one edge box keeps it
+        self.warm_core = await self._core(warm=True)
+        self._i = 0
+        from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
+        from edge.planner import probes
+
+        model_file = next(iter(sorted(Path(self.model).glob("*.onnx"))))
+        await probes.calibrate(self.est, model_file, self.warm_core.engine.lm,
+                               pb_grpc.CoinferCloudStub(self.warm_core.link.channel))
+
+    async def _core(self, warm: bool):
+        from edge.config import EdgeConfig
+        from edge.planner.probes import drop_page_cache
+        from edge.service import EdgeCore
+
+        if not warm:
+            for f in Path(self.model).glob("*.onnx"):
+                drop_page_cache(f)
+        core = EdgeCore(EdgeConfig(model=str(self.model), cloud=f"127.0.0.1:{self.proxy.port}", warm=warm,
+                                   probe_on_start=False, grpc_port=-1, http_port=-1, quality_floor=self.quality_floor,
+                                   deadline_ms=60_000))
+        core.planner.est = self.est
+        await core.start()
+        for _ in range(100):
+            if core.link.serving:
+                break
+            await asyncio.sleep(0.02)
+        return core
+
+    def _next(self):
+        p = self.problems[self._i % len(self.problems)]
+        self._i += 1
+        return p
+
+    async def _run(self, core, plan: str, p=None) -> tuple[float, dict[str, float], str]:
+        """One request with ``plan`` forced: (measured ms, predicted ms per plan, what auto would choose)."""
+        from edge.service import Done, SolveRequest
+
+        p = p or self._next()
+        bpt = self.est.values.get("bytes_per_token", 1.0)
+        nbytes = len(p.prompt.encode())
+        choice = core.planner.choose(p.task, max(1, round(nbytes / bpt)), nbytes, core.link.recommended_drafts,
+                                     core._edge_state(), cloud_available=True)
+        t0 = time.perf_counter()
+        async for ev in core.solve(SolveRequest(p.prompt, p.task, plan=plan)):
+            if isinstance(ev, Done):
+                break
+        ms = (time.perf_counter() - t0) * 1e3
+        return ms, {k: b.total_ms for k, b in choice.breakdowns.items()}, choice.plan
+
+    async def scenario(self, sc: Scenario) -> dict:
+        from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
+        from edge.planner import probes
+
+        self.proxy.set(sc.rtt_ms, sc.bandwidth_bps)
+        stop = asyncio.Event()
+        load = [asyncio.create_task(_busy(pb_grpc.CoinferCloudStub(self.direct), stop, self.problems))
+                for _ in range(self.busy_clients if sc.cloud == "busy" else 0)]
+        try:
+            await asyncio.sleep(0.5 if load else 0.0)
+            await probes.calibrate(self.est, stub=pb_grpc.CoinferCloudStub(self.warm_core.link.channel))
+            for _ in range(self.warmup):  # online updates: the planner learns this scenario's cloud
+                for plan in ("split", "cloud"):
+                    await self._run(self.warm_core, plan)
+            measured: dict[str, list[float]] = {p: [] for p in PLANS}
+            predicted: dict[str, list[float]] = {p: [] for p in PLANS}
+            chosen: list[str] = []
+            for _ in range(self.reps):
+                problem = self._next()  # paired: every plan answers the same question
+                for plan in PLANS:
+                    core = self.warm_core if sc.edge == "warm" else await self._core(warm=False)
+                    try:
+                        ms, pred, choice = await self._run(core, plan, problem)
+                    finally:
+                        if core is not self.warm_core:
+                            await core.close()
+                    measured[plan].append(ms)
+                    predicted[plan].append(pred[plan])
+                    chosen.append(choice)
+        finally:
+            stop.set()
+            for t in load:
+                t.cancel()
+            await asyncio.gather(*load, return_exceptions=True)
+        med = {p: statistics.median(v) for p, v in measured.items()}
+        pred = {p: statistics.median(v) for p, v in predicted.items()}
+        choice = max(set(chosen), key=chosen.count)
+        best = min(med, key=med.get)
+        return {"scenario": sc.name, "rtt_ms": sc.rtt_ms, "bandwidth_bps": sc.bandwidth_bps, "edge": sc.edge,
+                "cloud": sc.cloud, "measured_ms": med, "predicted_ms": pred, "chosen": choice, "best": best,
+                "regret": med[choice] / med[best],
+                "errors": {p: abs(pred[p] - med[p]) / med[p] for p in PLANS}}
+
+    async def close(self) -> None:
+        await self.warm_core.close()
+        await self.direct.close()
+        await self.proxy.close()
+        if self.own_cloud:
+            await self.cloud.stop(grace=1)
+
+
+def summarise(rows: list[dict]) -> dict:
+    errors = [e for r in rows for e in r["errors"].values()]
+    regrets = [r["regret"] for r in rows]
+    return {"scenarios": len(rows), "median_abs_error": statistics.median(errors),
+            "regret_ok_fraction": sum(g <= 1.10 for g in regrets) / len(regrets), "max_regret": max(regrets)}
+
+
+def write_report(rows: list[dict], summary: dict, out: Path, args) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    lines = ["# Split planner vs measured runs", "",
+             f"`python -m benchmarks.scenarios{' --quick' if args.quick else ''} --reps {args.reps}`: "
+             f"{summary['scenarios']} scenarios, every plan run {args.reps}x per scenario (medians), "
+             f"quality floor {args.quality_floor}.", "",
+             f"- median |predicted - measured| / measured over all plans and scenarios: "
+             f"**{100 * summary['median_abs_error']:.1f}%** (goal <= 20%)",
+             f"- regret <= 1.10 in **{100 * summary['regret_ok_fraction']:.0f}%** of scenarios (goal >= 90%); "
+             f"worst regret {summary['max_regret']:.2f}", "",
+             "| scenario | edge pred/meas ms | split pred/meas ms | cloud pred/meas ms | chosen | best | regret |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cells = [f"{r['predicted_ms'][p]:.0f} / {r['measured_ms'][p]:.0f}" for p in PLANS]
+        lines.append(f"| {r['scenario']} | " + " | ".join(cells) + f" | {r['chosen']} | {r['best']} | {r['regret']:.2f} |")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 5))
+    for plan, marker in zip(PLANS, "os^"):
+        xs = [r["measured_ms"][plan] for r in rows]
+        ys = [r["predicted_ms"][plan] for r in rows]
+        a.scatter(xs, ys, marker=marker, label=plan, alpha=0.7)
+    lim = max(max(r["measured_ms"].values()) for r in rows) * 1.1
+    a.plot([0, lim], [0, lim], "k--", lw=0.8)
+    a.fill_between([0, lim], [0, 0.8 * lim], [0, 1.2 * lim], color="grey", alpha=0.15, label="±20%")
+    a.set(xlabel="measured ms (median)", ylabel="predicted ms", title="predicted vs measured, every plan", xscale="log",
+          yscale="log")
+    a.legend()
+    b.bar(range(len(rows)), [r["regret"] for r in rows],
+          color=["tab:green" if r["regret"] <= 1.10 else "tab:red" for r in rows])
+    b.axhline(1.10, color="k", ls="--", lw=0.8)
+    b.set_xticks(range(len(rows)), [r["scenario"] for r in rows], rotation=90, fontsize=6)
+    b.set(ylabel="measured(chosen) / measured(best)", title="regret per scenario")
+    fig.tight_layout()
+    fig.savefig(out / "scenarios.png", dpi=110)
+
+
+async def main_async(args) -> dict:
+    runner = Runner(args.reps, args.warmup, args.quality_floor, args.busy_clients)
+    await runner.setup()
+    rows = []
+    try:
+        for sc in matrix(args.quick):
+            row = await runner.scenario(sc)
+            rows.append(row)
+            print(f"{row['scenario']:>28}: " + "  ".join(
+                f"{p} {row['predicted_ms'][p]:.0f}/{row['measured_ms'][p]:.0f}" for p in PLANS)
+                + f"  chose {row['chosen']} (best {row['best']}, regret {row['regret']:.2f})", flush=True)
+    finally:
+        await runner.close()
+    summary = summarise(rows)
+    if args.out:
+        write_report(rows, summary, Path(args.out), args)
+    return {"summary": summary, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="4 scenarios (two RTTs x cold/warm), for the test suite")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=2, help="requests per cloud plan before measuring a scenario")
+    ap.add_argument("--quality-floor", type=float, default=0.0)
+    ap.add_argument("--busy-clients", type=int, default=12)
+    ap.add_argument("--out", default="docs/planner")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    res = asyncio.run(main_async(args))
+    s = res["summary"]
+    print(json.dumps(res, indent=1) if args.json else
+          f"median |pred-meas|/meas {100 * s['median_abs_error']:.1f}% (goal <= 20%); regret <= 1.10 in "
+          f"{100 * s['regret_ok_fraction']:.0f}% of {s['scenarios']} scenarios (goal >= 90%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

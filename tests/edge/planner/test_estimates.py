@@ -1,0 +1,43 @@
+"""Estimates: absurd measurements refused and said, defaults said, EWMA, persistence, staleness."""
+
+import json
+import math
+
+from edge.planner.estimates import DEFAULTS, Estimates
+from edge.planner.planner import EdgeState, Planner
+
+
+def test_absurd_measurements_are_refused_and_noted():
+    e = Estimates()
+    for key, bad in [("up_bps", 0.0), ("rtt_ms", -3.0), ("disk_read_bps", math.inf), ("quality.edge.arith", 1.5),
+                     ("verify_ms", math.nan), ("down_bps", None)]:
+        assert e.observe(key, bad) is False
+        assert key not in e.values
+    assert len(e.notes) == 6 and "refused absurd" in e.notes[0]
+    assert e.get("up_bps") == DEFAULTS["up_bps"] and any("not measured yet" in n for n in e.notes)
+
+
+def test_ewma_family_defaults_and_persistence(tmp_path):
+    path = tmp_path / "cal" / "planner.json"
+    e = Estimates.open(path)
+    e.observe("rtt_ms", 10.0)
+    e.observe("rtt_ms", 20.0)
+    assert e.get("rtt_ms") == 13.0  # 0.7 * 10 + 0.3 * 20
+    e.observe("rtt_ms", 50.0, replace=True)
+    assert e.get("rtt_ms") == 50.0
+    e.observe("draft_tokens", 30.0)
+    assert e.get("draft_tokens.select") == 30.0  # a task never seen uses its family's measurement
+    e.save()
+    again = Estimates.open(path)
+    assert again.get("rtt_ms") == 50.0 and not again.stale("rtt_ms", 60) and again.stale("up_bps", 60)
+    path.write_text(json.dumps({"values": {"rtt_ms": -1, "up_bps": 1e6}}))
+    third = Estimates.open(path)
+    assert "rtt_ms" not in third.values and third.get("up_bps") == 1e6
+
+
+def test_planner_falls_back_to_defaults_and_says_so():
+    p = Planner(Estimates())
+    c = p.choose("arith", 40, 40, 5, EdgeState(2_000_000, "warm"), cloud_available=True)
+    assert c.plan in ("edge", "split", "cloud") and set(c.breakdowns) == {"edge", "split", "cloud"}
+    assert any("not measured yet" in n for n in c.notes)
+    assert p.choose("arith", 40, 40, 5, EdgeState(2_000_000, "cold"), cloud_available=False).plan == "edge"

@@ -1,0 +1,53 @@
+"""A small real scenario run (two RTTs through the shaping proxy, cold / warm edge, real cloud):
+the planner's choice must be the measured-fastest plan (within 10%); and the explain CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.scenarios import Runner, Scenario, summarise
+from edge.plan import main as plan_main
+
+pytestmark = pytest.mark.slow
+
+
+async def test_planner_picks_the_measured_faster_plan(cloud):
+    runner = Runner(reps=2, warmup=1, quality_floor=0.0, busy_clients=0)
+    await runner.setup(cloud)
+    rows = []
+    try:
+        for sc in (Scenario(1, 10e9, "warm", "idle"), Scenario(200, 10e9, "warm", "idle"),
+                   Scenario(1, 10e9, "cold", "idle"), Scenario(200, 10e9, "cold", "idle")):
+            rows.append(await runner.scenario(sc))
+    finally:
+        await runner.close()
+    for r in rows:
+        assert r["regret"] <= 1.10, r
+        assert r["measured_ms"]["cloud"] > r["measured_ms"]["edge"]  # the proxy's RTT is really on the path
+    slow = next(r for r in rows if r["rtt_ms"] == 200 and r["edge"] == "warm")
+    fast = next(r for r in rows if r["rtt_ms"] == 1 and r["edge"] == "warm")
+    assert slow["measured_ms"]["cloud"] - fast["measured_ms"]["cloud"] > 150  # ~200 ms added, measured
+    assert summarise(rows)["scenarios"] == 4
+
+
+def test_explain_cli(int8_draft, cloud, tmp_path, capsys):
+    args = ["--model", str(int8_draft), "--cloud", f"127.0.0.1:{cloud.port}", "--prompt",
+            "If x=3 and y=5, compute (x+y)^2-x*y.", "--json"]
+    assert plan_main(args) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["task"] == "arith" and r["chosen"] in r["plans"] and set(r["plans"]) == {"edge", "split", "cloud"}
+    assert {"rtt_ms", "disk_read_bps", "step_ms.1", "prefill_ms_per_token"} <= set(r["measured_keys"])
+    assert any("pcie_h2d_bps: unavailable" in n for n in r["notes"])
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"values": {"up_bps": 0, "rtt_ms": -5}}))
+    assert plan_main([*args[:-1], "--edge-state", "cold", "--calibration", str(cal), "--no-probe", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["plans"]["split"]["cold_start_ms"] > 0 and r["plans"]["cloud"]["cold_start_ms"] == 0
+    assert any("refused absurd" in n for n in r["notes"]) or any("default" in n for n in r["notes"])
+    assert plan_main([*args[:-1], "--prompt", "tell me a joke", "--json"]) == 2
+    assert "matches no task" in capsys.readouterr().err
+    text_args = [a for a in args if a != "--json"] + ["--explain"]
+    assert plan_main(text_args) == 0
+    assert "<- chosen" in capsys.readouterr().out
