@@ -61,7 +61,8 @@ class Planner:
 
     def choose(self, task: str, prompt_tokens: int, prompt_bytes: int, n: int, edge: EdgeState,
                cloud_available: bool) -> Choice:
-        self.est.notes.clear()
+        # "default used" caveats are re-derived per choice; probe / refusal caveats stay
+        self.est.notes[:] = [n for n in self.est.notes if "not measured yet" not in n]
         try:
             shape = self.shape(task, prompt_tokens, prompt_bytes, n)
             net, cloud = (self.net_profile(), self.cloud_profile()) if cloud_available else (None, None)

@@ -3,6 +3,7 @@ the planner's choice must be the measured-fastest plan (within 10%); and the exp
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -32,22 +33,26 @@ async def test_planner_picks_the_measured_faster_plan(cloud):
     assert summarise(rows)["scenarios"] == 4
 
 
-def test_explain_cli(int8_draft, cloud, tmp_path, capsys):
+async def test_explain_cli(int8_draft, cloud, tmp_path, capsys):
+    # the CLI runs its own event loop: in a thread, so that this loop keeps serving the cloud fixture
+    def plan_main_(a):
+        return asyncio.to_thread(plan_main, a)
+
     args = ["--model", str(int8_draft), "--cloud", f"127.0.0.1:{cloud.port}", "--prompt",
             "If x=3 and y=5, compute (x+y)^2-x*y.", "--json"]
-    assert plan_main(args) == 0
+    assert await plan_main_(args) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["task"] == "arith" and r["chosen"] in r["plans"] and set(r["plans"]) == {"edge", "split", "cloud"}
     assert {"rtt_ms", "disk_read_bps", "step_ms.1", "prefill_ms_per_token"} <= set(r["measured_keys"])
     assert any("pcie_h2d_bps: unavailable" in n for n in r["notes"])
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps({"values": {"up_bps": 0, "rtt_ms": -5}}))
-    assert plan_main([*args[:-1], "--edge-state", "cold", "--calibration", str(cal), "--no-probe", "--json"]) == 0
+    assert await plan_main_([*args[:-1], "--edge-state", "cold", "--calibration", str(cal), "--no-probe", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["plans"]["split"]["cold_start_ms"] > 0 and r["plans"]["cloud"]["cold_start_ms"] == 0
     assert any("refused absurd" in n for n in r["notes"]) or any("default" in n for n in r["notes"])
-    assert plan_main([*args[:-1], "--prompt", "tell me a joke", "--json"]) == 2
+    assert await plan_main_([*args[:-1], "--prompt", "tell me a joke", "--json"]) == 2
     assert "matches no task" in capsys.readouterr().err
     text_args = [a for a in args if a != "--json"] + ["--explain"]
-    assert plan_main(text_args) == 0
+    assert await plan_main_(text_args) == 0
     assert "<- chosen" in capsys.readouterr().out
