@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import random
 import statistics
 import sys
@@ -54,6 +55,24 @@ def matrix(quick: bool) -> list[Scenario]:
     edges = ("cold", "warm")
     clouds = ("idle",) if quick else ("idle", "busy")
     return [Scenario(r, b, e, c) for r, b, e, c in itertools.product(rtts, bws, edges, clouds)]
+
+
+def _renice_children(nice: int) -> int:
+    """Lower the priority of this process's children (vLLM's engine processes). On one 2-core box the
+    cloud and the edge share CPUs; a real edge box does not run the cloud's load. Niced, the loaded
+    cloud still queues and slows its own requests but no longer steals the edge's cores."""
+    try:
+        import psutil
+    except ImportError:
+        return 0
+    done = 0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            os.setpriority(os.PRIO_PROCESS, child.pid, nice)
+            done += 1
+        except OSError:
+            pass
+    return done
 
 
 async def _busy(stub, stop: asyncio.Event, prompts: list) -> None:
@@ -92,6 +111,8 @@ class Runner:
             cloud = await create_server(cfg)
             await cloud.attach_engine(await VllmEngine(cfg.engine).start())
         self.cloud = cloud
+        if self.own_cloud:
+            _renice_children(10)
         self.proxy = ShapingProxy("127.0.0.1", self.cloud.port)
         await self.proxy.start()
         self.direct = grpc.aio.insecure_channel(f"127.0.0.1:{self.cloud.port}")
@@ -131,8 +152,9 @@ class Runner:
         self._i += 1
         return p
 
-    async def _run(self, core, plan: str, p=None) -> tuple[float, dict[str, float], str]:
-        """One request with ``plan`` forced: (measured ms, predicted ms per plan, what auto would choose)."""
+    async def _run(self, core, plan: str, p=None) -> tuple[float, dict[str, float], str, set[str]]:
+        """One request with ``plan`` forced: (measured ms, predicted ms per plan, what auto would choose,
+        the plans the planner deems good enough)."""
         from edge.service import Done, SolveRequest
 
         p = p or self._next()
@@ -145,7 +167,8 @@ class Runner:
             if isinstance(ev, Done):
                 break
         ms = (time.perf_counter() - t0) * 1e3
-        return ms, {k: b.total_ms for k, b in choice.breakdowns.items()}, choice.plan
+        eligible = {k for k, b in choice.breakdowns.items() if b.quality >= self.quality_floor}
+        return ms, {k: b.total_ms for k, b in choice.breakdowns.items()}, choice.plan, eligible
 
     async def scenario(self, sc: Scenario) -> dict:
         from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
@@ -164,12 +187,14 @@ class Runner:
             measured: dict[str, list[float]] = {p: [] for p in PLANS}
             predicted: dict[str, list[float]] = {p: [] for p in PLANS}
             chosen: list[str] = []
+            eligible: set[str] = set()
             for _ in range(self.reps):
                 problem = self._next()  # paired: every plan answers the same question
                 for plan in PLANS:
                     core = self.warm_core if sc.edge == "warm" else await self._core(warm=False)
                     try:
-                        ms, pred, choice = await self._run(core, plan, problem)
+                        ms, pred, choice, ok = await self._run(core, plan, problem)
+                        eligible |= ok
                     finally:
                         if core is not self.warm_core:
                             await core.close()
@@ -184,8 +209,9 @@ class Runner:
         med = {p: statistics.median(v) for p, v in measured.items()}
         pred = {p: statistics.median(v) for p, v in predicted.items()}
         choice = max(set(chosen), key=chosen.count)
-        best = min(med, key=med.get)
-        return {"scenario": sc.name, "rtt_ms": sc.rtt_ms, "bandwidth_bps": sc.bandwidth_bps, "edge": sc.edge,
+        # the best plan among those the quality floor admits (all of them at floor 0)
+        best = min([p for p in med if p in eligible] or list(med), key=med.get)
+        return {"eligible": sorted(eligible), "scenario": sc.name, "rtt_ms": sc.rtt_ms, "bandwidth_bps": sc.bandwidth_bps, "edge": sc.edge,
                 "cloud": sc.cloud, "measured_ms": med, "predicted_ms": pred, "chosen": choice, "best": best,
                 "regret": med[choice] / med[best],
                 "errors": {p: abs(pred[p] - med[p]) / med[p] for p in PLANS}}
@@ -216,6 +242,7 @@ def write_report(rows: list[dict], summary: dict, out: Path, args) -> None:
              f"**{100 * summary['median_abs_error']:.1f}%** (goal <= 20%)",
              f"- regret <= 1.10 in **{100 * summary['regret_ok_fraction']:.0f}%** of scenarios (goal >= 90%); "
              f"worst regret {summary['max_regret']:.2f}", "",
+             "Regret is against the fastest measured plan among those whose expected quality meets the floor.", "",
              "| scenario | edge pred/meas ms | split pred/meas ms | cloud pred/meas ms | chosen | best | regret |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
