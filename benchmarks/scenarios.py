@@ -75,6 +75,29 @@ def _renice_children(nice: int) -> int:
     return done
 
 
+def _busy_process(port: int, clients: int, stop) -> None:
+    """Other edges keeping the cloud busy, in their own process: on one box, load generated on the
+    runner's event loop would slow the edge being measured, which other machines' load would not."""
+    from coinfer.tasks import TASKS, problems
+    from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
+
+    stream = problems(random.Random(9), tuple(TASKS), held_out=True)
+    prompts = [next(stream) for _ in range(32)]
+
+    async def run() -> None:
+        done = asyncio.Event()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            tasks = [asyncio.create_task(_busy(pb_grpc.CoinferCloudStub(ch), done, prompts)) for _ in range(clients)]
+            while not stop.is_set():
+                await asyncio.sleep(0.1)
+            done.set()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(run())
+
+
 async def _busy(stub, stop: asyncio.Event, prompts: list) -> None:
     from coinfer.v1 import coinfer_pb2 as pb
 
@@ -171,15 +194,20 @@ class Runner:
         return ms, {k: b.total_ms for k, b in choice.breakdowns.items()}, choice.plan, eligible
 
     async def scenario(self, sc: Scenario) -> dict:
+        import multiprocessing as mp
+
         from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
         from edge.planner import probes
 
         self.proxy.set(sc.rtt_ms, sc.bandwidth_bps)
-        stop = asyncio.Event()
-        load = [asyncio.create_task(_busy(pb_grpc.CoinferCloudStub(self.direct), stop, self.problems))
-                for _ in range(self.busy_clients if sc.cloud == "busy" else 0)]
+        ctx = mp.get_context("spawn")
+        stop = ctx.Event()
+        load = None
+        if sc.cloud == "busy" and self.busy_clients:
+            load = ctx.Process(target=_busy_process, args=(self.cloud.port, self.busy_clients, stop), daemon=True)
+            load.start()
         try:
-            await asyncio.sleep(0.5 if load else 0.0)
+            await asyncio.sleep(3.0 if load else 0.0)  # the load process starts and saturates the cloud
             await probes.calibrate(self.est, stub=pb_grpc.CoinferCloudStub(self.warm_core.link.channel))
             for _ in range(self.warmup):  # online updates: the planner learns this scenario's cloud
                 for plan in ("split", "cloud"):
@@ -203,9 +231,8 @@ class Runner:
                     chosen.append(choice)
         finally:
             stop.set()
-            for t in load:
-                t.cancel()
-            await asyncio.gather(*load, return_exceptions=True)
+            if load is not None:
+                await asyncio.to_thread(load.join, 30)
         med = {p: statistics.median(v) for p, v in measured.items()}
         pred = {p: statistics.median(v) for p, v in predicted.items()}
         choice = max(set(chosen), key=chosen.count)
