@@ -27,7 +27,8 @@ from edge.sampling import Sampling
 def batch_ratio(model_dir: Path, prompt: str, reps: int = 5, n: int = 5, tokens: int = 64) -> dict:
     eng = OrtDraftEngine(model_dir, allow_unverified=True)
     eng.warm_up()
-    # temperature 1, no EOS stop in practice for random weights; the demo draft stops at EOS
+
+    # temperature 1: random weights rarely emit EOS (budget-bound drafts); the demo draft stops at EOS
     def wall(k: int) -> float:
         times = []
         for r in range(reps):

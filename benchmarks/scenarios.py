@@ -138,7 +138,6 @@ class Runner:
             _renice_children(10)
         self.proxy = ShapingProxy("127.0.0.1", self.cloud.port)
         await self.proxy.start()
-        self.direct = grpc.aio.insecure_channel(f"127.0.0.1:{self.cloud.port}")
         stream = problems(random.Random(5), tuple(TASKS), held_out=True)
         self.problems = [next(stream) for _ in range(64)]
         self.est = Estimates()  # one calibration store across the run, as one edge box keeps it
@@ -181,9 +180,7 @@ class Runner:
         from edge.service import Done, SolveRequest
 
         p = p or self._next()
-        bpt = self.est.values.get("bytes_per_token", 1.0)
-        nbytes = len(p.prompt.encode())
-        choice = core.planner.choose(p.task, max(1, round(nbytes / bpt)), nbytes, core.link.recommended_drafts,
+        choice = core.planner.choose(p.task, *core.planner.prompt_size(p.prompt), core.link.recommended_drafts,
                                      core._edge_state(), cloud_available=True)
         t0 = time.perf_counter()
         async for ev in core.solve(SolveRequest(p.prompt, p.task, plan=plan)):
@@ -245,7 +242,6 @@ class Runner:
 
     async def close(self) -> None:
         await self.warm_core.close()
-        await self.direct.close()
         await self.proxy.close()
         if self.own_cloud:
             await self.cloud.stop(grace=1)

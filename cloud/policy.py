@@ -28,8 +28,13 @@ def rank_scores(scores: Sequence[float], latencies_s: Sequence[float], a: float,
     the verifier agrees with itself across drafts); it matters when ranks of
     different sessions or rounds are compared.
     """
-    spread = statistics.pstdev(scores) if len(scores) > 1 else 0.0
-    return [a * s + b * (1.0 - spread) - g * lat for s, lat in zip(scores, latencies_s)]
+    agree = agreement(scores)
+    return [a * s + b * agree - g * lat for s, lat in zip(scores, latencies_s)]
+
+
+def agreement(scores: Sequence[float]) -> float:
+    """1 - std of the verifier's scores across a session's drafts (seed 3.1's agreement term)."""
+    return 1.0 - (statistics.pstdev(scores) if len(scores) > 1 else 0.0)
 
 
 def consensus_prefix(drafts: Sequence[Sequence[str]], min_support: int) -> list[str]:

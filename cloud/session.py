@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import statistics
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 
 from cloud.config import CloudConfig
 from cloud.engine import GenParams, TargetEngine
-from cloud.policy import consensus_prefix, likelihood_score, load_scaled_g, rank_scores, refine_max_tokens
+from cloud.policy import agreement, consensus_prefix, likelihood_score, load_scaled_g, rank_scores, refine_max_tokens
 from cloud.verifier import JUDGE_MAX_TOKENS, JUDGE_SCHEMA, judge_prompt, parse_judge
 from coinfer import types as t
 from coinfer.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
@@ -134,15 +133,14 @@ class Session:
         """Label each ranked draft for the weight learner: graded right, else agrees with the answer."""
         if not ranked:
             return
-        scores = [j.verdict.score for j, _ in ranked]
-        agreement = 1.0 - (statistics.pstdev(scores) if len(scores) > 1 else 0.0)
+        agree = agreement([j.verdict.score for j, _ in ranked])
         final_key = self.task.structure_key(self.task.parse_answer(answer))
         for j, _ in ranked:
             try:
                 label = float(self.task.grade(self.spec, j.parsed))
             except Exception:  # noqa: BLE001 - a task that cannot grade: agreement with the answer
                 label = float(self.task.structure_key(j.parsed) == final_key)
-            self.outcome.append((j.verdict.score, agreement, j.verdict.verify_ms / 1e3, label))
+            self.outcome.append((j.verdict.score, agree, j.verdict.verify_ms / 1e3, label))
 
     async def _generate(self, prefix: str, max_tokens: int, tag: str, out: asyncio.Queue) -> tuple[str, float]:
         """Stream the target's answer after ``prefix``; returns (text, time to first token ms)."""

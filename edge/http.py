@@ -143,10 +143,7 @@ def create_app(core: EdgeCore) -> FastAPI:
                 yield ev
 
         if not body.stream:
-            text, done = "", None
-            async for ev in all_events():
-                if isinstance(ev, Done):
-                    done = ev
+            done = [ev async for ev in all_events() if isinstance(ev, Done)][-1]
             text = done.result.answer
             choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
                       if chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"})

@@ -19,6 +19,12 @@ import onnxruntime as ort
 ACCELERATORS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
 
 
+def model_files(model_dir: Path) -> list[Path]:
+    """The graph and external-weight files of a model directory (what a cold start reads)."""
+    return sorted(p for p in Path(model_dir).iterdir()
+                  if p.suffix in (".onnx", ".data") or p.name.endswith(".onnx_data"))
+
+
 def default_providers() -> list[str]:
     """CUDA when this onnxruntime build has it, else CPU (TensorRT only when asked for)."""
     avail = ort.get_available_providers()

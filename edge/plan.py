@@ -35,11 +35,9 @@ async def explain(args) -> dict:
         state = core._edge_state()
         if args.edge_state != "auto":
             state = EdgeState(state.model_bytes, args.edge_state, 0.0, state.gpu)
-        bpt = core.planner.est.values.get("bytes_per_token", 1.0)
-        nbytes = len(args.prompt.encode())
         n = args.num_drafts or core.link.recommended_drafts
         cloud_ok = core.link.enabled and core.link.serving
-        choice = core.planner.choose(task, max(1, round(nbytes / bpt)), nbytes, n, state, cloud_ok)
+        choice = core.planner.choose(task, *core.planner.prompt_size(args.prompt), n, state, cloud_ok)
         return {"task": task, "num_drafts": n, "edge_state": state.state, "model_bytes": state.model_bytes,
                 "cloud": {"configured": core.link.enabled, "serving": core.link.serving},
                 "chosen": choice.plan, "reason": choice.reason,

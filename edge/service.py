@@ -20,6 +20,7 @@ from edge.config import PLANS, EdgeConfig
 from edge.draft_engine import OrtDraftEngine
 from edge.link import CloudLink
 from edge.metrics import EdgeMetrics
+from edge.onnx_lm import model_files
 from edge.pipeline import CloudFailed, EdgePipeline, EdgeResult, Plan
 from edge.planner import probes
 from edge.planner.cost import cold_start_ms
@@ -76,8 +77,7 @@ class EdgeCore:
         self._load_lock = asyncio.Lock()
         self._load_started = 0.0
         self.planner = Planner(Estimates.open(cfg.planner_state), cfg.quality_floor)
-        self.model_bytes = sum(f.stat().st_size for f in Path(cfg.model).glob("*.onnx*")) if Path(cfg.model).is_dir() \
-            else 0
+        self.model_bytes = sum(f.stat().st_size for f in model_files(cfg.model)) if Path(cfg.model).is_dir() else 0
         self._probe: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -98,8 +98,9 @@ class EdgeCore:
                     break
                 await asyncio.sleep(0.05)
             stub = pb_grpc.CoinferCloudStub(self.link.channel)
-        model = next(iter(sorted(Path(self.cfg.model).glob("*.onnx"))), None)
-        return await probes.calibrate(self.planner.est, model, self.engine.lm if self.engine else None, stub)
+        model = Path(self.cfg.model) / "model.onnx"
+        return await probes.calibrate(self.planner.est, model if model.is_file() else None,
+                                      self.engine.lm if self.engine else None, stub)
 
     def _edge_state(self) -> EdgeState:
         gpu = bool(self.engine and self.engine.providers[0] == "CUDAExecutionProvider")
@@ -161,16 +162,14 @@ class EdgeCore:
         s.validate("sampling", c.max_drafts, c.max_new_tokens)
         return s, (req.deadline_ms or c.deadline_ms) / 1e3
 
-    def _plan(self, req: SolveRequest, n: int) -> tuple[Plan, str, str, EdgeState, object]:
+    def _plan(self, req: SolveRequest, n: int, size: tuple[int, int]) -> tuple[Plan, str, str, EdgeState, object]:
         """(plan to run, why the cloud is skipped if it is, why this plan, edge state, choice)."""
         asked = self.cfg.plan if req.plan == "auto" and self.cfg.plan != "auto" else req.plan
         edge = self._edge_state()
         cloud_ok = self.link.enabled and self.link.breaker.state != "open"
         choice = None
         if asked == "auto":
-            bpt = self.planner.est.values.get("bytes_per_token", 1.0)
-            nbytes = len(req.prompt.encode())
-            choice = self.planner.choose(req.task, max(1, round(nbytes / bpt)), nbytes, n, edge, cloud_ok)
+            choice = self.planner.choose(req.task, *size, n, edge, cloud_ok)
             asked, why = choice.plan, choice.reason
         else:
             why = "requested"
@@ -185,7 +184,8 @@ class EdgeCore:
     async def solve(self, req: SolveRequest) -> AsyncIterator[object]:
         """Events: t.Draft, t.Verdict, t.AnswerChunk ..., then one Done."""
         s, deadline_s = self._validate(req)
-        plan, skipped, why, edge_was, choice = self._plan(req, s.n)
+        size = self.planner.prompt_size(req.prompt)
+        plan, skipped, why, edge_was, choice = self._plan(req, s.n, size)
         self._maybe_reprobe()
         if plan is Plan.CLOUD and self.engine is None:
             # serve this request from the cloud while the edge model warms in the background
@@ -238,9 +238,7 @@ class EdgeCore:
             if choice is not None and plan.value in choice.breakdowns:
                 b = choice.breakdowns[plan.value]
                 result.predicted = {k: v for k, v in b.as_dict().items() if k.endswith("_ms")}
-            bpt = self.planner.est.values.get("bytes_per_token", 1.0)
-            nbytes = len(req.prompt.encode())
-            self.planner.observe(plan.value, req.task, max(1, round(nbytes / bpt)), nbytes, s.n, result, edge_was)
+            self.planner.observe(plan.value, req.task, *size, s.n, result, edge_was)
             if result.fallback_reason:
                 self.metrics.fallbacks.labels(result.fallback_reason.split(":")[0][:40]).inc()
             if not first:

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import onnx
+
 from coinfer.manifest import sha256_file
 
 MODEL_FILE = "model.onnx"
@@ -56,3 +58,19 @@ def model_file(model_dir: Path) -> Path:
     if not path.is_file():
         raise ArtifactError(f"{path}: missing; expected a model directory from `export`")
     return path
+
+
+def load_checked(path: Path) -> onnx.ModelProto:
+    """The ONNX graph at ``path`` (weights not loaded), or ArtifactError if it is not a usable one."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+        onnx.checker.check_model(model)
+    except Exception as exc:  # DecodeError, ValidationError, ...: all mean "not a usable ONNX file"
+        raise ArtifactError(f"{path}: not a valid ONNX model ({type(exc).__name__}: {str(exc)[:200]})") from None
+    return model
+
+
+def opset_of(path: Path) -> int | None:
+    """The default-domain opset of the model at ``path`` (for the manifest)."""
+    model = onnx.load(str(path), load_external_data=False)
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)

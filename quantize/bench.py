@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import threading
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.planner.probes import drop_page_cache
+from edge.planner.probes import decode_steps, read_cold
 
 
 @dataclass(frozen=True)
@@ -55,48 +54,24 @@ class BenchConfig:
             raise ValueError("warmup_steps / threads: out of range (0..100 / 0..256)")
 
 
-def model_files(model_dir: Path) -> list[Path]:
-    return sorted(p for p in model_dir.iterdir() if p.suffix in (".onnx", ".data") or p.name.endswith(".onnx_data"))
-
-
 def measure(model_dir: Path, cfg: BenchConfig) -> dict:
     """One model, in this process (the worker side of ``bench``)."""
-    from edge.onnx_lm import OnnxLM
+    from edge.onnx_lm import OnnxLM, model_files
 
     files = model_files(model_dir)
-    dropped = all([drop_page_cache(f) for f in files])
-    t0 = time.perf_counter()
-    for f in files:
-        with f.open("rb") as fh:
-            while fh.read(1 << 24):
-                pass
-    read_ms = (time.perf_counter() - t0) * 1e3
+    read_s, dropped = read_cold(files)
     t0 = time.perf_counter()
     lm = OnnxLM(model_dir / "model.onnx", providers=list(cfg.providers), threads=cfg.threads or None)
     session_ms = (time.perf_counter() - t0) * 1e3
     prompt = np.array([[4 + i % 16 for i in range(cfg.prompt_tokens)]], np.int64)
     t0 = time.perf_counter()
-    logits, past0 = lm.step(prompt, lm.empty_past())
-    first = logits.argmax(-1, keepdims=True).astype(np.int64)
+    lm.step(prompt, lm.empty_past())[0].argmax(-1)
     first_token_ms = (time.perf_counter() - t0) * 1e3
-
-    def decode(batch: int) -> float:
-        ids = np.repeat(first, batch, axis=0)
-        past = [np.repeat(p, batch, axis=0) for p in past0]
-        times = []
-        for i in range(cfg.warmup_steps + cfg.decode_steps):
-            t = time.perf_counter()
-            logits, past = lm.step(ids, past)
-            ids = logits.argmax(-1, keepdims=True).astype(np.int64)
-            if i >= cfg.warmup_steps:
-                times.append((time.perf_counter() - t) * 1e3)
-        return statistics.median(times)
-
-    b1 = decode(1)
-    bn = decode(cfg.batch)
+    _, steps = decode_steps(lm, sizes=(1, cfg.batch), steps=cfg.decode_steps, prompt_tokens=cfg.prompt_tokens,
+                            warmup=cfg.warmup_steps)
     return {"model": str(model_dir), "providers": lm.providers, "file_bytes": sum(f.stat().st_size for f in files),
-            "page_cache_dropped": dropped, "read_ms": read_ms, "session_ms": session_ms,
-            "first_token_ms": first_token_ms, "decode_ms_b1": b1, f"decode_ms_step_b{cfg.batch}": bn,
+            "page_cache_dropped": dropped, "read_ms": read_s * 1e3, "session_ms": session_ms,
+            "first_token_ms": first_token_ms, "decode_ms_b1": steps[1], f"decode_ms_step_b{cfg.batch}": steps[cfg.batch],
             "batch": cfg.batch, "peak_rss_mb": peak_rss_mb()}
 
 

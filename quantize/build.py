@@ -6,14 +6,12 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import onnx
 from tqdm import tqdm
 
 from coinfer.manifest import sha256_file, write_manifest
-from edge.draft_engine import OrtDraftEngine
-from quantize.artifact import MODEL_FILE, ArtifactError, copy_sidecars, model_file, staged, tokenizer_hash
+from quantize.artifact import MODEL_FILE, copy_sidecars, load_checked, model_file, opset_of, staged, tokenizer_hash
 from quantize.check import check_structure
-from quantize.gates import GateConfig, gate_report, run_gates
+from quantize.gates import GateConfig, gate_dirs, gate_report
 from quantize.int8 import PROVIDERS, QuantConfig, quantize_model
 from quantize.prompts import TaskPrompt, read_prompt_file, task_prompts
 
@@ -37,15 +35,6 @@ class CheckFailed(RuntimeError):
     def __init__(self, report: dict) -> None:
         super().__init__("; ".join(report["failures"]))
         self.report = report
-
-
-def load_checked(path: Path) -> onnx.ModelProto:
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-        onnx.checker.check_model(model)
-    except Exception as exc:  # DecodeError, ValidationError, ...: all mean "not a usable ONNX file"
-        raise ArtifactError(f"{path}: not a valid ONNX model ({type(exc).__name__}: {str(exc)[:200]})") from None
-    return model
 
 
 def calibration_prompts(cfg: QuantConfig, opts: BuildOptions) -> list[TaskPrompt]:
@@ -80,18 +69,13 @@ def int8_dir(src_dir: Path, out_dir: Path, cfg: QuantConfig = QuantConfig(), opt
                         "structure": {"weights_checked": checked, "problems": problems}}
         failures = [f"structure: {p}" for p in problems[:3]]
         if opts.gates is not None:
-            reference = OrtDraftEngine(src_dir, providers=["CPUExecutionProvider"])
-            candidate = OrtDraftEngine(tmp, providers=["CPUExecutionProvider"], allow_unverified=True)
-            gate_prompts = task_prompts(opts.gates.prompts, held_out=True, seed=2)
-            with tqdm(total=len(gate_prompts), desc="gates", unit="prompt", disable=not opts.progress) as bar:
-                results = run_gates(reference, candidate, gate_prompts, opts.gates, on_prompt=bar.update)
+            results = gate_dirs(src_dir, tmp, opts.gates, opts.progress, allow_unverified=True)  # no manifest yet
             report["gates"] = gate_report(results, opts.gates)
             failures += [r.message for r in results if not r.passed]
         report["failures"] = failures
         write_manifest(tmp, {
             "scheme": cfg.scheme, "params": report["params"],
-            "opset": next((o.version for o in onnx.load(str(tmp / MODEL_FILE), load_external_data=False).opset_import
-                           if o.domain in ("", "ai.onnx")), None),
+            "opset": opset_of(tmp / MODEL_FILE),
             "source": {"path": str(src_dir), "sha256": sha256_file(src)},
             "tokenizer_sha256": tokenizer_hash(tmp), "providers": PROVIDERS[cfg.scheme],
             "checks": {"structure": report["structure"], "gates": report.get("gates"), "passed": not failures},

@@ -27,7 +27,7 @@ import sys
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from quantize.artifact import MODEL_FILE, ArtifactError, model_file
+from quantize.artifact import MODEL_FILE, ArtifactError, load_checked, model_file
 from quantize.gates import GateConfig
 from quantize.int8 import SCHEMES, QuantConfig
 from quantize.prompts import PromptFileError
@@ -83,8 +83,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     from quantize.check import check_structure
 
     path = model_file(args.dir)
-    from quantize.build import load_checked
-
     load_checked(path)
     report: dict = {}
     failures: list[str] = []
@@ -104,18 +102,11 @@ def cmd_check(args: argparse.Namespace) -> int:
         lines.append(f"placement ({', '.join(pl.session)}): " + ", ".join(f"{k} {v} nodes" for k, v in pl.nodes.items())
                      + ("" if pl.ok else "\n  " + "\n  ".join(pl.problems)))
     if args.reference:
-        from tqdm import tqdm
-
-        from edge.draft_engine import OrtDraftEngine
-        from quantize.gates import gate_report, run_gates
-        from quantize.prompts import task_prompts
+        from quantize.gates import gate_dirs, gate_report
 
         cfg = _gate_config(args)
-        ref = OrtDraftEngine(args.reference, providers=["CPUExecutionProvider"])
-        cand = OrtDraftEngine(path.parent, providers=["CPUExecutionProvider"], allow_unverified=args.allow_unverified)
-        prompts = task_prompts(cfg.prompts, held_out=True, seed=2)
-        with tqdm(total=len(prompts), desc="gates", unit="prompt", disable=args.quiet or args.json) as bar:
-            results = run_gates(ref, cand, prompts, cfg, on_prompt=bar.update)
+        results = gate_dirs(args.reference, path.parent, cfg, progress=not (args.quiet or args.json),
+                            allow_unverified=args.allow_unverified)
         report["gates"] = gate_report(results, cfg)
         failures += [r.message for r in results if not r.passed]
         lines += [r.message for r in results]

@@ -22,7 +22,7 @@ from transformers import AutoConfig, LlamaForCausalLM
 
 from coinfer.manifest import sha256_file, write_manifest
 from edge.onnx_lm import OnnxLM
-from quantize.artifact import MODEL_FILE, ArtifactError, copy_sidecars, staged, tokenizer_hash
+from quantize.artifact import MODEL_FILE, ArtifactError, copy_sidecars, opset_of, staged, tokenizer_hash
 from quantize.llama_graph import ExportLlama, io_names
 
 log = logging.getLogger(__name__)
@@ -80,9 +80,8 @@ def _sample_inputs(model: ExportLlama, batch: int, past: int, new: int) -> tuple
     return (ids, mask, pos, *kv)
 
 
-def export_onnx(model_dir: Path, out_path: Path, opset: int = 18) -> None:
-    """Export ``model_dir`` to ``out_path`` (FP32, single file)."""
-    hf = load_source(model_dir)
+def export_onnx(hf: LlamaForCausalLM, out_path: Path, opset: int = 18) -> None:
+    """Export the loaded source model to ``out_path`` (FP32, single file)."""
     m = ExportLlama(hf).eval()
     inputs, outputs = io_names(m.num_layers)
     # Dim.AUTO: the mask length is past + new, a relation torch.export infers itself
@@ -99,10 +98,9 @@ def export_onnx(model_dir: Path, out_path: Path, opset: int = 18) -> None:
     onnx.checker.check_model(str(out_path), full_check=True)
 
 
-def parity(model_dir: Path, onnx_path: Path, prompt_ids: list[int], steps: int = 16) -> Parity:
+def parity(hf: LlamaForCausalLM, onnx_path: Path, prompt_ids: list[int], steps: int = 16) -> Parity:
     """Greedy decode ``steps`` tokens with torch (HF, full recompute) and feed the same tokens to
     ONNX Runtime one by one on its KV path; compare the logits at every position."""
-    hf = load_source(model_dir)
     ids = list(prompt_ids)
     ref = []
     with torch.no_grad():
@@ -128,19 +126,19 @@ def export_dir(model_dir: Path, out_dir: Path, parity_prompt: list[int] | None =
     """Export to ``out_dir`` (model.onnx + tokenizer + export.json + manifest.json), atomically."""
     if dtype not in DTYPES:
         raise ExportError(f"dtype: unknown {dtype!r} (known: {', '.join(DTYPES)})")
-    load_source(model_dir)  # bad input fails before a temp dir exists
+    hf = load_source(model_dir)  # once; bad input fails before a temp dir exists
     with staged(out_dir) as tmp:
-        export_onnx(model_dir, tmp / MODEL_FILE)
+        export_onnx(hf, tmp / MODEL_FILE)
         if dtype == "fp16":
             to_fp16(tmp / MODEL_FILE, tmp / "model.fp16.onnx")
             (tmp / "model.fp16.onnx").replace(tmp / MODEL_FILE)
         copy_sidecars(model_dir, tmp)
         report: dict = {"source": str(model_dir), "precision": dtype}
         if parity_prompt is not None:
-            report["parity"] = asdict(parity(model_dir, tmp / MODEL_FILE, parity_prompt, parity_steps))
+            report["parity"] = asdict(parity(hf, tmp / MODEL_FILE, parity_prompt, parity_steps))
         (tmp / "export.json").write_text(json.dumps(report, indent=2))
         write_manifest(tmp, {
-            "scheme": dtype, "opset": onnx.load(str(tmp / MODEL_FILE), load_external_data=False).opset_import[0].version,
+            "scheme": dtype, "opset": opset_of(tmp / MODEL_FILE),
             "source": {"path": str(model_dir), "sha256": _source_hash(model_dir)},
             "tokenizer_sha256": tokenizer_hash(tmp),
             "providers": ["CPUExecutionProvider", "CUDAExecutionProvider"], "checks": {"parity": report.get("parity")},

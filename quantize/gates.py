@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from coinfer.tasks import TASKS
 from edge.draft_engine import OrtDraftEngine
@@ -67,6 +68,12 @@ class GateResult:
         return f"{self.name} {self.value:.3f} (needs {op} {self.threshold:.3f}): {verdict}; {self.detail}"
 
 
+def _correct(engine: OrtDraftEngine, p: TaskPrompt, s: Sampling) -> int:
+    """How many of the drafts ``engine`` samples for ``p`` the task grades right."""
+    task = TASKS[p.problem.task]
+    return sum(task.grade(p.problem.spec, task.parse_answer(d.text)) for d in engine.generate(p.text, s))
+
+
 def run_gates(reference: OrtDraftEngine, candidate: OrtDraftEngine, prompts: Sequence[TaskPrompt],
               cfg: GateConfig = GateConfig(), on_prompt: Callable[[], None] | None = None) -> list[GateResult]:
     cfg.validate()
@@ -81,15 +88,10 @@ def run_gates(reference: OrtDraftEngine, candidate: OrtDraftEngine, prompts: Seq
         cand_tokens, _ = candidate.lm.greedy(ids, cfg.max_new_tokens, candidate.eos_ids)
         same += cand_tokens == ref_tokens
         if p.problem is not None:
-            task = TASKS[p.problem.task]
             s = Sampling(n=cfg.drafts, temperature=cfg.temperature, top_p=1.0, presence_penalty=0.0,
                          frequency_penalty=0.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 1000 * i)
-            for engine, bump in ((reference, 0), (candidate, 1)):
-                ok = sum(task.grade(p.problem.spec, task.parse_answer(d.text)) for d in engine.generate(p.text, s))
-                if bump:
-                    cand_ok += ok
-                else:
-                    ref_ok += ok
+            ref_ok += _correct(reference, p, s)
+            cand_ok += _correct(candidate, p, s)
             graded += cfg.drafts
         if on_prompt is not None:
             on_prompt()
@@ -112,3 +114,17 @@ def run_gates(reference: OrtDraftEngine, candidate: OrtDraftEngine, prompts: Seq
 def gate_report(results: list[GateResult], cfg: GateConfig) -> dict:
     return {"passed": all(r.passed for r in results), "config": asdict(cfg),
             "gates": [asdict(r) | {"message": r.message} for r in results]}
+
+
+def gate_dirs(reference_dir: Path, candidate_dir: Path, cfg: GateConfig = GateConfig(), progress: bool = True,
+              allow_unverified: bool = False) -> list[GateResult]:
+    """Run the gates of ``candidate_dir`` against ``reference_dir`` on held-out task prompts, on CPU."""
+    from tqdm import tqdm
+
+    from quantize.prompts import task_prompts
+
+    reference = OrtDraftEngine(reference_dir, providers=["CPUExecutionProvider"])
+    candidate = OrtDraftEngine(candidate_dir, providers=["CPUExecutionProvider"], allow_unverified=allow_unverified)
+    prompts = task_prompts(cfg.prompts, held_out=True, seed=2)
+    with tqdm(total=len(prompts), desc="gates", unit="prompt", disable=not progress) as bar:
+        return run_gates(reference, candidate, prompts, cfg, on_prompt=bar.update)

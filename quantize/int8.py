@@ -144,7 +144,9 @@ def quantize_model(src: Path, dst: Path, cfg: QuantConfig, calibration: Callable
         else:
             from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-            k_max = max(_k_of(model, n) for n in nodes)
+            inits = {i.name: i for i in model.graph.initializer}
+            chosen = set(nodes)
+            k_max = max(int(inits[n.input[1]].dims[0]) for n in model.graph.node if n.name in chosen)
             block = cfg.block_size or max(16, 1 << (k_max - 1).bit_length())
             if not cfg.per_channel:  # one scale for a whole weight: a block as long as the weight
                 raise ValueError("per_channel: weight-only quantization is always per output channel")
@@ -188,9 +190,3 @@ def fp16_embeddings(path: Path) -> list[str]:
     if done:
         onnx.save(model, str(path))
     return done
-
-
-def _k_of(model: onnx.ModelProto, node_name: str) -> int:
-    inits = {i.name: i for i in model.graph.initializer}
-    node = next(n for n in model.graph.node if n.name == node_name)
-    return int(inits[node.input[1]].dims[0])

@@ -10,6 +10,7 @@ Online updates (each finished request):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -31,6 +32,11 @@ class Planner:
     def __init__(self, est: Estimates, quality_floor: float = 0.0) -> None:
         self.est = est
         self.quality_floor = quality_floor
+
+    def prompt_size(self, prompt: str) -> tuple[int, int]:
+        """(tokens, bytes) of a prompt, tokens estimated from the measured bytes per token."""
+        nbytes = len(prompt.encode())
+        return max(1, round(nbytes / self.est.values.get("bytes_per_token", 1.0))), nbytes
 
     # ---- profiles ------------------------------------------------------------------
     def edge_profile(self, s: EdgeState) -> EdgeProfile:
@@ -104,24 +110,23 @@ class Planner:
         if not result.fallback_reason:
             e.observe(f"quality.{plan}.{task}", 1.0 if result.valid else 0.0)
         s = result.summary
-        net = self.net_profile()
-        if plan == "split" and s is not None and not result.fallback_reason:
-            e.observe(f"rounds.{task}", float(max(1, result.rounds)))
-        if plan == "split" and s is not None and not result.fallback_reason and edge_was.state == "warm":
-            tm = s.timings
-            if tm.refine_ttft_ms > 0:
-                e.observe("refine_ttft_ms", tm.refine_ttft_ms)
-            at = max(1.0, e.get(f"answer_tokens.{task}"))
-            if tm.refine_ms > tm.refine_ttft_ms:
-                e.observe("refine_ms_per_token", (tm.refine_ms - tm.refine_ttft_ms) / at)
-            shape = self.shape(task, prompt_tokens, prompt_bytes, n)
-            r = max(1, result.rounds)
-            transfer = r * net.rtt_ms + (shape.prompt_bytes + shape.draft_bytes) / net.up_bps * 1e3 \
-                + shape.answer_bytes / net.down_bps * 1e3
-            extra = t.get("total", 0.0) - t.get("drafting", 0.0) - tm.refine_ms - transfer - e.get("queue_ms")
-            e.observe("verify_ms", max(0.0, extra / r))
-        if plan == "cloud" and s is not None and not result.fallback_reason:
-            shape = self.shape(task, prompt_tokens, prompt_bytes, n)
-            transfer = net.rtt_ms + shape.prompt_bytes / net.up_bps * 1e3 + shape.answer_bytes / net.down_bps * 1e3
-            e.observe("cloud_answer_ms", max(0.0, t.get("total", 0.0) - transfer - e.get("queue_ms")))
+        if s is not None and not result.fallback_reason and plan in ("split", "cloud"):
+            # the cost model's own transfer term, with the rounds this request really took
+            shape = dataclasses.replace(self.shape(task, prompt_tokens, prompt_bytes, n),
+                                        rounds=float(max(1, result.rounds)))
+            transfer = predict(plan, shape, self.edge_profile(edge_was), self.net_profile(), self.cloud_profile(),
+                               0.0).transfer_ms
+            if plan == "cloud":
+                e.observe("cloud_answer_ms", max(0.0, t.get("total", 0.0) - transfer - e.get("queue_ms")))
+            else:
+                e.observe(f"rounds.{task}", shape.rounds)
+                if edge_was.state == "warm":
+                    tm = s.timings
+                    if tm.refine_ttft_ms > 0:
+                        e.observe("refine_ttft_ms", tm.refine_ttft_ms)
+                    at = max(1.0, e.get(f"answer_tokens.{task}"))
+                    if tm.refine_ms > tm.refine_ttft_ms:
+                        e.observe("refine_ms_per_token", (tm.refine_ms - tm.refine_ttft_ms) / at)
+                    extra = t.get("total", 0.0) - t.get("drafting", 0.0) - tm.refine_ms - transfer - e.get("queue_ms")
+                    e.observe("verify_ms", max(0.0, extra / shape.rounds))
         e.save()

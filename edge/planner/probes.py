@@ -28,16 +28,22 @@ def drop_page_cache(path: Path) -> bool:
         return False
 
 
-def disk_read_bps(path: Path) -> float | None:
-    """Bytes/s reading ``path`` cold (page cache dropped first)."""
-    try:
-        size = path.stat().st_size
-        drop_page_cache(path)
-        t0 = time.perf_counter()
+def read_cold(paths: list[Path]) -> tuple[float, bool]:
+    """(seconds to read ``paths`` whole, whether their page cache could be dropped first)."""
+    dropped = all([drop_page_cache(p) for p in paths])
+    t0 = time.perf_counter()
+    for path in paths:
         with path.open("rb") as f:
             while f.read(1 << 24):
                 pass
-        return size / max(time.perf_counter() - t0, 1e-9)
+    return time.perf_counter() - t0, dropped
+
+
+def disk_read_bps(path: Path) -> float | None:
+    """Bytes/s reading ``path`` cold (page cache dropped first)."""
+    try:
+        seconds, _ = read_cold([path])
+        return path.stat().st_size / max(seconds, 1e-9)
     except OSError as exc:
         log.warning("disk probe failed: %s", exc)
         return None
@@ -63,9 +69,10 @@ def pcie_h2d_bps(nbytes: int = 64 << 20) -> float | None:
         return None
 
 
-def decode_steps(lm, sizes: tuple[int, ...] = (1, 2, 5, 8), steps: int = 6,
-                 prompt_tokens: int = 32) -> tuple[float, dict[int, float]]:
-    """(prefill ms per prompt token, {batch size: median decode step ms}) on a loaded OnnxLM."""
+def decode_steps(lm, sizes: tuple[int, ...] = (1, 2, 5, 8), steps: int = 6, prompt_tokens: int = 32,
+                 warmup: int = 1) -> tuple[float, dict[int, float]]:
+    """(prefill ms per prompt token, {batch size: median of ``steps`` decode step ms after ``warmup``})
+    on a loaded OnnxLM; the prompt cache is tiled to each batch size, as the edge drafts."""
     prompt = np.array([[4 + i % 16 for i in range(prompt_tokens)]], np.int64)
     lm.step(prompt, lm.empty_past())  # warm
     t0 = time.perf_counter()
@@ -76,12 +83,12 @@ def decode_steps(lm, sizes: tuple[int, ...] = (1, 2, 5, 8), steps: int = 6,
         ids = np.repeat(logits.argmax(-1, keepdims=True).astype(np.int64), n, axis=0)
         past = lm.tile(past0, n)
         times = []
-        for _ in range(steps + 1):
+        for _ in range(warmup + steps):
             t = time.perf_counter()
             lg, past = lm.step(ids, past)
             times.append((time.perf_counter() - t) * 1e3)
             ids = lg.argmax(-1, keepdims=True).astype(np.int64)
-        out[n] = statistics.median(times[1:])
+        out[n] = statistics.median(times[warmup:])
     return prefill, out
 
 
