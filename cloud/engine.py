@@ -30,6 +30,14 @@ class GenParams:
     seed: int | None = None
 
 
+@dataclass(frozen=True)
+class Chunk:
+    """Generated text and how many tokens it took (a chunk may carry tokens and no text: EOS)."""
+
+    text: str
+    tokens: int
+
+
 @dataclass
 class EngineStats:
     running: int
@@ -53,11 +61,11 @@ class TargetEngine(ABC):
     """What the cloud needs from a model server."""
 
     @abstractmethod
-    def generate(self, prompt: str, params: GenParams, request_id: str) -> AsyncIterator[str]:
-        """Stream text deltas of a completion of ``prompt`` (BOS added by the tokenizer)."""
+    def generate(self, prompt: str, params: GenParams, request_id: str) -> AsyncIterator[Chunk]:
+        """Stream deltas of a completion of ``prompt`` (BOS added by the tokenizer)."""
 
     @abstractmethod
-    async def sample(self, prompt: str, params: GenParams, n: int, request_id: str) -> list[str]:
+    async def sample(self, prompt: str, params: GenParams, n: int, request_id: str) -> list[Chunk]:
         """``n`` independent completions of ``prompt`` in one request (not streamed)."""
 
     @abstractmethod
@@ -173,22 +181,23 @@ class VllmEngine(TargetEngine):
         finally:
             self._running -= 1
 
-    async def generate(self, prompt: str, params: GenParams, request_id: str) -> AsyncIterator[str]:
+    async def generate(self, prompt: str, params: GenParams, request_id: str) -> AsyncIterator[Chunk]:
         ids = self._ids(prompt)
         room = self.cfg.max_model_len - len(ids)
         if room < 1:
             return
         async for out in self._run(ids, self._params(params, room), request_id):
-            if out.outputs[0].text:
-                yield out.outputs[0].text
+            c = out.outputs[0]
+            if c.text or c.token_ids:
+                yield Chunk(c.text, len(c.token_ids))
 
-    async def sample(self, prompt: str, params: GenParams, n: int, request_id: str) -> list[str]:
+    async def sample(self, prompt: str, params: GenParams, n: int, request_id: str) -> list[Chunk]:
         ids = self._ids(prompt)
         room = self.cfg.max_model_len - len(ids)
         if room < 1:
             return []
         outs = [out async for out in self._run(ids, self._params(params, room, delta=False, n=n), request_id)]
-        return [c.text for c in outs[-1].outputs] if outs else []
+        return [Chunk(c.text, len(c.token_ids)) for c in outs[-1].outputs] if outs else []
 
     async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str) -> list[float]:
         head = self._ids(prompt)

@@ -142,8 +142,8 @@ class Session:
                 label = float(self.task.structure_key(j.parsed) == final_key)
             self.outcome.append((j.verdict.score, agree, j.verdict.verify_ms / 1e3, label))
 
-    async def _generate(self, prefix: str, max_tokens: int, tag: str, out: asyncio.Queue) -> tuple[str, float]:
-        """Stream the target's answer after ``prefix``; returns (text, time to first token ms)."""
+    async def _generate(self, prefix: str, max_tokens: int, tag: str, out: asyncio.Queue) -> tuple[str, float, int]:
+        """Stream the target's answer after ``prefix``; returns (text, time to first token ms, tokens)."""
         sp = self.req.refine
         params = GenParams(
             max_tokens=max_tokens,
@@ -156,14 +156,16 @@ class Session:
         t_start, ttft = time.perf_counter(), 0.0
         if prefix:
             await out.put(t.AnswerChunk(prefix))
-        text = prefix
+        text, tokens = prefix, 0
         async for delta in self.engine.generate(self.task.format_prompt(self.req.prompt) + prefix, params,
                                                 f"{self.key}-{tag}"):
             if not ttft:
                 ttft = (time.perf_counter() - t_start) * 1e3
-            text += delta
-            await out.put(t.AnswerChunk(delta))
-        return text, ttft
+            tokens += delta.tokens
+            if delta.text:
+                text += delta.text
+                await out.put(t.AnswerChunk(delta.text))
+        return text, ttft, tokens
 
     async def _finish(self, out: asyncio.Queue, verify_ms: float) -> None:
         ranked = self._ranked()
@@ -181,7 +183,7 @@ class Session:
             prefix_steps = consensus_prefix(steps, min(p.min_support, len(steps))) if use_prefix else []
             prefix = _join_steps(prefix_steps)
             max_tokens = refine_max_tokens(best.verdict.score, p.refine_max_tokens)
-            text, ttft = await self._generate(prefix, max_tokens, f"r{self.attempt}", out)
+            text, ttft, steps = await self._generate(prefix, max_tokens, f"r{self.attempt}", out)
             res, _ = self.rules.check(text)
             if res.valid:
                 answer, source, valid = text, t.AnswerSource.REFINED, True
@@ -196,18 +198,20 @@ class Session:
             verified = [self.task.verified_prefix(self.spec, j.draft.text) for j in self.judged.values()]
             prefix_steps = consensus_prefix([v for v in verified if v], 1)
             prefix = _join_steps(prefix_steps)
-            text, ttft = await self._generate(prefix, p.refine_max_tokens, "cloud", out)
+            text, ttft, steps = await self._generate(prefix, p.refine_max_tokens, "cloud", out)
             res, _ = self.rules.check(text)
             if not res.valid and p.cloud_candidates > 0:
                 # the greedy answer failed the rules: sample candidates in one batched
                 # request and keep the first that passes
-                for cand in await self.engine.sample(
-                        self.task.format_prompt(self.req.prompt) + prefix,
-                        GenParams(max_tokens=p.refine_max_tokens, temperature=p.cloud_temperature),
-                        p.cloud_candidates, f"{self.key}-cands"):
-                    cand_res, _ = self.rules.check(prefix + cand)
+                cands = await self.engine.sample(
+                    self.task.format_prompt(self.req.prompt) + prefix,
+                    GenParams(max_tokens=p.refine_max_tokens, temperature=p.cloud_temperature),
+                    p.cloud_candidates, f"{self.key}-cands")
+                steps += max((c.tokens for c in cands), default=0)  # one batched request: the longest
+                for cand in cands:
+                    cand_res, _ = self.rules.check(prefix + cand.text)
                     if cand_res.valid:
-                        text, res = prefix + cand, cand_res
+                        text, res = prefix + cand.text, cand_res
                         break
             answer, source, valid = text, t.AnswerSource.CLOUD, res.valid
             refine_note = (f"no valid draft after retries: cloud drafted itself from {len(prefix_steps)} verified steps"
@@ -222,7 +226,7 @@ class Session:
             for j in self.judged.values()) + f" | {refine_note}"
         await out.put(t.Summary(
             answer=answer, source=source, chosen_drafts=[j.draft.index for j in chosen], scores=scores,
-            timings=t.Timings(verify_ms, ttft, (time.perf_counter() - t_ref) * 1e3, self._ms()),
+            timings=t.Timings(verify_ms, ttft, (time.perf_counter() - t_ref) * 1e3, self._ms(), steps),
             trace=f"[THINKING_TRACE: {trace}]", answer_valid=valid,
             recommended_drafts=self.recommended_drafts, request_id=self.req.request_id,
         ))

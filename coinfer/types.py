@@ -101,6 +101,8 @@ class Timings:
     refine_ttft_ms: float = 0.0
     refine_ms: float = 0.0
     total_ms: float = 0.0
+    decode_steps: int = 0
+    """Target decode steps on the refinement's critical path (streamed + longest candidate)."""
 
 
 @dataclass

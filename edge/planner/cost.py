@@ -1,7 +1,9 @@
 """Latency and quality model of the three plans. Pure and typed: numbers in, numbers out.
 
-For a request of ``P`` prompt tokens, ``n`` drafts of ``D`` tokens each and an answer of
-``A`` tokens (bytes: ``Bp`` prompt, ``Bd`` one draft, ``Ba`` answer):
+For a request of ``P`` prompt tokens, ``n`` drafts of ``D`` tokens each, an answer of ``A``
+tokens (bytes: ``Bp`` prompt, ``Bd`` one draft, ``Ba`` answer) and ``S_plan`` target decode
+steps (what the cloud generates for that plan: a refinement after drafts, or an answer of
+its own plus, when that fails the rules, the longest of a batch of candidates):
 
     cold start   C = 0                                             edge model warm
                    remaining load time                             loading
@@ -10,8 +12,11 @@ For a request of ``P`` prompt tokens, ``n`` drafts of ``D`` tokens each and an a
     transfer     split: RTT + Bp/up + Bd/up + Ba/down              drafts stream while later ones are
                                                                    written; only the last is on the path
                  cloud: RTT + Bp/up + Ba/down
-    cloud        split: queue + verify_last + refine_ttft + A * refine_ms_per_token
-                 cloud: queue + cloud_answer_ms                    the cloud answers by itself
+    generation   G_plan = ttft + S_plan * ms_per_token             the cloud's speed (load-dependent,
+                                                                   tracked fast) apart from the answer's
+                                                                   length (a task's average, tracked slow)
+    cloud        split: queue + verify_last + G_split
+                 cloud: queue + setup + G_cloud                    setup: session work outside generation
     rounds       R = expected draft rounds of a split (history): a round with no valid draft
                  costs another drafting pass plus the advice's trip: (R - 1) * (E + RTT + verify)
 
@@ -19,6 +24,8 @@ For a request of ``P`` prompt tokens, ``n`` drafts of ``D`` tokens each and an a
     split = C + R * E + (R - 1) * (RTT + verify) + T_split + cloud_split
     cloud = T_cloud + cloud_cloud                                  no edge model needed: the way to
                                                                    serve a request while the edge warms
+All terms are expectations: rounds and decode steps average over a task's problems, so a
+prediction is the mean latency of a plan, not the latency of one hard or easy problem.
 Objective: the fastest plan whose expected quality (history of rule-valid answers per task and
 plan) reaches ``quality_floor``; if none does, the plan of highest expected quality. A floor
 rather than a weighted sum because the price of a wrong answer in milliseconds is not
@@ -78,8 +85,11 @@ class CloudProfile:
     """Verifying one draft once it arrives (rules + LLM verifier)."""
     refine_ttft_ms: float
     refine_ms_per_token: float
-    cloud_answer_ms: float
-    """The cloud answering without drafts (Generate), queue excluded."""
+    setup_ms: float = 0.0
+    """A cloud-only request's time outside generation (queue excluded)."""
+
+    def generation_ms(self, steps: float) -> float:
+        return self.refine_ttft_ms + steps * self.refine_ms_per_token
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,10 @@ class RequestShape:
     answer_bytes: int
     rounds: float = 1.0
     """Expected draft rounds of a split (retry advice), from history."""
+    split_steps: float = 0.0
+    """Expected target decode steps refining after drafts (history)."""
+    cloud_steps: float = 0.0
+    """Expected target decode steps answering alone (history)."""
 
 
 @dataclass(frozen=True)
@@ -148,11 +162,11 @@ def predict(plan: str, r: RequestShape, e: EdgeProfile, n: NetProfile | None, c:
         extra = max(0.0, r.rounds - 1.0)
         transfer = (1 + extra) * n.rtt_ms + _ms(r.prompt_bytes + r.draft_bytes, n.up_bps) + _ms(r.answer_bytes,
                                                                                                    n.down_bps)
-        cloud = c.queue_ms + (1 + extra) * c.verify_ms + c.refine_ttft_ms + r.answer_tokens * c.refine_ms_per_token
+        cloud = c.queue_ms + (1 + extra) * c.verify_ms + c.generation_ms(r.split_steps)
         return Breakdown(plan, cold_start_ms(e), (1 + extra) * drafting_ms(e, r), transfer, cloud, quality)
     if plan == "cloud":
         transfer = n.rtt_ms + _ms(r.prompt_bytes, n.up_bps) + _ms(r.answer_bytes, n.down_bps)
-        return Breakdown(plan, 0.0, 0.0, transfer, c.queue_ms + c.cloud_answer_ms, quality)
+        return Breakdown(plan, 0.0, 0.0, transfer, c.queue_ms + c.setup_ms + c.generation_ms(r.cloud_steps), quality)
     raise ValueError(f"plan: unknown {plan!r} (known: {', '.join(PLANS)})")
 
 

@@ -20,10 +20,16 @@ log = logging.getLogger(__name__)
 DEFAULTS: dict[str, float] = {
     "disk_read_bps": 100e6, "pcie_h2d_bps": 4e9, "session_ms": 2000.0, "warmup_ms": 200.0, "prefill_ms_per_token": 1.0,
     "step_ms.1": 30.0, "rtt_ms": 100.0, "up_bps": 125e3, "down_bps": 125e3, "queue_ms": 0.0,
-    "verify_ms": 100.0, "refine_ttft_ms": 200.0, "refine_ms_per_token": 20.0, "cloud_answer_ms": 1000.0,
-    "draft_tokens": 48.0, "answer_tokens": 48.0, "rounds": 1.5,
+    "verify_ms": 100.0, "refine_ttft_ms": 200.0, "refine_ms_per_token": 20.0, "setup_ms": 50.0,
+    "draft_tokens": 48.0, "answer_tokens": 48.0, "rounds": 1.5, "decode_steps.split": 64.0, "decode_steps.cloud": 128.0,
     "quality.edge": 0.35, "quality.split": 0.6, "quality.cloud": 0.6,
 }
+# Outcomes — how many tokens, rounds and decode steps a task's request takes, how often its
+# answer is valid — are draws from a distribution whose mean is what the cost model wants: a
+# running mean, then an EWMA over ~1/OUTCOME_ALPHA requests, so one hard problem does not
+# swing the next plan. Speeds, the network and the cloud's load track conditions: ``alpha``.
+OUTCOMES = ("draft_tokens", "answer_tokens", "decode_steps", "rounds", "quality")
+OUTCOME_ALPHA = 0.05
 _BOUNDS = {"bps": (1e3, 1e12), "ms": (0.0, 600_000.0), "tokens": (1.0, 1e5), "quality": (0.0, 1.0)}
 
 
@@ -32,7 +38,7 @@ def _bounds(key: str) -> tuple[float, float]:
         return _BOUNDS["bps"]
     if key.startswith("quality."):
         return _BOUNDS["quality"]
-    if ("tokens" in key and not key.endswith("_per_token")) or key.startswith("rounds"):
+    if ("tokens" in key and not key.endswith("_per_token")) or key.startswith(("rounds", "decode_steps")):
         return _BOUNDS["tokens"]
     return _BOUNDS["ms"]
 
@@ -63,7 +69,8 @@ class Estimates:
             self.note(f"{key}: refused absurd measurement {value!r} (valid {lo:g}..{hi:g})")
             return False
         old = self.values.get(key)
-        self.values[key] = value if (old is None or replace) else (1 - self.alpha) * old + self.alpha * value
+        a = max(1.0 / (self.counts.get(key, 0) + 1), OUTCOME_ALPHA) if key.startswith(OUTCOMES) else self.alpha
+        self.values[key] = value if (old is None or replace) else (1 - a) * old + a * value
         self.updated[key] = time.time()
         self.counts[key] = self.counts.get(key, 0) + 1
         return True

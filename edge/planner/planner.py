@@ -2,9 +2,10 @@
 
 Online updates (each finished request):
   drafting      step_ms.<n>           (drafting - prompt * prefill) / longest draft's tokens
-  split         refine_ttft_ms, refine_ms_per_token from the cloud's summary timings;
-                verify_ms = what the split took beyond drafting, refinement and the transfer model
-  cloud         cloud_answer_ms = total - transfer model - queue
+  split, cloud  refine_ttft_ms, refine_ms_per_token from the cloud's summary (its decode steps
+                and generation time); decode_steps.<plan>.<task>, the answer's length in steps
+  split         verify_ms = what the split took beyond drafting, refinement and the transfer model
+  cloud         setup_ms = what the request took beyond generation, the transfer model and queue
   every plan    draft / answer sizes per task, quality.<plan>.<task> (rule-valid answers)
 """
 
@@ -53,14 +54,15 @@ class Planner:
     def cloud_profile(self) -> CloudProfile:
         e = self.est
         return CloudProfile(e.get("queue_ms"), e.get("verify_ms"), e.get("refine_ttft_ms"),
-                            e.get("refine_ms_per_token"), e.get("cloud_answer_ms"))
+                            e.get("refine_ms_per_token"), e.get("setup_ms"))
 
     def shape(self, task: str, prompt_tokens: int, prompt_bytes: int, n: int) -> RequestShape:
         e = self.est
         dt, at = e.get(f"draft_tokens.{task}"), e.get(f"answer_tokens.{task}")
         bpt = e.values.get("bytes_per_token", 1.0)
         return RequestShape(prompt_tokens, round(dt), n, round(at), prompt_bytes, round(dt * bpt), round(at * bpt),
-                            rounds=e.get(f"rounds.{task}"))
+                            rounds=e.get(f"rounds.{task}"), split_steps=e.get(f"decode_steps.split.{task}"),
+                            cloud_steps=e.get(f"decode_steps.cloud.{task}"))
 
     def quality(self, task: str) -> dict[str, float]:
         return {p: self.est.get(f"quality.{p}.{task}") for p in ("edge", "split", "cloud")}
@@ -111,22 +113,24 @@ class Planner:
             e.observe(f"quality.{plan}.{task}", 1.0 if result.valid else 0.0)
         s = result.summary
         if s is not None and not result.fallback_reason and plan in ("split", "cloud"):
+            tm = s.timings
+            # the cloud's generation: its speed (fast-tracked) apart from this answer's length (averaged)
+            if tm.decode_steps > 0:
+                e.observe(f"decode_steps.{plan}.{task}", float(tm.decode_steps))
+                if tm.refine_ttft_ms > 0:
+                    e.observe("refine_ttft_ms", tm.refine_ttft_ms)
+                    if tm.refine_ms > tm.refine_ttft_ms:
+                        e.observe("refine_ms_per_token", (tm.refine_ms - tm.refine_ttft_ms) / tm.decode_steps)
             # the cost model's own transfer term, with the rounds this request really took
             shape = dataclasses.replace(self.shape(task, prompt_tokens, prompt_bytes, n),
                                         rounds=float(max(1, result.rounds)))
             transfer = predict(plan, shape, self.edge_profile(edge_was), self.net_profile(), self.cloud_profile(),
                                0.0).transfer_ms
+            rest = t.get("total", 0.0) - tm.refine_ms - transfer - e.get("queue_ms")
             if plan == "cloud":
-                e.observe("cloud_answer_ms", max(0.0, t.get("total", 0.0) - transfer - e.get("queue_ms")))
+                e.observe("setup_ms", max(0.0, rest))
             else:
                 e.observe(f"rounds.{task}", shape.rounds)
                 if edge_was.state == "warm":
-                    tm = s.timings
-                    if tm.refine_ttft_ms > 0:
-                        e.observe("refine_ttft_ms", tm.refine_ttft_ms)
-                    at = max(1.0, e.get(f"answer_tokens.{task}"))
-                    if tm.refine_ms > tm.refine_ttft_ms:
-                        e.observe("refine_ms_per_token", (tm.refine_ms - tm.refine_ttft_ms) / at)
-                    extra = t.get("total", 0.0) - t.get("drafting", 0.0) - tm.refine_ms - transfer - e.get("queue_ms")
-                    e.observe("verify_ms", max(0.0, extra / shape.rounds))
+                    e.observe("verify_ms", max(0.0, (rest - t.get("drafting", 0.0)) / shape.rounds))
         e.save()

@@ -32,7 +32,8 @@ def test_both_models_load_in_transformers_and_vllm(artifacts):
             out = [d async for d in eng.generate("If x=2 and y=3, compute x*y+x+y.\n", GenParams(max_tokens=40), "t")]
         finally:
             await eng.close()
-        return "".join(out)
+        assert all(c.tokens >= 1 for c in out)  # every chunk says what it cost
+        return "".join(c.text for c in out)
 
     text = asyncio.run(vllm_answers())
     assert "answer" in text, text

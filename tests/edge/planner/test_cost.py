@@ -11,9 +11,9 @@ from edge.planner.cost import CloudProfile, EdgeProfile, NetProfile, RequestShap
 EDGE = EdgeProfile(model_bytes=200_000_000, disk_read_bps=500e6, pcie_h2d_bps=None, session_ms=400, warmup_ms=30,
                    prefill_ms_per_token=0.2, step_ms={1: 5.0, 5: 7.0})
 NET = NetProfile(rtt_ms=20, up_bps=10e6, down_bps=10e6)
-CLOUD = CloudProfile(queue_ms=0, verify_ms=15, refine_ttft_ms=20, refine_ms_per_token=4, cloud_answer_ms=250)
+CLOUD = CloudProfile(queue_ms=0, verify_ms=15, refine_ttft_ms=20, refine_ms_per_token=4, setup_ms=5)
 REQ = RequestShape(prompt_tokens=40, draft_tokens=48, n_drafts=5, answer_tokens=40, prompt_bytes=40, draft_bytes=48,
-                   answer_bytes=40)
+                   answer_bytes=40, split_steps=40, cloud_steps=56)
 Q = {"edge": 0.4, "split": 0.7, "cloud": 0.6}
 pos = st.floats(min_value=1e-3, max_value=1e4, allow_nan=False)
 
@@ -75,3 +75,14 @@ def test_quality_floor_and_no_cloud():
 def test_step_time_interpolates_between_measured_batch_sizes():
     e = dataclasses.replace(EDGE, step_ms={1: 5.0, 5: 9.0})
     assert e.step(1) == 5.0 and e.step(3) == pytest.approx(7.0) and e.step(7) == pytest.approx(11.0)
+
+
+@given(mspt=pos, extra=pos, steps=st.floats(min_value=0, max_value=1e4))
+def test_a_slower_or_longer_cloud_generation_only_slows_cloud_plans(mspt, extra, steps):
+    fast, slow = (dataclasses.replace(CLOUD, refine_ms_per_token=v) for v in (mspt, mspt + extra))
+    short = dataclasses.replace(REQ, split_steps=steps, cloud_steps=steps)
+    long = dataclasses.replace(REQ, split_steps=steps + extra, cloud_steps=steps + extra)
+    for plan in ("split", "cloud"):
+        assert predict(plan, short, EDGE, NET, slow, 0.5).total_ms >= predict(plan, short, EDGE, NET, fast, 0.5).total_ms
+        assert predict(plan, long, EDGE, NET, fast, 0.5).total_ms >= predict(plan, short, EDGE, NET, fast, 0.5).total_ms
+    assert predict("edge", long, EDGE, NET, slow, 0.5).total_ms == predict("edge", short, EDGE, NET, fast, 0.5).total_ms

@@ -27,6 +27,12 @@ def test_ewma_family_defaults_and_persistence(tmp_path):
     assert e.get("rtt_ms") == 50.0
     e.observe("draft_tokens", 30.0)
     assert e.get("draft_tokens.select") == 30.0  # a task never seen uses its family's measurement
+    for v in (10.0, 50.0):  # an outcome: a running mean, not the last few requests
+        e.observe("draft_tokens", v)
+    assert e.get("draft_tokens") == 30.0
+    for _ in range(200):
+        e.observe("draft_tokens", 60.0)
+    assert 59.0 < e.get("draft_tokens") < 60.0  # then an EWMA: it still follows a lasting change
     e.save()
     again = Estimates.open(path)
     assert again.get("rtt_ms") == 50.0 and not again.stale("rtt_ms", 60) and again.stale("up_bps", 60)
