@@ -273,7 +273,7 @@ def write_report(rows: list[dict], summary: dict, out: Path, args) -> None:
     (out / "results.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
     lines = ["# Split planner vs measured runs", "",
              f"`python -m benchmarks.scenarios{' --quick' if args.quick else ''} --reps {args.reps}`: "
-             f"{summary['scenarios']} scenarios, every plan run {args.reps}x per scenario (medians), "
+             f"{summary['scenarios']} scenarios, every plan run {args.reps}x per scenario (means), "
              f"quality floor {args.quality_floor}.", "",
              f"- median |predicted - measured| / measured over all plans and scenarios: "
              f"**{100 * summary['median_abs_error']:.1f}%** (goal <= 20%)",

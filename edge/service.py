@@ -135,7 +135,8 @@ class EdgeCore:
                 self.engine = engine
                 self.model_load_ms = (time.perf_counter() - t0) * 1e3
                 self.model_state = "warm"
-                self.planner.est.observe("session_ms", engine.load_ms)  # manifest check + session creation
+                # session creation alone: the cost model's disk term already covers the read
+                self.planner.est.observe("session_ms", engine.session_ms)
                 self.planner.est.observe("warmup_ms", warm_ms)
                 log.info("draft model warm in %.0f ms on %s", self.model_load_ms, engine.providers)
         return self.engine

@@ -6,8 +6,10 @@ steps (what the cloud generates for that plan: a refinement after drafts, or an 
 its own plus, when that fails the rules, the longest of a batch of candidates):
 
     cold start   C = 0                                             edge model warm
-                   remaining load time                             loading
+                   remaining load time + first run                 loading
                    M/disk_bw + M/pcie_bw + session + warm-up       cold (pcie term only with a GPU)
+                   + first run                                     first run: what the first request on
+                                                                   a fresh session drafts slower (learnt)
     drafting     E = P * prefill_ms_per_token + D * step_ms(n)     step_ms(n): one decode step at batch n
     transfer     split: RTT + Bp/up + Bd/up + Ba/down              drafts stream while later ones are
                                                                    written; only the last is on the path
@@ -55,6 +57,8 @@ class EdgeProfile:
     state: str = "warm"
     """cold | loading | warm"""
     loading_remaining_ms: float = 0.0
+    first_run_ms: float = 0.0
+    """Extra drafting time of the first request on a fresh session (allocation, thread start)."""
 
     def step(self, n: int) -> float:
         """Step time at batch ``n``: linear interpolation between measured sizes, extrapolated flat-slope."""
@@ -138,10 +142,10 @@ def cold_start_ms(e: EdgeProfile) -> float:
     if e.state == "warm":
         return 0.0
     if e.state == "loading":
-        return max(0.0, e.loading_remaining_ms)
+        return max(0.0, e.loading_remaining_ms) + e.first_run_ms
     disk = e.model_bytes / e.disk_read_bps * 1e3
     pcie = e.model_bytes / e.pcie_h2d_bps * 1e3 if e.pcie_h2d_bps else 0.0
-    return disk + pcie + e.session_ms + e.warmup_ms
+    return disk + pcie + e.session_ms + e.warmup_ms + e.first_run_ms
 
 
 def drafting_ms(e: EdgeProfile, r: RequestShape) -> float:

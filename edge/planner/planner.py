@@ -15,7 +15,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
-from edge.planner.cost import Choice, CloudProfile, EdgeProfile, NetProfile, RequestShape, choose, predict
+from edge.planner.cost import Choice, CloudProfile, EdgeProfile, NetProfile, RequestShape, choose, drafting_ms, predict
 from edge.planner.estimates import Estimates
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,8 @@ class Planner:
         return EdgeProfile(model_bytes=s.model_bytes, disk_read_bps=e.get("disk_read_bps"),
                            pcie_h2d_bps=e.get("pcie_h2d_bps") if s.gpu else None, session_ms=e.get("session_ms"),
                            warmup_ms=e.get("warmup_ms"), prefill_ms_per_token=e.get("prefill_ms_per_token"),
-                           step_ms=e.step_ms(), state=s.state, loading_remaining_ms=s.loading_remaining_ms)
+                           step_ms=e.step_ms(), state=s.state, loading_remaining_ms=s.loading_remaining_ms,
+                           first_run_ms=e.get("first_run_ms") if s.state != "warm" else 0.0)
 
     def net_profile(self) -> NetProfile:
         e = self.est
@@ -101,11 +102,17 @@ class Planner:
                 ntok = sum(d.num_tokens for d in drafts)
                 if ntok:
                     e.observe("bytes_per_token", max(nbytes / ntok, 0.25))
-            if "drafting" in t and longest and edge_was.state == "warm":
-                rounds = max(1, result.rounds)
-                step = (t["drafting"] / rounds - prompt_tokens * e.get("prefill_ms_per_token")) / longest
-                if step > 0:
-                    e.observe(f"step_ms.{n}", step)
+            # one round only: a retry round drafts at another batch size (the cloud's advice)
+            if "drafting" in t and longest and result.rounds <= 1:
+                if edge_was.state == "warm":
+                    step = (t["drafting"] - prompt_tokens * e.get("prefill_ms_per_token")) / longest
+                    if step > 0:
+                        e.observe(f"step_ms.{n}", step)
+                else:  # the first request on a fresh session: what it drafted beyond a warm one
+                    warm = drafting_ms(self.edge_profile(EdgeState(edge_was.model_bytes, "warm")),
+                                       dataclasses.replace(self.shape(task, prompt_tokens, prompt_bytes, n),
+                                                           draft_tokens=longest))
+                    e.observe("first_run_ms", max(0.0, t["drafting"] - warm))
         if result.answer:
             bpt = e.values.get("bytes_per_token", 1.0)
             e.observe(f"answer_tokens.{task}", max(1.0, len(result.answer.encode()) / bpt))

@@ -86,3 +86,11 @@ def test_a_slower_or_longer_cloud_generation_only_slows_cloud_plans(mspt, extra,
         assert predict(plan, short, EDGE, NET, slow, 0.5).total_ms >= predict(plan, short, EDGE, NET, fast, 0.5).total_ms
         assert predict(plan, long, EDGE, NET, fast, 0.5).total_ms >= predict(plan, short, EDGE, NET, fast, 0.5).total_ms
     assert predict("edge", long, EDGE, NET, slow, 0.5).total_ms == predict("edge", short, EDGE, NET, fast, 0.5).total_ms
+
+
+def test_first_run_penalty_counts_only_before_the_model_is_warm():
+    slow_first = dataclasses.replace(EDGE, first_run_ms=40.0)
+    assert cold_start_ms(dataclasses.replace(slow_first, state="cold")) == pytest.approx(
+        cold_start_ms(dataclasses.replace(EDGE, state="cold")) + 40.0)
+    assert cold_start_ms(dataclasses.replace(slow_first, state="loading", loading_remaining_ms=5)) == 45.0
+    assert cold_start_ms(slow_first) == 0.0

@@ -1,5 +1,6 @@
 """Estimates: absurd measurements refused and said, defaults said, EWMA, persistence, staleness."""
 
+import dataclasses
 import json
 import math
 
@@ -47,3 +48,32 @@ def test_planner_falls_back_to_defaults_and_says_so():
     assert c.plan in ("edge", "split", "cloud") and set(c.breakdowns) == {"edge", "split", "cloud"}
     assert any("not measured yet" in n for n in c.notes)
     assert p.choose("arith", 40, 40, 5, EdgeState(2_000_000, "cold"), cloud_available=False).plan == "edge"
+
+
+def _result(rounds: int, drafting: float, total: float, summary=None):
+    from coinfer import types as t
+    from edge.pipeline import EdgeResult
+
+    drafts = [t.Draft(i, "3+5=8; answer 8", 10, -0.1, drafting) for i in range(5)]
+    return EdgeResult("3+5=8; answer 8", "refined", True, drafts=drafts, summary=summary, rounds=rounds,
+                      timings={"drafting": drafting, "total": total})
+
+
+def test_online_updates_from_measured_stage_times():
+    from coinfer import types as t
+
+    p = Planner(Estimates())
+    p.est.observe("prefill_ms_per_token", 0.0)
+    warm, cold = EdgeState(1_000_000, "warm"), EdgeState(1_000_000, "cold")
+    p.observe("edge", "arith", 10, 40, 5, _result(1, 50.0, 50.0), warm)
+    assert p.est.get("step_ms.5") == 5.0  # 50 ms over the longest draft's 10 tokens
+    p.observe("edge", "arith", 10, 40, 5, _result(3, 900.0, 900.0), warm)
+    assert p.est.get("step_ms.5") == 5.0  # retry rounds draft at other batch sizes: not a step sample
+    p.observe("edge", "arith", 10, 40, 5, _result(1, 80.0, 80.0), cold)
+    assert p.est.get("first_run_ms") == 30.0 and p.est.get("step_ms.5") == 5.0  # a fresh session's extra
+    summary = t.Summary("3+5=8; answer 8", t.AnswerSource.CLOUD, [], [],
+                        t.Timings(0.0, 20.0, 220.0, 230.0, decode_steps=40), "", True, 5, "")
+    p.observe("cloud", "arith", 10, 40, 5, dataclasses.replace(_result(0, 0.0, 300.0, summary), drafts=[]), warm)
+    assert p.est.get("decode_steps.cloud.arith") == 40.0 and p.est.get("refine_ms_per_token") == 5.0
+    assert p.est.get("refine_ttft_ms") == 20.0 and p.est.has("setup_ms")
+    assert p.est.get("quality.cloud.arith") == 1.0
