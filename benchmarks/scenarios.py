@@ -322,7 +322,8 @@ def write_report(rows: list[dict], summary: dict, out: Path, args) -> None:
     b.legend(fontsize=7)
     b.axhline(1.10, color="k", ls="--", lw=0.8)
     b.set_xticks(list(x), [r["scenario"] for r in rows], rotation=90, fontsize=6)
-    b.set(ylabel="measured(chosen) / measured(best)", title="regret per scenario")
+    b.set(ylabel="measured(chosen) / measured(best)", title="regret per scenario",
+          ylim=(0.9, max(1.2, *(r["regret_assisted"] for r in rows)) + 0.05))
     fig.tight_layout()
     fig.savefig(out / "scenarios.png", dpi=110)
 

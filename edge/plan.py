@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
 
@@ -37,8 +38,10 @@ async def explain(args) -> dict:
             state = EdgeState(state.model_bytes, args.edge_state, 0.0, state.gpu)
         n = args.num_drafts or core.link.recommended_drafts
         cloud_ok = core.link.enabled and core.link.serving
-        choice = core.planner.choose(task, *core.planner.prompt_size(args.prompt), n, state, cloud_ok)
-        return {"task": task, "num_drafts": n, "edge_state": state.state, "model_bytes": state.model_bytes,
+        size = core.planner.prompt_size(args.prompt)
+        choice = core.planner.choose(task, *size, n, state, cloud_ok)
+        shape = dataclasses.asdict(core.planner.shape(task, *size, n))
+        return {"task": task, "shape": shape, "num_drafts": n, "edge_state": state.state, "model_bytes": state.model_bytes,
                 "cloud": {"configured": core.link.enabled, "serving": core.link.serving},
                 "chosen": choice.plan, "reason": choice.reason,
                 "plans": {p: b.as_dict() for p, b in choice.breakdowns.items()},
@@ -56,6 +59,10 @@ def render(r: dict) -> str:
         mark = " <- chosen" if p == r["chosen"] else ""
         lines.append(f"{p:<6} {b['cold_start_ms']:>10.1f} {b['drafting_ms']:>9.1f} {b['transfer_ms']:>9.1f} "
                      f"{b['cloud_ms']:>8.1f} {b['total_ms']:>9.1f} {b['quality']:>8.2f}{mark}")
+    sh = r["shape"]
+    lines += ["", f"expected (history): drafts of {sh['draft_tokens']} tokens, {sh['rounds']:.2f} draft rounds per "
+                  f"split, cloud decode steps {sh['split_steps']:.0f} refining / {sh['cloud_steps']:.0f} alone, "
+                  f"answer {sh['answer_tokens']} tokens"]
     lines += ["", f"why: {r['reason']}"]
     if r["notes"]:
         lines += ["", "caveats:"] + [f"  - {n}" for n in r["notes"]]

@@ -55,4 +55,5 @@ async def test_explain_cli(int8_draft, cloud, tmp_path, capsys):
     assert "matches no task" in capsys.readouterr().err
     text_args = [a for a in args if a != "--json"] + ["--explain"]
     assert await plan_main_(text_args) == 0
-    assert "<- chosen" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "<- chosen" in out and "draft rounds per split" in out
