@@ -1,6 +1,8 @@
 """A traffic-shaping TCP proxy on loopback: real added latency and a real bandwidth cap.
 
-No root needed (``tc netem`` needs CAP_NET_ADMIN and network namespaces). Each direction is
+No root, no kernel module: ``tc netem`` needs the sch_netem qdisc, which this project's build
+machine lacks (``tc qdisc add dev lo root netem delay 1ms`` -> "Specified qdisc kind is
+unknown"), and CAP_NET_ADMIN besides. Each direction is
 a pipe: a chunk read from one side leaves the link ``len * 8 / bandwidth`` seconds after the
 previous chunk finished serialising, and arrives ``rtt / 2`` later — so latency and bandwidth
 compose as on a real link, and pipelined streams (HTTP/2, gRPC) keep several chunks in flight.

@@ -84,6 +84,11 @@ class Estimates:
         self.note(f"{key}: not measured yet, default {DEFAULTS[fam]:g}")
         return DEFAULTS[fam]
 
+    def mean(self, family: str) -> float:
+        """Mean of the measured per-task keys of ``family`` (``decode_steps.split.*``), else ``get``."""
+        vals = [v for k, v in self.values.items() if k.startswith(family + ".")]
+        return sum(vals) / len(vals) if vals else self.get(family)
+
     def has(self, key: str) -> bool:
         return key in self.values
 

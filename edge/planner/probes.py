@@ -138,10 +138,24 @@ async def calibrate(est, model_path: Path | None = None, lm=None, stub=None, ses
     import asyncio
 
     done = []
+
+    def failed(what: str, why: str) -> None:
+        kept = "keeping the last measurement" if any(est.has(k) for k in keys[what]) else "using defaults"
+        est.notes[:] = [n for n in est.notes if not n.startswith(f"{what} probe failed")]
+        est.note(f"{what} probe failed ({why}); {kept}")
+
+    def ok(what: str) -> None:  # a probe that works again clears its failure from --explain
+        est.notes[:] = [n for n in est.notes if not n.startswith(f"{what} probe failed")]
+        done.append(what)
+
+    keys = {"disk": ("disk_read_bps",), "decode": ("step_ms.1", "prefill_ms_per_token"),
+            "network": ("rtt_ms", "up_bps", "down_bps"), "status": ("queue_ms",)}
     if model_path is not None:
         bps = await asyncio.to_thread(disk_read_bps, model_path)
-        if est.observe("disk_read_bps", bps, replace=True):
-            done.append("disk")
+        if bps is None:
+            failed("disk", f"cannot read {model_path}")
+        elif est.observe("disk_read_bps", bps, replace=True):
+            ok("disk")
         pcie = await asyncio.to_thread(pcie_h2d_bps)
         if pcie is None:
             est.note("pcie_h2d_bps: unavailable (no CUDA); the cold-start model has no PCIe term")
@@ -152,22 +166,30 @@ async def calibrate(est, model_path: Path | None = None, lm=None, stub=None, ses
     if warmup_ms is not None:
         est.observe("warmup_ms", warmup_ms, replace=True)
     if lm is not None:
-        prefill, steps = await asyncio.to_thread(decode_steps, lm)
-        est.observe("prefill_ms_per_token", prefill, replace=True)
-        for n, ms in steps.items():
-            est.observe(f"step_ms.{n}", ms, replace=True)
-        done.append("decode")
+        try:
+            prefill, steps = await asyncio.to_thread(decode_steps, lm)
+        except Exception as exc:  # noqa: BLE001 - a failing probe must not take the daemon down
+            failed("decode", f"{type(exc).__name__}: {exc}")
+        else:
+            est.observe("prefill_ms_per_token", prefill, replace=True)
+            for n, ms in steps.items():
+                est.observe(f"step_ms.{n}", ms, replace=True)
+            ok("decode")
     if stub is not None:
         net = await network(stub)
-        if net is not None:
+        if net is None:
+            failed("network", "Probe RPC failed")
+        else:
             for k, v in net.items():
                 est.observe(k, v, replace=True)
-            done.append("network")
+            ok("network")
         st = await cloud_status(stub)
-        if st is not None:
+        if st is None:
+            failed("status", "Status RPC failed")
+        else:
             # queue wait: requests ahead of us, each costing about one refinement
-            per = est.get("refine_ttft_ms") + est.get("answer_tokens") * est.get("refine_ms_per_token")
+            per = est.get("refine_ttft_ms") + est.mean("decode_steps.split") * est.get("refine_ms_per_token")
             est.observe("queue_ms", st["queue_depth"] * per, replace=True)
-            done.append("status")
+            ok("status")
     est.save()
     return done

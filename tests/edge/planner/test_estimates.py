@@ -77,3 +77,33 @@ def test_online_updates_from_measured_stage_times():
     assert p.est.get("decode_steps.cloud.arith") == 40.0 and p.est.get("refine_ms_per_token") == 5.0
     assert p.est.get("refine_ttft_ms") == 20.0 and p.est.has("setup_ms")
     assert p.est.get("quality.cloud.arith") == 1.0
+
+
+async def test_failed_probes_fall_back_and_say_so(tmp_path):
+    import grpc
+
+    from edge.planner import probes
+
+    class DownStub:  # the cloud unreachable: every RPC fails as grpc.aio would
+        async def Probe(self, *a, **k):  # noqa: N802 - gRPC method names
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "down")
+
+        Status = Probe  # noqa: N815
+
+    class BrokenLM:
+        def step(self, *a):
+            raise RuntimeError("session lost")
+
+        def empty_past(self):
+            return []
+
+    e = Estimates()
+    done = await probes.calibrate(e, tmp_path / "missing.onnx", BrokenLM(), DownStub())
+    assert done == []
+    for what in ("disk", "decode", "network", "status"):
+        assert any(n.startswith(f"{what} probe failed") and "using defaults" in n for n in e.notes), e.notes
+    assert e.get("rtt_ms") == DEFAULTS["rtt_ms"]  # conservative default, and the planner still chooses
+    assert Planner(e).choose("arith", 40, 40, 5, EdgeState(1_000_000, "warm"), cloud_available=True).breakdowns
+    e.observe("rtt_ms", 12.0)
+    await probes.calibrate(e, stub=DownStub())
+    assert any("network probe failed" in n and "keeping the last measurement" in n for n in e.notes)
