@@ -6,7 +6,8 @@ Online updates (each finished request):
                 and generation time); decode_steps.<plan>.<task>, the answer's length in steps
   split         verify_ms = what the split took beyond drafting, refinement and the transfer model
   cloud         setup_ms = what the request took beyond generation, the transfer model and queue
-  every plan    draft / answer sizes per task, quality.<plan>.<task> (rule-valid answers)
+  every plan    draft / answer sizes per task, quality.<plan>.<task> (rule-valid answers); a split
+                also measures quality.edge (was any first-round draft rule-valid)
 """
 
 from __future__ import annotations
@@ -118,6 +119,13 @@ class Planner:
             e.observe(f"answer_tokens.{task}", max(1.0, len(result.answer.encode()) / bpt))
         if not result.fallback_reason:
             e.observe(f"quality.{plan}.{task}", 1.0 if result.valid else 0.0)
+            if plan == "split":
+                # what edge-only would have answered: valid iff a first-round draft passed the rules
+                # (the cloud checks the same rule set; the judge verifier may also reject) — so a
+                # floor that keeps requests off the edge plan does not freeze its quality estimate
+                first = [v for i, v in result.verdicts.items() if i < n]
+                if first:
+                    e.observe(f"quality.edge.{task}", 1.0 if any(v.valid for v in first) else 0.0)
         s = result.summary
         if s is not None and not result.fallback_reason and plan in ("split", "cloud"):
             tm = s.timings

@@ -77,6 +77,12 @@ def test_online_updates_from_measured_stage_times():
     assert p.est.get("decode_steps.cloud.arith") == 40.0 and p.est.get("refine_ms_per_token") == 5.0
     assert p.est.get("refine_ttft_ms") == 20.0 and p.est.has("setup_ms")
     assert p.est.get("quality.cloud.arith") == 1.0
+    # a split measures the edge-only answer too: any first-round draft valid (round 2's don't count)
+    verdicts = {0: t.Verdict(0, False), 1: t.Verdict(1, False), 5: t.Verdict(5, True)}
+    split = dataclasses.replace(_result(2, 100.0, 400.0, summary), verdicts=verdicts)
+    p.observe("split", "arith", 10, 40, 5, split, warm)
+    # the three edge-plan requests above were valid; this one would not have been: mean of 1, 1, 1, 0
+    assert p.est.get("quality.split.arith") == 1.0 and p.est.get("quality.edge.arith") == 0.75
 
 
 async def test_failed_probes_fall_back_and_say_so(tmp_path):
