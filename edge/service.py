@@ -64,6 +64,12 @@ def infer_task(prompt: str) -> str:
                           "name the task explicitly")
 
 
+def _log_load_failure(task: asyncio.Task) -> None:
+    """A background load that failed is retried by the next request that needs the model; say why now."""
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("background draft model load failed: %s", task.exception())
+
+
 class EdgeCore:
     def __init__(self, cfg: EdgeConfig) -> None:
         cfg.validate()
@@ -79,6 +85,9 @@ class EdgeCore:
         self.planner = Planner(Estimates.open(cfg.planner_state), cfg.quality_floor)
         self.model_bytes = sum(f.stat().st_size for f in model_files(cfg.model)) if Path(cfg.model).is_dir() else 0
         self._probe: asyncio.Task | None = None
+        self._warming: asyncio.Task | None = None
+        """The background load started by a cloud request on a cold edge (held: the loop keeps
+        only weak references to tasks)."""
 
     async def start(self) -> None:
         await self.link.start()
@@ -190,7 +199,9 @@ class EdgeCore:
         self._maybe_reprobe()
         if plan is Plan.CLOUD and self.engine is None:
             # serve this request from the cloud while the edge model warms in the background
-            asyncio.create_task(self.ensure_engine())
+            if self._warming is None or self._warming.done():
+                self._warming = asyncio.create_task(self.ensure_engine())
+                self._warming.add_done_callback(_log_load_failure)
             engine = None
         else:
             engine = await self.ensure_engine()
@@ -257,4 +268,6 @@ class EdgeCore:
             self.metrics.active.dec()
 
     async def close(self) -> None:
+        if self._warming is not None and not self._warming.done():
+            self._warming.cancel()
         await self.link.close()
