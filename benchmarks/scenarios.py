@@ -150,17 +150,18 @@ class Runner:
         from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
         from edge.planner import probes
 
-        model_file = next(iter(sorted(Path(self.model).glob("*.onnx"))))
+        model_file = Path(self.model) / "model.onnx"
         await probes.calibrate(self.est, model_file, self.warm_core.engine.lm,
                                pb_grpc.CoinferCloudStub(self.warm_core.link.channel))
 
     async def _core(self, warm: bool):
         from edge.config import EdgeConfig
+        from edge.onnx_lm import model_files
         from edge.planner.probes import drop_page_cache
         from edge.service import EdgeCore
 
         if not warm:
-            for f in Path(self.model).glob("*.onnx"):
+            for f in model_files(Path(self.model)):  # the graph and any external weights
                 drop_page_cache(f)
         core = EdgeCore(EdgeConfig(model=str(self.model), cloud=f"127.0.0.1:{self.proxy.port}", warm=warm,
                                    probe_on_start=False, grpc_port=-1, http_port=-1, quality_floor=self.quality_floor,
@@ -184,8 +185,11 @@ class Runner:
         from edge.service import Done, SolveRequest
 
         p = p or self._next()
-        choice = core.planner.choose(p.task, *core.planner.prompt_size(p.prompt), core.link.recommended_drafts,
-                                     core._edge_state(), cloud_available=True)
+        n = min(core.cfg.max_drafts, core.link.recommended_drafts)  # what the service will draft
+        choice = core.planner.choose(p.task, *core.planner.prompt_size(p.prompt), n, core._edge_state(),
+                                     cloud_available=True)
+        if not choice.breakdowns:
+            raise RuntimeError(f"the cost model failed: {choice.notes}")
         t0 = time.perf_counter()
         async for ev in core.solve(SolveRequest(p.prompt, p.task, plan=plan)):
             if isinstance(ev, Done):
@@ -226,6 +230,10 @@ class Runner:
                         eligible |= ok
                     finally:
                         if core is not self.warm_core:
+                            # a cloud run on a cold edge loads the model in the background: let it
+                            # finish, or its disk reads and CPU would overlap the next cold run
+                            if core._warming is not None:
+                                await asyncio.gather(core._warming, return_exceptions=True)
                             await core.close()
                     measured[plan].append(ms)
                     predicted[plan].append(pred[plan])
@@ -236,7 +244,7 @@ class Runner:
                 await asyncio.to_thread(load.join, 30)
         mean = {p: statistics.fmean(v) for p, v in measured.items()}
         pred = {p: statistics.fmean(v) for p, v in predicted.items()}
-        choice = max(set(chosen), key=chosen.count)
+        choice = max(chosen, key=chosen.count)  # ties: the first chosen
         # the best plan among those the quality floor admits (all of them at floor 0)
         best = min([p for p in mean if p in eligible] or list(mean), key=mean.get)
         # split vs cloud: the planner's arbitration when the edge alone is not good enough

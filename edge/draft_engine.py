@@ -64,6 +64,8 @@ class OrtDraftEngine:
         self.eos_ids = set(cfg["eos_token_id"] if isinstance(cfg["eos_token_id"], list) else [cfg["eos_token_id"]])
         self.max_positions = int(cfg.get("max_position_embeddings", 2048))
         self.vocab_size = int(cfg["vocab_size"])
+        self.runs = 0
+        """Requests drafted since warm-up (the planner's first-run term applies while 0)."""
 
     @property
     def providers(self) -> list[str]:
@@ -79,6 +81,7 @@ class OrtDraftEngine:
         up to 2x a warm one)."""
         t0 = time.perf_counter()
         self.generate("warm up", Sampling(n=n, temperature=0.0, max_new_tokens=steps))
+        self.runs = 0
         return (time.perf_counter() - t0) * 1e3
 
     def generate(self, prompt: str, s: Sampling, on_draft: Callable[[DraftResult], None] | None = None,
@@ -137,4 +140,5 @@ class OrtDraftEngine:
             live = [live[r] for r in keep]
             ids = np.array([[tokens[i][-1]] for i in live], np.int64)
             logits, past = self.lm.step(ids, past)
+        self.runs += 1
         return [r for r in results if r is not None]

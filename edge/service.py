@@ -6,6 +6,7 @@ circuit breaker, and one event stream per request. Transport-free: domain types 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -20,7 +21,7 @@ from edge.config import PLANS, EdgeConfig
 from edge.draft_engine import OrtDraftEngine
 from edge.link import CloudLink
 from edge.metrics import EdgeMetrics
-from edge.onnx_lm import model_files
+from edge.onnx_lm import default_providers, model_files
 from edge.pipeline import CloudFailed, EdgePipeline, EdgeResult, Plan
 from edge.planner import probes
 from edge.planner.cost import cold_start_ms
@@ -112,12 +113,17 @@ class EdgeCore:
                                       self.engine.lm if self.engine else None, stub)
 
     def _edge_state(self) -> EdgeState:
-        gpu = bool(self.engine and self.engine.providers[0] == "CUDAExecutionProvider")
+        # a cold model's PCIe term needs to know where it will run before any session exists
+        providers = self.engine.providers if self.engine else (
+            [p for p in self.cfg.providers.split(",") if p] or default_providers())
+        gpu = providers[0] in ("CUDAExecutionProvider", "TensorrtExecutionProvider")
         remaining = 0.0
         if self.model_state == "loading":
-            full = cold_start_ms(self.planner.edge_profile(EdgeState(self.model_bytes, "cold", gpu=gpu)))
-            remaining = max(0.0, full - (time.perf_counter() - self._load_started) * 1e3)
-        return EdgeState(self.model_bytes, self.model_state, remaining, gpu)
+            cold = dataclasses.replace(self.planner.edge_profile(EdgeState(self.model_bytes, "cold", gpu=gpu)),
+                                       first_run_ms=0.0)  # the "loading" state adds it itself
+            remaining = max(0.0, cold_start_ms(cold) - (time.perf_counter() - self._load_started) * 1e3)
+        fresh = self.engine is None or self.engine.runs == 0
+        return EdgeState(self.model_bytes, self.model_state, remaining, gpu, fresh)
 
     def _maybe_reprobe(self) -> None:
         est = self.planner.est
@@ -245,12 +251,14 @@ class EdgeCore:
                     self.link.breaker.success()
             if result.summary is not None and result.summary.recommended_drafts:
                 self.link.recommended_drafts = result.summary.recommended_drafts  # adopt the cloud's count
-            result.fallback_reason = result.fallback_reason or skipped
             result.plan_reason = why
             if choice is not None and plan.value in choice.breakdowns:
                 b = choice.breakdowns[plan.value]
                 result.predicted = {k: v for k, v in b.as_dict().items() if k.endswith("_ms")}
+            # before the skip reason is attached: an edge plan run because the cloud was skipped
+            # is still a clean measurement of the edge plan
             self.planner.observe(plan.value, req.task, *size, s.n, result, edge_was)
+            result.fallback_reason = result.fallback_reason or skipped
             if result.fallback_reason:
                 self.metrics.fallbacks.labels(result.fallback_reason.split(":")[0][:40]).inc()
             if not first:

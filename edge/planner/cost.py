@@ -71,7 +71,7 @@ class EdgeProfile:
             if n <= n1:
                 return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
         (n0, t0), (n1, t1) = (pts[-2], pts[-1]) if len(pts) > 1 else (pts[-1], pts[-1])
-        slope = (t1 - t0) / (n1 - n0) if n1 != n0 else 0.0
+        slope = max(0.0, (t1 - t0) / (n1 - n0)) if n1 != n0 else 0.0  # noise must not make big batches free
         return t1 + slope * (n - n1)
 
 

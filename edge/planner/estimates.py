@@ -30,10 +30,13 @@ DEFAULTS: dict[str, float] = {
 # swing the next plan. Speeds, the network and the cloud's load track conditions: ``alpha``.
 OUTCOMES = ("draft_tokens", "answer_tokens", "decode_steps", "rounds", "quality", "first_run")
 OUTCOME_ALPHA = 0.05
-_BOUNDS = {"bps": (1e3, 1e12), "ms": (0.0, 600_000.0), "tokens": (1.0, 1e5), "quality": (0.0, 1.0)}
+_BOUNDS = {"bps": (1e3, 1e12), "ms": (0.0, 600_000.0), "tokens": (1.0, 1e5), "quality": (0.0, 1.0),
+           "bytes_per_token": (0.25, 64.0)}
 
 
 def _bounds(key: str) -> tuple[float, float]:
+    if key == "bytes_per_token":
+        return _BOUNDS["bytes_per_token"]
     if key.endswith("_bps"):
         return _BOUNDS["bps"]
     if key.startswith("quality."):
@@ -66,7 +69,7 @@ class Estimates:
         """Fold one measurement in (EWMA; ``replace`` for a fresh probe). False if refused."""
         lo, hi = _bounds(key)
         if value is None or not math.isfinite(value) or not lo <= value <= hi:
-            self.note(f"{key}: refused absurd measurement {value!r} (valid {lo:g}..{hi:g})")
+            self.note(f"{key}: refused absurd measurement {value!r} (valid {lo:g}..{hi:g})", key=f"{key}: refused")
             return False
         old = self.values.get(key)
         a = max(1.0 / (self.counts.get(key, 0) + 1), OUTCOME_ALPHA) if key.startswith(OUTCOMES) else self.alpha
@@ -95,7 +98,11 @@ class Estimates:
     def stale(self, key: str, max_age_s: float) -> bool:
         return time.time() - self.updated.get(key, 0.0) > max_age_s
 
-    def note(self, text: str) -> None:
+    def note(self, text: str, key: str | None = None) -> None:
+        """Add a caveat for ``--explain``; one with ``key`` replaces earlier ones that start with it
+        (a repeated failure with a new value is one caveat, not a growing list)."""
+        if key is not None:
+            self.notes[:] = [n for n in self.notes if not n.startswith(key) or n == text]
         if text not in self.notes:
             self.notes.append(text)
             log.info("planner: %s", text)
@@ -114,7 +121,9 @@ class Estimates:
                 for k, v in data["values"].items():
                     if est.observe(k, float(v), replace=True):
                         est.updated[k] = float(data.get("updated", {}).get(k, 0.0))
-                est.counts = {k: int(v) for k, v in data.get("counts", {}).items()}
+                # a file without counts (older format) still holds means: weigh each as one sample
+                saved = data.get("counts", {})
+                est.counts = {k: int(saved.get(k, 1)) for k in est.values}
             except (ValueError, KeyError, TypeError) as exc:
                 est.note(f"{est.path}: unreadable calibration ({exc}); starting from defaults")
         return est

@@ -28,6 +28,12 @@ class EdgeState:
     state: str  # cold | loading | warm
     loading_remaining_ms: float = 0.0
     gpu: bool = False
+    fresh: bool = False
+    """No request drafted on this session yet (always so when cold or loading)."""
+
+    @property
+    def first_run(self) -> bool:
+        return self.fresh or self.state != "warm"
 
 
 class Planner:
@@ -47,7 +53,7 @@ class Planner:
                            pcie_h2d_bps=e.get("pcie_h2d_bps") if s.gpu else None, session_ms=e.get("session_ms"),
                            warmup_ms=e.get("warmup_ms"), prefill_ms_per_token=e.get("prefill_ms_per_token"),
                            step_ms=e.step_ms(), state=s.state, loading_remaining_ms=s.loading_remaining_ms,
-                           first_run_ms=e.get("first_run_ms") if s.state != "warm" else 0.0)
+                           first_run_ms=e.get("first_run_ms") if s.first_run else 0.0)
 
     def net_profile(self) -> NetProfile:
         e = self.est
@@ -78,7 +84,7 @@ class Planner:
             net, cloud = (self.net_profile(), self.cloud_profile()) if cloud_available else (None, None)
             c = choose(shape, self.edge_profile(edge), net, cloud, self.quality(task), self.quality_floor)
         except (ValueError, ZeroDivisionError) as exc:  # never let the planner fail a request
-            self.est.note(f"cost model failed ({exc}); falling back to split")
+            self.est.note(f"cost model failed ({exc}); falling back to split", key="cost model failed")
             return Choice("split" if cloud_available else "edge", {}, "fallback: cost model failed",
                           tuple(self.est.notes))
         return Choice(c.plan, c.breakdowns, c.reason, tuple(self.est.notes))
@@ -105,16 +111,16 @@ class Planner:
                     e.observe("bytes_per_token", max(nbytes / ntok, 0.25))
             # one round only: a retry round drafts at another batch size (the cloud's advice)
             if "drafting" in t and longest and result.rounds <= 1:
-                if edge_was.state == "warm":
+                if not edge_was.first_run:
                     step = (t["drafting"] - prompt_tokens * e.get("prefill_ms_per_token")) / longest
                     if step > 0:
                         e.observe(f"step_ms.{n}", step)
                 else:  # the first request on a fresh session: what it drafted beyond a warm one
-                    warm = drafting_ms(self.edge_profile(EdgeState(edge_was.model_bytes, "warm")),
+                    warm = drafting_ms(self.edge_profile(EdgeState(edge_was.model_bytes, "warm", gpu=edge_was.gpu)),
                                        dataclasses.replace(self.shape(task, prompt_tokens, prompt_bytes, n),
                                                            draft_tokens=longest))
                     e.observe("first_run_ms", max(0.0, t["drafting"] - warm))
-        if result.answer:
+        if result.answer and not result.fallback_reason:  # a fallback's answer is a local draft
             bpt = e.values.get("bytes_per_token", 1.0)
             e.observe(f"answer_tokens.{task}", max(1.0, len(result.answer.encode()) / bpt))
         if not result.fallback_reason:
@@ -133,7 +139,8 @@ class Planner:
             if tm.decode_steps > 0:
                 e.observe(f"decode_steps.{plan}.{task}", float(tm.decode_steps))
                 if tm.refine_ttft_ms > 0:
-                    e.observe("refine_ttft_ms", tm.refine_ttft_ms)
+                    # net of the queue wait the Status RPC reported: the cost model adds that itself
+                    e.observe("refine_ttft_ms", max(0.0, tm.refine_ttft_ms - e.get("queue_ms")))
                     if tm.refine_ms > tm.refine_ttft_ms:
                         e.observe("refine_ms_per_token", (tm.refine_ms - tm.refine_ttft_ms) / tm.decode_steps)
             # the cost model's own transfer term, with the rounds this request really took

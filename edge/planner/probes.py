@@ -141,8 +141,7 @@ async def calibrate(est, model_path: Path | None = None, lm=None, stub=None, ses
 
     def failed(what: str, why: str) -> None:
         kept = "keeping the last measurement" if any(est.has(k) for k in keys[what]) else "using defaults"
-        est.notes[:] = [n for n in est.notes if not n.startswith(f"{what} probe failed")]
-        est.note(f"{what} probe failed ({why}); {kept}")
+        est.note(f"{what} probe failed ({why}); {kept}", key=f"{what} probe failed")
 
     def ok(what: str) -> None:  # a probe that works again clears its failure from --explain
         est.notes[:] = [n for n in est.notes if not n.startswith(f"{what} probe failed")]

@@ -187,3 +187,26 @@ async def test_lazy_mode_loads_on_the_first_request_and_reports_its_cost(int8_dr
         assert st.model_state == "warm" and st.model_load_ms > 0
     finally:
         await d.stop()
+
+
+async def test_planner_edge_state_while_loading(int8_draft):
+    from edge.planner.cost import cold_start_ms
+    from edge.planner.planner import EdgeState
+    from edge.sampling import Sampling
+    from edge.service import EdgeCore
+
+    core = EdgeCore(EdgeConfig(model=str(int8_draft), warm=False, grpc_port=-1, http_port=-1,
+                               providers="CPUExecutionProvider"))
+    cold = core._edge_state()
+    assert cold.state == "cold" and cold.fresh and not cold.gpu  # where it will run, before any session
+    full = cold_start_ms(core.planner.edge_profile(cold))
+    core.model_state, core._load_started = "loading", time.perf_counter()
+    loading = core._edge_state()
+    # what is left of the load plus the first run once: never more than the whole cold start
+    assert loading.fresh and cold_start_ms(core.planner.edge_profile(loading)) <= full
+    engine = await core.ensure_engine()
+    assert core._edge_state() == EdgeState(core.model_bytes, "warm", 0.0, False, fresh=True)
+    await asyncio.to_thread(engine.generate, "If x=1 and y=2, compute x+y.\n", Sampling(n=2, max_new_tokens=4))
+    assert not core._edge_state().fresh
+    await core.close()
+

@@ -94,3 +94,8 @@ def test_first_run_penalty_counts_only_before_the_model_is_warm():
         cold_start_ms(dataclasses.replace(EDGE, state="cold")) + 40.0)
     assert cold_start_ms(dataclasses.replace(slow_first, state="loading", loading_remaining_ms=5)) == 45.0
     assert cold_start_ms(slow_first) == 0.0
+
+
+def test_noisy_step_times_never_make_bigger_batches_cheaper():
+    e = dataclasses.replace(EDGE, step_ms={1: 5.0, 5: 9.0, 8: 7.0})
+    assert e.step(20) == 7.0 and e.step(8) == 7.0

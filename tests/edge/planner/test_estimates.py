@@ -113,3 +113,27 @@ async def test_failed_probes_fall_back_and_say_so(tmp_path):
     e.observe("rtt_ms", 12.0)
     await probes.calibrate(e, stub=DownStub())
     assert any("network probe failed" in n and "keeping the last measurement" in n for n in e.notes)
+
+
+def test_caveats_do_not_grow_and_old_files_keep_their_means(tmp_path):
+    e = Estimates()
+    for v in (-1.0, -2.0, -3.0):
+        e.observe("rtt_ms", v)
+    assert sum("rtt_ms: refused" in n for n in e.notes) == 1 and "-3.0" in e.notes[-1]
+    assert e.observe("bytes_per_token", 0.0) is False  # prompt_size divides by it
+    path = tmp_path / "old.json"  # written before counts were saved
+    path.write_text(json.dumps({"values": {"decode_steps.cloud.arith": 40.0}}))
+    old = Estimates.open(path)
+    old.observe("decode_steps.cloud.arith", 200.0)
+    assert old.get("decode_steps.cloud.arith") == 120.0  # averaged with the saved mean, not replaced by it
+
+
+def test_first_run_is_the_first_request_on_a_session_not_the_state():
+    p = Planner(Estimates())
+    p.est.observe("prefill_ms_per_token", 0.0)
+    p.est.observe("step_ms.5", 5.0)
+    fresh = EdgeState(1_000_000, "warm", fresh=True)  # loaded in the background by a cloud request
+    assert p.edge_profile(fresh).first_run_ms == p.est.get("first_run_ms") > 0
+    assert p.edge_profile(EdgeState(1_000_000, "warm")).first_run_ms == 0
+    p.observe("edge", "arith", 10, 40, 5, _result(1, 90.0, 90.0), fresh)
+    assert p.est.get("first_run_ms") == 40.0 and p.est.get("step_ms.5") == 5.0
