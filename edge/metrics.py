@@ -19,6 +19,10 @@ class EdgeMetrics:
                                  "its circuit was open", ["reason"], registry=r)
         self.ttft = Histogram("coinfer_edge_ttft_seconds", "Time to the first answer byte", buckets=_S, registry=r)
         self.latency = Histogram("coinfer_edge_request_seconds", "Request wall time", buckets=_S, registry=r)
+        self.plan_ratio = Histogram(
+            "coinfer_edge_plan_latency_ratio", "Measured / predicted latency of the plan the planner chose "
+            "(its calibration: 1 is exact; a drift says re-probe or a changed link)", ["plan"],
+            buckets=(0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0), registry=r)
         self.errors = Counter("coinfer_edge_bad_requests", "Requests refused, by field", ["field"], registry=r)
         self.active = Gauge("coinfer_edge_active", "Requests in flight", registry=r)
         self.circuit = Gauge("coinfer_edge_cloud_circuit_open", "1 while the circuit to the cloud is open",

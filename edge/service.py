@@ -200,6 +200,7 @@ class EdgeCore:
     async def solve(self, req: SolveRequest) -> AsyncIterator[object]:
         """Events: t.Draft, t.Verdict, t.AnswerChunk ..., then one Done."""
         s, deadline_s = self._validate(req)
+        t0 = time.perf_counter()  # the user's clock: waiting for a cold model counts
         size = self.planner.prompt_size(req.prompt)
         plan, skipped, why, edge_was, choice = self._plan(req, s.n, size)
         self._maybe_reprobe()
@@ -214,7 +215,7 @@ class EdgeCore:
         self.metrics.plans.labels(plan.value).inc()
         q: asyncio.Queue = asyncio.Queue()
         pipe = EdgePipeline(engine, self.link.channel if plan is not Plan.EDGE else None)
-        t0 = time.perf_counter()
+        waited_ms = (time.perf_counter() - t0) * 1e3
         first: list[float] = []
 
         def on_event(ev: object) -> None:
@@ -252,9 +253,13 @@ class EdgeCore:
             if result.summary is not None and result.summary.recommended_drafts:
                 self.link.recommended_drafts = result.summary.recommended_drafts  # adopt the cloud's count
             result.plan_reason = why
+            # the request as the user saw it; "cold_start": waiting for the edge model to load
+            result.timings.update(request=(time.perf_counter() - t0) * 1e3, cold_start=waited_ms)
             if choice is not None and plan.value in choice.breakdowns:
                 b = choice.breakdowns[plan.value]
                 result.predicted = {k: v for k, v in b.as_dict().items() if k.endswith("_ms")}
+                if b.total_ms > 0 and not result.fallback_reason and not skipped:
+                    self.metrics.plan_ratio.labels(plan.value).observe(result.timings["request"] / b.total_ms)
             # before the skip reason is attached: an edge plan run because the cloud was skipped
             # is still a clean measurement of the edge plan
             self.planner.observe(plan.value, req.task, *size, s.n, result, edge_was)

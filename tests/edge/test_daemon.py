@@ -60,6 +60,17 @@ async def test_edge_and_cloud_plans(daemon):
     assert cloud.source == "cloud" and cloud.plan == "cloud"
 
 
+async def test_auto_plan_carries_its_prediction_and_the_measured_request(daemon):
+    res = (await solve(daemon.grpc_port))[-1].result  # no plan: the planner's
+    assert res.plan in ("edge", "split", "cloud") and "fastest" in res.plan_reason
+    assert res.predicted_ms["total_ms"] > 0 and set(res.predicted_ms) >= {"cold_start_ms", "drafting_ms"}
+    t = res.timings_ms
+    assert t["request"] >= t["total"] > 0 and 0 <= t["cold_start"] <= t["request"]
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{daemon.http_port}", timeout=60) as http:
+        metrics = (await http.get("/metrics")).text
+    assert f'coinfer_edge_plan_latency_ratio_count{{plan="{res.plan}"}}' in metrics  # calibration, per plan
+
+
 @pytest.mark.parametrize("kw,code,fragment", [
     ({"task": "poetry"}, grpc.StatusCode.INVALID_ARGUMENT, "task"),
     ({"prompt": "hello there"}, grpc.StatusCode.INVALID_ARGUMENT, "prompt"),
