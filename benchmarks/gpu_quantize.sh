@@ -28,5 +28,6 @@ while read -r line; do
   done
   "$PY" -m quantize bench "$@" --providers CUDAExecutionProvider CPUExecutionProvider --batch 5 --json \
     > "$OUT/bench-$name.json"
-  "$PY" -m quantize bench "$@" --providers CUDAExecutionProvider CPUExecutionProvider --batch 5 --quiet
+  "$PY" -c 'import json, sys; from quantize.bench import table; print(table(json.load(open(sys.argv[1]))))' \
+    "$OUT/bench-$name.json"                                   # the table of that same run
 done <<< "$ROOTS"

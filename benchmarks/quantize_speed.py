@@ -22,6 +22,7 @@ from pathlib import Path
 
 from demo.train import cache_root
 from quantize import bench
+from quantize.artifact import staged
 from quantize.build import BuildOptions, int8_dir
 from quantize.gates import GateConfig
 from quantize.int8 import SCHEMES, QuantConfig
@@ -58,10 +59,10 @@ def build_large(recipe: LargeRecipe) -> Path:
                       bos_token_id=chartok.BOS_ID, eos_token_id=chartok.EOS_ID, pad_token_id=chartok.PAD_ID)
     model = LlamaForCausalLM(cfg).eval()
     print(f"built random Llama: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters", file=sys.stderr)
-    tmp = root / ".hf-tmp"
-    model.save_pretrained(str(tmp))
-    chartok.save(tmp)
-    tmp.rename(hf)
+    root.mkdir(parents=True, exist_ok=True)
+    with staged(hf) as tmp:  # a crash leaves no half-written model behind
+        model.save_pretrained(str(tmp))
+        chartok.save(tmp)
     return root
 
 

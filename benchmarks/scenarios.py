@@ -36,8 +36,7 @@ from pathlib import Path
 import grpc
 
 from benchmarks.netem import ShapingProxy
-
-PLANS = ("edge", "split", "cloud")
+from edge.planner.cost import PLANS
 
 
 @dataclass(frozen=True)

@@ -124,7 +124,7 @@ class CloudCore:
                 self.metrics.observe(ev, chunks)
                 yield ev
             outcome = "ok"
-            if s.outcome and self.cfg.policy.learn_every and self.learner.record(s.outcome):
+            if s.outcome and self.learner.record(s.outcome):
                 self._publish_weights()
         except asyncio.CancelledError:
             outcome = "cancelled"

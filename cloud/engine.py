@@ -191,12 +191,14 @@ class VllmEngine(TargetEngine):
             if c.text or c.token_ids:
                 yield Chunk(c.text, len(c.token_ids))
 
-    async def sample(self, prompt: str, params: GenParams, n: int, request_id: str) -> list[Chunk]:
+    async def sample(self, prompt: str, params: GenParams, n: int, request_id: str, **extra) -> list[Chunk]:
+        """``extra``: more vLLM SamplingParams (structured outputs for the judge)."""
         ids = self._ids(prompt)
         room = self.cfg.max_model_len - len(ids)
         if room < 1:
             return []
-        outs = [out async for out in self._run(ids, self._params(params, room, delta=False, n=n), request_id)]
+        sp = self._params(params, room, delta=False, n=n, **extra)
+        outs = [out async for out in self._run(ids, sp, request_id)]
         return [Chunk(c.text, len(c.token_ids)) for c in outs[-1].outputs] if outs else []
 
     async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str) -> list[float]:
@@ -215,14 +217,9 @@ class VllmEngine(TargetEngine):
     async def judge(self, prompt: str, schema: dict, max_tokens: int, request_id: str) -> str:
         from vllm.sampling_params import StructuredOutputsParams
 
-        ids = self._ids(prompt)
-        room = self.cfg.max_model_len - len(ids)
-        if room < 1:
-            return ""
-        sp = self._params(GenParams(max_tokens=max_tokens), room, delta=False,
-                          structured_outputs=StructuredOutputsParams(json=schema))
-        outs = [out async for out in self._run(ids, sp, request_id)]
-        return outs[-1].outputs[0].text if outs else ""
+        out = await self.sample(prompt, GenParams(max_tokens=max_tokens), 1, request_id,
+                                structured_outputs=StructuredOutputsParams(json=schema))
+        return out[0].text if out else ""
 
     async def abort(self, request_id: str) -> None:
         if self._llm is not None:

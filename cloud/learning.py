@@ -53,7 +53,10 @@ class WeightLearner:
         return cls(w, every, alpha, p)
 
     def record(self, rows: list[tuple[float, float, float, float]]) -> bool:
-        """Add one session's outcome rows; returns True when this session triggered an update."""
+        """Add one session's outcome rows; returns True when this session triggered an update.
+        With learning off (``every`` 0) nothing is kept."""
+        if not self.every:
+            return False
         self.rows.extend(rows)
         self.weights.sessions += 1
         if self.weights.sessions % self.every:

@@ -7,7 +7,6 @@ server goes on serving other sessions.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import AsyncIterator
@@ -18,19 +17,11 @@ from cloud.core import CloudCore
 from cloud.session import DraftsDone, EdgeItem
 from coinfer import convert
 from coinfer import types as t
-from coinfer.errors import CoinferError, InvalidArgument
+from coinfer.errors import InvalidArgument, abort
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
 
-log = logging.getLogger(__name__)
 MAX_PROBE_BYTES = 16 << 20
-
-
-async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
-    if isinstance(exc, CoinferError):
-        await context.abort(exc.code, exc.message)
-    log.exception("internal error", exc_info=exc)
-    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
 
 
 class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
@@ -58,7 +49,7 @@ class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
             async for ev in self.core.session(req, inbox()):
                 yield convert.event_to_pb(ev)
         except Exception as exc:  # noqa: BLE001 - mapped to a status, never crashes the server
-            await _abort(context, exc)
+            await abort(context, exc)
 
     async def Generate(self, request: pb.GenerateRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[pb.CloudMessage]:
@@ -69,7 +60,7 @@ class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
             async for ev in self.core.generate(req):
                 yield convert.event_to_pb(ev)
         except Exception as exc:  # noqa: BLE001
-            await _abort(context, exc)
+            await abort(context, exc)
 
     async def Status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusResponse:
         return convert.to_pb(self.core.status(), pb.StatusResponse)

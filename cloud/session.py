@@ -216,7 +216,8 @@ class Session:
             answer, source, valid = text, t.AnswerSource.CLOUD, res.valid
             refine_note = (f"no valid draft after retries: cloud drafted itself from {len(prefix_steps)} verified steps"
                            + ("" if res.valid else f" ({res.error})"))
-        self._outcome(ranked, answer)
+        if self.cfg.policy.learn_every:  # grading every draft only feeds the learner
+            self._outcome(ranked, answer)
         rank_of = {j.draft.index: r for j, r in ranked}
         scores = [t.DraftScore(i, j.verdict.valid, j.verdict.score, rank_of.get(i, 0.0))
                   for i, j in sorted(self.judged.items())]

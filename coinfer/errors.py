@@ -7,7 +7,11 @@ Anything else is a bug or a dead engine and maps to INTERNAL / UNAVAILABLE.
 
 from __future__ import annotations
 
+import logging
+
 import grpc
+
+log = logging.getLogger(__name__)
 
 
 class CoinferError(Exception):
@@ -42,6 +46,15 @@ class DeadlineExceeded(CoinferError):
     """The request's own deadline passed."""
 
     code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+async def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    """End an RPC for ``exc``: its own status and message for a CoinferError, else INTERNAL
+    naming only the exception type (the traceback goes to the log, not the client)."""
+    if isinstance(exc, CoinferError):
+        await context.abort(exc.code, exc.message)
+    log.error("internal error", exc_info=exc)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
 
 
 def require(cond: bool, field: str, message: str) -> None:

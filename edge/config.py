@@ -59,6 +59,11 @@ class EdgeConfig:
     reprobe_s: float = 300.0
     """Network / cloud estimates older than this are re-probed (in the background)."""
 
+    @property
+    def provider_list(self) -> list[str]:
+        """``providers`` as a list; empty = the engine's default (CUDA when present, else CPU)."""
+        return [p for p in self.providers.split(",") if p]
+
     def validate(self) -> None:
         if not self.model:
             raise ValueError("model: a draft model directory is required")

@@ -76,8 +76,8 @@ class OnnxLM:
     def providers(self) -> list[str]:
         return self.session.get_providers()
 
-    def empty_past(self, batch: int = 1) -> Past:
-        return [np.zeros((batch, self.kv_heads, 0, self.head_dim), self.dtype) for _ in self.past_names]
+    def empty_past(self) -> Past:
+        return [np.zeros((1, self.kv_heads, 0, self.head_dim), self.dtype) for _ in self.past_names]
 
     def _host(self, x) -> np.ndarray:
         return x.numpy() if isinstance(x, ort.OrtValue) else x

@@ -21,7 +21,7 @@ from edge.config import PLANS, EdgeConfig
 from edge.draft_engine import OrtDraftEngine
 from edge.link import CloudLink
 from edge.metrics import EdgeMetrics
-from edge.onnx_lm import default_providers, model_files
+from edge.onnx_lm import ACCELERATORS, default_providers, model_files
 from edge.pipeline import CloudFailed, EdgePipeline, EdgeResult, Plan
 from edge.planner import probes
 from edge.planner.cost import cold_start_ms
@@ -86,6 +86,8 @@ class EdgeCore:
         self.planner = Planner(Estimates.open(cfg.planner_state), cfg.quality_floor)
         self.model_bytes = sum(f.stat().st_size for f in model_files(cfg.model)) if Path(cfg.model).is_dir() else 0
         self._probe: asyncio.Task | None = None
+        # a cold model's PCIe term needs to know where it will run before any session exists
+        self._planned_gpu = (cfg.provider_list or default_providers())[0] in ACCELERATORS
         self._warming: asyncio.Task | None = None
         """The background load started by a cloud request on a cold edge (held: the loop keeps
         only weak references to tasks)."""
@@ -113,10 +115,7 @@ class EdgeCore:
                                       self.engine.lm if self.engine else None, stub)
 
     def _edge_state(self) -> EdgeState:
-        # a cold model's PCIe term needs to know where it will run before any session exists
-        providers = self.engine.providers if self.engine else (
-            [p for p in self.cfg.providers.split(",") if p] or default_providers())
-        gpu = providers[0] in ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+        gpu = self.engine.providers[0] in ACCELERATORS if self.engine else self._planned_gpu
         remaining = 0.0
         if self.model_state == "loading":
             cold = dataclasses.replace(self.planner.edge_profile(EdgeState(self.model_bytes, "cold", gpu=gpu)),
@@ -139,9 +138,9 @@ class EdgeCore:
             if self.engine is None:
                 self.model_state = "loading"
                 t0 = self._load_started = time.perf_counter()
-                providers = [p for p in self.cfg.providers.split(",") if p] or None
                 try:
-                    engine = await asyncio.to_thread(OrtDraftEngine, Path(self.cfg.model), providers,
+                    engine = await asyncio.to_thread(OrtDraftEngine, Path(self.cfg.model),
+                                                     self.cfg.provider_list or None,
                                                      self.cfg.threads or None, allow_unverified=self.cfg.allow_unverified)
                     warm_ms = await asyncio.to_thread(engine.warm_up)
                 except BaseException:

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 
 import grpc
 
 from coinfer import convert
 from coinfer import types as t
-from coinfer.errors import CoinferError
+from coinfer.errors import CoinferError, abort
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import edge_pb2 as epb
 from coinfer.v1 import edge_pb2_grpc as epb_grpc
 from edge.service import Done, EdgeCore, SolveRequest
-
-log = logging.getLogger(__name__)
 
 
 def result_to_pb(done: Done) -> epb.SolveResult:
@@ -46,12 +43,10 @@ class EdgeServicer(epb_grpc.CoinferEdgeServicer):
                     yield epb.SolveEvent(verdict=convert.to_pb(ev, pb.Verdict))
                 elif isinstance(ev, t.AnswerChunk):
                     yield epb.SolveEvent(chunk=pb.AnswerChunk(text=ev.text))
-        except CoinferError as exc:
-            self.core.metrics.errors.labels(exc.message.split(":")[0][:40]).inc()
-            await context.abort(exc.code, exc.message)
         except Exception as exc:  # noqa: BLE001 - never crash the daemon
-            log.exception("solve failed")
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+            if isinstance(exc, CoinferError):
+                self.core.metrics.errors.labels(exc.message.split(":")[0][:40]).inc()
+            await abort(context, exc)
 
     async def Status(self, request: epb.EdgeStatusRequest, context: grpc.aio.ServicerContext) -> epb.EdgeStatus:
         return epb.EdgeStatus(**self.core.status())

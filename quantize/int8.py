@@ -69,6 +69,8 @@ class QuantConfig:
             raise ValueError(f"accuracy_level: must be 0..4, got {self.accuracy_level}")
         if self.embeddings not in ("fp32", "fp16"):
             raise ValueError(f"embeddings: must be fp32|fp16, got {self.embeddings!r}")
+        if self.scheme == "weight-only" and not self.per_channel:
+            raise ValueError("per_channel: weight-only quantization is always per output channel")
         b = self.block_size
         if b != 0 and (b < 16 or b & (b - 1)):
             raise ValueError(f"block_size: must be 0 or a power of 2 >= 16, got {b}")
@@ -148,8 +150,6 @@ def quantize_model(src: Path, dst: Path, cfg: QuantConfig, calibration: Callable
             chosen = set(nodes)
             k_max = max(int(inits[n.input[1]].dims[0]) for n in model.graph.node if n.name in chosen)
             block = cfg.block_size or max(16, 1 << (k_max - 1).bit_length())
-            if not cfg.per_channel:  # one scale for a whole weight: a block as long as the weight
-                raise ValueError("per_channel: weight-only quantization is always per output channel")
             q = MatMulNBitsQuantizer(model, bits=8, block_size=block, is_symmetric=False, accuracy_level=cfg.accuracy_level,
                                      nodes_to_include=nodes, op_types_to_quantize=("MatMul",))
             q.process()

@@ -43,7 +43,7 @@ class Placement:
 
 
 def is_compute(op: str) -> bool:
-    return any(op.startswith(p) or p in op for p in COMPUTE_OPS)
+    return any(p in op for p in COMPUTE_OPS)
 
 
 def check_placement(model_path: Path, providers: list[str]) -> Placement:
@@ -72,11 +72,11 @@ def check_placement(model_path: Path, providers: list[str]) -> Placement:
         args = ev.get("args") or {}
         if ev.get("cat") == "Node" and "provider" in args and ev.get("name", "").endswith("_kernel_time"):
             per_node[ev["name"].removesuffix("_kernel_time")] = (args.get("op_name", "?"), args["provider"])
-    res.nodes = dict(Counter(p for _, p in per_node.values()))
     by_op: dict[str, Counter] = {}
     for op, prov in per_node.values():
         by_op.setdefault(prov, Counter())[op] += 1
     res.by_op = {p: dict(c) for p, c in by_op.items()}
+    res.nodes = {p: sum(c.values()) for p, c in by_op.items()}
     if accel:
         res.fallback = sorted(f"{op}: {name}" for name, (op, prov) in per_node.items()
                               if prov == "CPUExecutionProvider" and is_compute(op))

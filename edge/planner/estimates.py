@@ -102,10 +102,14 @@ class Estimates:
         """Add a caveat for ``--explain``; one with ``key`` replaces earlier ones that start with it
         (a repeated failure with a new value is one caveat, not a growing list)."""
         if key is not None:
-            self.notes[:] = [n for n in self.notes if not n.startswith(key) or n == text]
+            self.forget(key, keep=text)
         if text not in self.notes:
             self.notes.append(text)
             log.info("planner: %s", text)
+
+    def forget(self, fragment: str, keep: str = "") -> None:
+        """Drop the caveats that contain ``fragment`` (except ``keep``)."""
+        self.notes[:] = [n for n in self.notes if fragment not in n or n == keep]
 
     def step_ms(self) -> dict[int, float]:
         out = {int(k.split(".")[1]): v for k, v in self.values.items() if k.startswith("step_ms.")}

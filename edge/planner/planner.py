@@ -16,7 +16,17 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
-from edge.planner.cost import Choice, CloudProfile, EdgeProfile, NetProfile, RequestShape, choose, drafting_ms, predict
+from edge.planner.cost import (
+    PLANS,
+    Choice,
+    CloudProfile,
+    EdgeProfile,
+    NetProfile,
+    RequestShape,
+    choose,
+    drafting_ms,
+    predict,
+)
 from edge.planner.estimates import Estimates
 
 log = logging.getLogger(__name__)
@@ -41,10 +51,15 @@ class Planner:
         self.est = est
         self.quality_floor = quality_floor
 
+    @property
+    def bytes_per_token(self) -> float:
+        """Measured from drafts; 1 until then (no caveat: it only converts between the two sizes)."""
+        return self.est.values.get("bytes_per_token", 1.0)
+
     def prompt_size(self, prompt: str) -> tuple[int, int]:
         """(tokens, bytes) of a prompt, tokens estimated from the measured bytes per token."""
         nbytes = len(prompt.encode())
-        return max(1, round(nbytes / self.est.values.get("bytes_per_token", 1.0))), nbytes
+        return max(1, round(nbytes / self.bytes_per_token)), nbytes
 
     # ---- profiles ------------------------------------------------------------------
     def edge_profile(self, s: EdgeState) -> EdgeProfile:
@@ -67,18 +82,18 @@ class Planner:
     def shape(self, task: str, prompt_tokens: int, prompt_bytes: int, n: int) -> RequestShape:
         e = self.est
         dt, at = e.get(f"draft_tokens.{task}"), e.get(f"answer_tokens.{task}")
-        bpt = e.values.get("bytes_per_token", 1.0)
+        bpt = self.bytes_per_token
         return RequestShape(prompt_tokens, round(dt), n, round(at), prompt_bytes, round(dt * bpt), round(at * bpt),
                             rounds=e.get(f"rounds.{task}"), split_steps=e.get(f"decode_steps.split.{task}"),
                             cloud_steps=e.get(f"decode_steps.cloud.{task}"))
 
     def quality(self, task: str) -> dict[str, float]:
-        return {p: self.est.get(f"quality.{p}.{task}") for p in ("edge", "split", "cloud")}
+        return {p: self.est.get(f"quality.{p}.{task}") for p in PLANS}
 
     def choose(self, task: str, prompt_tokens: int, prompt_bytes: int, n: int, edge: EdgeState,
                cloud_available: bool) -> Choice:
         # "default used" caveats are re-derived per choice; probe / refusal caveats stay
-        self.est.notes[:] = [n for n in self.est.notes if "not measured yet" not in n]
+        self.est.forget("not measured yet")
         try:
             shape = self.shape(task, prompt_tokens, prompt_bytes, n)
             net, cloud = (self.net_profile(), self.cloud_profile()) if cloud_available else (None, None)
@@ -88,11 +103,6 @@ class Planner:
             return Choice("split" if cloud_available else "edge", {}, "fallback: cost model failed",
                           tuple(self.est.notes))
         return Choice(c.plan, c.breakdowns, c.reason, tuple(self.est.notes))
-
-    def predict(self, plan: str, task: str, prompt_tokens: int, prompt_bytes: int, n: int, edge: EdgeState):
-        shape = self.shape(task, prompt_tokens, prompt_bytes, n)
-        return predict(plan, shape, self.edge_profile(edge), self.net_profile(), self.cloud_profile(),
-                       self.quality(task).get(plan, 0.0))
 
     # ---- online updates ------------------------------------------------------------
     def observe(self, plan: str, task: str, prompt_tokens: int, prompt_bytes: int, n: int, result,
@@ -121,8 +131,7 @@ class Planner:
                                                            draft_tokens=longest))
                     e.observe("first_run_ms", max(0.0, t["drafting"] - warm))
         if result.answer and not result.fallback_reason:  # a fallback's answer is a local draft
-            bpt = e.values.get("bytes_per_token", 1.0)
-            e.observe(f"answer_tokens.{task}", max(1.0, len(result.answer.encode()) / bpt))
+            e.observe(f"answer_tokens.{task}", max(1.0, len(result.answer.encode()) / self.bytes_per_token))
         if not result.fallback_reason:
             e.observe(f"quality.{plan}.{task}", 1.0 if result.valid else 0.0)
             if plan == "split":

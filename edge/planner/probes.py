@@ -131,24 +131,25 @@ async def cloud_status(stub, timeout: float = 5.0) -> dict[str, float] | None:
         return None
 
 
-async def calibrate(est, model_path: Path | None = None, lm=None, stub=None, session_ms: float | None = None,
-                    warmup_ms: float | None = None) -> list[str]:
+async def calibrate(est, model_path: Path | None = None, lm=None, stub=None) -> list[str]:
     """Run the probes that apply and fold them into ``est`` (fresh values replace old ones).
-    Returns what was probed. Blocking probes run in a worker thread."""
+    Returns what was probed. Blocking probes run in a worker thread. Session creation and
+    warm-up are measured by the load itself (``EdgeCore.ensure_engine``)."""
     import asyncio
 
     done = []
+    # what each probe measures: a failed one says whether an earlier measurement still stands
+    keys = {"disk": ("disk_read_bps",), "decode": ("step_ms.1", "prefill_ms_per_token"),
+            "network": ("rtt_ms", "up_bps", "down_bps"), "status": ("queue_ms",)}
 
     def failed(what: str, why: str) -> None:
         kept = "keeping the last measurement" if any(est.has(k) for k in keys[what]) else "using defaults"
         est.note(f"{what} probe failed ({why}); {kept}", key=f"{what} probe failed")
 
     def ok(what: str) -> None:  # a probe that works again clears its failure from --explain
-        est.notes[:] = [n for n in est.notes if not n.startswith(f"{what} probe failed")]
+        est.forget(f"{what} probe failed")
         done.append(what)
 
-    keys = {"disk": ("disk_read_bps",), "decode": ("step_ms.1", "prefill_ms_per_token"),
-            "network": ("rtt_ms", "up_bps", "down_bps"), "status": ("queue_ms",)}
     if model_path is not None:
         bps = await asyncio.to_thread(disk_read_bps, model_path)
         if bps is None:
@@ -160,10 +161,6 @@ async def calibrate(est, model_path: Path | None = None, lm=None, stub=None, ses
             est.note("pcie_h2d_bps: unavailable (no CUDA); the cold-start model has no PCIe term")
         elif est.observe("pcie_h2d_bps", pcie, replace=True):
             done.append("pcie")
-    if session_ms is not None and est.observe("session_ms", session_ms, replace=True):
-        done.append("session")
-    if warmup_ms is not None:
-        est.observe("warmup_ms", warmup_ms, replace=True)
     if lm is not None:
         try:
             prefill, steps = await asyncio.to_thread(decode_steps, lm)
