@@ -20,7 +20,7 @@ from cloud.engine import GenParams, TargetEngine
 from cloud.policy import agreement, consensus_prefix, likelihood_score, load_scaled_g, rank_scores, refine_max_tokens
 from cloud.verifier import JUDGE_MAX_TOKENS, JUDGE_SCHEMA, judge_prompt, parse_judge
 from coinfer import types as t
-from coinfer.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
+from coinfer.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, field_of
 from coinfer.rules import RuleSet
 from coinfer.tasks import Parsed, Task
 from coinfer.tasks.base import split_steps
@@ -236,7 +236,7 @@ class Session:
         errors: dict[str, int] = {}
         for j in self.judged.values():
             if not j.verdict.valid:
-                code = j.verdict.error.split(":")[0]
+                code = field_of(j.verdict.error)
                 errors[code] = errors.get(code, 0) + 1
         reason = ", ".join(f"{k} x{n}" for k, n in sorted(errors.items(), key=lambda kv: -kv[1])) or "no drafts"
         # explore more each round: hotter, more diverse, a few more drafts

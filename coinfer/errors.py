@@ -48,6 +48,12 @@ class DeadlineExceeded(CoinferError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
 
 
+def field_of(message: str) -> str:
+    """What a message leads with, before its first colon: the field an error names
+    ("temperature: must be ...") or a failure's code ("UNAVAILABLE: ...")."""
+    return message.split(":")[0]
+
+
 async def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
     """End an RPC for ``exc``: its own status and message for a CoinferError, else INTERNAL
     naming only the exception type (the traceback goes to the log, not the client)."""

@@ -28,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from coinfer import types as t
-from coinfer.errors import CoinferError, ResourceExhausted
+from coinfer.errors import CoinferError, ResourceExhausted, field_of
 from coinfer.rules import Rule
 from edge.service import Done, EdgeCore, SolveRequest
 
@@ -95,10 +95,7 @@ def _request(body: _Base, prompt: str) -> SolveRequest:
 
 
 def _info(done: Done) -> dict:
-    r = done.result
-    return {"source": r.source, "valid": r.valid, "plan": done.plan, "rounds": r.rounds,
-            "fallback_reason": r.fallback_reason, "timings_ms": r.timings, "drafts": len(r.drafts),
-            "predicted_ms": r.predicted, "plan_reason": r.plan_reason}
+    return done.info() | {"drafts": len(done.result.drafts)}
 
 
 def create_app(core: EdgeCore) -> FastAPI:
@@ -117,7 +114,7 @@ def create_app(core: EdgeCore) -> FastAPI:
         except ValidationError as exc:
             err = exc.errors()[0]
             param = ".".join(str(p) for p in err["loc"]) or "body"
-            core.metrics.errors.labels(param[:40]).inc()
+            core.metrics.bad_request(param)
             return _error(400, f"{param}: {err['msg']}", param)
         if body.model != core.cfg.model_name:
             return _error(404, f"model: unknown {body.model!r} (served: {core.cfg.model_name})", "model")
@@ -129,11 +126,11 @@ def create_app(core: EdgeCore) -> FastAPI:
             events = core.solve(req)
             first = await anext(events)  # validation happens before the first event: errors are still 4xx
         except ResourceExhausted as exc:
-            return _error(413, exc.message, exc.message.split(":")[0])
+            return _error(413, exc.message, field_of(exc.message))
         except (CoinferError, ValueError) as exc:
             msg = exc.message if isinstance(exc, CoinferError) else str(exc)
-            core.metrics.errors.labels(msg.split(":")[0][:40]).inc()
-            return _error(400, msg, msg.split(":")[0])
+            core.metrics.bad_request(field_of(msg))
+            return _error(400, msg, field_of(msg))
         rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{req.request_id}", int(time.time())
         obj = "chat.completion" if chat else "text_completion"
 

@@ -27,3 +27,6 @@ class EdgeMetrics:
         self.active = Gauge("coinfer_edge_active", "Requests in flight", registry=r)
         self.circuit = Gauge("coinfer_edge_cloud_circuit_open", "1 while the circuit to the cloud is open",
                              registry=r)
+
+    def bad_request(self, field: str) -> None:
+        self.errors.labels(field[:40]).inc()

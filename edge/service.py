@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coinfer import types as t
-from coinfer.errors import InvalidArgument, ResourceExhausted, require
+from coinfer.errors import InvalidArgument, ResourceExhausted, field_of, require
 from coinfer.rules import Rule
 from coinfer.tasks import TASKS, get_task
 from edge.config import PLANS, EdgeConfig
@@ -51,6 +51,14 @@ class Done:
 
     result: EdgeResult
     plan: str
+
+    def info(self) -> dict:
+        """What both APIs report about a finished request besides its answer (gRPC SolveResult
+        field names)."""
+        r = self.result
+        return {"source": r.source, "valid": r.valid, "plan": self.plan, "rounds": r.rounds,
+                "fallback_reason": r.fallback_reason, "timings_ms": r.timings, "predicted_ms": r.predicted,
+                "plan_reason": r.plan_reason}
 
 
 def infer_task(prompt: str) -> str:
@@ -264,7 +272,7 @@ class EdgeCore:
             self.planner.observe(plan.value, req.task, *size, s.n, result, edge_was)
             result.fallback_reason = result.fallback_reason or skipped
             if result.fallback_reason:
-                self.metrics.fallbacks.labels(result.fallback_reason.split(":")[0][:40]).inc()
+                self.metrics.fallbacks.labels(field_of(result.fallback_reason)[:40]).inc()
             if not first:
                 first.append(time.perf_counter() - t0)
                 yield t.AnswerChunk(result.answer)  # a local answer arrives whole

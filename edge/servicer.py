@@ -8,7 +8,7 @@ import grpc
 
 from coinfer import convert
 from coinfer import types as t
-from coinfer.errors import CoinferError, abort
+from coinfer.errors import CoinferError, abort, field_of
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import edge_pb2 as epb
 from coinfer.v1 import edge_pb2_grpc as epb_grpc
@@ -16,10 +16,7 @@ from edge.service import Done, EdgeCore, SolveRequest
 
 
 def result_to_pb(done: Done) -> epb.SolveResult:
-    r = done.result
-    return epb.SolveResult(answer=r.answer, source=r.source, valid=r.valid, rounds=r.rounds,
-                           fallback_reason=r.fallback_reason, timings_ms=r.timings, plan=done.plan,
-                           predicted_ms=r.predicted, plan_reason=r.plan_reason)
+    return epb.SolveResult(answer=done.result.answer, **done.info())
 
 
 class EdgeServicer(epb_grpc.CoinferEdgeServicer):
@@ -45,7 +42,7 @@ class EdgeServicer(epb_grpc.CoinferEdgeServicer):
                     yield epb.SolveEvent(chunk=pb.AnswerChunk(text=ev.text))
         except Exception as exc:  # noqa: BLE001 - never crash the daemon
             if isinstance(exc, CoinferError):
-                self.core.metrics.errors.labels(exc.message.split(":")[0][:40]).inc()
+                self.core.metrics.bad_request(field_of(exc.message))
             await abort(context, exc)
 
     async def Status(self, request: epb.EdgeStatusRequest, context: grpc.aio.ServicerContext) -> epb.EdgeStatus:
