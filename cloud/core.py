@@ -18,6 +18,7 @@ from cloud.load import DraftCountController
 from cloud.metrics import CloudMetrics
 from cloud.session import EdgeItem, Session
 from coinfer import types as t
+from coinfer.chat import validate_messages
 from coinfer.errors import InvalidArgument, ResourceExhausted, Unavailable, require
 from coinfer.rules import RuleSet
 from coinfer.tasks import get_task
@@ -65,7 +66,7 @@ class CloudCore:
             queue_depth=(st.waiting or max(0, st.running - st.max_num_seqs)) if st else 0,
             running=st.running if st else 0, utilisation=st.load if st else 0.0,
             recommended_drafts=self.controller.recommended, active_sessions=self.active,
-            model=self.cfg.engine.model, ready=bool(st and st.ready), weight_a=w.a, weight_b=w.b, weight_g=w.g,
+            model=self.cfg.engine.model_name, ready=bool(st and st.ready), weight_a=w.a, weight_b=w.b, weight_g=w.g,
             weight_updates=w.updates, kv_cache_usage=st.kv_cache_usage if st else 0.0,
             load=self.controller.smoothed, draining=self.draining,
         )
@@ -87,11 +88,17 @@ class CloudCore:
     def _admit(self, req: t.OpenRequest) -> tuple:
         lim = self.cfg.limits
         task = get_task(req.task)
-        require(req.prompt.strip() != "", "problem.prompt", "required")
-        if len(req.prompt) > lim.max_prompt_chars:
-            raise ResourceExhausted(f"problem.prompt: {len(req.prompt)} chars > limit {lim.max_prompt_chars}")
-        spec = task.parse_problem(req.prompt)
-        rules = RuleSet(req.rules, task, spec)
+        if req.messages:
+            require(req.prompt == "", "problem.prompt", "give prompt or messages, not both")
+            validate_messages(req.messages, "problem.messages")
+            size, where = sum(len(m.content) for m in req.messages), "problem.messages"
+        else:
+            require(req.prompt.strip() != "", "problem.prompt", "required (or messages)")
+            size, where = len(req.prompt), "problem.prompt"
+        if size > lim.max_prompt_chars:
+            raise ResourceExhausted(f"{where}: {size} chars > limit {lim.max_prompt_chars}")
+        spec = task.parse_problem(req.question)
+        rules = RuleSet(req.rules, task, spec, extraction=req.extraction)
         if req.refine is not None:
             req.refine.validate("refine", self.cfg.policy.refine_max_tokens)
         if req.expected_drafts > lim.max_drafts:
@@ -102,6 +109,8 @@ class CloudCore:
             raise InvalidArgument(f"request_id: {len(req.request_id)} chars > 128")
         if self.draining:
             raise Unavailable("server: draining for shutdown; retry on another replica")
+        if self.engine is None or not self.engine.stats().ready:
+            raise Unavailable("engine: not ready (loading or restarting); retry shortly")
         if self.active >= lim.max_sessions:
             raise ResourceExhausted(f"sessions: {self.active} active, limit {lim.max_sessions}")
         return task, spec, rules

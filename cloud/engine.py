@@ -11,10 +11,11 @@ import asyncio
 import logging
 import os
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from cloud.config import EngineConfig
+from coinfer.chat import ChatFormat, ChatMessage
 from coinfer.errors import Unavailable
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ class GenParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = None
+    stop: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,18 @@ class EngineStats:
 
 
 class TargetEngine(ABC):
-    """What the cloud needs from a model server."""
+    """What the cloud needs from a model server. Prompts are model input text: a conversation
+    rendered with ``render`` (the target's own chat template)."""
+
+    chat: ChatFormat = ChatFormat()
+
+    def render(self, messages: Sequence[ChatMessage]) -> str:
+        """The model's input for a conversation, ending where the assistant's answer starts."""
+        return self.chat.render(messages)
+
+    @abstractmethod
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` as this model tokenizes it (usage reporting)."""
 
     @abstractmethod
     def generate(self, prompt: str, params: GenParams, request_id: str) -> AsyncIterator[Chunk]:
@@ -70,7 +83,10 @@ class TargetEngine(ABC):
 
     @abstractmethod
     async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str) -> list[float]:
-        """Log-probability of each token of ``continuation`` (then EOS) given ``prompt``."""
+        """Log-probability of each token of ``continuation`` (then end of turn) given ``prompt``:
+        ``prompt + continuation`` tokenized together, the continuation's tokens being those that
+        end past the prompt's last character (so a BPE merge across the boundary is scored as the
+        model would read it, not as two fragments it never saw)."""
 
     @abstractmethod
     async def judge(self, prompt: str, schema: dict, max_tokens: int, request_id: str) -> str:
@@ -131,7 +147,8 @@ class VllmEngine(TargetEngine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = AsyncEngineArgs(
-            model=self.cfg.model, tokenizer=self.cfg.model, max_model_len=self.cfg.max_model_len,
+            model=self.cfg.model, tokenizer=self.cfg.model, max_model_len=self.cfg.max_model_len or None,
+            served_model_name=self.cfg.model_name,
             dtype=self.cfg.dtype, max_num_seqs=self.cfg.max_num_seqs, enforce_eager=self.cfg.enforce_eager,
             gpu_memory_utilization=self.cfg.gpu_memory_utilization, seed=self.cfg.seed,
             disable_log_stats=True, enable_prefix_caching=True,
@@ -142,6 +159,9 @@ class VllmEngine(TargetEngine):
         from transformers import AutoTokenizer
 
         self._tok = AutoTokenizer.from_pretrained(self.cfg.model)
+        self.chat = ChatFormat.from_dir(self.cfg.model)
+        mc = getattr(self._llm, "model_config", None)
+        self._max_len = int(getattr(mc, "max_model_len", 0) or self.cfg.max_model_len or 2048)
         # the first request pays for lazy kernel and allocator set-up (seconds on CPU):
         # pay it here, before health says SERVING, not in a user's session
         await self.continuation_logprobs("warm up", "warm up", "warmup-score")
@@ -151,10 +171,22 @@ class VllmEngine(TargetEngine):
 
     @property
     def max_model_len(self) -> int:
-        return self.cfg.max_model_len
+        return self._max_len
 
     def _ids(self, text: str) -> list[int]:
-        return self._tok(text)["input_ids"]
+        # a chat template writes the BOS itself: adding special tokens would double it
+        return self._tok(text, add_special_tokens=not self.chat.templated)["input_ids"]
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._tok(text, add_special_tokens=False)["input_ids"])
+
+    def span_ids(self, prompt: str, continuation: str) -> tuple[list[int], int]:
+        """(ids of prompt + continuation tokenized together, index of the continuation's first token)."""
+        enc = self._tok(prompt + continuation, add_special_tokens=not self.chat.templated,
+                        return_offsets_mapping=True)
+        ids, offsets = enc["input_ids"], enc["offset_mapping"]
+        start = next((i for i, (_, end) in enumerate(offsets) if end > len(prompt)), len(ids))
+        return list(ids), start
 
     def _params(self, p: GenParams, room: int, delta: bool = True, **extra):
         from vllm import SamplingParams
@@ -162,7 +194,7 @@ class VllmEngine(TargetEngine):
 
         return SamplingParams(
             max_tokens=min(p.max_tokens, room), temperature=p.temperature, top_p=p.top_p, seed=p.seed,
-            presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
+            presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty, stop=list(p.stop) or None,
             output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY, **extra,
         )
 
@@ -183,7 +215,7 @@ class VllmEngine(TargetEngine):
 
     async def generate(self, prompt: str, params: GenParams, request_id: str) -> AsyncIterator[Chunk]:
         ids = self._ids(prompt)
-        room = self.cfg.max_model_len - len(ids)
+        room = self.max_model_len - len(ids)
         if room < 1:
             return
         async for out in self._run(ids, self._params(params, room), request_id):
@@ -194,7 +226,7 @@ class VllmEngine(TargetEngine):
     async def sample(self, prompt: str, params: GenParams, n: int, request_id: str, **extra) -> list[Chunk]:
         """``extra``: more vLLM SamplingParams (structured outputs for the judge)."""
         ids = self._ids(prompt)
-        room = self.cfg.max_model_len - len(ids)
+        room = self.max_model_len - len(ids)
         if room < 1:
             return []
         sp = self._params(params, room, delta=False, n=n, **extra)
@@ -202,17 +234,16 @@ class VllmEngine(TargetEngine):
         return [Chunk(c.text, len(c.token_ids)) for c in outs[-1].outputs] if outs else []
 
     async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str) -> list[float]:
-        head = self._ids(prompt)
-        tail = self._tok(continuation, add_special_tokens=False)["input_ids"] + [self._tok.eos_token_id]
-        ids = (head + tail)[: self.cfg.max_model_len - 1]
-        if len(ids) <= len(head):
+        ids, start = self.span_ids(prompt, continuation)
+        ids = (ids + [self._tok.eos_token_id])[: self.max_model_len - 1]
+        if len(ids) <= start or start == 0:
             return []
         plp = None
         async for out in self._run(ids, self._params(GenParams(max_tokens=1), 1, prompt_logprobs=0), request_id):
             plp = out.prompt_logprobs or plp  # delta outputs: they come with the first one
         if plp is None:
             raise Unavailable("engine returned no prompt logprobs")
-        return [float(plp[pos][ids[pos]].logprob) for pos in range(len(head), len(ids))]
+        return [float(plp[pos][ids[pos]].logprob) for pos in range(start, len(ids))]
 
     async def judge(self, prompt: str, schema: dict, max_tokens: int, request_id: str) -> str:
         from vllm.sampling_params import StructuredOutputsParams

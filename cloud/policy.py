@@ -11,6 +11,11 @@ from collections import Counter
 from collections.abc import Sequence
 
 
+def mean_logprob(logprobs: Sequence[float]) -> float:
+    """Mean token log-probability (-inf for no tokens: nothing to vouch for)."""
+    return sum(logprobs) / len(logprobs) if logprobs else -math.inf
+
+
 def likelihood_score(logprobs: Sequence[float]) -> float:
     """exp(mean token logprob) of a draft under the target: a per-token probability in [0, 1].
 
@@ -21,15 +26,28 @@ def likelihood_score(logprobs: Sequence[float]) -> float:
     return math.exp(sum(logprobs) / len(logprobs))
 
 
-def rank_scores(scores: Sequence[float], latencies_s: Sequence[float], a: float, b: float, g: float) -> list[float]:
-    """Scheduler score per draft: ``a*score + b*(1 - std(scores)) - g*latency`` (seed 3.1).
+def rank_scores(scores: Sequence[float], latencies_s: Sequence[float], a: float, b: float, g: float,
+                agree: Sequence[float] | None = None) -> list[float]:
+    """Scheduler score per draft: ``a*score + b*agreement - g*latency`` (seed 3.1).
 
-    The agreement term is shared by all drafts of a session (it measures how much
-    the verifier agrees with itself across drafts); it matters when ranks of
-    different sessions or rounds are compared.
+    ``agree`` per draft: the share of the session's valid drafts that reached the same
+    extracted answer (``answer_agreement``: the seed's support term, what self-consistency
+    votes on). Without it, the seed's session-wide ``1 - std(scores)``.
     """
-    agree = agreement(scores)
-    return [a * s + b * agree - g * lat for s, lat in zip(scores, latencies_s)]
+    terms = list(agree) if agree is not None else [agreement(scores)] * len(scores)
+    return [a * s + b * ag - g * lat for s, ag, lat in zip(scores, terms, latencies_s)]
+
+
+def answer_agreement(keys: Sequence[object], support: Sequence[int] | None = None) -> list[float]:
+    """Per draft, the (support-weighted) share of drafts whose answer key equals its own; a
+    draft with no extractable answer (key None) agrees only with itself."""
+    w = list(support) if support is not None else [1] * len(keys)
+    total = sum(w) or 1
+    tally: dict[object, int] = {}
+    for k, n in zip(keys, w):
+        if k is not None:
+            tally[k] = tally.get(k, 0) + n
+    return [(tally[k] if k is not None else n) / total for k, n in zip(keys, w)]
 
 
 def agreement(scores: Sequence[float]) -> float:

@@ -9,6 +9,7 @@ Output: domain events (``coinfer.types``) in the order the edge should see them:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -17,12 +18,21 @@ from dataclasses import dataclass, field
 
 from cloud.config import CloudConfig
 from cloud.engine import GenParams, TargetEngine
-from cloud.policy import agreement, consensus_prefix, likelihood_score, load_scaled_g, rank_scores, refine_max_tokens
+from cloud.policy import (
+    answer_agreement,
+    consensus_prefix,
+    likelihood_score,
+    load_scaled_g,
+    mean_logprob,
+    rank_scores,
+    refine_max_tokens,
+)
 from cloud.verifier import JUDGE_MAX_TOKENS, JUDGE_SCHEMA, judge_prompt, parse_judge
 from coinfer import types as t
+from coinfer.chat import refine_question, with_question
 from coinfer.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, field_of
 from coinfer.rules import RuleSet
-from coinfer.tasks import Parsed, Task
+from coinfer.tasks import OPEN, Parsed, Task
 from coinfer.tasks.base import split_steps
 
 log = logging.getLogger(__name__)
@@ -76,28 +86,41 @@ class Session:
     """Engine load at open: raises the latency weight."""
     outcome: list[tuple[float, float, float, float]] = field(default_factory=list)
     """(score, agreement, latency_s, label) per ranked draft once finished: the learner's input."""
+    _prompt_text: str | None = None
 
     def _ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1e3
 
     # ---- verification -------------------------------------------------------------
-    async def _verify(self, d: t.Draft, pending: dict[tuple, asyncio.Future]) -> t.Verdict:
+    @property
+    def prompt_text(self) -> str:
+        """The conversation rendered with the target's chat template (computed once)."""
+        if self._prompt_text is None:
+            self._prompt_text = self.engine.render(self.req.conversation)
+        return self._prompt_text
+
+    @property
+    def _thresholded(self) -> bool:
+        """The likelihood threshold judges open requests; a built-in preset's checkers are exact."""
+        return self.task is OPEN
+
+    async def _verify(self, d: t.Draft, pending: dict) -> t.Verdict:
         t_start = time.perf_counter()
         res, parsed = self.rules.check(d.text)
         if not res.valid:  # rules fail fast: no model time spent
-            v = t.Verdict(d.index, False, 0.0, res.error, res.failed_rule, 0.0, res.passed)
+            v = t.Verdict(draft_index=d.index, valid=False, error=res.error, failed_rule=res.failed_rule,
+                          rules_passed=res.passed)
         else:
-            key = self.task.structure_key(parsed)
-            if key in pending:  # structural duplicate: counted as support, not verified twice
+            key = self.task.dedup_key(d.text, parsed)
+            if key in pending:  # a duplicate: counted as support, not verified twice
                 orig = await asyncio.shield(pending[key])
                 self.judged[orig.draft_index].support += 1
-                v = t.Verdict(d.index, orig.valid, orig.score, orig.error, orig.failed_rule, 0.0,
-                              orig.rules_passed, duplicate_of=orig.draft_index + 1)
+                v = dataclasses.replace(orig, draft_index=d.index, verify_ms=0.0, duplicate_of=orig.draft_index + 1)
             else:
                 fut: asyncio.Future = asyncio.get_running_loop().create_future()
                 pending[key] = fut
                 try:
-                    v = await self._llm_verdict(d, res.passed)
+                    v = await self._llm_verdict(d.index, d.text, res.passed)
                 except BaseException as exc:
                     fut.set_exception(exc)
                     fut.exception()  # mark retrieved
@@ -107,58 +130,63 @@ class Session:
         self.judged[d.index] = _Judged(d, v, support=0 if v.duplicate_of else 1, parsed=parsed)
         return v
 
-    async def _llm_verdict(self, d: t.Draft, passed: list[str]) -> t.Verdict:
+    async def _llm_verdict(self, index: int, text: str, passed: list[str]) -> t.Verdict:
         if self.cfg.policy.verifier == "judge":
-            text = await self.engine.judge(judge_prompt(self.req.prompt, d.text), JUDGE_SCHEMA, JUDGE_MAX_TOKENS,
-                                           f"{self.key}-j{d.index}")
-            valid, score, error = parse_judge(text)
-            return t.Verdict(d.index, valid, score, error, "" if valid else "judge", 0.0,
-                             passed + (["judge"] if valid else []))
-        lps = await self.engine.continuation_logprobs(self.task.format_prompt(self.req.prompt), d.text,
-                                                      f"{self.key}-v{d.index}")
-        return t.Verdict(d.index, True, likelihood_score(lps), "", "", 0.0, passed + ["likelihood"])
+            out = await self.engine.judge(judge_prompt(self.req.question, text), JUDGE_SCHEMA, JUDGE_MAX_TOKENS,
+                                          f"{self.key}-j{index}")
+            valid, score, error = parse_judge(out)
+            return t.Verdict(draft_index=index, valid=valid, score=score, error=error,
+                             failed_rule="" if valid else "judge", rules_passed=passed + (["judge"] if valid else []))
+        lps = await self.engine.continuation_logprobs(self.prompt_text, text, f"{self.key}-v{index}")
+        mean = mean_logprob(lps)
+        floor = self.cfg.policy.min_mean_logprob
+        if self._thresholded and mean < floor:
+            return t.Verdict(draft_index=index, valid=False, score=likelihood_score(lps), failed_rule="likelihood",
+                             error=f"low_likelihood: mean logprob {mean:.2f} < {floor:.2f} per token",
+                             rules_passed=passed)
+        return t.Verdict(draft_index=index, valid=True, score=likelihood_score(lps), rules_passed=passed + ["likelihood"])
 
-    # ---- refinement ---------------------------------------------------------------
-    def _ranked(self) -> list[tuple[_Judged, float]]:
+    # ---- ranking ------------------------------------------------------------------
+    def _ranked(self) -> list[tuple[_Judged, float, float]]:
+        """Valid drafts, best first: (judged, rank score, agreement on the extracted answer)."""
         cands = [j for j in self.judged.values() if j.verdict.valid and not j.verdict.duplicate_of]
         if not cands:
             return []
         p = self.cfg.policy
         a, b, g = self.weights or (p.a, p.b, p.g)
+        agree = answer_agreement([self.task.answer_key(j.parsed) for j in cands], [j.support for j in cands])
         ranks = rank_scores([j.verdict.score for j in cands], [j.verdict.verify_ms / 1e3 for j in cands], a, b,
-                            load_scaled_g(g, self.load))
-        return sorted(zip(cands, ranks), key=lambda x: -x[1])
+                            load_scaled_g(g, self.load), agree=agree)
+        return sorted(zip(cands, ranks, agree), key=lambda x: -x[1])
 
-    def _outcome(self, ranked: list[tuple[_Judged, float]], answer: str) -> None:
+    def _outcome(self, ranked: list[tuple[_Judged, float, float]], answer: str) -> None:
         """Label each ranked draft for the weight learner: graded right, else agrees with the answer."""
-        if not ranked:
-            return
-        agree = agreement([j.verdict.score for j, _ in ranked])
-        final_key = self.task.structure_key(self.task.parse_answer(answer))
-        for j, _ in ranked:
+        final_key = self.task.answer_key(self.rules.parse(answer))
+        for j, _, agree in ranked:
             try:
                 label = float(self.task.grade(self.spec, j.parsed))
             except Exception:  # noqa: BLE001 - a task that cannot grade: agreement with the answer
-                label = float(self.task.structure_key(j.parsed) == final_key)
+                label = float(self.task.answer_key(j.parsed) == final_key)
             self.outcome.append((j.verdict.score, agree, j.verdict.verify_ms / 1e3, label))
 
-    async def _generate(self, prefix: str, max_tokens: int, tag: str, out: asyncio.Queue) -> tuple[str, float, int]:
-        """Stream the target's answer after ``prefix``; returns (text, time to first token ms, tokens)."""
+    # ---- refinement ---------------------------------------------------------------
+    def _params(self, max_tokens: int) -> GenParams:
+        """The request's sampling (temperature, top_p, penalties, seed, stop), else the policy's."""
         sp = self.req.refine
-        params = GenParams(
-            max_tokens=max_tokens,
-            temperature=sp.temperature if sp else self.cfg.policy.refine_temperature,
-            top_p=sp.top_p if sp else 1.0,
-            presence_penalty=sp.presence_penalty if sp else 0.0,
-            frequency_penalty=sp.frequency_penalty if sp else 0.0,
-            seed=sp.seed if sp else None,
-        )
+        if sp is None:
+            return GenParams(max_tokens=max_tokens, temperature=self.cfg.policy.refine_temperature)
+        return GenParams(max_tokens=min(max_tokens, sp.max_new_tokens), temperature=sp.temperature, top_p=sp.top_p,
+                         presence_penalty=sp.presence_penalty, frequency_penalty=sp.frequency_penalty, seed=sp.seed,
+                         stop=sp.stop)
+
+    async def _generate(self, prompt: str, prefix: str, max_tokens: int, tag: str,
+                        out: asyncio.Queue) -> tuple[str, float, int]:
+        """Stream the target's answer to ``prompt`` after ``prefix``; returns (text, TTFT ms, tokens)."""
         t_start, ttft = time.perf_counter(), 0.0
         if prefix:
             await out.put(t.AnswerChunk(prefix))
         text, tokens = prefix, 0
-        async for delta in self.engine.generate(self.task.format_prompt(self.req.prompt) + prefix, params,
-                                                f"{self.key}-{tag}"):
+        async for delta in self.engine.generate(prompt + prefix, self._params(max_tokens), f"{self.key}-{tag}"):
             if not ttft:
                 ttft = (time.perf_counter() - t_start) * 1e3
             tokens += delta.tokens
@@ -167,58 +195,87 @@ class Session:
                 await out.put(t.AnswerChunk(delta.text))
         return text, ttft, tokens
 
+    async def _accept(self, text: str) -> tuple[bool, str, Parsed]:
+        """Re-verify a refined answer as a draft: extraction + rules, then the verifier's threshold."""
+        res, parsed = self.rules.check(text)
+        if not res.valid:
+            return False, f"{res.failed_rule}: {res.error}", parsed
+        if self._thresholded and self.cfg.policy.verifier == "likelihood":
+            v = await self._llm_verdict(-1, text, res.passed)
+            if not v.valid:
+                return False, v.error, parsed
+        return True, "", parsed
+
+    def _refine_plan(self, ranked: list[tuple[_Judged, float, float]]) -> tuple[str, str, str, list[_Judged]]:
+        """(mode, model prompt, forced prefix, drafts used): continue a verified step prefix where
+        the best draft is one the target itself finds likely, else the best drafts as candidates."""
+        p = self.cfg.policy
+        best = ranked[0][0]
+        if self.task is not OPEN and p.consensus_prefix and best.verdict.score >= p.prefix_min_score:
+            # A fixed prefix only where the target finds the best draft likely: a low score means
+            # the target would not write those steps, and forcing them steers it down the
+            # draft's (wrong) path. Duplicates from a confident small model are support, not
+            # independent evidence.
+            steps = [split_steps(j.draft.text) for j, _, _ in ranked for _ in range(j.support)]
+            prefix_steps = consensus_prefix(steps, min(p.min_support, len(steps)))
+            if prefix_steps:
+                return "prefix", self.prompt_text, _join_steps(prefix_steps), [best]
+        chosen, seen = [], set()
+        for j, _, _ in ranked:
+            norm = " ".join(j.draft.text.split())
+            if norm not in seen and len(chosen) < p.context_drafts:
+                seen.add(norm)
+                chosen.append(j)
+        conv = self.req.conversation
+        question = refine_question(self.req.question, [j.draft.text for j in chosen], p.refine_template,
+                                   p.candidate_format)
+        return "candidates", self.engine.render(with_question(conv, question)), "", chosen
+
     async def _finish(self, out: asyncio.Queue, verify_ms: float) -> None:
         ranked = self._ranked()
         p = self.cfg.policy
         t_ref = time.perf_counter()
         if ranked:
-            chosen = [j for j, _ in ranked[: p.context_drafts]]
-            steps = [split_steps(j.draft.text) for j, _ in ranked for _ in range(j.support)]
             best = ranked[0][0]
-            # A fixed prefix only where the target itself finds the best draft likely: a
-            # low score means the target would not write those steps, and forcing them
-            # on it steers it down the draft's (wrong) path. Duplicated drafts from a
-            # confident small model are support, but not independent evidence.
-            use_prefix = p.consensus_prefix and best.verdict.score >= p.prefix_min_score
-            prefix_steps = consensus_prefix(steps, min(p.min_support, len(steps))) if use_prefix else []
-            prefix = _join_steps(prefix_steps)
-            max_tokens = refine_max_tokens(best.verdict.score, p.refine_max_tokens)
-            text, ttft, steps = await self._generate(prefix, max_tokens, f"r{self.attempt}", out)
-            res, _ = self.rules.check(text)
-            if res.valid:
+            mode, prompt, prefix, chosen = self._refine_plan(ranked)
+            # latency-aware budget (seed 4.4), but never shorter than twice the longest draft used
+            max_tokens = max(refine_max_tokens(best.verdict.score, p.refine_max_tokens),
+                             min(p.refine_max_tokens, 2 * max(j.draft.num_tokens for j in chosen) + 16))
+            text, ttft, steps = await self._generate(prompt, prefix, max_tokens, f"r{self.attempt}", out)
+            ok, why, parsed = await self._accept(text)
+            if ok:
                 answer, source, valid = text, t.AnswerSource.REFINED, True
             else:  # never worse than the best valid draft
-                answer, source, valid = best.draft.text, t.AnswerSource.DRAFT, True
-            refine_note = f"refined with prefix of {len(prefix_steps)} steps" + (
-                "" if res.valid else f"; refinement failed ({res.error}), best draft returned")
+                answer, source, valid, parsed = best.draft.text, t.AnswerSource.DRAFT, True, best.parsed
+            refine_note = f"refined from {len(chosen)} draft(s) as {mode}" + (
+                "" if ok else f"; refinement rejected ({why}), best draft returned")
         else:
             # no valid draft: the cloud answers itself, continuing from the steps the
             # drafts got right before their first mistake (most common path first)
-            chosen = []
+            mode, chosen = "alone", []
             verified = [self.task.verified_prefix(self.spec, j.draft.text) for j in self.judged.values()]
             prefix_steps = consensus_prefix([v for v in verified if v], 1)
             prefix = _join_steps(prefix_steps)
-            text, ttft, steps = await self._generate(prefix, p.refine_max_tokens, "cloud", out)
-            res, _ = self.rules.check(text)
-            if not res.valid and p.cloud_candidates > 0:
-                # the greedy answer failed the rules: sample candidates in one batched
-                # request and keep the first that passes
+            text, ttft, steps = await self._generate(self.prompt_text, prefix, p.refine_max_tokens, "cloud", out)
+            valid, _, parsed = await self._accept(text)
+            if not valid and p.cloud_candidates > 0:
+                # the greedy answer failed: sample candidates in one batched request, keep the first that passes
                 cands = await self.engine.sample(
-                    self.task.format_prompt(self.req.prompt) + prefix,
-                    GenParams(max_tokens=p.refine_max_tokens, temperature=p.cloud_temperature),
+                    self.prompt_text + prefix,
+                    dataclasses.replace(self._params(p.refine_max_tokens), temperature=p.cloud_temperature, seed=None),
                     p.cloud_candidates, f"{self.key}-cands")
                 steps += max((c.tokens for c in cands), default=0)  # one batched request: the longest
                 for cand in cands:
-                    cand_res, _ = self.rules.check(prefix + cand.text)
-                    if cand_res.valid:
-                        text, res = prefix + cand.text, cand_res
+                    cand_ok, _, cand_parsed = await self._accept(prefix + cand.text)
+                    if cand_ok:
+                        text, valid, parsed = prefix + cand.text, True, cand_parsed
                         break
-            answer, source, valid = text, t.AnswerSource.CLOUD, res.valid
-            refine_note = (f"no valid draft after retries: cloud drafted itself from {len(prefix_steps)} verified steps"
-                           + ("" if res.valid else f" ({res.error})"))
+            answer, source = text, t.AnswerSource.CLOUD
+            refine_note = (f"no valid draft after retries: cloud answered alone from {len(prefix_steps)} verified steps"
+                           + ("" if valid else " (its answer failed verification)"))
         if self.cfg.policy.learn_every:  # grading every draft only feeds the learner
             self._outcome(ranked, answer)
-        rank_of = {j.draft.index: r for j, r in ranked}
+        rank_of = {j.draft.index: r for j, r, _ in ranked}
         scores = [t.DraftScore(i, j.verdict.valid, j.verdict.score, rank_of.get(i, 0.0))
                   for i, j in sorted(self.judged.items())]
         trace = "; ".join(
@@ -229,7 +286,9 @@ class Session:
             answer=answer, source=source, chosen_drafts=[j.draft.index for j in chosen], scores=scores,
             timings=t.Timings(verify_ms, ttft, (time.perf_counter() - t_ref) * 1e3, self._ms(), steps),
             trace=f"[THINKING_TRACE: {trace}]", answer_valid=valid,
-            recommended_drafts=self.recommended_drafts, request_id=self.req.request_id,
+            recommended_drafts=self.recommended_drafts, request_id=self.req.request_id, refine_mode=mode,
+            fields=dict(parsed.fields) if parsed.ok else {},
+            prompt_tokens=self.engine.count_tokens(self.prompt_text), answer_tokens=self.engine.count_tokens(answer),
         ))
 
     def _advice(self) -> t.RetryAdvice:

@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 from google.protobuf import json_format, struct_pb2
 
 from coinfer import types as t
+from coinfer.chat import ChatMessage
+from coinfer.extract import Extraction
 from coinfer.rules import Rule
 from coinfer.v1 import coinfer_pb2 as pb
 
@@ -35,6 +37,12 @@ def to_pb(obj: Any, msg_cls: type) -> Any:
             continue
         if isinstance(obj, t.SamplingParams) and f.name == "seed":
             msg.seed = v
+        elif isinstance(v, Extraction):
+            getattr(msg, f.name).CopyFrom(extraction_to_pb(v))
+        elif isinstance(v, dict):
+            getattr(msg, f.name).update(jsonable(v))
+        elif isinstance(v, tuple):
+            getattr(msg, f.name).extend(v)
         elif isinstance(v, Rule) or (isinstance(v, list) and v and isinstance(v[0], Rule)):
             getattr(msg, f.name).extend(rule_to_pb(r) for r in v)
         elif dataclasses.is_dataclass(v):
@@ -65,8 +73,15 @@ def from_pb(msg: Any, cls: type[T]) -> T:
         target = hint
         if cls is t.SamplingParams and f.name == "seed":
             kw[f.name] = v or None
-        elif cls is t.SamplingParams and f.name == "top_p":
-            kw[f.name] = float(f"{v:.7g}") or 1.0
+        elif cls is t.SamplingParams and f.name in _ZERO_MEANS_DEFAULT:
+            # proto3 cannot tell "unset" from 0: these fields promise 0 means the default
+            kw[f.name] = (float(f"{v:.7g}") if isinstance(v, float) else v) or _ZERO_MEANS_DEFAULT[f.name]
+        elif target is Extraction:
+            kw[f.name] = extraction_from_pb(v)
+        elif target is dict:
+            kw[f.name] = _ints(json_format.MessageToDict(v))
+        elif typing.get_origin(target) is tuple:
+            kw[f.name] = tuple(v)
         elif target is list or typing.get_origin(target) is list:
             (item,) = typing.get_args(target)
             if item is Rule:
@@ -84,6 +99,44 @@ def from_pb(msg: Any, cls: type[T]) -> T:
         else:
             kw[f.name] = v
     return cls(**kw)
+
+
+_ZERO_MEANS_DEFAULT = {"top_p": 1.0, "max_new_tokens": t.SamplingParams.max_new_tokens}
+
+
+def _ints(v: Any) -> Any:
+    """Struct numbers are doubles: give integral ones back as ints (72.0 -> 72)."""
+    if isinstance(v, dict):
+        return {k: _ints(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_ints(x) for x in v]
+    return int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2**53 else v
+
+
+def jsonable(v: Any) -> Any:
+    """Struct values: numbers, strings, bools, lists and dicts only (a Fraction or tuple is converted)."""
+    if isinstance(v, dict):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    return float(v) if isinstance(v, (int, float)) else str(v)
+
+
+def extraction_to_pb(e: Extraction) -> pb.Extraction:
+    kind = pb.ExtractionKind.Value(f"EXTRACTION_KIND_{e.kind.upper()}") if e.kind else 0
+    return pb.Extraction(kind=kind, pattern=e.pattern, marker=e.marker)
+
+
+def extraction_from_pb(e: pb.Extraction) -> Extraction:
+    """An unknown enum number (a newer peer) reads as its number: validation names it."""
+    try:
+        name = pb.ExtractionKind.Name(e.kind)
+    except ValueError:
+        return Extraction(kind=f"#{e.kind}", pattern=e.pattern, marker=e.marker)
+    kind = "" if e.kind == 0 else name.removeprefix("EXTRACTION_KIND_").lower()
+    return Extraction(kind=kind, pattern=e.pattern, marker=e.marker)
 
 
 def rule_to_pb(r: Rule) -> pb.Rule:
@@ -113,13 +166,21 @@ def open_from_pb(msg: pb.SessionOpen) -> t.OpenRequest:
         request_id=msg.request_id, task=p.task, prompt=p.prompt, rules=[rule_from_pb(r) for r in p.rules],
         refine=from_pb(msg.refine, t.SamplingParams) if msg.HasField("refine") else None,
         expected_drafts=msg.expected_drafts, deadline_ms=msg.deadline_ms,
+        messages=[ChatMessage(m.role, m.content) for m in p.messages],
+        extraction=extraction_from_pb(p.extraction),
     )
+
+
+def problem_to_pb(req: t.OpenRequest) -> pb.Problem:
+    return pb.Problem(task=req.task, prompt=req.prompt, rules=[rule_to_pb(r) for r in req.rules],
+                      messages=[pb.ChatMessage(role=m.role, content=m.content) for m in req.messages],
+                      extraction=extraction_to_pb(req.extraction))
 
 
 def open_to_pb(req: t.OpenRequest) -> pb.SessionOpen:
     msg = pb.SessionOpen(
         request_id=req.request_id, expected_drafts=req.expected_drafts, deadline_ms=req.deadline_ms,
-        problem=pb.Problem(task=req.task, prompt=req.prompt, rules=[rule_to_pb(r) for r in req.rules]),
+        problem=problem_to_pb(req),
     )
     if req.refine is not None:
         msg.refine.CopyFrom(to_pb(req.refine, pb.SamplingParams))

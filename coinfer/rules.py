@@ -11,12 +11,14 @@ membership      field, values: allowed list                   not_member: ids ha
 count           field, min?, max?, unique? (default false)    count_wrong: ids has 3 (expected 2..2)
 length          min?, max?  (characters of the draft text)    too_long: 600 chars > 512
 regex           pattern, must_match? (default true)           regex_failed: ...
+arithmetic      (none): every ``a op b = c`` in the text          arithmetic_wrong: 48 / 2 = 25 (expected 24)
 task_check      check: a checker name offered by the task     the checker's own error
 ==============  ============================================  ===========================
 
-Rules run on the *parsed* answer (``Parsed.fields``; ``field`` is a key of it),
-except ``length`` and ``regex`` which run on the raw text. The parse itself is
-an implicit first rule (``parse``): a draft that cannot be parsed fails with
+Rules run on the *extracted* answer (``Parsed.fields``; ``field`` is a key of it),
+except ``length``, ``regex`` and ``arithmetic`` which run on the raw text. The extraction
+itself is an implicit first rule (``parse``): the request's declared extraction
+(``coinfer.extract``), else the task preset's own parser; a draft it cannot parse fails with
 ``parse_error: ...`` before any other rule runs.
 """
 
@@ -29,12 +31,14 @@ from typing import TYPE_CHECKING, Any
 
 import jsonschema
 
+from coinfer.arithmetic import first_wrong_equation
 from coinfer.errors import InvalidArgument, require
+from coinfer.extract import Extraction
 
 if TYPE_CHECKING:
     from coinfer.tasks.base import Parsed, Task
 
-RULE_KINDS = ("json_schema", "numeric_bounds", "membership", "count", "length", "regex", "task_check")
+RULE_KINDS = ("json_schema", "numeric_bounds", "membership", "count", "length", "regex", "arithmetic", "task_check")
 MAX_PATTERN = 512  # a regex rule is user input: bound it (catastrophic backtracking)
 
 
@@ -134,6 +138,8 @@ class CompiledRule:
             if found != self.must_match:
                 return f"regex_failed: {'no match for' if self.must_match else 'forbidden match of'} /{self.regex.pattern}/"
             return ""
+        if kind == "arithmetic":
+            return first_wrong_equation(text)
         if kind == "task_check":
             return self.task.check(self.check_name, self.spec, parsed)
         if kind == "json_schema":
@@ -185,10 +191,17 @@ def _jsonable(v: Any) -> Any:
 class RuleSet:
     """The compiled rules of one request, bound to its task and problem spec."""
 
-    def __init__(self, rules: Sequence[Rule], task: Task, spec: dict[str, Any], where: str = "problem.rules") -> None:
+    def __init__(self, rules: Sequence[Rule], task: Task, spec: dict[str, Any], where: str = "problem.rules",
+                 extraction: Extraction | None = None) -> None:
         rules = list(rules) or task.default_rules(spec)
         self.task, self.spec = task, spec
+        self.extraction = extraction or Extraction()
+        self.extraction.validate("problem.extraction")
         self.rules = [CompiledRule(r, task, spec, f"{where}[{i}]") for i, r in enumerate(rules)]
+
+    def parse(self, text: str) -> Parsed:
+        """The declared extraction, else the task preset's own parser."""
+        return self.extraction(text) if self.extraction.kind else self.task.parse_answer(text)
 
     @property
     def labels(self) -> list[str]:
@@ -196,7 +209,7 @@ class RuleSet:
 
     def check(self, text: str, parsed: Parsed | None = None) -> tuple[RuleResult, Parsed]:
         """Parse (unless given) and run every rule in order; stop at the first failure."""
-        parsed = parsed if parsed is not None else self.task.parse_answer(text)
+        parsed = parsed if parsed is not None else self.parse(text)
         if not parsed.ok:
             return RuleResult(False, parsed.error, "parse"), parsed
         passed = ["parse"]

@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from coinfer.chat import ChatMessage, conversation, question_of
 from coinfer.errors import require
+from coinfer.extract import Extraction
 from coinfer.rules import Rule
 
 
@@ -28,6 +30,8 @@ class SamplingParams:
     """New-token budget, 1..limit."""
     seed: int | None = None
     """Seed for reproducible sampling; None = unseeded."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: the text ends before the first one (EOS always stops)."""
 
     def validate(self, field: str, max_new_tokens: int = 4096) -> None:
         require(0.0 <= self.temperature <= 2.0, f"{field}.temperature", f"must be in [0, 2], got {self.temperature:g}")
@@ -37,6 +41,8 @@ class SamplingParams:
             require(-2.0 <= v <= 2.0, f"{field}.{name}", f"must be in [-2, 2], got {v:g}")
         require(1 <= self.max_new_tokens <= max_new_tokens, f"{field}.max_new_tokens",
                 f"must be in 1..{max_new_tokens}, got {self.max_new_tokens}")
+        require(len(self.stop) <= 8 and all(isinstance(x, str) and 0 < len(x) <= 64 for x in self.stop),
+                f"{field}.stop", "at most 8 strings of 1..64 chars")
 
 
 @dataclass
@@ -45,12 +51,26 @@ class OpenRequest:
 
     request_id: str
     task: str
+    """A built-in task preset, or "" for an open request."""
     prompt: str
+    """The question as one user turn ("" when ``messages`` carries the conversation)."""
     rules: list[Rule] = field(default_factory=list)
     refine: SamplingParams | None = None
     """None = the server's refinement defaults."""
     expected_drafts: int = 0
     deadline_ms: int = 0
+    messages: list[ChatMessage] = field(default_factory=list)
+    """The conversation; empty = ``prompt`` as one user turn."""
+    extraction: Extraction = field(default_factory=Extraction)
+
+    @property
+    def conversation(self) -> list[ChatMessage]:
+        return conversation(self.prompt, self.messages)
+
+    @property
+    def question(self) -> str:
+        """The last user turn: what a task preset parses."""
+        return question_of(self.conversation)
 
 
 @dataclass
@@ -116,6 +136,12 @@ class Summary:
     answer_valid: bool = False
     recommended_drafts: int = 0
     request_id: str = ""
+    refine_mode: str = ""
+    """candidates | prefix | alone: how the refinement used the drafts."""
+    fields: dict = field(default_factory=dict)
+    """Fields extracted from the final answer."""
+    prompt_tokens: int = 0
+    answer_tokens: int = 0
 
 
 @dataclass

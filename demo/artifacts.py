@@ -45,6 +45,16 @@ class DemoArtifacts:
         return out
 
 
+def parity_prompt(model_dir: Path) -> list[int]:
+    """Token ids of a real chat-rendered arith prompt (the ids the edge feeds the export)."""
+    from transformers import AutoTokenizer
+
+    from coinfer.chat import ChatFormat, ChatMessage
+
+    text = ChatFormat.from_dir(model_dir).render([ChatMessage("user", "If x=3 and y=5, compute (x+y)^2-x*y.")])
+    return AutoTokenizer.from_pretrained(str(model_dir))(text, add_special_tokens=False)["input_ids"]
+
+
 def ensure_artifacts(recipe: Recipe | None = None) -> DemoArtifacts:
     models = ensure_models(recipe)
     onnx_dir = models.root / "draft-onnx-fp32"
@@ -54,6 +64,5 @@ def ensure_artifacts(recipe: Recipe | None = None) -> DemoArtifacts:
         shutil.rmtree(onnx_dir, ignore_errors=True)  # an export from before manifests existed
 
         log.info("exporting the draft model to ONNX: %s", onnx_dir)
-        prompt = [1] + list(range(10, 40))
-        export_dir(models.draft, onnx_dir, parity_prompt=prompt)
+        export_dir(models.draft, onnx_dir, parity_prompt=parity_prompt(models.draft))
     return DemoArtifacts(models, onnx_dir)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from coinfer.chat import ChatFormat, ChatMessage
 from coinfer.manifest import verify_manifest
 from edge.onnx_lm import OnnxLM
 from edge.sampling import Sampling, sample_next
@@ -56,6 +57,7 @@ class OrtDraftEngine:
         self.session_ms = (time.perf_counter() - t0) * 1e3
         """Session creation alone (the model bytes are in the page cache by then)."""
         self.tokenizer = Tokenizer.from_file(str(self.model_dir / "tokenizer.json"))
+        self.chat = ChatFormat.from_dir(self.model_dir)
         cfg = json.loads((self.model_dir / "config.json").read_text())
         self.eos_ids = set(cfg["eos_token_id"] if isinstance(cfg["eos_token_id"], list) else [cfg["eos_token_id"]])
         self.max_positions = int(cfg.get("max_position_embeddings", 2048))
@@ -67,8 +69,16 @@ class OrtDraftEngine:
     def providers(self) -> list[str]:
         return self.lm.providers
 
+    def render(self, messages: Sequence[ChatMessage]) -> str:
+        """A conversation as this model reads it (its own chat template, or the plain format)."""
+        return self.chat.render(messages)
+
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text).ids  # post-processor adds BOS
+        # a chat template writes BOS itself; plain text gets it from the post-processor
+        return self.tokenizer.encode(text, add_special_tokens=not self.chat.templated).ids
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
     def warm_up(self, n: int = Sampling.n, steps: int = 4) -> float:
         """Run a short batch of ``n`` drafts so that the first real request does not pay for lazy
@@ -76,13 +86,13 @@ class OrtDraftEngine:
         token at batch 1 does not cover (measured: a fresh session's first batch-5 request took
         up to 2x a warm one)."""
         t0 = time.perf_counter()
-        self.generate("warm up", Sampling(n=n, temperature=0.0, max_new_tokens=steps))
+        self.generate(self.render([ChatMessage("user", "warm up")]), Sampling(n=n, temperature=0.0, max_new_tokens=steps))
         self.runs = 0
         return (time.perf_counter() - t0) * 1e3
 
     def generate(self, prompt: str, s: Sampling, on_draft: Callable[[DraftResult], None] | None = None,
                  cancelled: Callable[[], bool] | None = None) -> list[DraftResult]:
-        """Write ``s.n`` drafts for ``prompt`` (already in the task's prompt format)."""
+        """Write ``s.n`` drafts for ``prompt``: model input text (``render`` of a conversation)."""
         t0 = time.perf_counter()
         prompt_ids = self.encode(prompt)
         budget = min(s.max_new_tokens, self.max_positions - len(prompt_ids))

@@ -2,16 +2,23 @@
 
 ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (``stream: true``
 -> server-sent events ending in ``data: [DONE]``), ``GET /healthz``, ``GET /metrics``.
-coinfer's own knobs ride in an extra ``coinfer`` object (``extra_body={"coinfer": {...}}`` in
-the SDK): ``task`` (default: inferred from the prompt), ``rules``, ``plan``, ``num_drafts``,
-``deadline_ms``. Standard fields map onto draft sampling: ``max_tokens``, ``temperature``,
-``top_p``, ``presence_penalty``, ``frequency_penalty``, ``seed``; unset ones keep the
-daemon's defaults (seed 003: T=0.3, top_p 0.95, ...), not OpenAI's.
+Any prompt or conversation: ``/v1/chat/completions`` keeps the system message and history
+(each side renders them with its own model's chat template); ``/v1/completions`` sends its
+prompt as one user turn. coinfer's own knobs ride in an extra ``coinfer`` object
+(``extra_body={"coinfer": {...}}`` in the SDK): ``task`` (a built-in preset; default: inferred
+from the prompt, else an open request), ``extraction`` (``"marker"`` or ``{"kind": "regex",
+"pattern": ...}``: none | marker | boxed | last_line | json | regex), ``rules``, ``plan``,
+``num_drafts``, ``deadline_ms``. Standard fields -- ``max_tokens``, ``temperature``, ``top_p``,
+``presence_penalty``, ``frequency_penalty``, ``seed``, ``stop`` -- reach the drafts and the
+cloud's refinement; unset ones keep the daemon's draft defaults (seed 003: T=0.3, top_p 0.95,
+...) and the cloud's refinement defaults (greedy). ``usage`` counts the draft model's tokenizer
+tokens of the prompt and the answer.
 
-Streaming: answer chunks are sent as the cloud's refinement produces them. The cloud
-guarantees the answer is never worse than the best valid draft, so it may replace a
-refinement that failed the rules; a stream whose text differs from the final answer then
-ends with one more chunk carrying ``coinfer.replaced: true`` and the whole answer.
+Streaming carries only the final answer's text: the cloud re-verifies its refinement and may
+return the best draft instead, so content is sent once the answer is decided. Until then the
+stream carries progress chunks with an empty delta and a ``coinfer`` object (each draft and
+each verdict as it happens). The last chunk's ``coinfer`` holds the result (source, validity,
+extracted ``fields``, timings).
 Errors: 400 with an OpenAI-style error body naming the field (``param``), 413 over a limit.
 """
 
@@ -28,16 +35,26 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from coinfer import types as t
+from coinfer.chat import ChatMessage
 from coinfer.errors import CoinferError, ResourceExhausted, field_of
+from coinfer.extract import Extraction
 from coinfer.rules import Rule
 from edge.service import Done, EdgeCore, SolveRequest
 
 MAX_BODY_BYTES = 1 << 20
 
 
+class ExtractionBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["none", "marker", "boxed", "last_line", "json", "regex"]
+    pattern: str = Field(default="", max_length=512)
+    marker: str = Field(default="", max_length=64)
+
+
 class CoinferExtra(BaseModel):
     model_config = ConfigDict(extra="forbid")
     task: str = ""
+    extraction: Literal["none", "marker", "boxed", "last_line", "json"] | ExtractionBody | None = None
     rules: list[dict[str, Any]] = Field(default_factory=list)
     plan: Literal["auto", "edge", "split", "cloud"] = "auto"
     num_drafts: int = Field(default=0, ge=0, le=64)
@@ -53,6 +70,7 @@ class _Base(BaseModel):
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=1)
     stream: bool = False
     coinfer: CoinferExtra = Field(default_factory=CoinferExtra)
@@ -62,13 +80,23 @@ class CompletionBody(_Base):
     prompt: str = Field(min_length=1)
 
 
-class ChatMessage(BaseModel):
-    role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessageBody(BaseModel):
+    # "developer" is OpenAI's newer name for the system role
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str | list[TextPart]
+
+    def domain(self) -> ChatMessage:
+        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return ChatMessage("system" if self.role == "developer" else self.role, text)
 
 
 class ChatBody(_Base):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessageBody] = Field(min_length=1, max_length=64)
 
 
 def _error(status: int, message: str, param: str | None) -> JSONResponse:
@@ -77,25 +105,43 @@ def _error(status: int, message: str, param: str | None) -> JSONResponse:
 
 
 def _sampling(body: _Base) -> t.SamplingParams | None:
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     given = {"max_new_tokens": body.max_tokens, "temperature": body.temperature, "top_p": body.top_p,
-             "presence_penalty": body.presence_penalty, "frequency_penalty": body.frequency_penalty, "seed": body.seed}
+             "presence_penalty": body.presence_penalty, "frequency_penalty": body.frequency_penalty, "seed": body.seed,
+             "stop": stop or None}
     given = {k: v for k, v in given.items() if v is not None}
     return t.SamplingParams(**given) if given else None
 
 
-def _request(body: _Base, prompt: str) -> SolveRequest:
+def _request(body: _Base, prompt: str, messages: list[ChatMessage]) -> SolveRequest:
     x = body.coinfer
     rules = []
     for i, r in enumerate(x.rules):
         if not isinstance(r.get("kind"), str):
             raise ValueError(f"coinfer.rules[{i}].kind: required string")
         rules.append(Rule(r["kind"], r.get("params") or {}, r.get("name", "")))
+    e = x.extraction
+    extraction = (Extraction() if e is None else Extraction(e) if isinstance(e, str)
+                  else Extraction(e.kind, e.pattern, e.marker))
     return SolveRequest(prompt=prompt, task=x.task, rules=rules, sampling=_sampling(body), num_drafts=x.num_drafts,
-                        plan=x.plan, deadline_ms=x.deadline_ms, request_id=uuid.uuid4().hex[:16])
+                        plan=x.plan, deadline_ms=x.deadline_ms, request_id=uuid.uuid4().hex[:16], messages=messages,
+                        extraction=extraction)
+
+
+def _draft_info(d: t.Draft) -> dict:
+    return {"index": d.index, "text": d.text, "num_tokens": d.num_tokens, "mean_logprob": round(d.mean_logprob, 4),
+            "edge_ms": round(d.edge_ms, 1)}
+
+
+def _verdict_info(v: t.Verdict) -> dict:
+    return {"draft_index": v.draft_index, "valid": v.valid, "score": round(v.score, 4), "error": v.error,
+            "failed_rule": v.failed_rule, "duplicate_of": v.duplicate_of}
 
 
 def _info(done: Done) -> dict:
-    return done.info() | {"drafts": len(done.result.drafts)}
+    r = done.result
+    return done.info() | {"drafts": [_draft_info(d) for d in r.drafts],
+                          "verdicts": [_verdict_info(v) for _, v in sorted(r.verdicts.items())]}
 
 
 def create_app(core: EdgeCore) -> FastAPI:
@@ -120,9 +166,9 @@ def create_app(core: EdgeCore) -> FastAPI:
             return _error(404, f"model: unknown {body.model!r} (served: {core.cfg.model_name})", "model")
         return body
 
-    async def run(body: _Base, prompt: str, chat: bool):
+    async def run(body: _Base, prompt: str, chat: bool, messages: list[ChatMessage] | None = None):
         try:
-            req = _request(body, prompt)
+            req = _request(body, prompt, messages or [])
             events = core.solve(req)
             first = await anext(events)  # validation happens before the first event: errors are still 4xx
         except ResourceExhausted as exc:
@@ -145,7 +191,7 @@ def create_app(core: EdgeCore) -> FastAPI:
             choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
                       if chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"})
             return JSONResponse({"id": rid, "object": obj, "created": created, "model": body.model,
-                                 "choices": [choice], "usage": _usage(prompt, done), "coinfer": _info(done)})
+                                 "choices": [choice], "usage": core.usage(req, done), "coinfer": _info(done)})
 
         def chunk(delta: str | None, finish: str | None = None, extra: dict | None = None) -> str:
             if chat:
@@ -160,20 +206,24 @@ def create_app(core: EdgeCore) -> FastAPI:
             return f"data: {json.dumps(payload)}\n\n"
 
         async def sse():
-            sent = ""
             if chat:
                 role = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": body.model,
                         "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]}
                 yield f"data: {json.dumps(role)}\n\n"
+            pieces: list[str] = []
             async for ev in all_events():
-                if isinstance(ev, t.AnswerChunk) and ev.text:
-                    sent += ev.text
-                    yield chunk(ev.text)
+                if isinstance(ev, t.Draft):
+                    yield chunk(None, None, {"event": "draft", "draft": _draft_info(ev)})
+                elif isinstance(ev, t.Verdict):
+                    yield chunk(None, None, {"event": "verdict", "verdict": _verdict_info(ev)})
+                elif isinstance(ev, t.AnswerChunk) and ev.text:
+                    pieces.append(ev.text)  # held until the cloud says which answer is final
                 elif isinstance(ev, Done):
-                    info = _info(ev)
-                    if sent != ev.result.answer:
-                        info["replaced"] = True
-                        yield chunk(("\n" if sent else "") + ev.result.answer, None, info)
+                    answer = ev.result.answer
+                    # the refinement's own chunks when it is the answer, else the answer whole
+                    for piece in (pieces if "".join(pieces) == answer else [answer]):
+                        yield chunk(piece)
+                    info = _info(ev) | {"usage": core.usage(req, ev)}
                     yield chunk(None, "stop", info)
             yield "data: [DONE]\n\n"
 
@@ -194,10 +244,7 @@ def create_app(core: EdgeCore) -> FastAPI:
         body = await parse(request, ChatBody)
         if isinstance(body, JSONResponse):
             return body
-        users = [m.content for m in body.messages if m.role == "user"]
-        if not users:
-            return _error(400, "messages: needs a user message", "messages")
-        return await run(body, users[-1], chat=True)
+        return await run(body, "", chat=True, messages=[m.domain() for m in body.messages])
 
     @app.get("/healthz")
     async def healthz():
@@ -210,8 +257,3 @@ def create_app(core: EdgeCore) -> FastAPI:
 
     return app
 
-
-def _usage(prompt: str, done: Done) -> dict:
-    drafted = sum(d.num_tokens for d in done.result.drafts)
-    return {"prompt_tokens": len(prompt), "completion_tokens": len(done.result.answer),
-            "total_tokens": len(prompt) + len(done.result.answer), "draft_tokens": drafted}

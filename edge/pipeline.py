@@ -22,6 +22,8 @@ import grpc
 
 from coinfer import convert
 from coinfer import types as t
+from coinfer.chat import ChatMessage
+from coinfer.extract import Extraction
 from coinfer.rules import Rule, RuleSet
 from coinfer.tasks import get_task
 from coinfer.v1 import coinfer_pb2 as pb
@@ -60,6 +62,18 @@ class EdgeResult:
     predicted: dict[str, float] = field(default_factory=dict)
     """The planner's predicted breakdown (ms) for the plan that ran."""
     plan_reason: str = ""
+    task: str = ""
+    """The task preset that ran ("" = open request)."""
+    fields: dict = field(default_factory=dict)
+    """Fields extracted from the answer."""
+    refine_mode: str = ""
+    """How the cloud's refinement used the drafts (candidates | prefix | alone); "" = none."""
+
+    def take(self, summary: t.Summary) -> None:
+        """The cloud's answer: adopt its summary."""
+        self.summary, self.answer, self.valid = summary, summary.answer, summary.answer_valid
+        self.source = t.AnswerSource(summary.source).name.lower()
+        self.fields, self.refine_mode = dict(summary.fields), summary.refine_mode
 
 
 Event = t.Draft | t.CloudEvent
@@ -94,30 +108,49 @@ class EdgePipeline:
             stop = True
         return out
 
-    def _local_answer(self, rules: RuleSet, drafts: list[t.Draft]) -> tuple[str, bool]:
-        """Best rule-valid draft by mean logprob; the best invalid one if none is valid."""
-        judged = [(rules.check(d.text)[0].valid, d.mean_logprob, d) for d in drafts]
-        if not judged:
-            return "", False
-        valid, _, best = max(judged, key=lambda x: (x[0], x[1]))
-        return best.text, valid
+    @staticmethod
+    def local_answer(rules: RuleSet, drafts: list[t.Draft]) -> tuple[str, bool, dict]:
+        """Best draft by (passes the rules, agreement on the extracted answer, mean logprob):
+        (text, valid, extracted fields). The best invalid one if none is valid."""
+        if not drafts:
+            return "", False, {}
+        checked = [rules.check(d.text) for d in drafts]
+        keys = [rules.task.answer_key(parsed) if res.valid else None for res, parsed in checked]
+        agree = {k: keys.count(k) for k in keys if k is not None}
+        best = max(range(len(drafts)), key=lambda i: (checked[i][0].valid, agree.get(keys[i], 0),
+                                                      drafts[i].mean_logprob))
+        res, parsed = checked[best]
+        return drafts[best].text, res.valid, dict(parsed.fields) if parsed.ok else {}
+
+    def _finish_local(self, result: EdgeResult, ruleset: RuleSet) -> None:
+        result.answer, result.valid, result.fields = self.local_answer(ruleset, result.drafts)
 
     async def solve(self, task_name: str, prompt: str, rules: list[Rule] | None = None, sampling: Sampling | None = None,
                     plan: Plan = Plan.SPLIT, deadline_s: float = 60.0, request_id: str = "",
-                    on_event: OnEvent | None = None) -> EdgeResult:
+                    on_event: OnEvent | None = None, *, messages: list[ChatMessage] | None = None,
+                    extraction: Extraction | None = None, refine: t.SamplingParams | None = None,
+                    drafts: list[t.Draft] | None = None) -> EdgeResult:
+        """Answer ``prompt`` (one user turn) or ``messages`` (a conversation) under ``plan``.
+
+        ``task_name`` "" is an open request; ``extraction`` and ``rules`` say how answers are
+        checked; ``refine`` is the cloud refinement's sampling (None: the cloud's defaults);
+        ``drafts``: drafts already written for this request (an edge answer escalated to the
+        cloud sends them as its first round instead of drafting again)."""
         t0 = time.perf_counter()
         task = get_task(task_name)
-        spec = task.parse_problem(prompt)
-        ruleset = RuleSet(rules or [], task, spec)
+        req = t.OpenRequest(request_id, task_name, "" if messages else prompt, list(rules or []), refine, 0,
+                            int(deadline_s * 1e3), messages=list(messages or []), extraction=extraction or Extraction())
+        spec = task.parse_problem(req.question)
+        ruleset = RuleSet(rules or [], task, spec, extraction=req.extraction)
         s = sampling or Sampling()
         s.validate()
+        req.expected_drafts = len(drafts) if drafts else s.n
         emit = on_event or (lambda ev: None)
-        req = t.OpenRequest(request_id, task_name, prompt, list(rules or []), None, s.n, int(deadline_s * 1e3))
-        result = EdgeResult("", "edge_only", False)
+        result = EdgeResult("", "edge_only", False, task=task_name)
+        model_prompt = self.engine.render(req.conversation) if self.engine is not None else ""
         if plan is Plan.EDGE or self.stub is None:
-            drafts = await self._draft_round(task.format_prompt(prompt), s, 0, t0, lambda d: emit(d))
-            result.drafts = drafts
-            result.answer, result.valid = self._local_answer(ruleset, drafts)
+            result.drafts = await self._draft_round(model_prompt, s, 0, t0, lambda d: emit(d))
+            self._finish_local(result, ruleset)
             result.rounds = 1
             result.timings = {"drafting": (time.perf_counter() - t0) * 1e3, "total": (time.perf_counter() - t0) * 1e3}
             return result
@@ -125,7 +158,7 @@ class EdgePipeline:
             async with asyncio.timeout(deadline_s):
                 if plan is Plan.CLOUD:
                     return await self._cloud_only(req, deadline_s, emit, t0)
-                return await self._split(req, task.format_prompt(prompt), s, deadline_s, emit, t0, result)
+                return await self._split(req, model_prompt, s, deadline_s, emit, t0, result, drafts)
         except (grpc.aio.AioRpcError, TimeoutError, ConnectionError) as exc:
             reason = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else type(exc).__name__
             if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in (
@@ -135,14 +168,15 @@ class EdgePipeline:
                 raise CloudFailed(reason) from exc  # the caller loads the edge model and answers locally
             log.warning("cloud failed (%s): answering from local drafts", reason)
             if not result.drafts:
-                result.drafts = await self._draft_round(task.format_prompt(prompt), s, 0, t0, lambda d: None)
-            result.answer, result.valid = self._local_answer(ruleset, result.drafts)
+                result.drafts = await self._draft_round(model_prompt, s, 0, t0, lambda d: None)
+            self._finish_local(result, ruleset)
             result.source, result.fallback_reason, result.summary = "edge_only", reason, None
+            result.refine_mode = ""
             result.timings["total"] = (time.perf_counter() - t0) * 1e3
             return result
 
     async def _split(self, req: t.OpenRequest, task_prompt: str, s: Sampling, deadline_s: float, emit: OnEvent,
-                     t0: float, result: EdgeResult) -> EdgeResult:
+                     t0: float, result: EdgeResult, written: list[t.Draft] | None = None) -> EdgeResult:
         call = self.stub.Session(timeout=deadline_s)
         await call.write(pb.EdgeMessage(open=convert.open_to_pb(req)))
         drafting_ms = 0.0
@@ -157,7 +191,13 @@ class EdgePipeline:
                 result.timings.setdefault("first_draft", d.edge_ms)
                 return call.write(pb.EdgeMessage(draft=convert.to_pb(d, pb.Draft)))
 
-            drafts = await self._draft_round(task_prompt, sampling, start, t0, send)
+            if written and start == 0:  # escalated: the drafts exist, send them as they are
+                drafts = list(written)
+                result.drafts.extend(drafts)
+                for d in drafts:
+                    await call.write(pb.EdgeMessage(draft=convert.to_pb(d, pb.Draft)))
+            else:
+                drafts = await self._draft_round(task_prompt, sampling, start, t0, send)
             drafting_ms += (time.perf_counter() - t_r) * 1e3
             await call.write(pb.EdgeMessage(done=pb.DraftsDone(count=len(drafts))))
 
@@ -177,9 +217,7 @@ class EdgePipeline:
                     result.rounds += 1
                     writer = asyncio.create_task(round_(advised, len(result.drafts)))
                 elif isinstance(ev, t.Summary):
-                    result.summary = ev
-                    result.answer, result.valid = ev.answer, ev.answer_valid
-                    result.source = t.AnswerSource(ev.source).name.lower()
+                    result.take(ev)
             await writer
             await call.done_writing()
         finally:
@@ -191,13 +229,16 @@ class EdgePipeline:
         return result
 
     async def _cloud_only(self, req: t.OpenRequest, deadline_s: float, emit: OnEvent, t0: float) -> EdgeResult:
-        msg = pb.GenerateRequest(request_id=req.request_id, problem=convert.open_to_pb(req).problem,
+        msg = pb.GenerateRequest(request_id=req.request_id, problem=convert.problem_to_pb(req),
                                  deadline_ms=req.deadline_ms)
-        result = EdgeResult("", "cloud", False)
+        if req.refine is not None:
+            msg.sampling.CopyFrom(convert.to_pb(req.refine, pb.SamplingParams))
+        result = EdgeResult("", "cloud", False, task=req.task)
         async for m in self.stub.Generate(msg, timeout=deadline_s):
             ev = convert.event_from_pb(m)
             emit(ev)
             if isinstance(ev, t.Summary):
-                result.summary, result.answer, result.valid = ev, ev.answer, ev.answer_valid
+                result.take(ev)
+                result.source = "cloud"
         result.timings = {"total": (time.perf_counter() - t0) * 1e3}
         return result

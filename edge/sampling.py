@@ -17,7 +17,7 @@ from coinfer.types import SamplingParams
 
 @dataclass(frozen=True)
 class Sampling(SamplingParams):
-    """Draft sampling: the shared sampling parameters plus the draft count and stop strings.
+    """Draft sampling: the shared sampling parameters (stop strings included) plus the draft count.
 
     Defaults from seed 003, 4.2: n=5, temperature 0.3, top_p 0.95, presence 0.2,
     frequency 0.1, 256 new tokens. Draft i uses ``seed + i``, so a batch equals
@@ -26,14 +26,10 @@ class Sampling(SamplingParams):
 
     n: int = 5
     """Drafts per round (1..max_drafts)."""
-    stop: tuple[str, ...] = ()
-    """Extra stop strings (EOS always stops)."""
 
     def validate(self, field: str = "sampling", max_drafts: int = 16, max_new_tokens: int = 1024) -> None:
         super().validate(field, max_new_tokens)
         require(1 <= self.n <= max_drafts, f"{field}.n", f"must be in 1..{max_drafts}, got {self.n}")
-        require(len(self.stop) <= 8 and all(0 < len(x) <= 64 for x in self.stop), f"{field}.stop",
-                "at most 8 strings of 1..64 chars")
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

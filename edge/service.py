@@ -7,15 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
 from coinfer import types as t
+from coinfer.chat import ChatFormat, ChatMessage, conversation, question_of, validate_messages
 from coinfer.errors import InvalidArgument, ResourceExhausted, field_of, require
-from coinfer.rules import Rule
+from coinfer.extract import Extraction
+from coinfer.rules import Rule, RuleSet
 from coinfer.tasks import TASKS, get_task
 from edge.config import PLANS, EdgeConfig
 from edge.draft_engine import OrtDraftEngine
@@ -35,14 +40,24 @@ log = logging.getLogger(__name__)
 @dataclass
 class SolveRequest:
     prompt: str
+    """The question as one user turn ("" when ``messages`` carries the conversation)."""
     task: str = ""
-    """Empty: the first task whose problem format the prompt matches."""
+    """Empty: the task preset whose problem format the question matches, else an open request."""
     rules: list[Rule] = field(default_factory=list)
     sampling: t.SamplingParams | None = None
+    """Sampling of the drafts and of the cloud's refinement (None: the daemon's draft defaults
+    and the cloud's refinement defaults)."""
     num_drafts: int = 0
     plan: str = "auto"
     deadline_ms: int = 0
     request_id: str = ""
+    messages: list[ChatMessage] = field(default_factory=list)
+    """The conversation (system message and history kept)."""
+    extraction: Extraction = field(default_factory=Extraction)
+
+    @property
+    def question(self) -> str:
+        return question_of(conversation(self.prompt, self.messages))
 
 
 @dataclass
@@ -58,19 +73,19 @@ class Done:
         r = self.result
         return {"source": r.source, "valid": r.valid, "plan": self.plan, "rounds": r.rounds,
                 "fallback_reason": r.fallback_reason, "timings_ms": r.timings, "predicted_ms": r.predicted,
-                "plan_reason": r.plan_reason}
+                "plan_reason": r.plan_reason, "fields": r.fields, "refine_mode": r.refine_mode, "task": r.task}
 
 
 def infer_task(prompt: str) -> str:
-    """The task whose problem format ``prompt`` matches (apps need not name it)."""
+    """The task preset whose problem format ``prompt`` matches (apps need not name it); "" (an
+    open request) when none does."""
     for name, task in TASKS.items():
         try:
             task.parse_problem(prompt)
             return name
         except InvalidArgument:
             continue
-    raise InvalidArgument(f"prompt: matches no task's problem format (tasks: {', '.join(TASKS)}); "
-                          "name the task explicitly")
+    return ""
 
 
 def _log_load_failure(task: asyncio.Task) -> None:
@@ -163,6 +178,20 @@ class EdgeCore:
                 log.info("draft model warm in %.0f ms on %s", self.model_load_ms, engine.providers)
         return self.engine
 
+    @functools.cached_property
+    def _tokenizer(self) -> tuple[Tokenizer, ChatFormat]:
+        """The draft model's tokenizer and chat format, without loading the model (usage counts)."""
+        return Tokenizer.from_file(str(Path(self.cfg.model) / "tokenizer.json")), ChatFormat.from_dir(self.cfg.model)
+
+    def usage(self, req: SolveRequest, done: Done) -> dict:
+        """OpenAI ``usage`` in the draft tokenizer's tokens: the rendered conversation and the answer."""
+        tok, chat = self._tokenizer
+        prompt = chat.render(conversation(req.prompt, req.messages))
+        p = len(tok.encode(prompt, add_special_tokens=not chat.templated).ids)
+        c = len(tok.encode(done.result.answer, add_special_tokens=False).ids)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+                "draft_tokens": sum(d.num_tokens for d in done.result.drafts)}
+
     def status(self) -> dict:
         return {"model": self.cfg.model_name, "model_state": self.model_state, "model_load_ms": self.model_load_ms,
                 "cloud_circuit": self.link.breaker.state if self.link.enabled else "disabled",
@@ -171,17 +200,25 @@ class EdgeCore:
 
     def _validate(self, req: SolveRequest) -> tuple[Sampling, float]:
         c = self.cfg
-        require(isinstance(req.prompt, str) and req.prompt.strip() != "", "prompt", "required")
-        if len(req.prompt) > c.max_prompt_chars:
-            raise ResourceExhausted(f"prompt: {len(req.prompt)} chars > limit {c.max_prompt_chars}")
-        req.task = req.task or infer_task(req.prompt)
-        get_task(req.task, "task")
+        if req.messages:
+            require(req.prompt == "", "prompt", "give prompt or messages, not both")
+            validate_messages(req.messages)
+            size, where = sum(len(m.content) for m in req.messages), "messages"
+        else:
+            require(isinstance(req.prompt, str) and req.prompt.strip() != "", "prompt", "required")
+            size, where = len(req.prompt), "prompt"
+        if size > c.max_prompt_chars:
+            raise ResourceExhausted(f"{where}: {size} chars > limit {c.max_prompt_chars}")
+        req.extraction.validate("extraction")
+        req.task = req.task or infer_task(req.question)
+        task = get_task(req.task, "task")
+        RuleSet(req.rules, task, task.parse_problem(req.question), "rules", req.extraction)  # bad rules: 400 now
         require(req.plan in PLANS, "plan", f"must be one of {', '.join(PLANS)}, got {req.plan!r}")
         require(0 <= req.num_drafts <= c.max_drafts, "num_drafts", f"must be in 0..{c.max_drafts}")
         require(0 <= req.deadline_ms <= 600_000, "deadline_ms", "must be in 0..600000")
         base = req.sampling or t.SamplingParams()
         n = req.num_drafts or min(c.max_drafts, self.link.recommended_drafts)
-        s = Sampling(**{f: getattr(base, f) for f in t.SamplingParams.__dataclass_fields__}, n=n)
+        s = Sampling(**{f.name: getattr(base, f.name) for f in dataclasses.fields(t.SamplingParams)}, n=n)
         s.validate("sampling", c.max_drafts, c.max_new_tokens)
         return s, (req.deadline_ms or c.deadline_ms) / 1e3
 
@@ -192,7 +229,7 @@ class EdgeCore:
         cloud_ok = self.link.enabled and self.link.breaker.state != "open"
         choice = None
         if asked == "auto":
-            choice = self.planner.choose(req.task, *size, n, edge, cloud_ok)
+            choice = self.planner.choose(req.task or "open", *size, n, edge, cloud_ok)
             asked, why = choice.plan, choice.reason
         else:
             why = "requested"
@@ -208,7 +245,8 @@ class EdgeCore:
         """Events: t.Draft, t.Verdict, t.AnswerChunk ..., then one Done."""
         s, deadline_s = self._validate(req)
         t0 = time.perf_counter()  # the user's clock: waiting for a cold model counts
-        size = self.planner.prompt_size(req.prompt)
+        size = self.planner.prompt_size("\n".join(m.content for m in conversation(req.prompt, req.messages)))
+        planner_task = req.task or "open"
         plan, skipped, why, edge_was, choice = self._plan(req, s.n, size)
         self._maybe_reprobe()
         if plan is Plan.CLOUD and self.engine is None:
@@ -235,15 +273,33 @@ class EdgeCore:
 
         self.active += 1
         self.metrics.active.inc()
+        # the user's sampling reaches the refinement too (OpenAI fidelity); unset: the cloud's defaults
+        refine = req.sampling
+        kw = {"messages": req.messages, "extraction": req.extraction, "refine": refine}
+
+        def left() -> float:
+            return max(0.1, deadline_s - (time.perf_counter() - t0))
+
         async def run() -> EdgeResult:
             try:
-                return await pipe.solve(req.task, req.prompt, req.rules, s, plan, deadline_s, req.request_id, on_event)
+                r = await pipe.solve(req.task, req.prompt, req.rules, s, plan, deadline_s, req.request_id, on_event, **kw)
             except CloudFailed as exc:  # cloud plan while the edge was cold: load it and answer locally
                 local = EdgePipeline(await self.ensure_engine(), None)
-                r = await local.solve(req.task, req.prompt, req.rules, s, Plan.EDGE,
-                                      max(0.1, deadline_s - (time.perf_counter() - t0)), req.request_id, on_event)
+                r = await local.solve(req.task, req.prompt, req.rules, s, Plan.EDGE, left(), req.request_id, on_event,
+                                      **kw)
                 r.fallback_reason = str(exc)
                 return r
+            if (plan is Plan.EDGE and choice is not None and not r.valid and r.drafts
+                    and self.link.enabled and self.link.breaker.allow()):
+                # auto chose the edge, but its answer failed the rules: a healthy cloud verifies and
+                # refines the same drafts (sent as they are: no drafting twice)
+                up = EdgePipeline(self.engine, self.link.channel)
+                r2 = await up.solve(req.task, req.prompt, req.rules, s, Plan.SPLIT, left(), req.request_id, on_event,
+                                    drafts=r.drafts, **kw)
+                r2.plan_reason = "edge answer failed the rules: escalated to split with its drafts"
+                r2.timings["drafting"] = r.timings.get("drafting", 0.0)
+                return r2
+            return r
 
         job = asyncio.create_task(run())
         job.add_done_callback(lambda _: q.put_nowait(None))
@@ -259,7 +315,7 @@ class EdgeCore:
                     self.link.breaker.success()
             if result.summary is not None and result.summary.recommended_drafts:
                 self.link.recommended_drafts = result.summary.recommended_drafts  # adopt the cloud's count
-            result.plan_reason = why
+            result.plan_reason = why if not result.plan_reason else f"{why}; {result.plan_reason}"
             # the request as the user saw it; "cold_start": waiting for the edge model to load
             result.timings.update(request=(time.perf_counter() - t0) * 1e3, cold_start=waited_ms)
             if choice is not None and plan.value in choice.breakdowns:
@@ -269,7 +325,7 @@ class EdgeCore:
                     self.metrics.plan_ratio.labels(plan.value).observe(result.timings["request"] / b.total_ms)
             # before the skip reason is attached: an edge plan run because the cloud was skipped
             # is still a clean measurement of the edge plan
-            self.planner.observe(plan.value, req.task, *size, s.n, result, edge_was)
+            self.planner.observe(plan.value, planner_task, *size, s.n, result, edge_was)
             result.fallback_reason = result.fallback_reason or skipped
             if result.fallback_reason:
                 self.metrics.fallbacks.labels(field_of(result.fallback_reason)[:40]).inc()

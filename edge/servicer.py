@@ -8,6 +8,7 @@ import grpc
 
 from coinfer import convert
 from coinfer import types as t
+from coinfer.chat import ChatMessage
 from coinfer.errors import CoinferError, abort, field_of
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import edge_pb2 as epb
@@ -16,7 +17,10 @@ from edge.service import Done, EdgeCore, SolveRequest
 
 
 def result_to_pb(done: Done) -> epb.SolveResult:
-    return epb.SolveResult(answer=done.result.answer, **done.info())
+    info = done.info()
+    msg = epb.SolveResult(answer=done.result.answer, **{k: v for k, v in info.items() if k != "fields"})
+    msg.fields.update(convert.jsonable(info["fields"]))
+    return msg
 
 
 class EdgeServicer(epb_grpc.CoinferEdgeServicer):
@@ -25,12 +29,13 @@ class EdgeServicer(epb_grpc.CoinferEdgeServicer):
 
     async def Solve(self, request: epb.SolveRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[epb.SolveEvent]:
         try:
+            p = request.problem
             req = SolveRequest(
-                prompt=request.problem.prompt, task=request.problem.task,
-                rules=[convert.rule_from_pb(r) for r in request.problem.rules],
+                prompt=p.prompt, task=p.task, rules=[convert.rule_from_pb(r) for r in p.rules],
                 sampling=convert.from_pb(request.sampling, t.SamplingParams) if request.HasField("sampling") else None,
                 num_drafts=request.num_drafts, plan=request.plan or "auto", deadline_ms=request.deadline_ms,
-                request_id=request.request_id)
+                request_id=request.request_id, messages=[ChatMessage(m.role, m.content) for m in p.messages],
+                extraction=convert.extraction_from_pb(p.extraction))
             async for ev in self.core.solve(req):
                 if isinstance(ev, Done):
                     yield epb.SolveEvent(result=result_to_pb(ev))

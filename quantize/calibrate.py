@@ -16,6 +16,7 @@ import numpy as np
 from onnxruntime.quantization import CalibrationDataReader
 from tokenizers import Tokenizer
 
+from coinfer.chat import ChatFormat
 from edge.onnx_lm import OnnxLM
 from quantize.prompts import TaskPrompt
 
@@ -24,9 +25,10 @@ class KvCalibrationReader(CalibrationDataReader):
     """Feeds of the FP32 model running ``prompts``: prefill, then ``decode_steps`` greedy steps each."""
 
     def __init__(self, fp32_model: Path, tokenizer: Tokenizer, prompts: Sequence[TaskPrompt], decode_steps: int = 8,
-                 on_prompt=None) -> None:
+                 on_prompt=None, chat: ChatFormat | None = None) -> None:
         self.lm = OnnxLM(fp32_model, providers=["CPUExecutionProvider"])
         self.tokenizer = tokenizer
+        self.chat = chat or ChatFormat.from_dir(fp32_model.parent)
         self.prompts = list(prompts)
         self.decode_steps = decode_steps
         self.on_prompt = on_prompt  # progress callback, once per prompt
@@ -35,7 +37,7 @@ class KvCalibrationReader(CalibrationDataReader):
 
     def _generate(self) -> Iterator[dict[str, np.ndarray]]:
         for p in self.prompts:
-            ids = np.array([self.tokenizer.encode(p.text).ids], np.int64)
+            ids = np.array([p.ids(self.tokenizer, self.chat)], np.int64)
             past = self.lm.empty_past()
             for _ in range(self.decode_steps + 1):
                 feed = self.lm.feed(ids, past)

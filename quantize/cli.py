@@ -48,9 +48,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.parity_steps:
         from tokenizers import Tokenizer
 
+        from coinfer.chat import ChatFormat
+        from quantize.prompts import TaskPrompt
+
         tok_file = args.model / "tokenizer.json"
-        prompt = Tokenizer.from_file(str(tok_file)).encode("If x=3 and y=5, compute (x+y)^2-x*y.\n").ids \
-            if tok_file.exists() else [1, 2, 3, 4]
+        prompt = TaskPrompt("If x=3 and y=5, compute (x+y)^2-x*y.").ids(
+            Tokenizer.from_file(str(tok_file)), ChatFormat.from_dir(args.model)) if tok_file.exists() else [1, 2, 3, 4]
     report = export_dir(args.model, args.out, parity_prompt=prompt, parity_steps=args.parity_steps, dtype=args.dtype)
     parity = report.get("parity", {})
     _out(args, report, f"exported {args.out / MODEL_FILE} ({args.dtype})" + (

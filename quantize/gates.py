@@ -71,7 +71,8 @@ class GateResult:
 def _correct(engine: OrtDraftEngine, p: TaskPrompt, s: Sampling) -> int:
     """How many of the drafts ``engine`` samples for ``p`` the task grades right."""
     task = TASKS[p.problem.task]
-    return sum(task.grade(p.problem.spec, task.parse_answer(d.text)) for d in engine.generate(p.text, s))
+    return sum(task.grade(p.problem.spec, task.parse_answer(d.text))
+               for d in engine.generate(p.model_text(engine.chat), s))
 
 
 def run_gates(reference: OrtDraftEngine, candidate: OrtDraftEngine, prompts: Sequence[TaskPrompt],
@@ -80,7 +81,7 @@ def run_gates(reference: OrtDraftEngine, candidate: OrtDraftEngine, prompts: Seq
     agree = positions = same = 0
     ref_ok = cand_ok = graded = 0
     for i, p in enumerate(prompts):
-        ids = reference.encode(p.text)
+        ids = p.ids(reference.tokenizer, reference.chat)
         ref_tokens, ref_logits = reference.lm.greedy(ids, cfg.max_new_tokens, reference.eos_ids)
         cand_logits = candidate.lm.forced(ids, ref_tokens)
         agree += sum(int(a.argmax() == b.argmax()) for a, b in zip(ref_logits, cand_logits))

@@ -4,7 +4,9 @@ Calibration draws from the train side of the task split and the gates from the
 held-out side (``coinfer.tasks.is_held_out``), so a gate never grades a model on
 the prompts its activation ranges were fitted to. A calibration file holds one
 JSON object per line, ``{"task": "arith", "prompt": "..."}`` (``task`` optional:
-without it the prompt is used verbatim); a bad line is an error naming the line.
+without it the prompt is an open request, not graded); a bad line is an error naming the
+line. A prompt is a user turn: it reaches the model rendered with the model's own chat
+template (``TaskPrompt.ids``), exactly as the edge renders a request.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
+from coinfer.chat import ChatFormat, ChatMessage
 from coinfer.errors import CoinferError
 from coinfer.tasks import TASKS, Problem, problems
 
@@ -26,8 +31,16 @@ class PromptFileError(ValueError):
 
 @dataclass(frozen=True)
 class TaskPrompt:
-    text: str  # as the model sees it (the task's prompt format applied)
+    text: str  # the user turn
     problem: Problem | None = None  # None for free text: no grade
+
+    def model_text(self, chat: ChatFormat) -> str:
+        """The prompt as a model with chat format ``chat`` reads it."""
+        return chat.render([ChatMessage("user", self.text)])
+
+    def ids(self, tokenizer: Tokenizer, chat: ChatFormat) -> list[int]:
+        """Token ids of ``model_text`` (a template writes BOS itself; plain text gets it added)."""
+        return tokenizer.encode(self.model_text(chat), add_special_tokens=not chat.templated).ids
 
 
 def task_prompts(n: int, held_out: bool, tasks: tuple[str, ...] = tuple(TASKS), seed: int = 0) -> list[TaskPrompt]:
@@ -36,7 +49,7 @@ def task_prompts(n: int, held_out: bool, tasks: tuple[str, ...] = tuple(TASKS), 
     out = []
     for i in range(n):
         p = next(problems(rng, (tasks[i % len(tasks)],), held_out))
-        out.append(TaskPrompt(TASKS[p.task].format_prompt(p.prompt), p))
+        out.append(TaskPrompt(p.prompt, p))
     return out
 
 
@@ -71,7 +84,7 @@ def read_prompt_file(path: Path) -> list[TaskPrompt]:
                 problem = t.problem(obj["prompt"])
             except CoinferError as exc:
                 raise PromptFileError(f"{where}: {exc}") from None
-            out.append(TaskPrompt(t.format_prompt(obj["prompt"]), problem))
+            out.append(TaskPrompt(obj["prompt"], problem))
     if not out:
         raise PromptFileError(f"{path}: no prompts")
     return out

@@ -8,19 +8,25 @@ from collections.abc import Iterator
 
 from coinfer.errors import InvalidArgument
 from coinfer.tasks.arith import ArithTask
-from coinfer.tasks.base import Parsed, Problem, Task
+from coinfer.tasks.base import OpenTask, Parsed, Problem, Task
 from coinfer.tasks.select import SelectTask
 
 TASKS: dict[str, Task] = {t.name: t for t in (ArithTask(), SelectTask())}
+OPEN = OpenTask()
+"""An open request (task ""): no prompt grammar; extraction and rules come with the request."""
 
-__all__ = ["TASKS", "Parsed", "Problem", "Task", "get_task", "is_held_out", "problems"]
+__all__ = ["OPEN", "TASKS", "Parsed", "Problem", "Task", "get_task", "is_held_out", "problems"]
 
 
 def get_task(name: str, field: str = "problem.task") -> Task:
+    """The preset named ``name``; "" is an open request."""
+    if name == "":
+        return OPEN
     try:
         return TASKS[name]
     except KeyError:
-        raise InvalidArgument(f"{field}: unknown task {name!r} (known: {', '.join(TASKS)})") from None
+        raise InvalidArgument(f"{field}: unknown task {name!r} (known: {', '.join(TASKS)}; "
+                              "empty for an open request)") from None
 
 
 def is_held_out(prompt: str) -> bool:

@@ -1,4 +1,7 @@
-"""What a task is: prompt format + answer parser + rule set + exact grader.
+"""What a task preset is: prompt parser + answer extraction + checkers + default rules + grader.
+
+The built-in tasks and an open request (``OpenTask``: no prompt grammar, the request's own
+extraction) go through the same mechanism: ``RuleSet`` extracts, then checks.
 
 A task turns a prompt into a ``spec`` (the structured problem: variables, pool,
 budget), parses a draft into a ``Parsed`` answer without ever raising, checks
@@ -9,9 +12,10 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from coinfer.extract import Parsed, answer_key
 from coinfer.rules import Rule
 
 
@@ -22,18 +26,6 @@ class Problem:
     task: str
     prompt: str
     spec: dict[str, Any]
-
-
-@dataclass
-class Parsed:
-    """A parsed answer. ``error`` is set (and ``fields`` partial) when parsing failed."""
-
-    fields: dict[str, Any] = field(default_factory=dict)
-    error: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return not self.error
 
 
 def split_steps(text: str) -> list[str]:
@@ -104,9 +96,51 @@ class Task(ABC):
             out.append(step)
         return out
 
-    def format_prompt(self, prompt: str) -> str:
-        """Model input for a prompt: the answer starts on the next line."""
-        return prompt.strip() + "\n"
+    def answer_key(self, parsed: Parsed) -> Any:
+        """What drafts agree on (the seed's support term): the extracted answer."""
+        return answer_key(parsed)
+
+    def dedup_key(self, text: str, parsed: Parsed) -> Any:
+        """Drafts with equal keys are verified once (seed 5.2: by structure, not text similarity)."""
+        return self.structure_key(parsed)
 
     def problem(self, prompt: str) -> Problem:
         return Problem(self.name, prompt, self.parse_problem(prompt))
+
+
+class OpenTask(Task):
+    """An open request: any prompt, no grammar. Extraction and rules come with the request."""
+
+    name = ""
+
+    def generate(self, rng: random.Random) -> Problem:
+        raise NotImplementedError("open requests have no generator")
+
+    def parse_problem(self, prompt: str) -> dict[str, Any]:
+        return {}
+
+    def solve(self, spec: dict[str, Any]) -> str:
+        raise NotImplementedError("open requests have no reference answer")
+
+    def parse_answer(self, text: str) -> Parsed:
+        return Parsed({})
+
+    def check(self, checker: str, spec: dict[str, Any], parsed: Parsed) -> str:
+        raise AssertionError("open requests offer no checkers")  # RuleSet refuses task_check first
+
+    def grade(self, spec: dict[str, Any], parsed: Parsed) -> bool:
+        raise NotImplementedError("open requests are graded by the caller")
+
+    def default_rules(self, spec: dict[str, Any]) -> list[Rule]:
+        return []
+
+    def structure_key(self, parsed: Parsed) -> tuple:
+        return tuple(sorted((k, str(v)) for k, v in parsed.fields.items()))
+
+    def dedup_key(self, text: str, parsed: Parsed) -> Any:
+        # two open drafts are one only when their text is (whitespace aside): the same answer
+        # reached by different reasoning is support, not a duplicate
+        return " ".join(text.split())
+
+    def step_ok(self, spec: dict[str, Any], step: str) -> bool:
+        return False

@@ -17,7 +17,7 @@ POOL_PROMPT = "Pick 2 of A(3,5) B(4,2) C(2,6) D(5,7) with cost<=8."
 
 
 def test_unknown_task_lists_known():
-    with pytest.raises(InvalidArgument, match=r"problem.task: unknown task 'poetry' \(known: arith, select\)"):
+    with pytest.raises(InvalidArgument, match=r"problem.task: unknown task .poetry. \(known: arith, select; empty for an open request\)"):
         get_task("poetry")
 
 

@@ -1,4 +1,4 @@
-"""The built demo models: accuracy targets, and both load in vLLM and transformers."""
+"""The built demo models: accuracy targets, chat template, and both load in vLLM and transformers."""
 
 import asyncio
 
@@ -9,10 +9,26 @@ pytestmark = pytest.mark.slow
 
 def test_accuracy_targets_measured_on_held_out_problems(artifacts):
     r = artifacts.models.report
-    draft, target = r["draft"]["accuracy"]["overall"], r["target"]["accuracy"]["overall"]
-    assert 0.30 <= draft <= 0.70, r["draft"]["accuracy"]
-    assert target >= draft + 0.15, (draft, target)
+    draft, target = r["draft"]["accuracy"], r["target"]["accuracy"]
+    assert 0.30 <= draft["overall"] <= 0.70, draft
+    assert target["overall"] >= draft["overall"] + 0.15, (draft, target)
+    assert {"arith", "select", "words"} <= draft.keys() & target.keys()
     assert r["draft"]["params"] < r["target"]["params"]
+
+
+def test_models_speak_chatml_and_stop_at_end_of_turn(artifacts):
+    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig
+
+    from coinfer.chat import ChatFormat, ChatMessage
+
+    for path in (artifacts.models.draft, artifacts.models.target):
+        tok = AutoTokenizer.from_pretrained(str(path))
+        eos = tok.convert_tokens_to_ids("<|im_end|>")
+        assert tok.eos_token_id == eos and LlamaConfig.from_pretrained(str(path)).eos_token_id == eos
+        assert GenerationConfig.from_pretrained(str(path)).eos_token_id == eos
+        text = ChatFormat.from_dir(path).render([ChatMessage("user", "If x=2 and y=3, compute x*y+x+y.")])
+        assert text == tok.apply_chat_template([{"role": "user", "content": "If x=2 and y=3, compute x*y+x+y."}],
+                                               tokenize=False, add_generation_prompt=True)
 
 
 def test_both_models_load_in_transformers_and_vllm(artifacts):
@@ -20,16 +36,20 @@ def test_both_models_load_in_transformers_and_vllm(artifacts):
 
     from cloud.config import EngineConfig
     from cloud.engine import GenParams, VllmEngine
+    from coinfer.chat import ChatFormat, ChatMessage
 
     for path in (artifacts.models.draft, artifacts.models.target):
         model = LlamaForCausalLM.from_pretrained(str(path))
         assert model.config.architectures == ["LlamaForCausalLM"]
+        assert model.config.head_dim in (32, 64) and not model.config.tie_word_embeddings
         assert AutoTokenizer.from_pretrained(str(path)).chat_template
+
+    prompt = ChatFormat.from_dir(artifacts.models.draft).render([ChatMessage("user", "If x=2 and y=3, compute x*y+x+y.")])
 
     async def vllm_answers() -> str:
         eng = await VllmEngine(EngineConfig(model=str(artifacts.models.draft))).start()
         try:
-            out = [d async for d in eng.generate("If x=2 and y=3, compute x*y+x+y.\n", GenParams(max_tokens=40), "t")]
+            out = [d async for d in eng.generate(prompt, GenParams(max_tokens=40), "t")]
         finally:
             await eng.close()
         assert all(c.tokens >= 1 for c in out)  # every chunk says what it cost

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from coinfer.chat import ChatFormat
 from coinfer.tasks import is_held_out
 from quantize.prompts import PromptFileError, read_prompt_file, task_prompts
 
@@ -15,14 +16,18 @@ def test_task_prompts_come_from_the_requested_side_of_the_split():
     assert not any(is_held_out(p.problem.prompt) for p in train)
     assert {p.problem.task for p in held} == {"arith", "select"}
     assert held == task_prompts(20, held_out=True)  # deterministic
-    assert all(p.text.endswith("\n") for p in held)  # the task's prompt format
+    assert all(p.text == p.problem.prompt for p in held)  # the user turn; the model's template renders it
+    plain = ChatFormat()
+    assert held[0].model_text(plain) == f"User: {held[0].text}\nAssistant:"
+    templated = ChatFormat("{{ bos_token }}{% for m in messages %}{{ m['content'] }}\n{% endfor %}", "<s>", "</s>")
+    assert held[0].model_text(templated) == f"<s>{held[0].text}\n"
 
 
 def test_prompt_file_lines(tmp_path):
     f = tmp_path / "c.jsonl"
     f.write_text(json.dumps({"task": "arith", "prompt": "If x=1 and y=2, compute x+y."}) + "\n\n" + json.dumps({"prompt": "hi"}) + "\n")
     got = read_prompt_file(f)
-    assert [p.text for p in got] == ["If x=1 and y=2, compute x+y.\n", "hi"]
+    assert [p.text for p in got] == ["If x=1 and y=2, compute x+y.", "hi"]
     assert got[0].problem is not None and got[1].problem is None
 
 

@@ -1,0 +1,121 @@
+"""The ``arithmetic`` rule: every ``a op b = c`` written in a solution is recomputed.
+
+Worked solutions of word problems (GSM8K style) carry their arithmetic inline:
+``In May she sold 48 / 2 = 24 clips.`` A small model's commonest mistake is a wrong result
+there; this check catches it exactly, without knowing the problem. A chain of numbers and
+operators (+ - * / and x as times between numbers) right before an ``=`` is evaluated with the
+usual precedence and compared with the number after it.
+
+Linear time: one left-to-right tokenisation with ``str`` scans, no regular expressions.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from coinfer.text import normalize
+
+_OPS = "+-*/"
+_MAX_TERMS = 64  # a chain longer than this is not a worked step: skipped, never evaluated
+_MAX_DIGITS = 30
+
+
+def _tokens(text: str) -> list[str | Fraction]:
+    """Numbers (as Fractions), operators, '=' and a '|' for anything else (a chain breaker)."""
+    out: list[str | Fraction] = []
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch.isascii() and ch.isdigit():
+            j = i
+            while j < n and (text[j].isascii() and text[j].isdigit() or
+                             (text[j] == "," and text[j + 1:j + 4].isdigit() and len(text[j + 1:j + 4]) == 3
+                              and not text[j + 4:j + 5].isdigit())):
+                j += 4 if text[j] == "," else 1
+            if text[j:j + 1] == "." and text[j + 1:j + 2].isdigit():
+                j += 1
+                while j < n and text[j].isascii() and text[j].isdigit():
+                    j += 1
+            raw = text[i:j].replace(",", "")
+            out.append(Fraction(raw) if len(raw) <= _MAX_DIGITS else "|")
+            i = j
+            continue
+        if ch in _OPS or ch == "=":
+            out.append(ch)
+        elif ch == "x" and out and isinstance(out[-1], Fraction):
+            out.append("*")  # "3 x 4 = 12"
+        elif ch == "$" or ch == " " or ch == "\t":
+            pass  # "$5 + $3" and spacing do not break a chain
+        else:
+            out.append("|")
+        i += 1
+    return out
+
+
+def _evaluate(chain: list[str | Fraction]) -> Fraction | None:
+    """Evaluate number (op number)* with * and / before + and -; None on division by zero."""
+    terms: list[Fraction] = []
+    signs: list[int] = []
+    cur = chain[0]
+    assert isinstance(cur, Fraction)
+    sign = 1
+    for k in range(1, len(chain), 2):
+        op, num = chain[k], chain[k + 1]
+        assert isinstance(num, Fraction)
+        if op == "*":
+            cur *= num
+        elif op == "/":
+            if num == 0:
+                return None
+            cur /= num
+        else:
+            terms.append(cur)
+            signs.append(sign)
+            cur, sign = num, (1 if op == "+" else -1)
+    terms.append(cur)
+    signs.append(sign)
+    return sum((s * t for s, t in zip(signs, terms)), Fraction(0))
+
+
+def _fmt(v: Fraction) -> str:
+    return str(v.numerator) if v.denominator == 1 else f"{float(v):g}"
+
+
+def equations(text: str) -> list[tuple[str, Fraction, Fraction | None]]:
+    """Every ``chain = number`` in ``text``: (written step, written result, true result)."""
+    toks = _tokens(normalize(text))
+    out = []
+    for k, tok in enumerate(toks):
+        if tok != "=":
+            continue
+        after = toks[k + 1: k + 3]
+        if after and isinstance(after[0], Fraction):
+            result = after[0]
+        elif len(after) == 2 and after[0] == "-" and isinstance(after[1], Fraction):
+            result = -after[1]  # "0 - 2 = -2"
+        else:
+            continue
+        # walk back over number (op number)* ending right before '='
+        j = k - 1
+        if j < 0 or not isinstance(toks[j], Fraction):
+            continue
+        while j - 2 >= 0 and isinstance(toks[j - 1], str) and toks[j - 1] in _OPS and isinstance(toks[j - 2], Fraction):
+            j -= 2
+        chain = toks[j:k]
+        if len(chain) < 3 or len(chain) > 2 * _MAX_TERMS:
+            continue
+        if j - 1 >= 0 and toks[j - 1] == "-":  # a leading minus sign: "-3 + 5 = 2"
+            chain = [-chain[0]] + chain[1:]  # type: ignore[operator]
+        written = " ".join(_fmt(x) if isinstance(x, Fraction) else x for x in chain)
+        out.append((written, result, _evaluate(chain)))
+    return out
+
+
+def first_wrong_equation(text: str) -> str:
+    """'' when every equation holds, else ``arithmetic_wrong: 48 / 2 = 25 (expected 24)``."""
+    for written, result, true in equations(text):
+        if true is None:
+            return f"arithmetic_wrong: {written} divides by zero"
+        if true != result:
+            return f"arithmetic_wrong: {written} = {_fmt(result)} (expected {_fmt(true)})"
+    return ""

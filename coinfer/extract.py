@@ -1,0 +1,200 @@
+"""Answer extraction, declared per request: how the answer is taken out of a draft's text.
+
+=========  ==================================================  ==========================
+kind       fields                                              parse error when
+=========  ==================================================  ==========================
+none       {} (rules see the whole text only)                  never
+marker     answer (+ answer_text): text after the last marker  no marker / nothing after it
+           (default ``Answer:``) to the end of its line
+boxed      answer (+ answer_text): the last ``\\boxed{...}``     no complete \\boxed{...}
+last_line  answer (+ answer_text): the last non-empty line     empty text
+json       the object's keys (the whole draft, else the last   no JSON object
+           ``{...}`` in it that parses)
+regex      the named groups of the last match (``answer``      no match
+           is the answer)
+=========  ==================================================  ==========================
+
+A number at the start of an extracted answer (``72``, ``-3.5``, ``$1,200``, ``72 clips``)
+becomes the numeric ``answer``; the extracted text stays in ``answer_text``. Every kind but
+``regex`` runs in linear time with string operations (no backtracking on untrusted text);
+``regex`` runs the client's pattern (bounded in length; issue 14 bounds its time).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from coinfer.errors import InvalidArgument, require
+from coinfer.text import normalize
+
+KINDS = ("none", "marker", "boxed", "last_line", "json", "regex")
+DEFAULT_MARKER = "Answer:"
+MAX_PATTERN = 512
+MAX_MARKER = 64
+_JSON_TRIES = 32  # '{' positions tried from the end: bounds a draft full of braces
+
+
+@dataclass
+class Parsed:
+    """A parsed answer. ``error`` is set (and ``fields`` partial) when parsing failed."""
+
+    fields: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+_DIGITS = frozenset("0123456789")
+
+
+def _digits_end(s: str, i: int) -> int:
+    while i < len(s) and s[i] in _DIGITS:
+        i += 1
+    return i
+
+
+def number(text: str) -> int | float | None:
+    """The number ``text`` starts with (``$1,200.50 total`` -> 1200.5), else None. One linear scan."""
+    s = text.strip().lstrip("$€£").strip()
+    i = 1 if s[:1] in ("+", "-") else 0
+    j = _digits_end(s, i)
+    if j == i:
+        return None
+    raw = s[:j]
+    while s[j:j + 1] == "," and _digits_end(s, j + 1) == j + 4:  # thousands separators
+        raw += s[j + 1:j + 4]
+        j += 4
+    if s[j:j + 1] == "." and s[j + 1:j + 2] in _DIGITS:
+        k = _digits_end(s, j + 1)
+        return float(raw + s[j:k])
+    return int(raw)
+
+
+def _answer(text: str) -> dict[str, Any]:
+    text = text.strip()
+    num = number(text)
+    return {"answer": text if num is None else num, "answer_text": text}
+
+
+def _boxed(text: str) -> str | None:
+    """Content of the last complete \\boxed{...} (nested braces balanced): one pass with a stack."""
+    opens: list[tuple[int, bool]] = []  # (position after '{', whether it opened a \boxed)
+    last: tuple[int, int] | None = None
+    i, tag = 0, "\\boxed{"
+    while i < len(text):
+        if text.startswith(tag, i):
+            opens.append((i + len(tag), True))
+            i += len(tag)
+            continue
+        ch = text[i]
+        if ch == "{":
+            opens.append((i + 1, False))
+        elif ch == "}" and opens:
+            start, boxed = opens.pop()
+            if boxed and (last is None or start > last[0]):
+                last = (start, i)
+        i += 1
+    return text[last[0]:last[1]] if last else None
+
+
+def _json_object(text: str) -> Any:
+    """The whole text as JSON, else the last ``{...}`` that parses (a bounded number of tries)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    dec = json.JSONDecoder()
+    pos, tries = len(text), 0
+    while tries < _JSON_TRIES:
+        pos = text.rfind("{", 0, pos)
+        if pos < 0:
+            return None
+        tries += 1
+        try:
+            return dec.raw_decode(text, pos)[0]
+        except ValueError:
+            continue
+    return None
+
+
+@dataclass(frozen=True)
+class Extraction:
+    """An extraction rule. ``kind`` "" means the default: a built-in task's own parser, else none."""
+
+    kind: str = ""
+    pattern: str = ""
+    """regex: a Python pattern with at least one named group."""
+    marker: str = ""
+    """marker: the marker text; empty = ``Answer:``."""
+
+    def validate(self, field: str = "extraction") -> None:
+        require(self.kind in KINDS + ("",), f"{field}.kind",
+                f"unknown extraction {self.kind!r} (known: {', '.join(KINDS)})")
+        require(len(self.marker) <= MAX_MARKER, f"{field}.marker", f"at most {MAX_MARKER} chars")
+        if self.kind == "regex":
+            require(0 < len(self.pattern) <= MAX_PATTERN, f"{field}.pattern",
+                    f"required string of 1..{MAX_PATTERN} chars")
+            self.regex  # noqa: B018 - compiles, raising InvalidArgument
+
+    @property
+    def regex(self) -> re.Pattern:
+        try:
+            rx = re.compile(self.pattern)
+        except re.error as exc:
+            raise InvalidArgument(f"extraction.pattern: invalid regex: {exc}") from None
+        require(bool(rx.groupindex), "extraction.pattern", "needs a named group, e.g. (?P<answer>...)")
+        return rx
+
+    def __call__(self, text: str) -> Parsed:
+        """Text -> Parsed. Never raises: dirty text gives ``Parsed(error=...)``."""
+        clean = normalize(text)
+        kind = self.kind or "none"
+        if kind == "none":
+            return Parsed({})
+        empty = " (empty)" if not clean.strip() else ""
+        if kind == "marker":
+            marker = self.marker or DEFAULT_MARKER
+            at = clean.rfind(marker)
+            if at < 0:
+                return Parsed({}, f"parse_error: no {marker!r} marker found{empty or ' (truncated?)'}")
+            line = clean[at + len(marker):].split("\n", 1)[0]
+            if not line.strip():
+                return Parsed({}, f"parse_error: nothing after {marker!r}")
+            return Parsed(_answer(line))
+        if kind == "boxed":
+            box = _boxed(clean)
+            if box is None or not box.strip():
+                return Parsed({}, "parse_error: no complete \\boxed{...} found" + empty)
+            return Parsed(_answer(box))
+        if kind == "last_line":
+            lines = [ln for ln in clean.split("\n") if ln.strip()]
+            return Parsed(_answer(lines[-1])) if lines else Parsed({}, "parse_error: empty text")
+        if kind == "json":
+            obj = _json_object(clean)
+            if obj is None:
+                return Parsed({}, "parse_error: no JSON object found" + empty)
+            return Parsed(dict(obj) if isinstance(obj, dict) else {"answer": obj})
+        # regex
+        last = None
+        for last in self.regex.finditer(clean):  # noqa: B007 - the last match wins
+            pass
+        if last is None:
+            return Parsed({}, f"parse_error: no match for /{self.pattern}/")
+        fields: dict[str, Any] = {}
+        for name, value in last.groupdict().items():
+            if value is not None:
+                fields.update(_answer(value) if name == "answer" else {name: value})
+        return Parsed(fields)
+
+
+def answer_key(parsed: Parsed) -> Any:
+    """What drafts agree on: the extracted answer (numbers compared as numbers), else every field."""
+    if "answer" in parsed.fields:
+        v = parsed.fields["answer"]
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v).strip().lower()
+    return json.dumps(parsed.fields, sort_keys=True, default=str) if parsed.fields else None
