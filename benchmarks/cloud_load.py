@@ -36,6 +36,7 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def make_workload(n: int, drafts: int, seed: int = 3) -> list[tuple[t.OpenRequest, list[str]]]:
+    from coinfer.chat import ChatMessage
     from demo.artifacts import ensure_artifacts
     from edge.draft_engine import OrtDraftEngine
     from edge.sampling import Sampling
@@ -45,8 +46,7 @@ def make_workload(n: int, drafts: int, seed: int = 3) -> list[tuple[t.OpenReques
     out = []
     for i in range(n):
         p = next(stream)
-        task = TASKS[p.task]
-        texts = [d.text for d in eng.generate(task.format_prompt(p.prompt), Sampling(
+        texts = [d.text for d in eng.generate(eng.render([ChatMessage("user", p.prompt)]), Sampling(
             n=drafts, temperature=0.7, presence_penalty=0.0, frequency_penalty=0.0, seed=100 * i))]
         out.append((t.OpenRequest(f"bench-{i}", p.task, p.prompt, expected_drafts=drafts), texts))
     return out

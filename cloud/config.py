@@ -29,6 +29,10 @@ class EngineConfig:
     """CPU KV cache size (VLLM_CPU_KVCACHE_SPACE); ignored on GPU."""
     gpu_memory_utilization: float = 0.85
     """Fraction of GPU memory vLLM may take; ignored on CPU."""
+    ngram_speculative_tokens: int = 0
+    """vLLM n-gram (prompt-lookup) speculative decoding: tokens proposed per step from n-grams of the
+    prompt -- the refinement's prompt holds the candidate drafts it mostly copies. 0 = off (the
+    default: see README for what was measured on this build)."""
     enforce_eager: bool = True
     """Skip graph capture / compilation: seconds faster to start on CPU."""
     seed: int = 0
@@ -38,6 +42,8 @@ class EngineConfig:
             raise ValueError("engine.model: a target model directory is required")
         if self.max_model_len and not 16 <= self.max_model_len <= 1 << 20:
             raise ValueError(f"engine.max_model_len: must be 0 or in 16..1048576, got {self.max_model_len}")
+        if not 0 <= self.ngram_speculative_tokens <= 16:
+            raise ValueError(f"engine.ngram_speculative_tokens: must be in 0..16, got {self.ngram_speculative_tokens}")
         if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
             raise ValueError(f"engine.dtype: must be float32|bfloat16|float16|auto, got {self.dtype!r}")
 

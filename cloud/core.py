@@ -100,7 +100,8 @@ class CloudCore:
         spec = task.parse_problem(req.question)
         rules = RuleSet(req.rules, task, spec, extraction=req.extraction)
         if req.refine is not None:
-            req.refine.validate("refine", self.cfg.policy.refine_max_tokens)
+            # a longer budget than the policy's is clamped to it in the session, not refused
+            req.refine.validate("refine", max(4096, self.cfg.policy.refine_max_tokens))
         if req.expected_drafts > lim.max_drafts:
             raise ResourceExhausted(f"expected_drafts: {req.expected_drafts} > limit {lim.max_drafts}")
         if not 0 <= req.deadline_ms <= lim.max_deadline_ms:

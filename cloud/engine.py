@@ -152,6 +152,9 @@ class VllmEngine(TargetEngine):
             dtype=self.cfg.dtype, max_num_seqs=self.cfg.max_num_seqs, enforce_eager=self.cfg.enforce_eager,
             gpu_memory_utilization=self.cfg.gpu_memory_utilization, seed=self.cfg.seed,
             disable_log_stats=True, enable_prefix_caching=True,
+            speculative_config=({"method": "ngram", "num_speculative_tokens": self.cfg.ngram_speculative_tokens,
+                                 "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+                                if self.cfg.ngram_speculative_tokens else None),
         )
         # engine start is blocking (spawns the engine-core process, loads weights)
         self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args,

@@ -140,8 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", required=True, help="target model directory (Hugging Face format)")
     ap.add_argument("--host", default="127.0.0.1", help="bind address")
     ap.add_argument("--port", type=int, default=50051, help="port; 0 picks a free one (printed as 'PORT n')")
-    ap.add_argument("--max-model-len", type=int, default=256, help="engine context length")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"])
+    ap.add_argument("--max-model-len", type=int, default=0, help="engine context length; 0 = the model's own")
+    ap.add_argument("--dtype", default="auto", choices=["float32", "bfloat16", "float16", "auto"],
+                    help="auto = vLLM's choice (bf16 where the hardware has it); float32 only where accuracy needs it")
+    ap.add_argument("--served-name", default="", help="model name in Status and metrics (default: the directory's name)")
+    ap.add_argument("--ngram-speculative-tokens", type=int, default=0,
+                    help="vLLM n-gram (prompt-lookup) speculative decoding: tokens proposed per step; 0 = off")
     ap.add_argument("--max-num-seqs", type=int, default=64, help="sequences one engine step batches")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="GPU memory fraction for vLLM")
     ap.add_argument("--grace", type=float, default=10.0, help="seconds in-flight sessions get on shutdown")
@@ -164,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = CloudConfig(engine=EngineConfig(model=args.model, max_model_len=args.max_model_len, dtype=args.dtype,
-                                                 max_num_seqs=args.max_num_seqs,
-                                                 gpu_memory_utilization=args.gpu_memory_utilization),
+                                                 max_num_seqs=args.max_num_seqs, served_name=args.served_name,
+                                                 gpu_memory_utilization=args.gpu_memory_utilization,
+                                                 ngram_speculative_tokens=args.ngram_speculative_tokens),
                           host=args.host, port=args.port, grace_s=args.grace,
                           auth_tokens=load_tokens(args.auth_tokens) if args.auth_tokens else {},
                           tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,

@@ -6,6 +6,7 @@ the demo, the tests and CI share one build.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from dataclasses import dataclass
@@ -36,13 +37,36 @@ class DemoArtifacts:
         activations per row, both exactly batch-invariant (48/48)."""
         out = self.models.root / "draft-int8-static"
         if not (out / "manifest.json").exists():
-            from quantize.build import int8_dir
+            from quantize.build import BuildOptions, int8_dir
             from quantize.int8 import QuantConfig
 
             shutil.rmtree(out, ignore_errors=True)
             log.info("quantizing the draft model (INT8 static): %s", out)
-            int8_dir(self.draft_onnx, out, QuantConfig(scheme="static"))
+            calib = self.models.root / "calibration.jsonl"
+            write_calibration(calib)
+            int8_dir(self.draft_onnx, out, QuantConfig(scheme="static"), BuildOptions(calibration_file=calib))
         return out
+
+
+def write_calibration(path: Path, n: int = 48, seed: int = 1) -> None:
+    """Static INT8 calibration prompts from the train split of what the edge drafts for: word
+    problems (open requests, no task) as well as the two presets -- activation ranges fitted on
+    the presets alone clip the word problems' (the quantize CLI's default draws presets only)."""
+    import random
+
+    from coinfer.tasks import problems
+    from demo import wordprob
+
+    rng = random.Random(seed)
+    words, presets = wordprob.problems(rng, held_out=False), problems(rng, ("arith", "select"), held_out=False)
+    lines = []
+    for i in range(n):
+        if i % 2 == 0:
+            lines.append({"prompt": next(words).prompt})
+        else:
+            p = next(presets)
+            lines.append({"task": p.task, "prompt": p.prompt})
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
 def parity_prompt(model_dir: Path) -> list[int]:

@@ -6,11 +6,13 @@ Usage::
     python -m demo.run --per-task 8 --json  # more problems, machine-readable report
 
 Starts the cloud gRPC service (vLLM with the target model) on 127.0.0.1 with a
-free port, loads the draft model's ONNX export on ONNX Runtime, and solves
-held-out problems end to end over gRPC: edge drafts -> cloud verifies each as it
-arrives -> cloud refines -> answer streamed back. Prints, per problem, the
-drafts, each draft's verdict, the final answer, whether it is correct, and the
-stage timings.
+free port, loads the edge's INT8 draft (the quantize CLI's artefact) on ONNX Runtime,
+and solves held-out problems end to end over gRPC: edge drafts -> cloud verifies each
+as it arrives -> cloud refines from the best drafts -> answer streamed back. Three
+kinds: the built-in presets ``arith`` and ``select``, and English word problems sent as
+open requests (no task grammar: extraction ``marker``, the ``arithmetic`` rule; graded
+only here). Prints, per problem, the drafts, each draft's verdict, the final answer,
+whether it is correct, and the stage timings.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from coinfer.tasks import TASKS, problems
 from demo.artifacts import ensure_artifacts
 
 log = logging.getLogger(__name__)
+KINDS = (*TASKS, "words")
+"""The built-in presets, then the open word problems (``demo.wordprob.TASK``)."""
 
 
 def _printer(quiet: bool):
@@ -54,6 +58,9 @@ async def run_demo(per_task: int, seed: int, quiet: bool, n_drafts: int, tempera
     from cloud.config import CloudConfig, EngineConfig
     from cloud.engine import VllmEngine
     from cloud.server import create_server
+    from coinfer.extract import Extraction
+    from coinfer.rules import Rule
+    from demo import wordprob
     from edge.draft_engine import OrtDraftEngine
     from edge.pipeline import EdgePipeline
     from edge.sampling import Sampling
@@ -65,7 +72,7 @@ async def run_demo(per_task: int, seed: int, quiet: bool, n_drafts: int, tempera
     await srv.attach_engine(await VllmEngine(cfg.engine).start())
     cloud_start = time.perf_counter() - t0
     t1 = time.perf_counter()
-    engine = OrtDraftEngine(art.draft_onnx)
+    engine = OrtDraftEngine(art.draft_int8)
     edge_load_ms = (time.perf_counter() - t1) * 1e3
     warm_ms = engine.warm_up()
     print(f"cloud up on 127.0.0.1:{srv.port} in {cloud_start:.1f} s; edge model loaded in {edge_load_ms:.0f} ms "
@@ -74,19 +81,31 @@ async def run_demo(per_task: int, seed: int, quiet: bool, n_drafts: int, tempera
     async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as channel:
         pipe = EdgePipeline(engine, channel)
         rng = random.Random(seed)
-        for task_name in TASKS:
-            stream = problems(rng, (task_name,), held_out=True)
+        for task_name in KINDS:
+            if task_name == wordprob.TASK:
+                stream = wordprob.problems(rng, held_out=True)
+            else:
+                stream = problems(rng, (task_name,), held_out=True)
             for k in range(per_task):
                 p = next(stream)
                 print(f"\n[{task_name} {k + 1}/{per_task}] {p.prompt}")
-                res = await pipe.solve(task_name, p.prompt, sampling=Sampling(
-                    n=n_drafts, seed=seed + k, temperature=temperature, presence_penalty=presence,
-                    frequency_penalty=frequency),
-                                       on_event=_printer(quiet))
-                task = TASKS[task_name]
-                correct = task.grade(p.spec, task.parse_answer(res.answer))
+                sampling = Sampling(n=n_drafts, seed=seed + k, temperature=temperature, presence_penalty=presence,
+                                    frequency_penalty=frequency)
+                if task_name == wordprob.TASK:  # an open request: no task grammar
+                    res = await pipe.solve("", p.prompt, [Rule("arithmetic")], sampling, on_event=_printer(quiet),
+                                           extraction=Extraction("marker"))
+
+                    def grade(text: str, p=p) -> bool:
+                        return wordprob.grade(text, p.answer)
+                else:
+                    res = await pipe.solve(task_name, p.prompt, sampling=sampling, on_event=_printer(quiet))
+                    task = TASKS[task_name]
+
+                    def grade(text: str, p=p, task=task) -> bool:
+                        return task.grade(p.spec, task.parse_answer(text))
+                correct = grade(res.answer)
                 # first-round drafts only: retry rounds sample hotter on purpose
-                drafts_correct = [task.grade(p.spec, task.parse_answer(d.text)) for d in res.drafts if d.index < n_drafts]
+                drafts_correct = [grade(d.text) for d in res.drafts if d.index < n_drafts]
                 tm = res.summary.timings if res.summary else t.Timings()
                 row = {
                     "task": task_name, "prompt": p.prompt, "answer": res.answer, "source": res.source,
@@ -97,14 +116,15 @@ async def run_demo(per_task: int, seed: int, quiet: bool, n_drafts: int, tempera
                     "cloud_total_ms": tm.total_ms, "total_ms": res.timings.get("total", 0.0),
                 }
                 rows.append(row)
-                print(f"  => answer: {res.answer}\n     source={res.source} correct={'YES' if correct else 'no'} "
+                print(f"  => answer: {res.answer!r} fields={res.fields}\n     source={res.source} "
+                      f"refine={res.refine_mode or '-'} correct={'YES' if correct else 'no'} "
                       f"(first-round drafts correct {row['drafts_correct']}/{row['drafts']}, {res.rounds} round(s))")
                 print(f"     timings ms: first draft {row['first_draft_ms']:.0f}, drafting {row['drafting_ms']:.0f}, "
                       f"verify (cloud, from open) {row['verify_ms']:.0f}, refine TTFT {row['refine_ttft_ms']:.0f}, "
                       f"refine {row['refine_ms']:.0f}, total {row['total_ms']:.0f}")
     await srv.stop(grace=1.0)
     report = {"problems": rows, "cloud_start_s": round(cloud_start, 1), "edge_load_ms": round(edge_load_ms, 1)}
-    for task_name in TASKS:
+    for task_name in KINDS:
         mine = [r for r in rows if r["task"] == task_name]
         if mine:
             report[task_name] = {
@@ -134,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     report = asyncio.run(run_demo(args.per_task, args.seed, args.quiet, args.drafts, args.temperature,
                                   args.presence_penalty, args.frequency_penalty))
     print("\nsummary:")
-    for task_name in TASKS:
+    for task_name in KINDS:
         s = report.get(task_name)
         if s:
             print(f"  {task_name}: final accuracy {s['accuracy']:.0%} (first-round single drafts {s['draft_accuracy']:.0%}); "

@@ -56,15 +56,15 @@ def corpus() -> list[str]:
     return out
 
 
-@lru_cache(maxsize=1)
-def _trained() -> str:
+@lru_cache(maxsize=4)
+def _trained(vocab_size: int = VOCAB_SIZE) -> str:
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Digits(individual_digits=True),
         pre_tokenizers.ByteLevel(add_prefix_space=False),
     ])
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIALS, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=2)
     tok.train_from_iterator(corpus(), trainer=trainer)
     for i, s in enumerate(SPECIALS):
@@ -74,8 +74,10 @@ def _trained() -> str:
     return tok.to_str()
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    tok = Tokenizer.from_str(_trained())
+def build_tokenizer(vocab_size: int = VOCAB_SIZE) -> PreTrainedTokenizerFast:
+    """The demo tokenizer with at most ``vocab_size`` tokens (the draft and the target use different
+    sizes, so their merges differ: drafts must travel as text between two real tokenizers)."""
+    tok = Tokenizer.from_str(_trained(vocab_size))
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="<|im_end|>", pad_token="<pad>", unk_token="<unk>",
         additional_special_tokens=["<|im_start|>"], model_max_length=1024, clean_up_tokenization_spaces=False,
@@ -84,8 +86,8 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-def vocab_size() -> int:
-    return len(build_tokenizer())
+def vocab_size(cap: int = VOCAB_SIZE) -> int:
+    return len(build_tokenizer(cap))
 
 
 def encode(text: str, tok: PreTrainedTokenizerFast | None = None) -> list[int]:
@@ -94,7 +96,7 @@ def encode(text: str, tok: PreTrainedTokenizerFast | None = None) -> list[int]:
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
-def save(path: Path) -> PreTrainedTokenizerFast:
-    tok = build_tokenizer()
+def save(path: Path, vocab_size: int = VOCAB_SIZE) -> PreTrainedTokenizerFast:
+    tok = build_tokenizer(vocab_size)
     tok.save_pretrained(str(path))
     return tok

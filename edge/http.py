@@ -104,13 +104,29 @@ def _error(status: int, message: str, param: str | None) -> JSONResponse:
                                    "code": None}}, status_code=status)
 
 
-def _sampling(body: _Base) -> t.SamplingParams | None:
+def _given(body: _Base) -> dict:
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     given = {"max_new_tokens": body.max_tokens, "temperature": body.temperature, "top_p": body.top_p,
              "presence_penalty": body.presence_penalty, "frequency_penalty": body.frequency_penalty, "seed": body.seed,
              "stop": stop or None}
-    given = {k: v for k, v in given.items() if v is not None}
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def _sampling(body: _Base) -> t.SamplingParams | None:
+    """Draft sampling: the fields given, the daemon's draft defaults (seed 003, 4.2) for the rest."""
+    given = _given(body)
     return t.SamplingParams(**given) if given else None
+
+
+def _refine(body: _Base) -> t.SamplingParams | None:
+    """The refinement's sampling: the fields given, no penalties and greedy for the rest (the
+    draft defaults are for exploring; the final answer should not be penalised for repeating a
+    draft's words). The cloud clamps the token budget to its own."""
+    given = _given(body)
+    if not given:
+        return None
+    return t.SamplingParams(**({"temperature": 0.0, "top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                                "max_new_tokens": 4096} | given))
 
 
 def _request(body: _Base, prompt: str, messages: list[ChatMessage]) -> SolveRequest:
@@ -125,7 +141,7 @@ def _request(body: _Base, prompt: str, messages: list[ChatMessage]) -> SolveRequ
                   else Extraction(e.kind, e.pattern, e.marker))
     return SolveRequest(prompt=prompt, task=x.task, rules=rules, sampling=_sampling(body), num_drafts=x.num_drafts,
                         plan=x.plan, deadline_ms=x.deadline_ms, request_id=uuid.uuid4().hex[:16], messages=messages,
-                        extraction=extraction)
+                        extraction=extraction, refine=_refine(body))
 
 
 def _draft_info(d: t.Draft) -> dict:
@@ -159,7 +175,8 @@ def create_app(core: EdgeCore) -> FastAPI:
             body = cls.model_validate(data)
         except ValidationError as exc:
             err = exc.errors()[0]
-            param = ".".join(str(p) for p in err["loc"]) or "body"
+            # a union's member tags ("literal['none', ...]") are pydantic's, not a field
+            param = ".".join(str(p) for p in err["loc"] if isinstance(p, int) or str(p).isidentifier()) or "body"
             core.metrics.bad_request(param)
             return _error(400, f"{param}: {err['msg']}", param)
         if body.model != core.cfg.model_name:
@@ -223,7 +240,7 @@ def create_app(core: EdgeCore) -> FastAPI:
                     # the refinement's own chunks when it is the answer, else the answer whole
                     for piece in (pieces if "".join(pieces) == answer else [answer]):
                         yield chunk(piece)
-                    info = _info(ev) | {"usage": core.usage(req, ev)}
+                    info = _info(ev) | {"usage": core.usage(req, ev), "answer": answer}
                     yield chunk(None, "stop", info)
             yield "data: [DONE]\n\n"
 

@@ -32,7 +32,7 @@ async def explain(args) -> dict:
     try:
         await core.start()
         probed = list(core.planner.est.values)
-        task = args.task or infer_task(args.prompt)
+        task = args.task or infer_task(args.prompt) or "open"  # open requests: their own estimates
         state = core._edge_state()
         if args.edge_state != "auto":
             state = EdgeState(state.model_bytes, args.edge_state, 0.0, state.gpu)

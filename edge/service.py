@@ -54,6 +54,8 @@ class SolveRequest:
     messages: list[ChatMessage] = field(default_factory=list)
     """The conversation (system message and history kept)."""
     extraction: Extraction = field(default_factory=Extraction)
+    refine: t.SamplingParams | None = None
+    """Sampling of the cloud's refinement; None: ``sampling`` when given, else the cloud's defaults."""
 
     @property
     def question(self) -> str:
@@ -274,7 +276,7 @@ class EdgeCore:
         self.active += 1
         self.metrics.active.inc()
         # the user's sampling reaches the refinement too (OpenAI fidelity); unset: the cloud's defaults
-        refine = req.sampling
+        refine = req.refine or req.sampling
         kw = {"messages": req.messages, "extraction": req.extraction, "refine": refine}
 
         def left() -> float:

@@ -51,3 +51,14 @@ def test_draft_count_controller_policy_and_hysteresis():
     smooth = DraftCountController(alpha=0.3)
     # one spike does not flip a smoothed controller
     assert [smooth.update(u) for u in (0.1, 0.1, 1.0, 0.1)] == [3, 3, 3, 3]
+
+
+def test_answer_agreement_is_the_support_share_of_each_drafts_answer():
+    from cloud.policy import answer_agreement, rank_scores
+
+    agree = answer_agreement([72.0, 72.0, 70.0, None], [1, 2, 1, 1])
+    assert agree == [0.6, 0.6, 0.2, 0.2]  # support-weighted; no answer agrees only with itself
+    ranks = rank_scores([0.5, 0.5, 0.6, 0.6], [0.0] * 4, a=1.0, b=0.3, g=0.0, agree=agree)
+    assert ranks[0] > ranks[2]  # the majority answer outranks a slightly likelier lone one
+    assert rank_scores([0.5, 0.7], [0.0, 0.0], 1.0, 0.3, 0.0) == rank_scores([0.5, 0.7], [0.0, 0.0], 1.0, 0.3, 0.0,
+                                                                             agree=[0.9, 0.9])

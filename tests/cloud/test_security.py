@@ -98,7 +98,10 @@ async def test_tokens_on_a_plaintext_channel_and_streaming_calls(tmp_path):
             assert (await stub.Probe(pb.ProbeRequest(response_bytes=10))).payload
             # authenticated, reaches the servicer: bad input is still named
             await expect_code(stub.Generate(pb.GenerateRequest()).read(), grpc.StatusCode.INVALID_ARGUMENT,
-                              "problem.task")
+                              "problem.prompt")
+            # valid input with no engine attached (loading / restarting): UNAVAILABLE, not INTERNAL
+            await expect_code(stub.Generate(pb.GenerateRequest(problem=pb.Problem(prompt="hi"))).read(),
+                              grpc.StatusCode.UNAVAILABLE, "engine: not ready")
     finally:
         await srv.stop(grace=0)
 

@@ -57,3 +57,16 @@ def test_both_models_load_in_transformers_and_vllm(artifacts):
 
     text = asyncio.run(vllm_answers())
     assert "answer" in text, text
+
+
+def test_draft_and_target_have_different_tokenizers(artifacts):
+    """Real deployments pair a Qwen draft with a Llama target: drafts travel as text, so the demo
+    pair deliberately does not share a vocabulary."""
+    from transformers import AutoTokenizer
+
+    draft, target = (AutoTokenizer.from_pretrained(str(p)) for p in (artifacts.models.draft, artifacts.models.target))
+    assert len(draft) != len(target)
+    text = "Altogether she sold 48 + 24 = 72 clips.\nAnswer: 72"
+    assert draft(text)["input_ids"] != target(text)["input_ids"]
+    assert draft.decode(draft(text, add_special_tokens=False)["input_ids"]) == text
+    assert target.decode(target(text, add_special_tokens=False)["input_ids"]) == text

@@ -11,6 +11,7 @@ import grpc
 import httpx
 import pytest
 
+from coinfer.chat import ChatMessage
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import edge_pb2 as epb
 from coinfer.v1 import edge_pb2_grpc as epb_grpc
@@ -118,7 +119,9 @@ async def test_openai_sdk_streams_a_completion_and_a_chat(daemon):
     ("/v1/completions", {"prompt": ARITH}, 400, "model"),
     ("/v1/chat/completions", {"model": "coinfer-edge", "messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"model": "coinfer-edge", "messages": [{"role": "system", "content": "hi"}]}, 400,
-     "messages"),
+     "messages[0].role"),
+    ("/v1/chat/completions", {"model": "coinfer-edge", "messages": [{"role": "user", "content": "hi"}],
+                              "coinfer": {"extraction": "poetry"}}, 400, "coinfer.extraction"),
 ])
 async def test_bad_http_input_is_4xx_naming_the_field_and_the_daemon_keeps_serving(daemon, path, body, status, param):
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{daemon.http_port}", timeout=60) as http:
@@ -217,7 +220,92 @@ async def test_planner_edge_state_while_loading(int8_draft):
     assert loading.fresh and cold_start_ms(core.planner.edge_profile(loading)) <= full
     engine = await core.ensure_engine()
     assert core._edge_state() == EdgeState(core.model_bytes, "warm", 0.0, False, fresh=True)
-    await asyncio.to_thread(engine.generate, "If x=1 and y=2, compute x+y.\n", Sampling(n=2, max_new_tokens=4))
+    await asyncio.to_thread(engine.generate, engine.render([ChatMessage("user", "If x=1 and y=2, compute x+y.")]),
+                            Sampling(n=2, max_new_tokens=4))
     assert not core._edge_state().fresh
     await core.close()
 
+
+
+FREE = "Explain why the sky is blue."
+
+
+@pytest.mark.parametrize("plan", ["edge", "split", "cloud", "auto"])
+async def test_openai_sdk_free_form_prompt_in_every_plan_streamed_and_not(daemon, plan):
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
+    extra = {"coinfer": {"plan": plan}}
+    msgs = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": FREE}]
+    chat = await client.chat.completions.create(model="coinfer-edge", messages=msgs, max_tokens=48, temperature=0.2,
+                                                extra_body=extra)
+    info = chat.model_extra["coinfer"]
+    assert chat.choices[0].message.content and info["task"] == "" and info["plan"] in ("edge", "split", "cloud")
+    assert chat.usage.prompt_tokens > 5 and chat.usage.completion_tokens >= 1  # tokenizer tokens, not characters
+    assert chat.usage.completion_tokens < len(chat.choices[0].message.content) or len(chat.choices[0].message.content) < 4
+    stream = await client.completions.create(model="coinfer-edge", prompt=FREE, stream=True, max_tokens=48,
+                                             extra_body=extra)
+    text, last = "", None
+    async for chunk in stream:
+        text += chunk.choices[0].text
+        last = (chunk.model_extra or {}).get("coinfer") or last
+    assert text == last["answer"]  # only the final answer's text, once
+    assert text and last["plan"] in ("edge", "split", "cloud")
+
+
+async def test_word_problem_with_marker_extraction_returns_the_extracted_answer(daemon):
+    import random
+
+    from openai import AsyncOpenAI
+
+    from demo import wordprob
+
+    p = next(wordprob.problems(random.Random(21), held_out=True))
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
+    chat = await client.chat.completions.create(
+        model="coinfer-edge", messages=[{"role": "user", "content": p.prompt}], stop=["\n\n\n"], seed=3,
+        extra_body={"coinfer": {"plan": "split", "extraction": "marker", "rules": [{"kind": "arithmetic"}]}})
+    info = chat.model_extra["coinfer"]
+    content = chat.choices[0].message.content
+    assert info["task"] == "" and info["valid"] and "Answer:" in content
+    assert info["fields"]["answer"] == wordprob.parse_answer(content)
+    assert info["drafts"] and all("text" in d for d in info["drafts"]) and info["verdicts"]
+
+
+async def test_streamed_chat_carries_progress_then_only_the_final_answer(daemon):
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{daemon.http_port}", timeout=120) as http:
+        body = {"model": "coinfer-edge", "messages": [{"role": "user", "content": ARITH}], "stream": True,
+                "coinfer": {"plan": "split", "num_drafts": 3}}
+        async with http.stream("POST", "/v1/chat/completions", json=body) as r:
+            lines = [json.loads(ln[6:]) async for ln in r.aiter_lines() if ln.startswith("data: {")]
+    events = [c["coinfer"]["event"] for c in lines if "event" in c.get("coinfer", {})]
+    assert events.count("draft") == 3 and "verdict" in events
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in lines)
+    final = lines[-1]["coinfer"]
+    assert lines[-1]["choices"][0]["finish_reason"] == "stop" and final["usage"]["completion_tokens"] > 0
+    assert content == final["answer"] and content  # the final answer once, nothing else
+    assert all(not (c["choices"][0]["delta"].get("content")) for c in lines if "event" in c.get("coinfer", {}))
+
+
+async def test_zero_means_default_for_sampling_over_grpc(daemon):
+    events = await solve(daemon.grpc_port, plan="split", sampling=pb.SamplingParams(temperature=0.4))
+    res = events[-1].result
+    assert res.answer and res.plan == "split" and res.task == "arith"
+    events = await solve(daemon.grpc_port, task="", prompt=FREE, plan="edge")
+    assert events[-1].result.task == "" and events[-1].result.answer
+
+
+async def test_auto_never_returns_a_rule_failing_edge_answer_while_the_cloud_is_healthy(daemon):
+    """The demo's planner picks the edge (fastest); an edge answer failing the rules goes to the cloud
+    with the drafts already written (each first-round draft is emitted once: no drafting twice)."""
+    rules = [pb.Rule(kind="length", params=None, name="tiny")]
+    rules[0].params.update({"max": 1})
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.grpc_port}") as ch:
+        req = epb.SolveRequest(problem=pb.Problem(prompt=FREE, rules=rules), num_drafts=3)
+        events = [ev async for ev in epb_grpc.CoinferEdgeStub(ch).Solve(req, timeout=120)]
+    res = events[-1].result
+    assert res.source != "edge_only" and res.plan in ("edge", "split", "cloud")
+    if res.plan == "edge":
+        assert "escalated" in res.plan_reason
+    first_round = [e.draft.index for e in events if e.WhichOneof("kind") == "draft" and e.draft.index < 3]
+    assert sorted(first_round) == [0, 1, 2]

@@ -4,27 +4,33 @@ import shutil
 
 import pytest
 
+from coinfer.chat import ChatMessage
 from coinfer.manifest import ManifestError
 from edge.draft_engine import OrtDraftEngine
 from edge.sampling import Sampling
 
 pytestmark = pytest.mark.slow
-PROMPT = "If x=4 and y=7, compute x*y+x+y.\n"
+QUESTION = "If x=4 and y=7, compute x*y+x+y."
+
+
+def chat(engine: OrtDraftEngine, question: str = QUESTION) -> str:
+    """The question as the draft model reads it: rendered with its own chat template."""
+    return engine.render([ChatMessage("user", question)])
 
 
 def test_batch_equals_per_draft_runs_with_the_same_seeds(draft_engine):
     s = Sampling(n=4, seed=100, temperature=0.8)
-    batch = draft_engine.generate(PROMPT, s)
+    batch = draft_engine.generate(chat(draft_engine), s)
     assert [d.index for d in sorted(batch, key=lambda d: d.index)] == [0, 1, 2, 3]
     for d in batch:
-        alone = draft_engine.generate(PROMPT, Sampling(n=1, seed=100 + d.index, temperature=0.8))[0]
+        alone = draft_engine.generate(chat(draft_engine), Sampling(n=1, seed=100 + d.index, temperature=0.8))[0]
         assert alone.token_ids == d.token_ids
         assert alone.mean_logprob == pytest.approx(d.mean_logprob, abs=1e-4)
 
 
 def test_drafts_are_handed_over_as_they_finish(draft_engine):
     seen = []
-    out = draft_engine.generate(PROMPT, Sampling(n=5, seed=3, temperature=1.0), on_draft=seen.append)
+    out = draft_engine.generate(chat(draft_engine), Sampling(n=5, seed=3, temperature=1.0), on_draft=seen.append)
     assert sorted(d.index for d in seen) == [d.index for d in out]
     assert [d.num_tokens for d in seen] == sorted(d.num_tokens for d in seen)
     assert all(d.finish_reason in ("stop", "length") for d in seen)
@@ -32,14 +38,14 @@ def test_drafts_are_handed_over_as_they_finish(draft_engine):
 
 
 def test_token_budget_and_stop_strings(draft_engine):
-    (d,) = draft_engine.generate(PROMPT, Sampling(n=1, temperature=0.0, max_new_tokens=3))
+    (d,) = draft_engine.generate(chat(draft_engine), Sampling(n=1, temperature=0.0, max_new_tokens=3))
     assert d.num_tokens == 3 and d.finish_reason == "length"
-    (d,) = draft_engine.generate(PROMPT, Sampling(n=1, temperature=0.0, stop=(";",)))
+    (d,) = draft_engine.generate(chat(draft_engine), Sampling(n=1, temperature=0.0, stop=(";",)))
     assert ";" not in d.text and d.finish_reason == "stop"
 
 
 def test_greedy_drafts_are_identical(draft_engine):
-    out = draft_engine.generate(PROMPT, Sampling(n=3, temperature=0.0, presence_penalty=0, frequency_penalty=0))
+    out = draft_engine.generate(chat(draft_engine), Sampling(n=3, temperature=0.0, presence_penalty=0, frequency_penalty=0))
     assert len({d.text for d in out}) == 1
 
 
@@ -62,7 +68,7 @@ def test_io_binding_path_keeps_the_cache_in_ort_values_and_matches(artifacts, dr
     bound = OrtDraftEngine(artifacts.draft_onnx, io_binding=True)
     assert bound.lm.io_binding
     s = Sampling(n=4, temperature=0.8, presence_penalty=0.0, frequency_penalty=0.0, seed=11, max_new_tokens=40)
-    prompt = "If x=3 and y=5, compute (x+y)^2-x*y.\n"
+    prompt = chat(draft_engine, "If x=3 and y=5, compute (x+y)^2-x*y.")
     a = [(d.index, d.text, d.token_ids) for d in draft_engine.generate(prompt, s)]
     b = [(d.index, d.text, d.token_ids) for d in bound.generate(prompt, s)]
     assert sorted(a) == sorted(b)
@@ -71,7 +77,8 @@ def test_io_binding_path_keeps_the_cache_in_ort_values_and_matches(artifacts, dr
 def test_int8_batch_equals_per_draft_runs_exactly(int8_draft):
     """The edge's INT8 (static) draft: calibrated activation scales make every row independent."""
     eng = OrtDraftEngine(int8_draft)
-    for k, prompt in enumerate([PROMPT, "Pick 2 of A(3,5) B(4,2) C(2,6) D(5,7) with cost<=8.\n"]):
+    for k, q in enumerate([QUESTION, "Pick 2 of A(3,5) B(4,2) C(2,6) D(5,7) with cost<=8."]):
+        prompt = chat(eng, q)
         batch = eng.generate(prompt, Sampling(n=4, seed=10 * k, temperature=0.8))
         for d in batch:
             alone = eng.generate(prompt, Sampling(n=1, seed=10 * k + d.index, temperature=0.8))[0]

@@ -3,6 +3,7 @@ import json
 import onnxruntime as ort
 import pytest
 
+from coinfer.chat import ChatMessage
 from edge.draft_engine import OrtDraftEngine
 from edge.sampling import Sampling
 from quantize.artifact import ArtifactError
@@ -57,8 +58,9 @@ def test_fp16_export_runs_on_the_edge_engine(artifacts, tmp_path):
     assert fp16.lm.dtype.__name__ == "float16"
     assert (out / "model.onnx").stat().st_size < 0.7 * (artifacts.draft_onnx / "model.onnx").stat().st_size
     greedy = Sampling(n=2, temperature=0.0, presence_penalty=0.0, frequency_penalty=0.0, max_new_tokens=24)
-    a = OrtDraftEngine(artifacts.draft_onnx).generate("Compute 2+3.\n", greedy)
-    b = fp16.generate("Compute 2+3.\n", greedy)
+    prompt = fp16.render([ChatMessage("user", "If x=2 and y=3, compute x+y.")])
+    a = OrtDraftEngine(artifacts.draft_onnx).generate(prompt, greedy)
+    b = fp16.generate(prompt, greedy)
     assert [d.text for d in a] == [d.text for d in b]
     with pytest.raises(ExportError, match="dtype"):
         export_dir(artifacts.models.draft, tmp_path / "x", dtype="int4")

@@ -8,6 +8,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from coinfer.chat import ChatMessage
 from coinfer.manifest import ManifestError
 from coinfer.tasks import TASKS, problems
 from edge.draft_engine import OrtDraftEngine
@@ -62,8 +63,9 @@ def test_edge_engine_runs_every_scheme_close_to_fp32(built, artifacts, scheme):
     for _ in range(n):
         p = next(stream)
         task = TASKS[p.task]
-        a = fp32.generate(task.format_prompt(p.prompt), GREEDY)[0].text
-        b = q.generate(task.format_prompt(p.prompt), GREEDY)[0].text
+        prompt = fp32.render([ChatMessage("user", p.prompt)])
+        a = fp32.generate(prompt, GREEDY)[0].text
+        b = q.generate(prompt, GREEDY)[0].text
         same += a == b
         acc32 += task.grade(p.spec, task.parse_answer(a))
         acc8 += task.grade(p.spec, task.parse_answer(b))

@@ -1,0 +1,219 @@
+"""Open requests end to end: accuracy and cloud decode cost of split vs the target alone.
+
+Usage::
+
+    .venv/bin/python -m benchmarks.open_accuracy                  # 200 held-out word problems
+    .venv/bin/python -m benchmarks.open_accuracy --problems 40 --json out.json
+    .venv/bin/python -m benchmarks.open_accuracy --dtype-check     # + target accuracy float32 vs auto
+
+One run, one machine: the cloud service (vLLM, the demo target) on 127.0.0.1 and the edge's
+INT8 draft on ONNX Runtime, over gRPC. Each held-out word problem of the demo's open task is
+sent as an *open request* (no task grammar; extraction ``marker``, rules ``arithmetic`` +
+a numeric answer), graded here only. Printed, all measured in this run:
+
+- split accuracy (5 drafts -> verify -> refine from candidates) vs the edge's first draft
+  alone vs the target alone (greedy, plain vLLM on the same engine) vs the target's best-of-5
+  (5 samples, majority vote on the extracted answer);
+- the cloud's decode tokens per answer of each (goal: split <= 0.25x of target best-of-5);
+- the likelihood verifier: mean per-token logprob under the target of correct vs wrong drafts,
+  and the accuracy of thresholds around the configured one (how the default was chosen);
+- with ``--dtype-check``: the target's greedy held-out accuracy under float32 and under vLLM's
+  ``auto`` dtype, and their time per answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+
+import grpc
+
+log = logging.getLogger(__name__)
+RULES = [{"kind": "arithmetic"}, {"kind": "numeric_bounds", "params": {"field": "answer", "min": -1e6, "max": 1e6}}]
+
+
+def _rules():
+    from coinfer.rules import Rule
+
+    return [Rule(r["kind"], r.get("params", {})) for r in RULES]
+
+
+async def _target_alone(engine, prompt: str, answer: int, n: int, key: str) -> dict:
+    """Greedy and best-of-n of the target on the plain conversation (no drafts)."""
+    from cloud.engine import GenParams
+    from coinfer.extract import Extraction
+    from demo.wordprob import grade
+
+    t0 = time.perf_counter()
+    text, toks = "", 0
+    async for c in engine.generate(prompt, GenParams(max_tokens=256), f"{key}-g"):
+        text += c.text
+        toks += c.tokens
+    greedy_ms = (time.perf_counter() - t0) * 1e3
+    samples = await engine.sample(prompt, GenParams(max_tokens=256, temperature=0.7, seed=7), n, f"{key}-s")
+    marker = Extraction("marker")
+    votes = Counter(p.fields["answer"] for s in samples if (p := marker(s.text)).ok)
+    vote = votes.most_common(1)[0][0] if votes else None
+    return {"greedy_ok": grade(text, answer), "greedy_tokens": toks, "greedy_ms": greedy_ms,
+            "bo5_ok": vote == answer, "bo5_tokens": sum(s.tokens for s in samples)}
+
+
+def _threshold_table(rows: list[dict], configured: float) -> list[dict]:
+    """For candidate thresholds: share of correct drafts kept, of wrong drafts rejected."""
+    drafts = [d for r in rows for d in r["drafts"] if d["rules_ok"]]
+    good = [d["mean_lp"] for d in drafts if d["correct"]]
+    bad = [d["mean_lp"] for d in drafts if not d["correct"]]
+    out = []
+    for thr in sorted({-3.0, -2.0, -1.5, -1.0, -0.75, -0.5, -0.3, -0.2, -0.1, configured}):
+        kept = sum(v >= thr for v in good) / max(1, len(good))
+        rejected = sum(v < thr for v in bad) / max(1, len(bad))
+        out.append({"threshold": thr, "correct_kept": round(kept, 3), "wrong_rejected": round(rejected, 3),
+                    "balanced": round((kept + rejected) / 2, 3)})
+    return out
+
+
+async def run(n_problems: int, drafts: int, seed: int, dtype_check: bool, concurrency: int) -> dict:
+    from cloud.config import CloudConfig, EngineConfig, Limits
+    from cloud.engine import VllmEngine
+    from cloud.server import create_server
+    from coinfer.chat import ChatMessage
+    from coinfer.extract import Extraction
+    from demo.artifacts import ensure_artifacts
+    from demo.wordprob import grade, problems
+    from edge.draft_engine import OrtDraftEngine
+    from edge.pipeline import EdgePipeline, Plan
+    from edge.sampling import Sampling
+
+    art = ensure_artifacts()
+    cfg = CloudConfig(engine=EngineConfig(model=str(art.target)), limits=Limits(max_sessions=64))
+    srv = await create_server(cfg)
+    engine = await VllmEngine(cfg.engine).start()
+    await srv.attach_engine(engine)
+    edge = OrtDraftEngine(art.draft_int8)
+    edge.warm_up()
+    rng = random.Random(seed)
+    stream = problems(rng, held_out=True)
+    probs = [next(stream) for _ in range(n_problems)]
+    floor = cfg.policy.min_mean_logprob
+    sem = asyncio.Semaphore(concurrency)
+    rows: list[dict] = []
+    t_start = time.perf_counter()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as channel:
+        pipe = EdgePipeline(edge, channel)
+
+        async def one(i: int, p) -> None:
+            async with sem:
+                t0 = time.perf_counter()
+                res = await pipe.solve("", p.prompt, _rules(), Sampling(n=drafts, seed=seed + i, presence_penalty=0.0,
+                                                                         frequency_penalty=0.0),
+                                       Plan.SPLIT, 120.0, f"b{i}", extraction=Extraction("marker"))
+                split_ms = (time.perf_counter() - t0) * 1e3
+                prompt = engine.render([ChatMessage("user", p.prompt)])
+                alone = await _target_alone(engine, prompt, p.answer, drafts, f"b{i}")
+            scores = {s.draft_index: s for s in (res.summary.scores if res.summary else [])}
+            d_rows = []
+            for d in res.drafts:
+                v = res.verdicts.get(d.index)
+                sc = scores.get(d.index)
+                score = (v.score if v else 0.0) or (sc.score if sc else 0.0)
+                d_rows.append({"index": d.index, "correct": grade(d.text, p.answer),
+                               "rules_ok": bool(v and (v.valid or v.failed_rule == "likelihood")),
+                               "mean_lp": math.log(score) if score > 0 else -math.inf, "valid": bool(v and v.valid)})
+            tm = res.summary.timings if res.summary else None
+            rows.append({"i": i, "answer": p.answer, "split_ok": grade(res.answer, p.answer), "source": res.source,
+                         "refine_mode": res.refine_mode, "rounds": res.rounds, "split_ms": split_ms,
+                         "split_decode_tokens": tm.decode_steps if tm else 0,
+                         "first_draft_ok": bool(d_rows and d_rows[0]["correct"]),
+                         "any_draft_ok": any(d["correct"] for d in d_rows if d["index"] < drafts),
+                         "drafts": d_rows, **alone})
+
+        await asyncio.gather(*(one(i, p) for i, p in enumerate(probs)))
+    wall = time.perf_counter() - t_start
+    n = len(rows)
+
+    def acc(k: str) -> float:
+        return round(sum(r[k] for r in rows) / n, 3)
+
+    def mean(k: str) -> float:
+        return round(statistics.mean(r[k] for r in rows), 1)
+
+    good = [d["mean_lp"] for r in rows for d in r["drafts"] if d["rules_ok"] and d["correct"]]
+    bad = [d["mean_lp"] for r in rows for d in r["drafts"] if d["rules_ok"] and not d["correct"]]
+    report = {
+        "problems": n, "drafts": drafts, "wall_s": round(wall, 1), "dtype": cfg.engine.dtype,
+        "accuracy": {"split": acc("split_ok"), "edge_first_draft": acc("first_draft_ok"),
+                     "target_greedy": acc("greedy_ok"), "target_best_of_5": acc("bo5_ok"),
+                     "any_first_round_draft": acc("any_draft_ok")},
+        "cloud_decode_tokens_per_answer": {"split": mean("split_decode_tokens"), "target_greedy": mean("greedy_tokens"),
+                                           "target_best_of_5": mean("bo5_tokens")},
+        "sources": dict(Counter(r["source"] for r in rows)), "refine_modes": dict(Counter(r["refine_mode"] for r in rows)),
+        "median_ms": {"split": round(statistics.median(r["split_ms"] for r in rows)),
+                      "target_greedy": round(statistics.median(r["greedy_ms"] for r in rows))},
+        "verifier": {"configured_min_mean_logprob": floor,
+                     "median_mean_logprob_correct": round(statistics.median(good), 3) if good else None,
+                     "median_mean_logprob_wrong": round(statistics.median(bad), 3) if bad else None,
+                     "drafts_correct": len(good), "drafts_wrong": len(bad),
+                     "thresholds": _threshold_table(rows, floor)},
+    }
+    a = report["accuracy"]
+    report["gaps_points"] = {"split_minus_target_greedy": round(100 * (a["split"] - a["target_greedy"]), 1),
+                             "split_minus_edge_first_draft": round(100 * (a["split"] - a["edge_first_draft"]), 1)}
+    t = report["cloud_decode_tokens_per_answer"]
+    report["split_over_best_of_5_tokens"] = round(t["split"] / max(t["target_best_of_5"], 1e-9), 3)
+    await srv.stop(grace=1.0)
+    await engine.close()
+    if dtype_check:
+        report["dtype_check"] = await _dtype_check(str(art.target), probs[: min(n, 100)])
+    return report
+
+
+async def _dtype_check(model: str, probs) -> dict:
+    """Target greedy accuracy and ms per answer on the same problems under float32 and auto."""
+    from cloud.config import EngineConfig
+    from cloud.engine import GenParams, VllmEngine
+    from coinfer.chat import ChatMessage
+    from demo.wordprob import grade
+
+    out = {}
+    for dtype in ("float32", "auto"):
+        eng = await VllmEngine(EngineConfig(model=model, dtype=dtype)).start()
+        ok, times = 0, []
+        for i, p in enumerate(probs):
+            t0 = time.perf_counter()
+            text = "".join([c.text async for c in eng.generate(eng.render([ChatMessage("user", p.prompt)]),
+                                                                 GenParams(max_tokens=256), f"dt{dtype}{i}")])
+            times.append((time.perf_counter() - t0) * 1e3)
+            ok += grade(text, p.answer)
+        await eng.close()
+        out[dtype] = {"accuracy": round(ok / len(probs), 3), "p50_ms": round(statistics.median(times), 1)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--problems", type=int, default=200, help="held-out word problems")
+    ap.add_argument("--drafts", type=int, default=5, help="drafts per problem")
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--concurrency", type=int, default=4, help="problems in flight")
+    ap.add_argument("--dtype-check", action="store_true", help="also compare the target's float32 and auto dtype")
+    ap.add_argument("--json", help="write the report here")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    report = asyncio.run(run(args.problems, args.drafts, args.seed, args.dtype_check, args.concurrency))
+    print(json.dumps(report, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

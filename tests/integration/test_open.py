@@ -1,0 +1,111 @@
+"""Open requests on the real path: any prompt or conversation, declared extraction, verification
+that can say no, refinement from candidate drafts (vLLM, ONNX Runtime INT8, gRPC over TCP)."""
+
+from __future__ import annotations
+
+import random
+
+import grpc
+import pytest
+
+from coinfer import convert
+from coinfer import types as t
+from coinfer.chat import ChatMessage
+from coinfer.extract import Extraction
+from coinfer.rules import Rule
+from coinfer.v1 import coinfer_pb2 as pb
+from demo import wordprob
+from edge.pipeline import EdgePipeline, Plan
+from edge.sampling import Sampling
+
+pytestmark = pytest.mark.slow
+CONV = [ChatMessage("system", "You are a helpful assistant."), ChatMessage("user", "Hi"),
+        ChatMessage("assistant", "Hello! How can I help?")]
+
+
+def _problem(seed: int = 3) -> wordprob.WordProblem:
+    return next(wordprob.problems(random.Random(seed), held_out=True))
+
+
+async def _session(stub, req: t.OpenRequest, drafts: list[str]) -> list:
+    async def gen():
+        yield pb.EdgeMessage(open=convert.open_to_pb(req))
+        for i, text in enumerate(drafts):
+            yield pb.EdgeMessage(draft=pb.Draft(index=i, text=text, num_tokens=len(text.split())))
+        yield pb.EdgeMessage(done=pb.DraftsDone(count=len(drafts)))
+
+    return [convert.event_from_pb(m) async for m in stub.Session(gen(), timeout=120)]
+
+
+async def test_open_session_verifies_extracts_and_refines_from_candidates(stub):
+    p = _problem()
+    wrong = wordprob.corrupt(p.solution, random.Random(1))
+    req = t.OpenRequest("open-1", "", "", [Rule("arithmetic")], messages=[*CONV, ChatMessage("user", p.prompt)],
+                        extraction=Extraction("marker"))
+    events = await _session(stub, req, [p.solution, "I am not sure.", wrong, p.solution + " "])
+    accepted, verdicts, summary = events[0], [e for e in events if isinstance(e, t.Verdict)], events[-1]
+    assert isinstance(accepted, t.SessionAccepted) and accepted.rules == ["arithmetic"]
+    by = {v.draft_index: v for v in verdicts}
+    assert by[1].failed_rule == "parse" and "Answer:" in by[1].error  # extraction is the first rule
+    assert by[3].duplicate_of == 1  # same text (whitespace aside): verified once
+    assert isinstance(summary, t.Summary) and summary.answer_valid
+    assert summary.refine_mode in ("candidates", "alone")
+    if by[0].valid:  # the target found the right solution likely enough: it became a candidate
+        assert summary.refine_mode == "candidates" and 0 in summary.chosen_drafts
+    assert summary.fields["answer"] == wordprob.parse_answer(summary.answer)
+    assert summary.prompt_tokens > 0 and summary.answer_tokens > 0
+    assert "refined from" in summary.trace or "no valid draft" in summary.trace
+
+
+async def test_likelihood_threshold_can_say_no(stub):
+    p = _problem(5)
+    req = t.OpenRequest("open-2", "", p.prompt, extraction=Extraction("marker"))
+    gibberish = "zebra quantum " * 6 + "\nAnswer: 3"
+    events = await _session(stub, req, [gibberish])
+    (v,) = [e for e in events if isinstance(e, t.Verdict)]
+    assert not v.valid and v.failed_rule == "likelihood" and v.error.startswith("low_likelihood: mean logprob")
+
+
+async def test_generate_accepts_a_conversation_and_zero_means_default(stub):
+    msg = pb.GenerateRequest(problem=pb.Problem(messages=[pb.ChatMessage(role="user", content="Explain why the sky is blue.")]),
+                             sampling=pb.SamplingParams(temperature=0.5))  # only temperature: 0 means default elsewhere
+    events = [convert.event_from_pb(m) async for m in stub.Generate(msg, timeout=120)]
+    summary = events[-1]
+    assert isinstance(summary, t.Summary) and summary.source == t.AnswerSource.CLOUD
+    assert summary.refine_mode == "alone" and summary.answer
+
+
+@pytest.mark.parametrize("problem,code,fragment", [
+    (pb.Problem(prompt="q", messages=[pb.ChatMessage(role="user", content="q")]), "INVALID_ARGUMENT", "problem.prompt"),
+    (pb.Problem(messages=[pb.ChatMessage(role="robot", content="q")]), "INVALID_ARGUMENT", "problem.messages[0].role"),
+    (pb.Problem(messages=[pb.ChatMessage(role="user", content="q"), pb.ChatMessage(role="assistant", content="a")]),
+     "INVALID_ARGUMENT", "problem.messages[1].role"),
+    (pb.Problem(prompt="q", extraction=pb.Extraction(kind=pb.EXTRACTION_KIND_REGEX, pattern="(")), "INVALID_ARGUMENT",
+     "problem.extraction.pattern"),
+    (pb.Problem(prompt="q", extraction=pb.Extraction(kind=42)), "INVALID_ARGUMENT", "problem.extraction.kind"),
+    (pb.Problem(prompt="q", rules=[pb.Rule(kind="task_check")]), "INVALID_ARGUMENT", "problem.rules[0].params.check"),
+])
+async def test_bad_open_requests_name_the_field(stub, problem, code, fragment):
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        [m async for m in stub.Generate(pb.GenerateRequest(problem=problem), timeout=60)]
+    assert e.value.code().name == code and fragment in e.value.details(), e.value.details()
+
+
+async def test_status_names_the_model_not_its_path(stub, cloud):
+    st = await stub.Status(pb.StatusRequest())
+    assert st.model == "target" and "/" not in st.model
+
+
+async def test_split_over_int8_edge_for_a_word_problem(int8_draft, channel):
+    """Draft tokenizer (edge) and target tokenizer (cloud) are separate models' own; drafts travel as text."""
+    from edge.draft_engine import OrtDraftEngine
+
+    edge = OrtDraftEngine(int8_draft)
+    pipe = EdgePipeline(edge, channel)
+    p = _problem(7)
+    res = await pipe.solve("", p.prompt, [Rule("arithmetic")], Sampling(n=4, seed=1), Plan.SPLIT, 60.0,
+                           extraction=Extraction("marker"),
+                           refine=t.SamplingParams(temperature=0.0, stop=("\n\n\n",)))
+    assert res.summary is not None and not res.fallback_reason and res.valid
+    assert res.refine_mode in ("candidates", "alone") and "answer" in res.fields
+    assert sorted(res.verdicts) == sorted(d.index for d in res.drafts)
