@@ -242,6 +242,7 @@ class Session:
             max_tokens = max(refine_max_tokens(best.verdict.score, p.refine_max_tokens),
                              min(p.refine_max_tokens, 2 * max(j.draft.num_tokens for j in chosen) + 16))
             text, ttft, steps = await self._generate(prompt, prefix, max_tokens, f"r{self.attempt}", out)
+            generated = steps
             ok, why, parsed = await self._accept(text)
             if ok:
                 answer, source, valid = text, t.AnswerSource.REFINED, True
@@ -257,6 +258,7 @@ class Session:
             prefix_steps = consensus_prefix([v for v in verified if v], 1)
             prefix = _join_steps(prefix_steps)
             text, ttft, steps = await self._generate(self.prompt_text, prefix, p.refine_max_tokens, "cloud", out)
+            generated = steps
             valid, _, parsed = await self._accept(text)
             if not valid and p.cloud_candidates > 0:
                 # the greedy answer failed: sample candidates in one batched request, keep the first that passes
@@ -265,6 +267,7 @@ class Session:
                     dataclasses.replace(self._params(p.refine_max_tokens), temperature=p.cloud_temperature, seed=None),
                     p.cloud_candidates, f"{self.key}-cands")
                 steps += max((c.tokens for c in cands), default=0)  # one batched request: the longest
+                generated += sum(c.tokens for c in cands)
                 for cand in cands:
                     cand_ok, _, cand_parsed = await self._accept(prefix + cand.text)
                     if cand_ok:
@@ -284,7 +287,7 @@ class Session:
             for j in self.judged.values()) + f" | {refine_note}"
         await out.put(t.Summary(
             answer=answer, source=source, chosen_drafts=[j.draft.index for j in chosen], scores=scores,
-            timings=t.Timings(verify_ms, ttft, (time.perf_counter() - t_ref) * 1e3, self._ms(), steps),
+            timings=t.Timings(verify_ms, ttft, (time.perf_counter() - t_ref) * 1e3, self._ms(), steps, generated),
             trace=f"[THINKING_TRACE: {trace}]", answer_valid=valid,
             recommended_drafts=self.recommended_drafts, request_id=self.req.request_id, refine_mode=mode,
             fields=dict(parsed.fields) if parsed.ok else {},

@@ -123,6 +123,8 @@ class Timings:
     total_ms: float = 0.0
     decode_steps: int = 0
     """Target decode steps on the refinement's critical path (streamed + longest candidate)."""
+    decode_tokens: int = 0
+    """Every target token generated for the answer (streamed + all fallback candidates)."""
 
 
 @dataclass
