@@ -139,15 +139,14 @@ class Extraction:
         if self.kind == "regex":
             require(0 < len(self.pattern) <= MAX_PATTERN, f"{field}.pattern",
                     f"required string of 1..{MAX_PATTERN} chars")
-            self.regex  # noqa: B018 - compiles, raising InvalidArgument
+            self.compiled(f"{field}.pattern")
 
-    @property
-    def regex(self) -> re.Pattern:
+    def compiled(self, field: str = "extraction.pattern") -> re.Pattern:
         try:
             rx = re.compile(self.pattern)
         except re.error as exc:
-            raise InvalidArgument(f"extraction.pattern: invalid regex: {exc}") from None
-        require(bool(rx.groupindex), "extraction.pattern", "needs a named group, e.g. (?P<answer>...)")
+            raise InvalidArgument(f"{field}: invalid regex: {exc}") from None
+        require(bool(rx.groupindex), field, "needs a named group, e.g. (?P<answer>...)")
         return rx
 
     def __call__(self, text: str) -> Parsed:
@@ -181,7 +180,7 @@ class Extraction:
             return Parsed(dict(obj) if isinstance(obj, dict) else {"answer": obj})
         # regex
         last = None
-        for last in self.regex.finditer(clean):  # noqa: B007 - the last match wins
+        for last in self.compiled().finditer(clean):  # noqa: B007 - the last match wins
             pass
         if last is None:
             return Parsed({}, f"parse_error: no match for /{self.pattern}/")

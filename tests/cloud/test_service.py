@@ -225,7 +225,9 @@ async def test_judge_mode_gives_parseable_verdicts(cloud, stub):
     assert verdicts[1].failed_rule == "task_check:arith_steps"  # rules still first: no judge time for a wrong step
     v0 = verdicts[0]
     assert ("judge" in v0.rules_passed) if v0.valid else (v0.failed_rule == "judge" and v0.error.startswith("judge:"))
-    assert isinstance(events[-1], t.Summary) and events[-1].answer_valid
+    assert isinstance(events[-1], t.Summary)
+    if v0.valid:  # never worse than the best valid draft
+        assert events[-1].answer_valid
 
 
 async def test_metrics_vllm_stats_and_weights_in_status(cloud, stub):
