@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default="auto", choices=["float32", "bfloat16", "float16", "auto"],
                     help="auto = vLLM's choice (bf16 where the hardware has it); float32 only where accuracy needs it")
     ap.add_argument("--served-name", default="", help="model name in Status and metrics (default: the directory's name)")
-    ap.add_argument("--ngram-speculative-tokens", type=int, default=4,
+    ap.add_argument("--ngram-speculative-tokens", type=int, default=0,
                     help="vLLM n-gram (prompt-lookup) speculative decoding: tokens proposed per step; 0 = off")
     ap.add_argument("--max-num-seqs", type=int, default=64, help="sequences one engine step batches")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="GPU memory fraction for vLLM")
