@@ -67,7 +67,7 @@ def verify_manifest(model_dir: Path, allow_unverified: bool = False) -> dict[str
             raise ManifestError(f"{f}: sha256 mismatch with the manifest (tampered or corrupt)")
     checks = manifest.get("checks") or {}
     if checks.get("passed") is False and not allow_unverified:
-        raise ManifestError(f"{path}: this model failed its quantization checks ({_first_failure(checks)}); "
+        raise ManifestError(f"{path}: this model failed its build checks ({_first_failure(checks)}); "
                             "allow unverified models explicitly to load it anyway")
     return manifest
 
@@ -79,4 +79,7 @@ def _first_failure(checks: dict[str, Any]) -> str:
     for g in (checks.get("gates") or {}).get("gates") or []:
         if not g.get("passed", True):
             return g.get("message", g.get("name", "gate"))
+    par = checks.get("parity") or {}
+    if par.get("greedy_match") is False:
+        return f"parity: greedy path differs from torch (max logit diff {par.get('max_logit_diff', 0):.2e})"
     return "see manifest.json"

@@ -54,12 +54,20 @@ def cmd_export(args: argparse.Namespace) -> int:
         tok_file = args.model / "tokenizer.json"
         prompt = TaskPrompt("If x=3 and y=5, compute (x+y)^2-x*y.").ids(
             Tokenizer.from_file(str(tok_file)), ChatFormat.from_dir(args.model)) if tok_file.exists() else [1, 2, 3, 4]
-    report = export_dir(args.model, args.out, parity_prompt=prompt, parity_steps=args.parity_steps, dtype=args.dtype)
+    from quantize.export import ParityFailed
+
+    try:
+        report = export_dir(args.model, args.out, parity_prompt=prompt, parity_steps=args.parity_steps,
+                            dtype=args.dtype, keep_failed=args.keep_failed)
+    except ParityFailed as exc:
+        report = exc.report
     parity = report.get("parity", {})
-    _out(args, report, f"exported {args.out / MODEL_FILE} ({args.dtype})" + (
+    published = not report["failures"] or args.keep_failed
+    _out(args, report, (f"exported {args.out / MODEL_FILE} ({args.dtype})" if published else
+                        f"NOT published: {report['failures'][0]}") + (
         f"; parity over {parity['decode_steps']} decode steps: max logit diff {parity['max_logit_diff']:.2e}, "
         f"greedy match {parity['greedy_match']}" if parity else ""))
-    return 0 if not parity or parity["greedy_match"] else 1
+    return 0 if not report["failures"] else 1
 
 
 def cmd_int8(args: argparse.Namespace) -> int:
@@ -153,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", type=Path, help="output directory (must not exist)")
     p.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32")
     p.add_argument("--parity-steps", type=int, default=16, help="decode steps compared with torch (0 = skip)")
+    p.add_argument("--keep-failed", action="store_true",
+                   help="publish even if parity fails (the manifest records it; the edge refuses such a model)")
     p.set_defaults(func=cmd_export)
 
     q = QuantConfig()

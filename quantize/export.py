@@ -121,9 +121,21 @@ def to_fp16(src: Path, dst: Path) -> None:
     onnx.checker.check_model(str(dst), full_check=True)
 
 
+class ParityFailed(ExportError):
+    """The export disagrees with torch: nothing was published (unless kept, marked failed)."""
+
+    def __init__(self, report: dict) -> None:
+        super().__init__("; ".join(report["failures"]))
+        self.report = report
+
+
 def export_dir(model_dir: Path, out_dir: Path, parity_prompt: list[int] | None = None, parity_steps: int = 16,
-               dtype: str = "fp32") -> dict:
-    """Export to ``out_dir`` (model.onnx + tokenizer + export.json + manifest.json), atomically."""
+               dtype: str = "fp32", keep_failed: bool = False) -> dict:
+    """Export to ``out_dir`` (model.onnx + tokenizer + export.json + manifest.json), atomically.
+
+    A failed parity check (greedy path differs from torch's) publishes nothing and raises
+    ParityFailed; with ``keep_failed`` the artefact is published with ``checks.passed: false`` in
+    its manifest, which the edge loader refuses unless unverified models are allowed."""
     if dtype not in DTYPES:
         raise ExportError(f"dtype: unknown {dtype!r} (known: {', '.join(DTYPES)})")
     hf = load_source(model_dir)  # once; bad input fails before a temp dir exists
@@ -136,11 +148,17 @@ def export_dir(model_dir: Path, out_dir: Path, parity_prompt: list[int] | None =
         report: dict = {"source": str(model_dir), "precision": dtype}
         if parity_prompt is not None:
             report["parity"] = asdict(parity(hf, tmp / MODEL_FILE, parity_prompt, parity_steps))
+        par = report.get("parity")
+        report["failures"] = ([f"parity: greedy path differs from torch within {par['decode_steps']} decode steps "
+                               f"(max logit diff {par['max_logit_diff']:.2e})"] if par and not par["greedy_match"] else [])
         (tmp / "export.json").write_text(json.dumps(report, indent=2))
         write_manifest(tmp, {
             "scheme": dtype, "opset": opset_of(tmp / MODEL_FILE),
             "source": {"path": str(model_dir), "sha256": _source_hash(model_dir)},
             "tokenizer_sha256": tokenizer_hash(tmp),
-            "providers": ["CPUExecutionProvider", "CUDAExecutionProvider"], "checks": {"parity": report.get("parity")},
+            "providers": ["CPUExecutionProvider", "CUDAExecutionProvider"],
+            "checks": {"parity": report.get("parity"), "passed": not report["failures"]},
         })
+        if report["failures"] and not keep_failed:
+            raise ParityFailed(report)
     return report

@@ -64,3 +64,21 @@ def test_fp16_export_runs_on_the_edge_engine(artifacts, tmp_path):
     assert [d.text for d in a] == [d.text for d in b]
     with pytest.raises(ExportError, match="dtype"):
         export_dir(artifacts.models.draft, tmp_path / "x", dtype="int4")
+
+
+def test_an_export_that_fails_parity_is_not_published(artifacts, tmp_path, monkeypatch):
+    """Parity is forced to fail (the check's outcome is under test here, not torch vs ONNX Runtime)."""
+    from coinfer.manifest import ManifestError
+    from quantize import export as ex
+    from quantize.cli import main as cli
+
+    monkeypatch.setattr(ex, "parity", lambda *a, **kw: ex.Parity(3.5, False, 16))
+    out = tmp_path / "bad"
+    assert cli(["export", str(artifacts.models.draft), str(out), "--json"]) == 1
+    assert not out.exists() and list(tmp_path.iterdir()) == []  # nothing published, no temp dir left
+    assert cli(["export", str(artifacts.models.draft), str(out), "--keep-failed", "--json"]) == 1
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["checks"]["passed"] is False and manifest["checks"]["parity"]["greedy_match"] is False
+    with pytest.raises(ManifestError, match="failed"):
+        OrtDraftEngine(out)
+    assert OrtDraftEngine(out, allow_unverified=True).lm  # an operator may still load it on purpose

@@ -126,7 +126,7 @@ def test_failed_gate_publishes_nothing_unless_kept_and_the_edge_refuses_it(artif
     assert main([*args, "--keep-failed"]) == 1
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["checks"]["passed"] is False
-    with pytest.raises(ManifestError, match="failed its quantization checks"):
+    with pytest.raises(ManifestError, match="failed its build checks"):
         OrtDraftEngine(out)
     OrtDraftEngine(out, allow_unverified=True)  # explicitly allowed: loads
 
