@@ -35,8 +35,9 @@ class DemoArtifacts:
         whole batch, so a draft's tokens depend on its batch-mates (43/48 drafts identical to
         per-draft runs, measured); static scales are calibrated constants and weight-only scales
         activations per row, both exactly batch-invariant (48/48)."""
-        out = self.models.root / "draft-int8-static"
+        out = self.models.root / f"draft-int8-static-{artifact_key(INT8_SOURCES)}"
         if not (out / "manifest.json").exists():
+            _drop_stale(self.models.root, "draft-int8-static", out)
             from quantize.build import BuildOptions, int8_dir
             from quantize.int8 import QuantConfig
 
@@ -79,10 +80,36 @@ def parity_prompt(model_dir: Path) -> list[int]:
     return AutoTokenizer.from_pretrained(str(model_dir))(text, add_special_tokens=False)["input_ids"]
 
 
+# The code that builds each artefact is part of its cache key (beside the models' recipe key of the
+# directory above): a change to the exporter or the quantizer is re-exercised on a warm cache.
+EXPORT_SOURCES = ("quantize/export.py", "quantize/llama_graph.py", "quantize/artifact.py", "edge/onnx_lm.py",
+                  "coinfer/manifest.py")
+INT8_SOURCES = (*EXPORT_SOURCES, "quantize/*.py", "demo/artifacts.py")
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+def artifact_key(patterns: tuple[str, ...]) -> str:
+    """Short hash of the source files matching ``patterns`` (paths and contents)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in sorted({f for pattern in patterns for f in _ROOT.glob(pattern)}):
+        h.update(str(p.relative_to(_ROOT)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
+def _drop_stale(root: Path, prefix: str, keep: Path) -> None:
+    """Artefacts built by older code (and the unkeyed name of earlier builds) are not reused: remove them."""
+    for old in root.glob(f"{prefix}*"):
+        if old != keep and old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+
+
 def ensure_artifacts(recipe: Recipe | None = None) -> DemoArtifacts:
     models = ensure_models(recipe)
-    onnx_dir = models.root / "draft-onnx-fp32"
+    onnx_dir = models.root / f"draft-onnx-fp32-{artifact_key(EXPORT_SOURCES)}"
     if not (onnx_dir / "manifest.json").exists():
+        _drop_stale(models.root, "draft-onnx-fp32", onnx_dir)
         from quantize.export import export_dir
 
         shutil.rmtree(onnx_dir, ignore_errors=True)  # an export from before manifests existed

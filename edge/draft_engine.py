@@ -107,7 +107,6 @@ class OrtDraftEngine:
         live = list(range(n))  # draft index of each batch row
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
-        counts = np.zeros((n, logits.shape[1]), np.float64)
         results: list[DraftResult | None] = [None] * n
 
         def finish(i: int, reason: str) -> None:
@@ -126,13 +125,12 @@ class OrtDraftEngine:
         for step in range(budget):
             if cancelled is not None and cancelled():
                 break
-            nxt, lp = sample_next(logits, counts[live], s, [rngs[i] for i in live])
+            nxt, lp = sample_next(logits, [tokens[i] for i in live], s, [rngs[i] for i in live])
             keep: list[int] = []
             for row, i in enumerate(live):
                 tok = int(nxt[row])
                 tokens[i].append(tok)
                 logprobs[i].append(float(lp[row]))
-                counts[i, tok] += 1
                 stopped = tok in self.eos_ids or (
                     s.stop and any(st in self.tokenizer.decode(tokens[i][-16:]) for st in s.stop))
                 if stopped or step == budget - 1:
