@@ -58,7 +58,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     try:
         report = export_dir(args.model, args.out, parity_prompt=prompt, parity_steps=args.parity_steps,
-                            dtype=args.dtype, keep_failed=args.keep_failed)
+                            dtype=args.dtype, keep_failed=args.keep_failed, all_logits=args.all_logits)
     except ParityFailed as exc:
         report = exc.report
     parity = report.get("parity", {})
@@ -163,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parity-steps", type=int, default=16, help="decode steps compared with torch (0 = skip)")
     p.add_argument("--keep-failed", action="store_true",
                    help="publish even if parity fails (the manifest records it; the edge refuses such a model)")
+    p.add_argument("--all-logits", action="store_true",
+                   help="logits for every position (default: the last only, all the edge samples from)")
     p.set_defaults(func=cmd_export)
 
     q = QuantConfig()

@@ -80,9 +80,10 @@ def _sample_inputs(model: ExportLlama, batch: int, past: int, new: int) -> tuple
     return (ids, mask, pos, *kv)
 
 
-def export_onnx(hf: LlamaForCausalLM, out_path: Path, opset: int = 18) -> None:
-    """Export the loaded source model to ``out_path`` (FP32, single file)."""
-    m = ExportLlama(hf).eval()
+def export_onnx(hf: LlamaForCausalLM, out_path: Path, opset: int = 18, all_logits: bool = False) -> None:
+    """Export the loaded source model to ``out_path`` (FP32, single file); logits of the last
+    position only unless ``all_logits``."""
+    m = ExportLlama(hf, all_logits=all_logits).eval()
     inputs, outputs = io_names(m.num_layers)
     # Dim.AUTO: the mask length is past + new, a relation torch.export infers itself
     # (a Dim sum of two named dims cannot be declared). *past is one pytree element.
@@ -130,7 +131,7 @@ class ParityFailed(ExportError):
 
 
 def export_dir(model_dir: Path, out_dir: Path, parity_prompt: list[int] | None = None, parity_steps: int = 16,
-               dtype: str = "fp32", keep_failed: bool = False) -> dict:
+               dtype: str = "fp32", keep_failed: bool = False, all_logits: bool = False) -> dict:
     """Export to ``out_dir`` (model.onnx + tokenizer + export.json + manifest.json), atomically.
 
     A failed parity check (greedy path differs from torch's) publishes nothing and raises
@@ -140,12 +141,12 @@ def export_dir(model_dir: Path, out_dir: Path, parity_prompt: list[int] | None =
         raise ExportError(f"dtype: unknown {dtype!r} (known: {', '.join(DTYPES)})")
     hf = load_source(model_dir)  # once; bad input fails before a temp dir exists
     with staged(out_dir) as tmp:
-        export_onnx(hf, tmp / MODEL_FILE)
+        export_onnx(hf, tmp / MODEL_FILE, all_logits=all_logits)
         if dtype == "fp16":
             to_fp16(tmp / MODEL_FILE, tmp / "model.fp16.onnx")
             (tmp / "model.fp16.onnx").replace(tmp / MODEL_FILE)
         copy_sidecars(model_dir, tmp)
-        report: dict = {"source": str(model_dir), "precision": dtype}
+        report: dict = {"source": str(model_dir), "precision": dtype, "logits": "all" if all_logits else "last"}
         if parity_prompt is not None:
             report["parity"] = asdict(parity(hf, tmp / MODEL_FILE, parity_prompt, parity_steps))
         par = report.get("parity")

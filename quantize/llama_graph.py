@@ -14,8 +14,13 @@ so an ``optimum-cli``-exported model runs on the same edge runtime:
     attention_mask   int64 [B, P+T]   1 = attend, 0 = padding
     position_ids     int64 [B, T]
     past_key_values.{i}.key / .value   float [B, H_kv, P, D]
- -> logits           float [B, T, V]
+ -> logits           float [B, 1, V]   the last position only (default; [B, T, V] with all_logits)
     present.{i}.key / .value           float [B, H_kv, P+T, D]
+
+Only the last position's logits by default: sampling needs nothing else, and the LM head over
+every prompt position is the largest tensor of a prefill (a 2k-token prompt at a 128k
+vocabulary is ~1 GB of float32 logits). Runtimes that take ``logits[:, -1]`` (ours, Optimum's
+generation loop) read both layouts the same way.
 """
 
 from __future__ import annotations
@@ -45,8 +50,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class ExportLlama(nn.Module):
     """``forward(input_ids, attention_mask, position_ids, *past) -> (logits, *present)``."""
 
-    def __init__(self, hf: LlamaForCausalLM) -> None:
+    def __init__(self, hf: LlamaForCausalLM, all_logits: bool = False) -> None:
         super().__init__()
+        self.all_logits = all_logits
         cfg = hf.config
         self.num_layers = cfg.num_hidden_layers
         self.num_heads = cfg.num_attention_heads
@@ -105,5 +111,7 @@ class ExportLlama(nn.Module):
             hn = _rms_norm(x, layer.post_attention_layernorm.weight, self.eps)
             x = x + m.down_proj(nn.functional.silu(m.gate_proj(hn)) * m.up_proj(hn))
             presents += [k, v]
+        if not self.all_logits:
+            x = x[:, -1:]  # [B, 1, hidden]: the LM head runs on the last position only
         logits = self.lm_head(_rms_norm(x, self.model.norm.weight, self.eps))
         return (logits, *presents)

@@ -82,3 +82,17 @@ def test_an_export_that_fails_parity_is_not_published(artifacts, tmp_path, monke
     with pytest.raises(ManifestError, match="failed"):
         OrtDraftEngine(out)
     assert OrtDraftEngine(out, allow_unverified=True).lm  # an operator may still load it on purpose
+
+
+def test_the_lm_head_runs_on_the_last_position_only(artifacts):
+    """A prefill's logits are [B, 1, V], not [B, T, V]: a long prompt at a real vocabulary would
+    otherwise allocate T x V floats (1 GB at 2k tokens x 128k)."""
+    import numpy as np
+
+    from edge.onnx_lm import OnnxLM
+
+    lm = OnnxLM(artifacts.draft_onnx / "model.onnx", providers=["CPUExecutionProvider"])
+    feed = lm.feed(np.arange(5, 45, dtype=np.int64)[None], lm.empty_past())
+    logits = lm.session.run(["logits"], feed)[0]
+    assert logits.shape[:2] == (1, 1)
+    assert json.loads((artifacts.draft_onnx / "export.json").read_text())["logits"] == "last"
