@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from coinfer.manifest import sha256_file, write_manifest
 from quantize.artifact import MODEL_FILE, copy_sidecars, load_checked, model_file, opset_of, staged, tokenizer_hash
-from quantize.check import check_structure
+from quantize.check import check_structure, quantized_weights
 from quantize.gates import GateConfig, gate_dirs, gate_report
 from quantize.int8 import PROVIDERS, QuantConfig, quantize_model
 from quantize.prompts import TaskPrompt, read_prompt_file, task_prompts
@@ -66,7 +66,8 @@ def int8_dir(src_dir: Path, out_dir: Path, cfg: QuantConfig = QuantConfig(), opt
         checked, problems = check_structure(tmp / MODEL_FILE)
         report: dict = {"scheme": cfg.scheme, "params": cfg.params() | info,
                         "bytes": (tmp / MODEL_FILE).stat().st_size, "source_bytes": src.stat().st_size,
-                        "structure": {"weights_checked": checked, "problems": problems}}
+                        "structure": {"weights_checked": checked, "problems": problems,
+                                      "quantized_weights": quantized_weights(tmp / MODEL_FILE)}}
         failures = [f"structure: {p}" for p in problems[:3]]
         if opts.gates is not None:
             results = gate_dirs(src_dir, tmp, opts.gates, opts.progress, allow_unverified=True)  # no manifest yet

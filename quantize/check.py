@@ -22,11 +22,42 @@ from onnx import TensorProto
 _INT8 = (TensorProto.INT8, TensorProto.UINT8)
 
 
+def float_weight_matmuls(model: onnx.ModelProto) -> list[str]:
+    """MatMuls that still multiply by a float constant: a weight initializer, or a Transpose of
+    one (how a head tied to the embedding table is exported). In an INT8 model each is a weight
+    the quantizer missed."""
+    inits = {i.name: i for i in model.graph.initializer}
+    transposed = {n.output[0]: n.input[0] for n in model.graph.node
+                  if n.op_type == "Transpose" and n.input[0] in inits}
+    out = []
+    for n in model.graph.node:
+        if n.op_type != "MatMul" or len(n.input) < 2:
+            continue
+        w = inits.get(n.input[1]) or inits.get(transposed.get(n.input[1], ""))
+        if w is not None and w.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16):
+            out.append(f"{n.name or n.output[0]} (weight {w.name}{', transposed' if n.input[1] in transposed else ''})")
+    return out
+
+
+def quantized_weights(model_path: Path) -> list[str]:
+    """Names of the quantized weight tensors (the manifest lists them)."""
+    model = onnx.load(str(model_path), load_external_data=False)
+    inits = {i.name: i for i in model.graph.initializer}
+    out = []
+    for node in model.graph.node:
+        if node.op_type in ("MatMulNBits", "MatMulInteger") and node.input[1] in inits:
+            out.append(node.input[1])
+        elif node.op_type == "DequantizeLinear" and node.input[0] in inits and inits[node.input[0]].data_type in _INT8 \
+                and len(inits[node.input[0]].dims) == 2:
+            out.append(node.input[0])
+    return out
+
+
 def check_structure(model_path: Path) -> tuple[int, list[str]]:
     """(quantized weights checked, problems). No problems = the structure is right."""
     model = onnx.load(str(model_path), load_external_data=False)
     inits = {i.name: i for i in model.graph.initializer}
-    problems: list[str] = []
+    problems: list[str] = [f"MatMul {m}: weight stayed float (not quantized)" for m in float_weight_matmuls(model)]
     checked = 0
     for node in model.graph.node:
         if node.op_type == "MatMulNBits":

@@ -67,6 +67,14 @@ class ExportLlama(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.model = hf.model
         self.lm_head = hf.lm_head
+        if self.lm_head.weight is self.model.embed_tokens.weight:
+            # Tied embeddings: exported as they are, the head is MatMul(Transpose(table)), which no
+            # quantizer takes as a constant weight, so it would stay float32 -- about half of
+            # each decode step's bytes at a real vocabulary. The head gets its own copy: the table
+            # (a Gather, stored fp16) and the head (quantized per channel) then shrink apart.
+            head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            head.weight = nn.Parameter(self.lm_head.weight.detach().clone(), requires_grad=False)
+            self.lm_head = head
 
     def _attn(self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
               mask: torch.Tensor, pk: torch.Tensor, pv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
