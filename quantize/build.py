@@ -24,6 +24,8 @@ class BuildOptions:
     """None skips the accuracy gates (the structure check always runs)."""
     calibration_file: Path | None = None
     """static: JSONL prompts instead of the task generators' train split."""
+    gate_prompts: Path | None = None
+    """Gates: JSONL chat requests instead of the built-in tasks' held-out prompts."""
     keep_failed: bool = False
     """Publish the artefact even when a check fails (its manifest says so; the edge refuses it)."""
     progress: bool = True
@@ -70,7 +72,8 @@ def int8_dir(src_dir: Path, out_dir: Path, cfg: QuantConfig = QuantConfig(), opt
                                       "quantized_weights": quantized_weights(tmp / MODEL_FILE)}}
         failures = [f"structure: {p}" for p in problems[:3]]
         if opts.gates is not None:
-            results = gate_dirs(src_dir, tmp, opts.gates, opts.progress, allow_unverified=True)  # no manifest yet
+            results = gate_dirs(src_dir, tmp, opts.gates, opts.progress, allow_unverified=True,  # no manifest yet
+                                prompts_file=opts.gate_prompts)
             report["gates"] = gate_report(results, opts.gates)
             failures += [r.message for r in results if not r.passed]
         report["failures"] = failures

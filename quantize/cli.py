@@ -76,6 +76,7 @@ def cmd_int8(args: argparse.Namespace) -> int:
     cfg = QuantConfig(scheme=args.scheme, calib_prompts=args.calib_prompts, calib_decode_steps=args.calib_decode_steps,
                       block_size=args.block_size, reduce_range=args.reduce_range)
     opts = BuildOptions(gates=None if args.no_gates else _gate_config(args), calibration_file=args.calibration,
+                        gate_prompts=args.prompts_file,
                         keep_failed=args.keep_failed, progress=not (args.quiet or args.json))
     try:
         report = int8_dir(args.onnx_dir, args.out, cfg, opts)
@@ -117,7 +118,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
         cfg = _gate_config(args)
         results = gate_dirs(args.reference, path.parent, cfg, progress=not (args.quiet or args.json),
-                            allow_unverified=args.allow_unverified)
+                            allow_unverified=args.allow_unverified, prompts_file=args.prompts_file)
         report["gates"] = gate_report(results, cfg)
         failures += [r.message for r in results if not r.passed]
         lines += [r.message for r in results]
@@ -137,6 +138,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _gate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompts-file", type=Path,
+                   help='gates: JSONL file of {"prompt": ...} chat requests (a "task" makes a line gradable) '
+                        "instead of the built-in tasks' held-out prompts")
     d = GateConfig()
     g = p.add_argument_group("accuracy gates (against the FP32 reference, held-out task prompts)")
     g.add_argument("--min-top1-agreement", type=float, default=d.min_top1_agreement,

@@ -62,7 +62,7 @@ class GateResult:
     @property
     def message(self) -> str:
         if self.value is None:
-            return f"{self.name}: skipped ({self.detail})"
+            return f"{self.name}: not applicable ({self.detail})"
         op = ">=" if self.name != "accuracy_drop" else "<="
         verdict = "pass" if self.passed else f"FAIL by {abs(self.value - self.threshold):.3f}"
         return f"{self.name} {self.value:.3f} (needs {op} {self.threshold:.3f}): {verdict}; {self.detail}"
@@ -102,14 +102,25 @@ def run_gates(reference: OrtDraftEngine, candidate: OrtDraftEngine, prompts: Seq
                       f"{agree}/{positions} positions over {len(prompts)} prompts"),
            GateResult("greedy_match", match, cfg.min_greedy_match, match >= cfg.min_greedy_match,
                       f"{same}/{len(prompts)} greedy continuations identical")]
-    if graded:
-        drop = (ref_ok - cand_ok) / graded
-        out.append(GateResult("accuracy_drop", drop, cfg.max_accuracy_drop, drop <= cfg.max_accuracy_drop,
-                              f"sampled drafts correct: reference {ref_ok}/{graded}, candidate {cand_ok}/{graded} "
-                              f"(T={cfg.temperature}, {cfg.drafts} per prompt)"))
-    else:
-        out.append(GateResult("accuracy_drop", None, cfg.max_accuracy_drop, True, "no gradable task prompts"))
+    out.append(accuracy_gate(ref_ok, cand_ok, graded, cfg))
     return out
+
+
+def accuracy_gate(ref_ok: int, cand_ok: int, graded: int, cfg: GateConfig) -> GateResult:
+    """The accuracy-drop gate from graded draft counts. It judges only a reference that gets some
+    drafts right: a model that never learnt the task scores 0 before and after, and "no drop"
+    would be a pass the gate did not earn -- it says "not applicable" instead."""
+    if graded and ref_ok:
+        drop = (ref_ok - cand_ok) / graded
+        return GateResult("accuracy_drop", drop, cfg.max_accuracy_drop, drop <= cfg.max_accuracy_drop,
+                          f"sampled drafts correct: reference {ref_ok}/{graded}, candidate {cand_ok}/{graded} "
+                          f"(T={cfg.temperature}, {cfg.drafts} per prompt)")
+    if graded:
+        return GateResult("accuracy_drop", None, cfg.max_accuracy_drop, True,
+                          f"the reference model answers none of {graded} sampled drafts right: this gate cannot "
+                          "judge it; give prompts of a task it knows (--prompts-file) or rely on the other gates")
+    return GateResult("accuracy_drop", None, cfg.max_accuracy_drop, True,
+                      "no gradable task prompts: top-1 agreement and greedy match judged alone")
 
 
 def gate_report(results: list[GateResult], cfg: GateConfig) -> dict:
@@ -118,14 +129,17 @@ def gate_report(results: list[GateResult], cfg: GateConfig) -> dict:
 
 
 def gate_dirs(reference_dir: Path, candidate_dir: Path, cfg: GateConfig = GateConfig(), progress: bool = True,
-              allow_unverified: bool = False) -> list[GateResult]:
-    """Run the gates of ``candidate_dir`` against ``reference_dir`` on held-out task prompts, on CPU."""
+              allow_unverified: bool = False, prompts_file: Path | None = None) -> list[GateResult]:
+    """Run the gates of ``candidate_dir`` against ``reference_dir`` on CPU: on the user's prompts
+    (``prompts_file``, JSONL chat requests; graded only where a line names a task) or on held-out
+    task prompts."""
     from tqdm import tqdm
 
-    from quantize.prompts import task_prompts
+    from quantize.prompts import read_prompt_file, task_prompts
 
     reference = OrtDraftEngine(reference_dir, providers=["CPUExecutionProvider"])
     candidate = OrtDraftEngine(candidate_dir, providers=["CPUExecutionProvider"], allow_unverified=allow_unverified)
-    prompts = task_prompts(cfg.prompts, held_out=True, seed=2)
+    prompts = (read_prompt_file(prompts_file)[: cfg.prompts] if prompts_file is not None
+               else task_prompts(cfg.prompts, held_out=True, seed=2))
     with tqdm(total=len(prompts), desc="gates", unit="prompt", disable=not progress) as bar:
         return run_gates(reference, candidate, prompts, cfg, on_prompt=bar.update)

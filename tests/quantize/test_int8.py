@@ -218,3 +218,19 @@ def test_fp16_embeddings_only_touch_tables_read_by_gather_alone(tmp_path):
 
     out = ort.InferenceSession(str(path)).run(["e"], {"ids": np.array([1, 3]), "x": np.ones((1, 4), np.float32)})[0]
     assert out.dtype == np.float32 and out.tolist() == [[3, 4, 5], [9, 10, 11]]
+
+
+def test_gates_on_the_users_own_prompts(artifacts, int8_draft, tmp_path, capsys):
+    """--prompts-file: the user's chat requests drive the gates; free prompts are not graded, so the
+    accuracy gate says it cannot judge instead of passing silently."""
+    f = tmp_path / "mine.jsonl"
+    f.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in (
+        "Explain why the sky is blue.", "Tom has 3 apples and buys 4 more. How many apples does he have?",
+        "Write a haiku about the sea.")))
+    rc = main(["check", str(int8_draft), "--reference", str(artifacts.draft_onnx), "--prompts-file", str(f),
+               "--prompts", "3", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    gates = {g["name"]: g for g in report["gates"]["gates"]}
+    assert "3 prompts" in gates["top1_agreement"]["detail"]
+    assert gates["accuracy_drop"]["value"] is None and "not applicable" in gates["accuracy_drop"]["message"]
+    assert rc == (0 if report["gates"]["passed"] else 1)

@@ -47,3 +47,15 @@ def test_bad_prompt_files_name_the_line(tmp_path, body, msg):
         read_prompt_file(f)
     with pytest.raises(PromptFileError, match="missing"):
         read_prompt_file(tmp_path / "none.jsonl")
+
+
+def test_accuracy_gate_says_when_it_cannot_judge():
+    from quantize.gates import GateConfig, accuracy_gate
+
+    cfg = GateConfig()
+    judged = accuracy_gate(ref_ok=30, cand_ok=27, graded=100, cfg=cfg)
+    assert judged.value == pytest.approx(0.03) and judged.passed and judged.message.startswith("accuracy_drop 0.030")
+    assert not accuracy_gate(ref_ok=40, cand_ok=20, graded=100, cfg=cfg).passed
+    blind = accuracy_gate(ref_ok=0, cand_ok=0, graded=100, cfg=cfg)  # a model that never learnt the task
+    assert blind.value is None and "not applicable" in blind.message and "cannot judge" in blind.message
+    assert "not applicable" in accuracy_gate(0, 0, 0, cfg).message
