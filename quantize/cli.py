@@ -149,6 +149,8 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
                    help="min fraction of prompts whose greedy continuation is identical")
     g.add_argument("--max-accuracy-drop", type=float, default=d.max_accuracy_drop,
                    help="max drop in task accuracy of sampled drafts (absolute fraction)")
+    g.add_argument("--max-nll-delta", type=float, default=d.max_nll_delta,
+                   help="most the reference continuations' NLL may rise under the candidate (nats/token)")
     g.add_argument("--prompts", type=int, default=d.prompts, help="held-out prompts")
     g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     g.add_argument("--drafts", type=int, default=d.drafts, help="sampled drafts per prompt")

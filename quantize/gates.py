@@ -30,9 +30,16 @@ from quantize.prompts import TaskPrompt
 @dataclass(frozen=True)
 class GateConfig:
     min_top1_agreement: float = 0.90
-    min_greedy_match: float = 0.50
+    min_greedy_match: float = 0.25
+    """Share of prompts whose whole greedy continuation is identical. A chaotic measure: one flipped
+    token changes the rest, so it follows top1^length (demo draft: top-1 0.977 over ~36 tokens
+    -> ~0.43 expected; measured 0.50 on an AVX512-VNNI CPU, 0.84 with reduce_range on AVX2). 0.5
+    failed on some CPUs with nothing wrong; top-1 agreement and the NLL delta are the portable gates."""
     max_accuracy_drop: float = 0.10
     """Absolute drop in the fraction of correct sampled drafts."""
+    max_nll_delta: float = 0.25
+    """Rise of the mean negative log-likelihood (nats per token) of the reference's greedy
+    continuations under the candidate: a task-free gate any model's prompts can drive."""
     prompts: int = 32
     max_new_tokens: int = 64
     drafts: int = 4
@@ -43,6 +50,8 @@ class GateConfig:
         for name in ("min_top1_agreement", "min_greedy_match"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name}: must be in [0, 1], got {getattr(self, name)}")
+        if not 0.0 <= self.max_nll_delta <= 10.0:
+            raise ValueError(f"max_nll_delta: must be in [0, 10], got {self.max_nll_delta}")
         if not -1.0 <= self.max_accuracy_drop <= 1.0:
             raise ValueError(f"max_accuracy_drop: must be in [-1, 1], got {self.max_accuracy_drop}")
         if not 1 <= self.prompts <= 10000 or not 1 <= self.max_new_tokens <= 4096 or not 1 <= self.drafts <= 64:
@@ -63,7 +72,7 @@ class GateResult:
     def message(self) -> str:
         if self.value is None:
             return f"{self.name}: not applicable ({self.detail})"
-        op = ">=" if self.name != "accuracy_drop" else "<="
+        op = "<=" if self.name in ("accuracy_drop", "nll_delta") else ">="
         verdict = "pass" if self.passed else f"FAIL by {abs(self.value - self.threshold):.3f}"
         return f"{self.name} {self.value:.3f} (needs {op} {self.threshold:.3f}): {verdict}; {self.detail}"
 
@@ -80,12 +89,15 @@ def run_gates(reference: OrtDraftEngine, candidate: OrtDraftEngine, prompts: Seq
     cfg.validate()
     agree = positions = same = 0
     ref_ok = cand_ok = graded = 0
+    nll_ref = nll_cand = 0.0
     for i, p in enumerate(prompts):
         ids = p.ids(reference.tokenizer, reference.chat)
         ref_tokens, ref_logits = reference.lm.greedy(ids, cfg.max_new_tokens, reference.eos_ids)
         cand_logits = candidate.lm.forced(ids, ref_tokens)
         agree += sum(int(a.argmax() == b.argmax()) for a, b in zip(ref_logits, cand_logits))
         positions += len(ref_tokens)
+        nll_ref += sum(_nll(lg, tok) for lg, tok in zip(ref_logits, ref_tokens))
+        nll_cand += sum(_nll(lg, tok) for lg, tok in zip(cand_logits, ref_tokens))
         cand_tokens, _ = candidate.lm.greedy(ids, cfg.max_new_tokens, candidate.eos_ids)
         same += cand_tokens == ref_tokens
         if p.problem is not None:
@@ -102,8 +114,22 @@ def run_gates(reference: OrtDraftEngine, candidate: OrtDraftEngine, prompts: Seq
                       f"{agree}/{positions} positions over {len(prompts)} prompts"),
            GateResult("greedy_match", match, cfg.min_greedy_match, match >= cfg.min_greedy_match,
                       f"{same}/{len(prompts)} greedy continuations identical")]
+    if positions:
+        delta = (nll_cand - nll_ref) / positions
+        out.append(GateResult("nll_delta", delta, cfg.max_nll_delta, delta <= cfg.max_nll_delta,
+                              f"reference continuations: {nll_ref / positions:.3f} nats/token under the reference, "
+                              f"{nll_cand / positions:.3f} under the candidate ({positions} tokens)"))
     out.append(accuracy_gate(ref_ok, cand_ok, graded, cfg))
     return out
+
+
+def _nll(logits, token: int) -> float:
+    """-log softmax(logits)[token], in float64."""
+    import numpy as np
+
+    x = np.asarray(logits, np.float64)
+    m = x.max()
+    return float(m + np.log(np.exp(x - m).sum()) - x[token])
 
 
 def accuracy_gate(ref_ok: int, cand_ok: int, graded: int, cfg: GateConfig) -> GateResult:
