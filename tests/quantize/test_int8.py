@@ -45,8 +45,9 @@ def test_each_scheme_is_per_channel_smaller_and_passes_its_gates(built, artifact
     assert (d / "model.onnx").stat().st_size <= 0.45 * fp32
     assert manifest["scheme"] == scheme and manifest["checks"]["passed"] is True
     gates = {g["name"]: g for g in manifest["checks"]["gates"]["gates"]}
-    assert set(gates) == {"top1_agreement", "greedy_match", "accuracy_drop"}
+    assert set(gates) == {"top1_agreement", "greedy_match", "nll_delta", "accuracy_drop"}
     assert gates["top1_agreement"]["value"] >= 0.95, gates["top1_agreement"]["message"]
+    assert gates["nll_delta"]["value"] <= 0.05, gates["nll_delta"]["message"]  # measured 0.005 (static)
     assert manifest["providers"] and manifest["source"]["sha256"] and manifest["tokenizer_sha256"]
     assert manifest["params"]["embeddings"] == "fp16" and manifest["params"]["fp16_tables"]
     ops = {n.op_type for n in onnx.load(str(d / "model.onnx")).graph.node}
