@@ -18,15 +18,18 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
-from transformers import AutoConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
 
 from coinfer.manifest import sha256_file, write_manifest
 from edge.onnx_lm import OnnxLM
 from quantize.artifact import MODEL_FILE, ArtifactError, copy_sidecars, opset_of, staged, tokenizer_hash
-from quantize.llama_graph import ExportLlama, io_names
+from quantize.llama_graph import STATIC_ROPE, ExportLlama, io_names
 
 log = logging.getLogger(__name__)
-SUPPORTED = ("LlamaForCausalLM",)
+SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
+"""Decoder-only families the export graph states exactly (``quantize/llama_graph.py``): Llama (GQA,
+tied embeddings, Llama 3 / linear / YaRN rope scaling), Qwen2/2.5 (qkv bias), Qwen3 (q/k norm),
+Mistral (exact within its sliding window; the edge caps its context there)."""
 DTYPES = ("fp32", "fp16")
 
 
@@ -60,7 +63,12 @@ def load_source(model_dir: Path) -> LlamaForCausalLM:
     archs = getattr(cfg, "architectures", None) or []
     if not any(a in SUPPORTED for a in archs):
         raise ExportError(f"{cfg_path}: architecture {archs or cfg.model_type!r} unsupported (supported: {', '.join(SUPPORTED)})")
-    return LlamaForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32).eval()
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type")) or "default"
+    if rope_type not in ("default", *STATIC_ROPE):
+        raise ExportError(f"{cfg_path}: rope_type {rope_type!r} unsupported (supported: default, "
+                          f"{', '.join(STATIC_ROPE)}; it depends on the sequence length)")
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32).eval()
 
 
 @dataclass

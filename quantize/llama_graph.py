@@ -29,6 +29,9 @@ import torch
 from torch import nn
 from transformers import LlamaForCausalLM
 
+STATIC_ROPE = ("llama3", "linear", "yarn")
+"""RoPE scalings whose frequencies are fixed by the config (exported as constants)."""
+
 
 def io_names(num_layers: int) -> tuple[list[str], list[str]]:
     """(input names, output names) in graph order."""
@@ -59,11 +62,22 @@ class ExportLlama(nn.Module):
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.eps = cfg.rms_norm_eps
-        rope = getattr(cfg, "rope_parameters", None) or {}
+        rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
         theta = rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
-        if rope.get("rope_type", "default") not in ("default", None):
-            raise ValueError(f"unsupported rope_type {rope.get('rope_type')!r} (only 'default')")
-        inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
+        rope_type = rope.get("rope_type", rope.get("type")) or "default"
+        self.rope_scale = 1.0
+        if rope_type == "default":
+            inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
+        elif rope_type in STATIC_ROPE:
+            # transformers' own frequency tables (Llama 3's band-wise scaling, linear, YaRN): they depend on
+            # the config only, never on the sequence length, so one exported graph holds them exactly
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            inv_freq, self.rope_scale = ROPE_INIT_FUNCTIONS[rope_type](cfg, torch.device("cpu"))
+            inv_freq = inv_freq.to(torch.float32)
+        else:
+            raise ValueError(f"unsupported rope_type {rope_type!r} (supported: default, {', '.join(STATIC_ROPE)}; "
+                             "dynamic / longrope scaling depends on the sequence length)")
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.model = hf.model
         self.lm_head = hf.lm_head
@@ -80,8 +94,11 @@ class ExportLlama(nn.Module):
               mask: torch.Tensor, pk: torch.Tensor, pv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, t, _ = x.shape
         a = layer.self_attn
-        q = a.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
+        q = a.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # [B, H, T, D] (Qwen2: with bias)
         k = a.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
+        if hasattr(a, "q_norm"):  # Qwen3: RMSNorm over each head's dimension before the rotation
+            q = _rms_norm(q, a.q_norm.weight, self.eps)
+            k = _rms_norm(k, a.k_norm.weight, self.eps)
         v = a.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
@@ -104,7 +121,7 @@ class ExportLlama(nn.Module):
         x = self.model.embed_tokens(input_ids)
         freqs = position_ids[..., None].to(torch.float32) * self.inv_freq  # [B, T, D/2]
         emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, T, D]
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        cos, sin = (emb.cos() * self.rope_scale).to(x.dtype), (emb.sin() * self.rope_scale).to(x.dtype)
         # query i sits at absolute slot total-t+i; it may see key j <= that slot, if unpadded
         q_slot = torch.arange(t, device=x.device) + (total - t)
         k_slot = torch.arange(total, device=x.device)
