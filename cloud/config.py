@@ -103,9 +103,9 @@ class PolicyConfig:
     """Likelihood verifier threshold (open requests): a draft whose mean per-token log-probability
     under the target (its exact token span in the rendered conversation, plus end of turn) is
     below this is invalid. Measured (benchmarks/open_accuracy.py, 200 held-out word problems,
-    drafts that passed the rules): correct drafts median -0.12, wrong ones -0.59; at -0.5 99.3% of
-    correct drafts are kept and 64% of wrong ones rejected (-1.0 rejected none, -0.3 keeps 91% /
-    rejects 91%). -inf disables."""
+    drafts that passed the rules): correct drafts median -0.12, wrong ones -0.57..-0.59; at -0.5
+    99.3% of correct drafts are kept and 64-67% of wrong ones rejected (-1.0 rejected none; -0.3
+    keeps 91%, rejects 89-94%; two runs). -inf disables."""
     refine_max_tokens: int = 512
     cloud_candidates: int = 4
     """When the cloud answers itself and its greedy answer fails the rules: sampled
