@@ -62,9 +62,9 @@ class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
         header = meta.get("authorization", "")
         if not header:
             message = "authorization: missing bearer token"
-        elif not header.startswith("Bearer "):
+        elif header[:7].lower() != "bearer ":  # the scheme is case-insensitive (RFC 7235)
             message = "authorization: expected 'Bearer <token>'"
-        elif self.edge_of(header.removeprefix("Bearer ").strip()) is None:
+        elif self.edge_of(header[7:].strip()) is None:
             message = "authorization: unknown token"
         else:
             return handler

@@ -34,6 +34,16 @@ from edge.sampling import Sampling
 log = logging.getLogger(__name__)
 
 
+def request_fault(code: grpc.StatusCode, details: str) -> bool:
+    """Whether a cloud error is the request's own fault (the user gets it) rather than the cloud's
+    (the user gets a local answer flagged with the reason). A full cloud ("sessions: 64 active")
+    and a refused token are the cloud's or the operator's problem, not a bad request; an input over
+    a per-request limit (a named field) is the request's."""
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return True
+    return code == grpc.StatusCode.RESOURCE_EXHAUSTED and not details.startswith("sessions:")
+
+
 class CloudFailed(ConnectionError):
     """The cloud failed a request and no edge model is loaded to answer it locally."""
 
@@ -161,8 +171,7 @@ class EdgePipeline:
                 return await self._split(req, model_prompt, s, deadline_s, emit, t0, result, drafts)
         except (grpc.aio.AioRpcError, TimeoutError, ConnectionError) as exc:
             reason = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else type(exc).__name__
-            if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in (
-                    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAUTHENTICATED):
+            if isinstance(exc, grpc.aio.AioRpcError) and request_fault(exc.code(), exc.details() or ""):
                 raise  # the request itself is wrong: falling back would hide it
             if self.engine is None:
                 raise CloudFailed(reason) from exc  # the caller loads the edge model and answers locally

@@ -139,3 +139,43 @@ async def test_metrics_endpoint_and_draining_refuses_new_sessions():
             assert (await stub.Status(pb.StatusRequest())).draining
     finally:
         await srv.stop(grace=0)
+
+
+async def test_bearer_scheme_is_case_insensitive(tmp_path):
+    srv = await create_server(CloudConfig(engine=EngineConfig(model="unused"), auth_tokens=TOKENS))
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as ch:
+            stub = pb_grpc.CoinferCloudStub(ch)
+            for scheme in ("bearer", "BEARER", "Bearer"):
+                st = await stub.Status(pb.StatusRequest(), metadata=(("authorization", f"{scheme} {TOKENS['edge-a']}"),))
+                assert st.model == "unused"
+    finally:
+        await srv.stop(grace=0)
+
+
+def test_which_cloud_errors_are_the_requests_fault():
+    from edge.pipeline import request_fault
+
+    assert request_fault(grpc.StatusCode.INVALID_ARGUMENT, "problem.prompt: required")
+    assert request_fault(grpc.StatusCode.RESOURCE_EXHAUSTED, "draft.text: 5000 chars > limit 4096")
+    # the cloud's or the operator's problem: the user gets a local answer flagged with the reason
+    assert not request_fault(grpc.StatusCode.RESOURCE_EXHAUSTED, "sessions: 64 active, limit 64")
+    assert not request_fault(grpc.StatusCode.UNAUTHENTICATED, "authorization: unknown token")
+    assert not request_fault(grpc.StatusCode.UNAVAILABLE, "server: draining for shutdown")
+
+
+@pytest.mark.slow
+async def test_a_refused_token_is_answered_locally_not_as_an_error(draft_engine):
+    from edge.pipeline import EdgePipeline, Plan
+    from edge.sampling import Sampling
+
+    srv = await create_server(CloudConfig(engine=EngineConfig(model="unused"), auth_tokens=TOKENS))
+    try:
+        async with cloud_channel(f"127.0.0.1:{srv.port}", token="x" * 32) as ch:
+            res = await EdgePipeline(draft_engine, ch).solve("", "Explain why the sky is blue.",
+                                                             sampling=Sampling(n=2, max_new_tokens=8), plan=Plan.SPLIT,
+                                                             deadline_s=20)
+        assert res.source == "edge_only" and res.fallback_reason.startswith("UNAUTHENTICATED"), res.fallback_reason
+        assert res.answer and res.drafts
+    finally:
+        await srv.stop(grace=0)
