@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 import uuid
@@ -86,18 +87,15 @@ class Session:
     """Engine load at open: raises the latency weight."""
     outcome: list[tuple[float, float, float, float]] = field(default_factory=list)
     """(score, agreement, latency_s, label) per ranked draft once finished: the learner's input."""
-    _prompt_text: str | None = None
 
     def _ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1e3
 
     # ---- verification -------------------------------------------------------------
-    @property
+    @functools.cached_property
     def prompt_text(self) -> str:
         """The conversation rendered with the target's chat template (computed once)."""
-        if self._prompt_text is None:
-            self._prompt_text = self.engine.render(self.req.conversation)
-        return self._prompt_text
+        return self.engine.render(self.req.conversation)
 
     @property
     def _thresholded(self) -> bool:
@@ -220,12 +218,7 @@ class Session:
             prefix_steps = consensus_prefix(steps, min(p.min_support, len(steps)))
             if prefix_steps:
                 return "prefix", self.prompt_text, _join_steps(prefix_steps), [best]
-        chosen, seen = [], set()
-        for j, _, _ in ranked:
-            norm = " ".join(j.draft.text.split())
-            if norm not in seen and len(chosen) < p.context_drafts:
-                seen.add(norm)
-                chosen.append(j)
+        chosen = [j for j, _, _ in ranked[: p.context_drafts]]  # duplicates were merged at verification
         conv = self.req.conversation
         question = refine_question(self.req.question, [j.draft.text for j in chosen], p.refine_template,
                                    p.candidate_format)

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from coinfer import types as t
 from coinfer.chat import ChatMessage
 from coinfer.errors import CoinferError, ResourceExhausted, field_of
-from coinfer.extract import Extraction
+from coinfer.extract import KINDS, Extraction
 from coinfer.rules import Rule
 from edge.service import Done, EdgeCore, SolveRequest
 
@@ -46,7 +46,7 @@ MAX_BODY_BYTES = 1 << 20
 
 class ExtractionBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    kind: Literal["none", "marker", "boxed", "last_line", "json", "regex"]
+    kind: Literal[KINDS]
     pattern: str = Field(default="", max_length=512)
     marker: str = Field(default="", max_length=64)
 
@@ -54,7 +54,8 @@ class ExtractionBody(BaseModel):
 class CoinferExtra(BaseModel):
     model_config = ConfigDict(extra="forbid")
     task: str = ""
-    extraction: Literal["none", "marker", "boxed", "last_line", "json"] | ExtractionBody | None = None
+    # a bare name for the kinds that need no parameter; {"kind": "regex", "pattern": ...} for a regex
+    extraction: Literal[tuple(k for k in KINDS if k != "regex")] | ExtractionBody | None = None
     rules: list[dict[str, Any]] = Field(default_factory=list)
     plan: Literal["auto", "edge", "split", "cloud"] = "auto"
     num_drafts: int = Field(default=0, ge=0, le=64)

@@ -148,8 +148,9 @@ class EdgePipeline:
         cloud sends them as its first round instead of drafting again)."""
         t0 = time.perf_counter()
         task = get_task(task_name)
-        req = t.OpenRequest(request_id, task_name, "" if messages else prompt, list(rules or []), refine, 0,
-                            int(deadline_s * 1e3), messages=list(messages or []), extraction=extraction or Extraction())
+        req = t.OpenRequest(request_id=request_id, task=task_name, prompt="" if messages else prompt,
+                            rules=list(rules or []), refine=refine, deadline_ms=int(deadline_s * 1e3),
+                            messages=list(messages or []), extraction=extraction or Extraction())
         spec = task.parse_problem(req.question)
         ruleset = RuleSet(rules or [], task, spec, extraction=req.extraction)
         s = sampling or Sampling()

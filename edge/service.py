@@ -182,12 +182,12 @@ class EdgeCore:
 
     @functools.cached_property
     def _tokenizer(self) -> tuple[Tokenizer, ChatFormat]:
-        """The draft model's tokenizer and chat format, without loading the model (usage counts)."""
+        """The draft model's tokenizer and chat format while the model itself is not loaded (usage counts)."""
         return Tokenizer.from_file(str(Path(self.cfg.model) / "tokenizer.json")), ChatFormat.from_dir(self.cfg.model)
 
     def usage(self, req: SolveRequest, done: Done) -> dict:
         """OpenAI ``usage`` in the draft tokenizer's tokens: the rendered conversation and the answer."""
-        tok, chat = self._tokenizer
+        tok, chat = (self.engine.tokenizer, self.engine.chat) if self.engine is not None else self._tokenizer
         prompt = chat.render(conversation(req.prompt, req.messages))
         p = len(tok.encode(prompt, add_special_tokens=not chat.templated).ids)
         c = len(tok.encode(done.result.answer, add_special_tokens=False).ids)
