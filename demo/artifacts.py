@@ -43,23 +43,25 @@ class DemoArtifacts:
 
             shutil.rmtree(out, ignore_errors=True)
             log.info("quantizing the draft model (INT8 static): %s", out)
-            calib = self.models.root / "calibration.jsonl"
-            write_calibration(calib)
-            int8_dir(self.draft_onnx, out, QuantConfig(scheme="static"), BuildOptions(calibration_file=calib))
+            calib, gated = self.models.root / "calibration.jsonl", self.models.root / "gate-prompts.jsonl"
+            write_prompts(calib, held_out=False)
+            write_prompts(gated, held_out=True, seed=2)
+            int8_dir(self.draft_onnx, out, QuantConfig(scheme="static"),
+                     BuildOptions(calibration_file=calib, gate_prompts=gated))
         return out
 
 
-def write_calibration(path: Path, n: int = 48, seed: int = 1) -> None:
-    """Static INT8 calibration prompts from the train split of what the edge drafts for: word
-    problems (open requests, no task) as well as the two presets -- activation ranges fitted on
-    the presets alone clip the word problems' (the quantize CLI's default draws presets only)."""
+def write_prompts(path: Path, n: int = 48, seed: int = 1, held_out: bool = False) -> None:
+    """What the demo draft drafts for, as a quantize prompt file: word problems (open requests, no
+    task) as well as the two presets (graded). The train side calibrates static INT8 (ranges fitted
+    on the presets alone clip the word problems'), the held-out side gates it."""
     import random
 
     from coinfer.tasks import problems
     from demo import wordprob
 
     rng = random.Random(seed)
-    words, presets = wordprob.problems(rng, held_out=False), problems(rng, ("arith", "select"), held_out=False)
+    words, presets = wordprob.problems(rng, held_out=held_out), problems(rng, ("arith", "select"), held_out=held_out)
     lines = []
     for i in range(n):
         if i % 2 == 0:
@@ -82,7 +84,7 @@ def parity_prompt(model_dir: Path) -> list[int]:
 
 # The code that builds each artefact is part of its cache key (beside the models' recipe key of the
 # directory above): a change to the exporter or the quantizer is re-exercised on a warm cache.
-EXPORT_SOURCES = ("quantize/export.py", "quantize/llama_graph.py", "quantize/artifact.py", "edge/onnx_lm.py",
+EXPORT_SOURCES = ("quantize/export.py", "quantize/decoder_graph.py", "quantize/artifact.py", "edge/onnx_lm.py",
                   "coinfer/manifest.py")
 INT8_SOURCES = (*EXPORT_SOURCES, "quantize/*.py", "demo/artifacts.py")
 _ROOT = Path(__file__).resolve().parents[1]
@@ -105,8 +107,23 @@ def _drop_stale(root: Path, prefix: str, keep: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+DECLARED_TASKS = ["arith", "select"]
+"""The built-in tasks the demo draft was trained on (its word problems are open requests): declared in
+its config.json, so the quantize CLI gates its task accuracy on them by default."""
+
+
+def declare_tasks(model_dir: Path) -> None:
+    """Add ``coinfer_tasks`` to a model's config.json (once; models built before it lack the key)."""
+    path = model_dir / "config.json"
+    cfg = json.loads(path.read_text())
+    if cfg.get("coinfer_tasks") != DECLARED_TASKS:
+        cfg["coinfer_tasks"] = DECLARED_TASKS
+        path.write_text(json.dumps(cfg, indent=2) + "\n")
+
+
 def ensure_artifacts(recipe: Recipe | None = None) -> DemoArtifacts:
     models = ensure_models(recipe)
+    declare_tasks(models.draft)
     onnx_dir = models.root / f"draft-onnx-fp32-{artifact_key(EXPORT_SOURCES)}"
     if not (onnx_dir / "manifest.json").exists():
         _drop_stale(models.root, "draft-onnx-fp32", onnx_dir)

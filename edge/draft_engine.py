@@ -60,9 +60,8 @@ class OrtDraftEngine:
         self.chat = ChatFormat.from_dir(self.model_dir)
         cfg = json.loads((self.model_dir / "config.json").read_text())
         self.eos_ids = set(cfg["eos_token_id"] if isinstance(cfg["eos_token_id"], list) else [cfg["eos_token_id"]])
-        # a sliding-window model (Mistral) is exported with full attention: exact within its window only
-        window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None  # Qwen2: off
-        self.max_positions = min(int(cfg.get("max_position_embeddings", 2048)), int(window or 1 << 30))
+        # sliding windows (Mistral, Phi-3, Gemma 2) are masked in the exported graph: the whole context holds
+        self.max_positions = int(cfg.get("max_position_embeddings", 2048))
         self.vocab_size = int(cfg["vocab_size"])
         self.runs = 0
         """Requests drafted since warm-up (the planner's first-run term applies while 0)."""

@@ -13,7 +13,7 @@ from quantize.artifact import MODEL_FILE, copy_sidecars, load_checked, model_fil
 from quantize.check import check_structure, quantized_weights
 from quantize.gates import GateConfig, gate_dirs, gate_report
 from quantize.int8 import PROVIDERS, QuantConfig, quantize_model
-from quantize.prompts import TaskPrompt, read_prompt_file, task_prompts
+from quantize.prompts import TaskPrompt, default_prompts, halves, read_prompt_file
 
 log = logging.getLogger(__name__)
 
@@ -23,9 +23,11 @@ class BuildOptions:
     gates: GateConfig | None = field(default_factory=GateConfig)
     """None skips the accuracy gates (the structure check always runs)."""
     calibration_file: Path | None = None
-    """static: JSONL prompts instead of the task generators' train split."""
+    """static: JSONL prompts to calibrate on (default: the even lines of ``gate_prompts`` when given,
+    else the train side of the model's declared tasks or of the shipped generic set)."""
     gate_prompts: Path | None = None
-    """Gates: JSONL chat requests instead of the built-in tasks' held-out prompts."""
+    """Gates: JSONL chat requests (default: the held-out side of the model's declared tasks or of the
+    shipped generic set; the odd lines only when calibration draws on the same file)."""
     keep_failed: bool = False
     """Publish the artefact even when a check fails (its manifest says so; the edge refuses it)."""
     progress: bool = True
@@ -39,10 +41,21 @@ class CheckFailed(RuntimeError):
         self.report = report
 
 
-def calibration_prompts(cfg: QuantConfig, opts: BuildOptions) -> list[TaskPrompt]:
+def calibration_prompts(src_dir: Path, cfg: QuantConfig, opts: BuildOptions) -> list[TaskPrompt]:
     if opts.calibration_file is not None:
         return read_prompt_file(opts.calibration_file)
-    return task_prompts(cfg.calib_prompts, held_out=False, seed=1)
+    if opts.gate_prompts is not None:
+        return halves(read_prompt_file(opts.gate_prompts), held_out=False)[: cfg.calib_prompts]
+    return default_prompts(src_dir, cfg.calib_prompts, held_out=False, seed=1)
+
+
+def gate_prompts(src_dir: Path, cfg: QuantConfig, opts: BuildOptions) -> list[TaskPrompt] | None:
+    """The gates' prompts (None: ``gate_dirs``' default for the model)."""
+    if opts.gate_prompts is None:
+        return None
+    prompts = read_prompt_file(opts.gate_prompts)
+    shared = cfg.scheme == "static" and opts.calibration_file is None  # calibrated on the even lines
+    return halves(prompts, held_out=True) if shared else prompts
 
 
 def int8_dir(src_dir: Path, out_dir: Path, cfg: QuantConfig = QuantConfig(), opts: BuildOptions | None = None) -> dict:
@@ -51,7 +64,9 @@ def int8_dir(src_dir: Path, out_dir: Path, cfg: QuantConfig = QuantConfig(), opt
     cfg.validate()
     src = model_file(src_dir)
     load_checked(src)
-    prompts = calibration_prompts(cfg, opts) if cfg.scheme == "static" else []  # bad file: fail before any work
+    # bad files fail before any work
+    prompts = calibration_prompts(src_dir, cfg, opts) if cfg.scheme == "static" else []
+    gating = gate_prompts(src_dir, cfg, opts) if opts.gates is not None else None
     with staged(out_dir) as tmp:
         copy_sidecars(src_dir, tmp)
 
@@ -73,7 +88,7 @@ def int8_dir(src_dir: Path, out_dir: Path, cfg: QuantConfig = QuantConfig(), opt
         failures = [f"structure: {p}" for p in problems[:3]]
         if opts.gates is not None:
             results = gate_dirs(src_dir, tmp, opts.gates, opts.progress, allow_unverified=True,  # no manifest yet
-                                prompts_file=opts.gate_prompts)
+                                prompts=gating)
             report["gates"] = gate_report(results, opts.gates)
             failures += [r.message for r in results if not r.passed]
         report["failures"] = failures

@@ -140,9 +140,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _gate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts-file", type=Path,
                    help='gates: JSONL file of {"prompt": ...} chat requests (a "task" makes a line gradable) '
-                        "instead of the built-in tasks' held-out prompts")
+                        "instead of the shipped generic prompts (or the tasks the model declares); "
+                        "int8 static without --calibration calibrates on its even lines and gates on its odd ones")
     d = GateConfig()
-    g = p.add_argument_group("accuracy gates (against the FP32 reference, held-out task prompts)")
+    g = p.add_argument_group("accuracy gates (against the FP32 reference, on held-out prompts)")
     g.add_argument("--min-top1-agreement", type=float, default=d.min_top1_agreement,
                    help="min fraction of KV-path positions whose argmax matches FP32")
     g.add_argument("--min-greedy-match", type=float, default=d.min_greedy_match,
@@ -151,7 +152,7 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
                    help="max drop in task accuracy of sampled drafts (absolute fraction)")
     g.add_argument("--max-nll-delta", type=float, default=d.max_nll_delta,
                    help="most the reference continuations' NLL may rise under the candidate (nats/token)")
-    g.add_argument("--prompts", type=int, default=d.prompts, help="held-out prompts")
+    g.add_argument("--prompts", type=int, default=d.prompts, help="most prompts gated")
     g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     g.add_argument("--drafts", type=int, default=d.drafts, help="sampled drafts per prompt")
     g.add_argument("--temperature", type=float, default=d.temperature)
@@ -163,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("export", help="HF causal LM dir -> ONNX with KV cache (FP32 or FP16)")
-    p.add_argument("model", type=Path, help="Hugging Face model directory (LlamaForCausalLM)")
+    p.add_argument("model", type=Path, help="Hugging Face model directory (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2)")
     p.add_argument("out", type=Path, help="output directory (must not exist)")
     p.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32")
     p.add_argument("--parity-steps", type=int, default=16, help="decode steps compared with torch (0 = skip)")
@@ -180,8 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scheme", choices=SCHEMES, default="dynamic",
                    help="dynamic: int8 weights, dynamic activations (CPU); static: QDQ calibrated on task prompts "
                         "(TensorRT / CPU); weight-only: 8-bit MatMulNBits (CUDA)")
-    p.add_argument("--calibration", type=Path, help='static: JSONL file of {"task": ..., "prompt": ...} lines')
-    p.add_argument("--calib-prompts", type=int, default=q.calib_prompts, help="static: generated calibration prompts")
+    p.add_argument("--calibration", type=Path, help='static: JSONL file of {"prompt": ..., "task": optional} lines (default: the shipped generic '
+                        "prompts, or the tasks the model declares in config.json coinfer_tasks)")
+    p.add_argument("--calib-prompts", type=int, default=q.calib_prompts, help="static: most calibration prompts")
     p.add_argument("--calib-decode-steps", type=int, default=q.calib_decode_steps,
                    help="static: decode steps recorded per calibration prompt")
     p.add_argument("--block-size", type=int, default=q.block_size,

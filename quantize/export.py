@@ -1,6 +1,6 @@
-"""Export a Hugging Face Llama-style causal LM to ONNX with a KV cache.
+"""Export a Hugging Face decoder-only causal LM to ONNX with a KV cache.
 
-One graph for prefill and decode (see ``llama_graph``), exported with PyTorch's
+One graph for prefill and decode (see ``decoder_graph``), exported with PyTorch's
 dynamo-based exporter, checked with ``onnx.checker`` and against torch on the
 KV-cache path (prefill + decode steps): max logit difference and greedy match.
 FP16 is the FP32 graph converted by ONNX Runtime's float16 converter (weights,
@@ -18,18 +18,20 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from coinfer.manifest import sha256_file, write_manifest
 from edge.onnx_lm import OnnxLM
 from quantize.artifact import MODEL_FILE, ArtifactError, copy_sidecars, opset_of, staged, tokenizer_hash
-from quantize.llama_graph import STATIC_ROPE, ExportLlama, io_names
+from quantize.decoder_graph import STATIC_ROPE, ExportDecoder, io_names, rope_type
 
 log = logging.getLogger(__name__)
-SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
-"""Decoder-only families the export graph states exactly (``quantize/llama_graph.py``): Llama (GQA,
-tied embeddings, Llama 3 / linear / YaRN rope scaling), Qwen2/2.5 (qkv bias), Qwen3 (q/k norm),
-Mistral (exact within its sliding window; the edge caps its context there)."""
+SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
+             "Gemma2ForCausalLM")
+"""Decoder-only families the export graph states exactly (``quantize/decoder_graph.py``): Llama (GQA,
+tied embeddings, Llama 3 / linear / YaRN rope scaling; SmolLM2), Qwen2/2.5 (qkv bias), Qwen3 (q/k norm),
+Mistral and Phi-3 (sliding window, fused qkv / gate_up), Gemma 2 (soft-capping, sandwich norms,
+alternating sliding window)."""
 DTYPES = ("fp32", "fp16")
 
 
@@ -49,7 +51,7 @@ class ExportError(ArtifactError):
     """The source model cannot be exported (message names the file or field)."""
 
 
-def load_source(model_dir: Path) -> LlamaForCausalLM:
+def load_source(model_dir: Path) -> PreTrainedModel:
     """Load a supported HF causal LM, with errors that say what is wrong."""
     cfg_path = model_dir / "config.json"
     if not model_dir.is_dir():
@@ -63,12 +65,12 @@ def load_source(model_dir: Path) -> LlamaForCausalLM:
     archs = getattr(cfg, "architectures", None) or []
     if not any(a in SUPPORTED for a in archs):
         raise ExportError(f"{cfg_path}: architecture {archs or cfg.model_type!r} unsupported (supported: {', '.join(SUPPORTED)})")
-    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    rope_type = rope.get("rope_type", rope.get("type")) or "default"
-    if rope_type not in ("default", *STATIC_ROPE):
-        raise ExportError(f"{cfg_path}: rope_type {rope_type!r} unsupported (supported: default, "
+    if rope_type(cfg) not in ("default", *STATIC_ROPE):
+        raise ExportError(f"{cfg_path}: rope_type {rope_type(cfg)!r} unsupported (supported: default, "
                           f"{', '.join(STATIC_ROPE)}; it depends on the sequence length)")
-    return AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32).eval()
+    # eager attention: the reference parity compares against (SDPA skips Gemma 2's soft-capping)
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
+                                                attn_implementation="eager").eval()
 
 
 @dataclass
@@ -80,7 +82,7 @@ class Parity:
     decode_steps: int
 
 
-def _sample_inputs(model: ExportLlama, batch: int, past: int, new: int) -> tuple[torch.Tensor, ...]:
+def _sample_inputs(model: ExportDecoder, batch: int, past: int, new: int) -> tuple[torch.Tensor, ...]:
     ids = torch.randint(4, 50, (batch, new))
     mask = torch.ones(batch, past + new, dtype=torch.long)
     pos = torch.arange(past, past + new)[None].expand(batch, new)
@@ -88,10 +90,10 @@ def _sample_inputs(model: ExportLlama, batch: int, past: int, new: int) -> tuple
     return (ids, mask, pos, *kv)
 
 
-def export_onnx(hf: LlamaForCausalLM, out_path: Path, opset: int = 18, all_logits: bool = False) -> None:
+def export_onnx(hf: PreTrainedModel, out_path: Path, opset: int = 18, all_logits: bool = False) -> None:
     """Export the loaded source model to ``out_path`` (FP32, single file); logits of the last
     position only unless ``all_logits``."""
-    m = ExportLlama(hf, all_logits=all_logits).eval()
+    m = ExportDecoder(hf, all_logits=all_logits).eval()
     inputs, outputs = io_names(m.num_layers)
     # Dim.AUTO: the mask length is past + new, a relation torch.export infers itself
     # (a Dim sum of two named dims cannot be declared). *past is one pytree element.
@@ -107,7 +109,7 @@ def export_onnx(hf: LlamaForCausalLM, out_path: Path, opset: int = 18, all_logit
     onnx.checker.check_model(str(out_path), full_check=True)
 
 
-def parity(hf: LlamaForCausalLM, onnx_path: Path, prompt_ids: list[int], steps: int = 16) -> Parity:
+def parity(hf: PreTrainedModel, onnx_path: Path, prompt_ids: list[int], steps: int = 16) -> Parity:
     """Greedy decode ``steps`` tokens with torch (HF, full recompute) and feed the same tokens to
     ONNX Runtime one by one on its KV path; compare the logits at every position."""
     ids = list(prompt_ids)

@@ -1,4 +1,4 @@
-"""Accuracy gates of a quantized model against its FP32 reference, on held-out task prompts.
+"""Accuracy gates of a quantized model against its FP32 reference, on held-out prompts (``quantize.prompts``).
 
 1. ``top1_agreement``: the reference greedily continues each prompt; the candidate
    is fed the same tokens one by one on its own KV path (teacher forcing), and at
@@ -6,7 +6,9 @@
    per-token damage, undisturbed by divergence.
 2. ``greedy_match``: fraction of prompts whose greedy continuation is identical.
    Strict: one flipped token anywhere fails the prompt.
-3. ``accuracy_drop``: task accuracy of sampled drafts (the edge's real workload,
+3. ``nll_delta``: rise of the mean NLL of the reference's greedy continuations under the
+   candidate (nats/token). Task-free, like 1 and 2: these three judge any model on any prompts.
+4. ``accuracy_drop`` (only on prompts of a task the model declares): task accuracy of sampled drafts (the edge's real workload,
    ``drafts`` per prompt, same seeds for both models) of the reference minus the
    candidate's. Negative = the candidate did better.
 
@@ -155,17 +157,20 @@ def gate_report(results: list[GateResult], cfg: GateConfig) -> dict:
 
 
 def gate_dirs(reference_dir: Path, candidate_dir: Path, cfg: GateConfig = GateConfig(), progress: bool = True,
-              allow_unverified: bool = False, prompts_file: Path | None = None) -> list[GateResult]:
-    """Run the gates of ``candidate_dir`` against ``reference_dir`` on CPU: on the user's prompts
-    (``prompts_file``, JSONL chat requests; graded only where a line names a task) or on held-out
-    task prompts."""
+              allow_unverified: bool = False, prompts_file: Path | None = None,
+              prompts: Sequence[TaskPrompt] | None = None) -> list[GateResult]:
+    """Run the gates of ``candidate_dir`` against ``reference_dir`` on CPU: on ``prompts``, the user's
+    prompts (``prompts_file``, JSONL chat requests; graded only where a line names a task), or the
+    held-out side of the model's declared tasks or of the shipped generic set."""
     from tqdm import tqdm
 
-    from quantize.prompts import read_prompt_file, task_prompts
+    from quantize.prompts import default_prompts, read_prompt_file
 
+    if prompts is None:
+        prompts = (read_prompt_file(prompts_file) if prompts_file is not None
+                   else default_prompts(reference_dir, cfg.prompts, held_out=True, seed=2))
+    prompts = list(prompts)[: cfg.prompts]
     reference = OrtDraftEngine(reference_dir, providers=["CPUExecutionProvider"])
     candidate = OrtDraftEngine(candidate_dir, providers=["CPUExecutionProvider"], allow_unverified=allow_unverified)
-    prompts = (read_prompt_file(prompts_file)[: cfg.prompts] if prompts_file is not None
-               else task_prompts(cfg.prompts, held_out=True, seed=2))
     with tqdm(total=len(prompts), desc="gates", unit="prompt", disable=not progress) as bar:
         return run_gates(reference, candidate, prompts, cfg, on_prompt=bar.update)

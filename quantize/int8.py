@@ -40,7 +40,7 @@ class QuantConfig:
     per_channel: bool = True
     """False builds a deliberately wrong per-tensor model (structure-check tests); the CLI never sets it."""
     calib_prompts: int = 32
-    """static: prompts drawn from the task generators' train split (when no calibration file is given)."""
+    """static: most calibration prompts (drawn from the train side; see ``quantize.prompts``)."""
     calib_decode_steps: int = 8
     """static: greedy decode steps recorded per prompt after its prefill."""
     block_size: int = 128

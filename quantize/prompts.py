@@ -1,8 +1,17 @@
-"""Prompts for calibration and accuracy gates: the task generators, or a JSONL file.
+"""Prompts for calibration and accuracy gates: a generic set shipped here, the task generators, or a JSONL file.
 
-Calibration draws from the train side of the task split and the gates from the
-held-out side (``coinfer.tasks.is_held_out``), so a gate never grades a model on
-the prompts its activation ranges were fitted to. A calibration file holds one
+Which prompts, when the user gives no file:
+
+- a model that declares built-in tasks (``"coinfer_tasks": ["arith", ...]`` in its
+  ``config.json``) is calibrated and gated on those tasks' prompts, and only then is its task
+  accuracy gated;
+- any other model on ``data/generic_prompts.jsonl``: 160 everyday chat requests (questions,
+  code, writing, structured output; English, Chinese, Spanish, French, German), graded by
+  nothing but the task-free gates.
+
+Calibration draws from the train side and the gates from the held-out side (task split:
+``coinfer.tasks.is_held_out``; a file: even lines calibrate, odd lines gate), so a gate never
+grades a model on the prompts its activation ranges were fitted to. A prompt file holds one
 JSON object per line, ``{"task": "arith", "prompt": "..."}`` (``task`` optional:
 without it the prompt is an open request, not graded); a bad line is an error naming the
 line. A prompt is a user turn: it reaches the model rendered with the model's own chat
@@ -23,6 +32,7 @@ from coinfer.errors import CoinferError
 from coinfer.tasks import TASKS, Problem, problems
 
 MAX_PROMPT_CHARS = 4096
+GENERIC_FILE = Path(__file__).with_name("data") / "generic_prompts.jsonl"
 
 
 class PromptFileError(ValueError):
@@ -88,3 +98,28 @@ def read_prompt_file(path: Path) -> list[TaskPrompt]:
     if not out:
         raise PromptFileError(f"{path}: no prompts")
     return out
+
+
+def halves(prompts: list[TaskPrompt], held_out: bool) -> list[TaskPrompt]:
+    """One side of a prompt list that serves both calibration (even) and gates (odd)."""
+    return prompts[int(held_out)::2] if len(prompts) > 1 else prompts
+
+
+def declared_tasks(model_dir: Path) -> tuple[str, ...]:
+    """The built-in tasks a model declares in its ``config.json`` (``coinfer_tasks``); () if none."""
+    path = Path(model_dir) / "config.json"
+    try:
+        tasks = json.loads(path.read_text()).get("coinfer_tasks") or []
+    except (OSError, ValueError):
+        return ()
+    if not isinstance(tasks, list) or any(t not in TASKS for t in tasks):
+        raise PromptFileError(f"{path}: coinfer_tasks: expected a list of {', '.join(TASKS)}, got {tasks!r}")
+    return tuple(tasks)
+
+
+def default_prompts(model_dir: Path, n: int, held_out: bool, seed: int) -> list[TaskPrompt]:
+    """``n`` prompts of the model's declared tasks, else of the shipped generic set (at most its half)."""
+    tasks = declared_tasks(model_dir)
+    if tasks:
+        return task_prompts(n, held_out, tasks, seed)
+    return halves(read_prompt_file(GENERIC_FILE), held_out)[:n]

@@ -8,7 +8,7 @@ from edge.draft_engine import OrtDraftEngine
 from edge.sampling import Sampling
 from quantize.artifact import ArtifactError
 from quantize.export import ExportError, export_dir
-from quantize.llama_graph import io_names
+from quantize.decoder_graph import io_names
 
 pytestmark = pytest.mark.slow
 
