@@ -7,8 +7,8 @@ from coinfer.chat import ChatMessage
 from edge.draft_engine import OrtDraftEngine
 from edge.sampling import Sampling
 from quantize.artifact import ArtifactError
-from quantize.export import ExportError, export_dir
 from quantize.decoder_graph import io_names
+from quantize.export import ExportError, export_dir
 
 pytestmark = pytest.mark.slow
 

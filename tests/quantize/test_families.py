@@ -102,7 +102,7 @@ def test_vllm_serves_the_same_directory(family):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from cloud.config import EngineConfig
-    from cloud.engine import GenParams, VllmEngine
+    from cloud.engine import VllmEngine
     from coinfer.chat import ChatMessage
 
     name, root = family
