@@ -91,8 +91,21 @@ def _candidates(raw: np.ndarray, floor: float) -> np.ndarray:
     """Ids of ``raw`` at or above ``floor`` (one comparison pass); the top MAX_CANDIDATES of a flat row."""
     cand = np.flatnonzero(raw >= floor)
     if len(cand) > MAX_CANDIDATES:
-        cand = np.argpartition(raw, len(raw) - MAX_CANDIDATES)[len(raw) - MAX_CANDIDATES:]
+        cand = cand[np.argpartition(raw[cand], len(cand) - MAX_CANDIDATES)[len(cand) - MAX_CANDIDATES:]]
     return cand
+
+
+def log_normalizer(logits: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Per-row log-sum-exp of float32 ``logits`` [N, V] with row maxima ``m``: two passes (exp, sum)
+    where logits sit within float32's exp range, so no shifted copy is needed (e^+-80 neither
+    overflows nor loses the largest term); three otherwise."""
+    work = np.empty_like(logits)
+    if float(np.abs(m).max(initial=0.0)) < 80.0:
+        np.exp(logits, out=work)
+        return np.log(work.sum(axis=-1).astype(np.float64))
+    np.subtract(logits, m[:, None], out=work)
+    np.exp(work, out=work)
+    return m.astype(np.float64) + np.log(work.sum(axis=-1).astype(np.float64))
 
 
 def sample_next(logits: np.ndarray, history: Sequence[Sequence[int]], s: Sampling,
@@ -100,17 +113,14 @@ def sample_next(logits: np.ndarray, history: Sequence[Sequence[int]], s: Samplin
     """One token per row; ``history`` holds each row's generated ids (the penalties' counts).
     Returns (tokens [N], logprobs [N] under the unpenalised model).
 
-    float32 over the vocabulary, which is read three times per row: its max and log-sum-exp (the
-    reported logprob is exact) and one comparison that keeps the tokens within PRUNE_NATS of the
-    best once tempered and penalised. Penalties, temperature, softmax, the top-p nucleus and the
-    draw all run on those few survivors (float64): at a 128k vocabulary 5 rows cost about a
-    millisecond per step (benchmarks/sampling_speed.py). Greedy is the penalised argmax."""
+    float32 over the vocabulary, which is read four times per row: its max, exp and sum (the
+    log-sum-exp of the reported logprob, exact) and one comparison that keeps the tokens within
+    PRUNE_NATS of the best once tempered and penalised. Penalties, temperature, softmax, the top-p
+    nucleus and the draw all run on those few survivors (float64): at a 128k vocabulary 5 rows
+    cost under a millisecond per step (benchmarks/sampling_speed.py). Greedy is the penalised argmax."""
     logits = np.asarray(logits, np.float32)
-    m = logits.max(axis=-1, keepdims=True)
-    work = np.empty_like(logits)
-    np.subtract(logits, m, out=work)
-    np.exp(work, out=work)
-    lse = m[:, 0] + np.log(work.sum(axis=-1, dtype=np.float64))
+    m = logits.max(axis=-1)
+    lse = log_normalizer(logits, m)
     pen = s.presence_penalty != 0.0 or s.frequency_penalty != 0.0
     temp = s.temperature if s.temperature > 0.0 else 1.0
     tokens = np.empty(len(logits), np.int64)
@@ -122,7 +132,7 @@ def sample_next(logits: np.ndarray, history: Sequence[Sequence[int]], s: Samplin
         # penalties only lower logits: widen the window by the largest one so no survivor is missed
         widest = max(0.0, s.presence_penalty + s.frequency_penalty * max(counts.values())) if counts else 0.0
         window = 0.0 if s.temperature == 0.0 else PRUNE_NATS * temp
-        cand = _candidates(raw, float(m[r, 0]) - window - widest)
+        cand = _candidates(raw, float(m[r]) - window - widest)
         vals = raw[cand].astype(np.float64)
         if counts:
             for j, c in enumerate(cand.tolist()):
@@ -143,4 +153,4 @@ def sample_next(logits: np.ndarray, history: Sequence[Sequence[int]], s: Samplin
         u = rngs[r].random()  # one generator per draft: row r's choice never depends on other rows
         tokens[r] = ids_k[min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), len(ids_k) - 1)]
     rows = np.arange(len(tokens))
-    return tokens, (logits[rows, tokens] - lse).astype(np.float64)
+    return tokens, logits[rows, tokens].astype(np.float64) - lse

@@ -17,6 +17,10 @@ import onnx
 from coinfer.manifest import sha256_file
 
 MODEL_FILE = "model.onnx"
+EXTERNAL_DATA_BYTES = 1 << 30
+"""Weights go to ``model.onnx.data`` beside the graph above this many bytes: one protobuf file cannot
+exceed 2 GiB, and a model that grows past it in a later step (calibration's augmented graph, a
+converter's copy) must not fail there."""
 # copied beside the model: what the edge needs to tokenize and stop (not the weights)
 SIDECAR_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                  "generation_config.json", "config.json")
@@ -64,7 +68,7 @@ def load_checked(path: Path) -> onnx.ModelProto:
     """The ONNX graph at ``path`` (weights not loaded), or ArtifactError if it is not a usable one."""
     try:
         model = onnx.load(str(path), load_external_data=False)
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(str(path))  # by path: external weights are found beside the graph
     except Exception as exc:  # DecodeError, ValidationError, ...: all mean "not a usable ONNX file"
         raise ArtifactError(f"{path}: not a valid ONNX model ({type(exc).__name__}: {str(exc)[:200]})") from None
     return model
@@ -74,3 +78,26 @@ def opset_of(path: Path) -> int | None:
     """The default-domain opset of the model at ``path`` (for the manifest)."""
     model = onnx.load(str(path), load_external_data=False)
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+
+
+def data_file(path: Path) -> Path:
+    """Where a model's external weights live (``model.onnx`` -> ``model.onnx.data``)."""
+    return path.with_name(path.name + ".data")
+
+
+def has_external_data(path: Path) -> bool:
+    model = onnx.load(str(path), load_external_data=False)
+    return any(i.data_location == onnx.TensorProto.EXTERNAL for i in model.graph.initializer)
+
+
+def model_bytes(path: Path) -> int:
+    """Size of a model: its graph file and its external weights."""
+    return path.stat().st_size + (data_file(path).stat().st_size if data_file(path).exists() else 0)
+
+
+def save_model(model: onnx.ModelProto, path: Path, external: bool) -> None:
+    """Save ``model`` (weights loaded) to ``path``; with ``external`` its weights go to one
+    ``data_file`` beside it, replacing any (onnx appends to an existing one)."""
+    data_file(path).unlink(missing_ok=True)
+    onnx.save(model, str(path), save_as_external_data=external, all_tensors_to_one_file=True,
+              location=data_file(path).name, size_threshold=1024)

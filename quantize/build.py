@@ -9,7 +9,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from coinfer.manifest import sha256_file, write_manifest
-from quantize.artifact import MODEL_FILE, copy_sidecars, load_checked, model_file, opset_of, staged, tokenizer_hash
+from quantize.artifact import (MODEL_FILE, copy_sidecars, load_checked, model_bytes, model_file, opset_of, staged,
+                               tokenizer_hash)
 from quantize.check import check_structure, quantized_weights
 from quantize.gates import GateConfig, gate_dirs, gate_report
 from quantize.int8 import PROVIDERS, QuantConfig, quantize_model
@@ -82,7 +83,7 @@ def int8_dir(src_dir: Path, out_dir: Path, cfg: QuantConfig = QuantConfig(), opt
         info = quantize_model(src, tmp / MODEL_FILE, cfg, calibration=reader)
         checked, problems = check_structure(tmp / MODEL_FILE)
         report: dict = {"scheme": cfg.scheme, "params": cfg.params() | info,
-                        "bytes": (tmp / MODEL_FILE).stat().st_size, "source_bytes": src.stat().st_size,
+                        "bytes": model_bytes(tmp / MODEL_FILE), "source_bytes": model_bytes(src),
                         "structure": {"weights_checked": checked, "problems": problems,
                                       "quantized_weights": quantized_weights(tmp / MODEL_FILE)}}
         failures = [f"structure: {p}" for p in problems[:3]]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -22,7 +23,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from coinfer.manifest import sha256_file, write_manifest
 from edge.onnx_lm import OnnxLM
-from quantize.artifact import MODEL_FILE, ArtifactError, copy_sidecars, opset_of, staged, tokenizer_hash
+from quantize.artifact import (EXTERNAL_DATA_BYTES, MODEL_FILE, ArtifactError, copy_sidecars, data_file, has_external_data,
+                               opset_of, save_model, staged, tokenizer_hash)
 from quantize.decoder_graph import STATIC_ROPE, ExportDecoder, io_names, rope_type
 
 log = logging.getLogger(__name__)
@@ -90,9 +92,13 @@ def _sample_inputs(model: ExportDecoder, batch: int, past: int, new: int) -> tup
     return (ids, mask, pos, *kv)
 
 
-def export_onnx(hf: PreTrainedModel, out_path: Path, opset: int = 18, all_logits: bool = False) -> None:
-    """Export the loaded source model to ``out_path`` (FP32, single file); logits of the last
-    position only unless ``all_logits``."""
+def export_onnx(hf: PreTrainedModel, out_path: Path, opset: int = 18, all_logits: bool = False,
+                external_data: bool | None = None) -> None:
+    """Export the loaded source model to ``out_path`` (FP32); logits of the last position only unless
+    ``all_logits``. Weights go to ``model.onnx.data`` when ``external_data`` (None: when they exceed
+    ``EXTERNAL_DATA_BYTES``; a single protobuf file cannot hold more than 2 GiB)."""
+    if external_data is None:
+        external_data = sum(p.numel() * 4 for p in hf.parameters()) > EXTERNAL_DATA_BYTES
     m = ExportDecoder(hf, all_logits=all_logits).eval()
     inputs, outputs = io_names(m.num_layers)
     # Dim.AUTO: the mask length is past + new, a relation torch.export infers itself
@@ -103,9 +109,11 @@ def export_onnx(hf: PreTrainedModel, out_path: Path, opset: int = 18, all_logits
     sample = _sample_inputs(m, batch=2, past=3, new=2)
     with torch.no_grad():
         prog = torch.onnx.export(m, sample, dynamo=True, input_names=inputs, output_names=outputs,
-                                 dynamic_shapes=shapes, opset_version=opset, external_data=False,
+                                 dynamic_shapes=shapes, opset_version=opset, external_data=external_data,
                                  optimize=True, verbose=False)
-    prog.save(str(out_path))
+    prog.save(str(out_path), external_data=external_data)
+    if external_data and not data_file(out_path).exists():  # the exporter names it; the edge expects this name
+        raise ExportError(f"{out_path}: the exporter wrote its weights elsewhere than {data_file(out_path).name}")
     onnx.checker.check_model(str(out_path), full_check=True)
 
 
@@ -127,8 +135,9 @@ def parity(hf: PreTrainedModel, onnx_path: Path, prompt_ids: list[int], steps: i
 def to_fp16(src: Path, dst: Path) -> None:
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
+    external = has_external_data(src)
     model = convert_float_to_float16(onnx.load(str(src)), keep_io_types=False, disable_shape_infer=True)
-    onnx.save(model, str(dst))
+    save_model(model, dst, external)
     onnx.checker.check_model(str(dst), full_check=True)
 
 
@@ -141,7 +150,8 @@ class ParityFailed(ExportError):
 
 
 def export_dir(model_dir: Path, out_dir: Path, parity_prompt: list[int] | None = None, parity_steps: int = 16,
-               dtype: str = "fp32", keep_failed: bool = False, all_logits: bool = False) -> dict:
+               dtype: str = "fp32", keep_failed: bool = False, all_logits: bool = False,
+               external_data: bool | None = None) -> dict:
     """Export to ``out_dir`` (model.onnx + tokenizer + export.json + manifest.json), atomically.
 
     A failed parity check (greedy path differs from torch's) publishes nothing and raises
@@ -151,10 +161,13 @@ def export_dir(model_dir: Path, out_dir: Path, parity_prompt: list[int] | None =
         raise ExportError(f"dtype: unknown {dtype!r} (known: {', '.join(DTYPES)})")
     hf = load_source(model_dir)  # once; bad input fails before a temp dir exists
     with staged(out_dir) as tmp:
-        export_onnx(hf, tmp / MODEL_FILE, all_logits=all_logits)
-        if dtype == "fp16":
-            to_fp16(tmp / MODEL_FILE, tmp / "model.fp16.onnx")
-            (tmp / "model.fp16.onnx").replace(tmp / MODEL_FILE)
+        if dtype == "fp16":  # the fp32 graph (and its weights file) in a scratch dir, never published
+            (tmp / ".fp32").mkdir()
+            export_onnx(hf, tmp / ".fp32" / MODEL_FILE, all_logits=all_logits, external_data=external_data)
+            to_fp16(tmp / ".fp32" / MODEL_FILE, tmp / MODEL_FILE)
+            shutil.rmtree(tmp / ".fp32")
+        else:
+            export_onnx(hf, tmp / MODEL_FILE, all_logits=all_logits, external_data=external_data)
         copy_sidecars(model_dir, tmp)
         report: dict = {"source": str(model_dir), "precision": dtype, "logits": "all" if all_logits else "last"}
         if parity_prompt is not None:

@@ -18,11 +18,14 @@ products gain little from INT8 at draft-model sizes.
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import onnx
+
+from quantize.artifact import data_file, has_external_data, save_model
 
 log = logging.getLogger(__name__)
 SCHEMES = ("dynamic", "static", "weight-only")
@@ -110,11 +113,19 @@ def weight_matmuls(model: onnx.ModelProto) -> list[str]:
 
 
 def _named(src: Path, dst: Path) -> onnx.ModelProto:
-    """The source model with every node named (the quantizers select nodes by name)."""
-    model = onnx.load(str(src))
+    """The source graph with every node named (the quantizers select nodes by name), saved at ``dst``.
+
+    The weights are not loaded here: a graph whose weights sit in an external file refers to a copy
+    of that file beside ``dst`` (onnx refuses symbolic and hard links to weights), so a model over
+    2 GB is held in memory once, by the quantizer, at the cost of a temporary copy on disk."""
+    model = onnx.load(str(src), load_external_data=False)
     for i, n in enumerate(model.graph.node):
         if not n.name:
             n.name = f"{n.op_type}_{i}"
+    locations = {e.value for i in model.graph.initializer if i.data_location == onnx.TensorProto.EXTERNAL
+                 for e in i.external_data if e.key == "location"}
+    for loc in locations:
+        shutil.copyfile(src.parent / loc, dst.parent / loc)
     onnx.save(model, str(dst))
     return model
 
@@ -124,28 +135,34 @@ def quantize_model(src: Path, dst: Path, cfg: QuantConfig, calibration: Callable
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static
 
     cfg.validate()
-    named = dst.with_name(".named-" + dst.name)
+    scratch = dst.parent / f".named-{dst.stem}"  # its own dir: a linked weights file must not meet dst's
+    scratch.mkdir(exist_ok=True)
+    named = scratch / dst.name
     model = _named(src, named)
+    external = has_external_data(src)
     nodes = weight_matmuls(model)
     if not nodes:
+        shutil.rmtree(scratch)
         raise ValueError(f"{src}: no MatMul with a constant weight: nothing to quantize")
-    info: dict = {"weights": len(nodes)}
+    info: dict = {"weights": len(nodes), "external_data": external}
     try:
         if cfg.scheme == "dynamic":
             quantize_dynamic(str(named), str(dst), per_channel=cfg.per_channel, weight_type=QuantType.QInt8,
-                             op_types_to_quantize=["MatMul"], nodes_to_quantize=nodes, reduce_range=cfg.reduced())
+                             op_types_to_quantize=["MatMul"], nodes_to_quantize=nodes, reduce_range=cfg.reduced(),
+                             use_external_data_format=external)
         elif cfg.scheme == "static":
             assert calibration is not None, "static quantization needs calibration data"
             reader = calibration()
             quantize_static(str(named), str(dst), reader, quant_format=QuantFormat.QDQ, per_channel=cfg.per_channel,
                             activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                             op_types_to_quantize=["MatMul"], nodes_to_quantize=nodes, reduce_range=cfg.reduced(),
-                            calibrate_method=CalibrationMethod.MinMax,
+                            calibrate_method=CalibrationMethod.MinMax, use_external_data_format=external,
                             extra_options={"WeightSymmetric": True, "ActivationSymmetric": False})
             info["calibration_feeds"] = getattr(reader, "feeds", None)
         else:
             from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
+            model = onnx.load(str(named))  # the weights, once
             inits = {i.name: i for i in model.graph.initializer}
             chosen = set(nodes)
             k_max = max(int(inits[n.input[1]].dims[0]) for n in model.graph.node if n.name in chosen)
@@ -153,10 +170,11 @@ def quantize_model(src: Path, dst: Path, cfg: QuantConfig, calibration: Callable
             q = MatMulNBitsQuantizer(model, bits=8, block_size=block, is_symmetric=False, accuracy_level=cfg.accuracy_level,
                                      nodes_to_include=nodes, op_types_to_quantize=("MatMul",))
             q.process()
-            q.model.save_model_to_file(str(dst), use_external_data_format=False)
+            data_file(dst).unlink(missing_ok=True)
+            q.model.save_model_to_file(str(dst), use_external_data_format=external)
             info["block_size"] = block
     finally:
-        named.unlink(missing_ok=True)
+        shutil.rmtree(scratch, ignore_errors=True)
     if cfg.embeddings == "fp16":
         info["fp16_tables"] = fp16_embeddings(dst)
     return info
@@ -166,6 +184,7 @@ def fp16_embeddings(path: Path) -> list[str]:
     """Store float32 tables read only by Gather as fp16, casting the gathered rows back to fp32."""
     from onnx import TensorProto, helper, numpy_helper
 
+    external = has_external_data(path)
     model = onnx.load(str(path))
     g = model.graph
     inits = {i.name: i for i in g.initializer}
@@ -188,5 +207,5 @@ def fp16_embeddings(path: Path) -> list[str]:
                                                     name=f"{n.name}_to_fp32"))
         done.append(name)
     if done:
-        onnx.save(model, str(path))
+        save_model(model, path, external)
     return done

@@ -143,3 +143,28 @@ def test_a_rope_scaling_that_depends_on_the_length_is_refused_by_name(tmp_path):
     with pytest.raises(ExportError, match=r"config.json: rope_type 'dynamic' unsupported"):
         export_dir(tmp_path / "hf", tmp_path / "onnx")
     assert not (tmp_path / "onnx").exists()
+
+
+def test_external_data_through_export_int8_and_the_edge(tmp_path):
+    """A model over 2 GB cannot be one protobuf file: its weights go to model.onnx.data (forced here on a
+    small model), and every INT8 scheme reads and writes that layout, so the edge runs it."""
+    from coinfer.chat import ChatMessage
+    from edge.draft_engine import OrtDraftEngine
+    from edge.sampling import Sampling
+    from quantize.artifact import has_external_data
+    from quantize.cli import main
+
+    build("qwen2", tmp_path / "hf")
+    assert main(["export", str(tmp_path / "hf"), str(tmp_path / "onnx"), "--external-data", "always", "--quiet"]) == 0
+    assert (tmp_path / "onnx" / "model.onnx.data").stat().st_size > 10 * (tmp_path / "onnx" / "model.onnx").stat().st_size
+    for scheme in SCHEMES:
+        out = tmp_path / scheme
+        assert main(["int8", str(tmp_path / "onnx"), str(out), "--scheme", scheme, "--quiet", "--no-gates",
+                     "--calib-prompts", "4"]) == 0, scheme
+        assert has_external_data(out / "model.onnx") and sorted(p.name for p in out.iterdir() if "onnx" in p.name) == \
+            ["model.onnx", "model.onnx.data"], scheme
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert "model.onnx.data" in manifest["files"] and manifest["checks"]["passed"]
+        engine = OrtDraftEngine(out)  # the manifest covers the weights file too
+        drafts = engine.generate(engine.render([ChatMessage("user", "Hi")]), Sampling(n=2, max_new_tokens=4, seed=1))
+        assert len(drafts) == 2
