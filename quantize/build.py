@@ -9,8 +9,16 @@ from pathlib import Path
 from tqdm import tqdm
 
 from coinfer.manifest import sha256_file, write_manifest
-from quantize.artifact import (MODEL_FILE, copy_sidecars, load_checked, model_bytes, model_file, opset_of, staged,
-                               tokenizer_hash)
+from quantize.artifact import (
+    MODEL_FILE,
+    copy_sidecars,
+    load_checked,
+    model_bytes,
+    model_file,
+    opset_of,
+    staged,
+    tokenizer_hash,
+)
 from quantize.check import check_structure, quantized_weights
 from quantize.gates import GateConfig, gate_dirs, gate_report
 from quantize.int8 import PROVIDERS, QuantConfig, quantize_model

@@ -23,8 +23,18 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from coinfer.manifest import sha256_file, write_manifest
 from edge.onnx_lm import OnnxLM
-from quantize.artifact import (EXTERNAL_DATA_BYTES, MODEL_FILE, ArtifactError, copy_sidecars, data_file, has_external_data,
-                               opset_of, save_model, staged, tokenizer_hash)
+from quantize.artifact import (
+    EXTERNAL_DATA_BYTES,
+    MODEL_FILE,
+    ArtifactError,
+    copy_sidecars,
+    data_file,
+    has_external_data,
+    opset_of,
+    save_model,
+    staged,
+    tokenizer_hash,
+)
 from quantize.decoder_graph import STATIC_ROPE, ExportDecoder, io_names, rope_type
 
 log = logging.getLogger(__name__)
