@@ -71,14 +71,17 @@ def ensure_variants(root: Path, hf: Path, fp32: Path, gates: GateConfig | None) 
     from quantize.export import export_dir
 
     root.mkdir(parents=True, exist_ok=True)
-    fp16 = root / "onnx-fp16"
+    from demo.artifacts import EXPORT_SOURCES, INT8_SOURCES, artifact_key
+
+    fp16 = root / f"onnx-fp16-{artifact_key(EXPORT_SOURCES)}"
     if not (fp16 / "manifest.json").exists():
         export_dir(hf, fp16, parity_prompt=[1, 10, 20, 30, 40], parity_steps=4, dtype="fp16")
     dirs = [fp32, fp16]
     for scheme in SCHEMES:
         cfg = QuantConfig(scheme=scheme, calib_prompts=16, calib_decode_steps=4)
-        # keyed by the full quantization recipe: a changed default rebuilds, never reuses a stale model
-        out = root / f"int8-{scheme}-{hashlib.sha256(repr(cfg).encode()).hexdigest()[:8]}"
+        # keyed by the quantization recipe and the code that builds it: never a stale model
+        key = hashlib.sha256((repr(cfg) + artifact_key(INT8_SOURCES)).encode()).hexdigest()[:8]
+        out = root / f"int8-{scheme}-{key}"
         if not (out / "manifest.json").exists():
             int8_dir(fp32, out, cfg, BuildOptions(gates=gates, keep_failed=True))
         dirs.append(out)
@@ -94,7 +97,9 @@ def prepare(skip_large: bool) -> dict[str, list[Path]]:
     out = {"demo-draft": ensure_variants(art.models.root / "bench", art.models.draft, art.draft_onnx, GateConfig())}
     if not skip_large:
         root = build_large(LargeRecipe())
-        fp32 = root / "onnx-fp32"
+        from demo.artifacts import EXPORT_SOURCES, artifact_key
+
+        fp32 = root / f"onnx-fp32-{artifact_key(EXPORT_SOURCES)}"
         if not (fp32 / "manifest.json").exists():
             export_dir(root / "hf", fp32, parity_prompt=[1, 10, 20, 30, 40], parity_steps=4)
         out["llama-134M-random"] = ensure_variants(root, root / "hf", fp32, None)
