@@ -99,7 +99,7 @@ class OrtDraftEngine:
         budget = min(s.max_new_tokens, self.max_positions - len(prompt_ids))
         if budget < 1:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room in a {self.max_positions}-token context")
-        logits, past = self.lm.step(np.array([prompt_ids], np.int64), self.lm.empty_past())
+        logits, past = self.lm.step(np.array([prompt_ids], np.int64), self.lm.empty_past(len(prompt_ids) + budget))
         n = s.n
         logits = np.repeat(logits, n, axis=0)
         past = self.lm.tile(past, n)

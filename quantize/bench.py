@@ -65,7 +65,7 @@ def measure(model_dir: Path, cfg: BenchConfig) -> dict:
     session_ms = (time.perf_counter() - t0) * 1e3
     prompt = np.array([[4 + i % 16 for i in range(cfg.prompt_tokens)]], np.int64)
     t0 = time.perf_counter()
-    lm.step(prompt, lm.empty_past())[0].argmax(-1)
+    lm.step(prompt, lm.empty_past(cfg.prompt_tokens + 1))[0].argmax(-1)
     first_token_ms = (time.perf_counter() - t0) * 1e3
     _, steps = decode_steps(lm, sizes=(1, cfg.batch), steps=cfg.decode_steps, prompt_tokens=cfg.prompt_tokens,
                             warmup=cfg.warmup_steps)

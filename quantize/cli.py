@@ -59,7 +59,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         report = export_dir(args.model, args.out, parity_prompt=prompt, parity_steps=args.parity_steps,
                             dtype=args.dtype, keep_failed=args.keep_failed, all_logits=args.all_logits,
-                            external_data={"auto": None, "always": True, "never": False}[args.external_data])
+                            external_data={"auto": None, "always": True, "never": False}[args.external_data],
+                            kv_cache=args.kv_cache)
     except ParityFailed as exc:
         report = exc.report
     parity = report.get("parity", {})
@@ -173,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="publish even if parity fails (the manifest records it; the edge refuses such a model)")
     p.add_argument("--all-logits", action="store_true",
                    help="logits for every position (default: the last only, all the edge samples from)")
+    p.add_argument("--kv-cache", choices=("concat", "buffer"), default="concat",
+                   help="concat: Optimum's graph (the cache grows by concatenation each step); buffer: attention as "
+                        "ONNX Runtime's GroupQueryAttention, the edge preallocates the cache and it is written in place "
+                        "(same input/output names)")
     p.add_argument("--external-data", choices=("auto", "always", "never"), default="auto",
                    help="weights in model.onnx.data beside the graph (auto: above 1 GiB; a protobuf file holds 2 GiB "
                         "at most); int8 keeps its source's layout")

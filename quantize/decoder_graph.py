@@ -30,6 +30,10 @@ so an ``optimum-cli``-exported model runs on the same edge runtime:
  -> logits           float [B, 1, V]   the last position only (default; [B, T, V] with all_logits)
     present.{i}.key / .value           float [B, H_kv, P+T, D]
 
+With ``kv_cache="buffer"`` each layer's attention is ONNX Runtime's GroupQueryAttention
+(``quantize/gqa_op.py``), same names: the cache inputs may then be fixed-capacity buffers that the
+runtime binds as outputs too, so no step concatenates or copies the cache.
+
 Only the last position's logits by default: sampling needs nothing else, and the LM head over
 every prompt position is the largest tensor of a prefill (a 2k-token prompt at a 128k
 vocabulary is ~1 GB of float32 logits). Runtimes that take ``logits[:, -1]`` (ours, Optimum's
@@ -43,6 +47,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 STATIC_ROPE = ("llama3", "linear", "yarn")
+KV_CACHES = ("concat", "buffer")
 """RoPE scalings whose frequencies are fixed by the config (exported as constants)."""
 
 
@@ -86,9 +91,12 @@ def _window(cfg, attn: nn.Module) -> int | None:
 class ExportDecoder(nn.Module):
     """``forward(input_ids, attention_mask, position_ids, *past) -> (logits, *present)``."""
 
-    def __init__(self, hf: PreTrainedModel, all_logits: bool = False) -> None:
+    def __init__(self, hf: PreTrainedModel, all_logits: bool = False, kv_cache: str = "concat") -> None:
         super().__init__()
+        if kv_cache not in KV_CACHES:
+            raise ValueError(f"kv_cache: unknown {kv_cache!r} (known: {', '.join(KV_CACHES)})")
         self.all_logits = all_logits
+        self.kv_cache = kv_cache
         cfg = hf.config
         if rope_type(cfg) not in ("default", *STATIC_ROPE):
             raise ValueError(f"unsupported rope_type {rope_type(cfg)!r} (supported: default, {', '.join(STATIC_ROPE)}; "
@@ -99,6 +107,7 @@ class ExportDecoder(nn.Module):
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.attn_cap = getattr(cfg, "attn_logit_softcapping", None)
         self.final_cap = getattr(cfg, "final_logit_softcapping", None)
+        self.config = cfg
         self.model = hf.model
         self.windows = [_window(cfg, layer.self_attn) for layer in self.model.layers]
         # the model's own rotary tables: for static scalings they depend on the config only, never on
@@ -134,6 +143,15 @@ class ExportDecoder(nn.Module):
         if hasattr(a, "q_norm"):  # Qwen3: RMSNorm over each head's dimension before the rotation
             q, k = a.q_norm(q), a.k_norm(k)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        if self.kv_cache == "buffer":  # one GroupQueryAttention node: the cache may be a buffer written in place
+            from quantize import gqa_op  # noqa: F401 - registers torch.ops.coinfer.gqa
+
+            seqlens, total = mask
+            out, k, v = torch.ops.coinfer.gqa(
+                q.transpose(1, 2).reshape(b, t, -1), k.transpose(1, 2).reshape(b, t, -1),
+                v.transpose(1, 2).reshape(b, t, -1), pk, pv, seqlens, total, self.num_heads, self.num_kv_heads,
+                float(a.scaling), int(_window(self.config, a) or 0), float(self.attn_cap or 0.0))
+            return a.o_proj(out), k, v
         k = torch.cat([pk, k], dim=2)  # [B, Hkv, P+T, D]
         v = torch.cat([pv, v], dim=2)
         rep = self.num_heads // self.num_kv_heads
@@ -170,6 +188,10 @@ class ExportDecoder(nn.Module):
         for w in set(self.windows):
             seen = causal if w is None else causal & (k_slot[None, :] > q_slot[:, None] - w)
             masks[w] = seen[None, None] & padding  # [B, 1, T, P+T]
+        if self.kv_cache == "buffer":  # the node masks itself from per-row lengths and the total length
+            lengths = (attention_mask.sum(-1) - 1).to(torch.int32)
+            total = torch.ones_like(attention_mask[0]).sum().to(torch.int32)  # P+T as a scalar tensor
+            masks = {w: (lengths, total) for w in masks}
         presents: list[torch.Tensor] = []
         for i, layer in enumerate(self.model.layers):
             h, k, v = self._attn(layer, layer.input_layernorm(x), cos, sin, masks[self.windows[i]],

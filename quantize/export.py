@@ -22,7 +22,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from coinfer.manifest import sha256_file, write_manifest
-from edge.onnx_lm import OnnxLM
+from edge.onnx_lm import KV_CACHE_KEY, OnnxLM
 from quantize.artifact import (
     EXTERNAL_DATA_BYTES,
     MODEL_FILE,
@@ -35,7 +35,7 @@ from quantize.artifact import (
     staged,
     tokenizer_hash,
 )
-from quantize.decoder_graph import STATIC_ROPE, ExportDecoder, io_names, rope_type
+from quantize.decoder_graph import KV_CACHES, STATIC_ROPE, ExportDecoder, io_names, rope_type
 
 log = logging.getLogger(__name__)
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
@@ -103,13 +103,19 @@ def _sample_inputs(model: ExportDecoder, batch: int, past: int, new: int) -> tup
 
 
 def export_onnx(hf: PreTrainedModel, out_path: Path, opset: int = 18, all_logits: bool = False,
-                external_data: bool | None = None) -> None:
+                external_data: bool | None = None, kv_cache: str = "concat") -> None:
     """Export the loaded source model to ``out_path`` (FP32); logits of the last position only unless
     ``all_logits``. Weights go to ``model.onnx.data`` when ``external_data`` (None: when they exceed
-    ``EXTERNAL_DATA_BYTES``; a single protobuf file cannot hold more than 2 GiB)."""
+    ``EXTERNAL_DATA_BYTES``; a single protobuf file cannot hold more than 2 GiB). ``kv_cache``
+    "buffer": attention as GroupQueryAttention over a cache the runtime may preallocate."""
     if external_data is None:
         external_data = sum(p.numel() * 4 for p in hf.parameters()) > EXTERNAL_DATA_BYTES
-    m = ExportDecoder(hf, all_logits=all_logits).eval()
+    m = ExportDecoder(hf, all_logits=all_logits, kv_cache=kv_cache).eval()
+    table = None
+    if kv_cache == "buffer":
+        from quantize.gqa_op import translation_table
+
+        table = translation_table()
     inputs, outputs = io_names(m.num_layers)
     # Dim.AUTO: the mask length is past + new, a relation torch.export infers itself
     # (a Dim sum of two named dims cannot be declared). *past is one pytree element.
@@ -120,7 +126,8 @@ def export_onnx(hf: PreTrainedModel, out_path: Path, opset: int = 18, all_logits
     with torch.no_grad():
         prog = torch.onnx.export(m, sample, dynamo=True, input_names=inputs, output_names=outputs,
                                  dynamic_shapes=shapes, opset_version=opset, external_data=external_data,
-                                 optimize=True, verbose=False)
+                                 custom_translation_table=table, optimize=True, verbose=False)
+    prog.model.metadata_props[KV_CACHE_KEY] = kv_cache  # how the runtime feeds the cache (edge.onnx_lm)
     prog.save(str(out_path), external_data=external_data)
     if external_data and not data_file(out_path).exists():  # the exporter names it; the edge expects this name
         raise ExportError(f"{out_path}: the exporter wrote its weights elsewhere than {data_file(out_path).name}")
@@ -161,7 +168,7 @@ class ParityFailed(ExportError):
 
 def export_dir(model_dir: Path, out_dir: Path, parity_prompt: list[int] | None = None, parity_steps: int = 16,
                dtype: str = "fp32", keep_failed: bool = False, all_logits: bool = False,
-               external_data: bool | None = None) -> dict:
+               external_data: bool | None = None, kv_cache: str = "concat") -> dict:
     """Export to ``out_dir`` (model.onnx + tokenizer + export.json + manifest.json), atomically.
 
     A failed parity check (greedy path differs from torch's) publishes nothing and raises
@@ -169,17 +176,22 @@ def export_dir(model_dir: Path, out_dir: Path, parity_prompt: list[int] | None =
     its manifest, which the edge loader refuses unless unverified models are allowed."""
     if dtype not in DTYPES:
         raise ExportError(f"dtype: unknown {dtype!r} (known: {', '.join(DTYPES)})")
+    if kv_cache not in KV_CACHES:
+        raise ExportError(f"kv_cache: unknown {kv_cache!r} (known: {', '.join(KV_CACHES)})")
     hf = load_source(model_dir)  # once; bad input fails before a temp dir exists
     with staged(out_dir) as tmp:
         if dtype == "fp16":  # the fp32 graph (and its weights file) in a scratch dir, never published
             (tmp / ".fp32").mkdir()
-            export_onnx(hf, tmp / ".fp32" / MODEL_FILE, all_logits=all_logits, external_data=external_data)
+            export_onnx(hf, tmp / ".fp32" / MODEL_FILE, all_logits=all_logits, external_data=external_data,
+                        kv_cache=kv_cache)
             to_fp16(tmp / ".fp32" / MODEL_FILE, tmp / MODEL_FILE)
             shutil.rmtree(tmp / ".fp32")
         else:
-            export_onnx(hf, tmp / MODEL_FILE, all_logits=all_logits, external_data=external_data)
+            export_onnx(hf, tmp / MODEL_FILE, all_logits=all_logits, external_data=external_data,
+                        kv_cache=kv_cache)
         copy_sidecars(model_dir, tmp)
-        report: dict = {"source": str(model_dir), "precision": dtype, "logits": "all" if all_logits else "last"}
+        report: dict = {"source": str(model_dir), "precision": dtype, "logits": "all" if all_logits else "last",
+                        "kv_cache": kv_cache}
         if parity_prompt is not None:
             report["parity"] = asdict(parity(hf, tmp / MODEL_FILE, parity_prompt, parity_steps))
         par = report.get("parity")

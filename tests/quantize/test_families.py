@@ -168,3 +168,53 @@ def test_external_data_through_export_int8_and_the_edge(tmp_path):
         engine = OrtDraftEngine(out)  # the manifest covers the weights file too
         drafts = engine.generate(engine.render([ChatMessage("user", "Hi")]), Sampling(n=2, max_new_tokens=4, seed=1))
         assert len(drafts) == 2
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_kv_buffer_export_writes_the_cache_in_place(name, tmp_path):
+    """``--kv-cache buffer``: GroupQueryAttention over preallocated buffers bound as input and output. Parity
+    with torch on that path (past the sliding windows), INT8 keeps it, and the edge's drafts equal the
+    concatenating export's."""
+    import numpy as np
+    import onnx
+    from transformers import AutoTokenizer
+
+    from coinfer.chat import ChatFormat, ChatMessage
+    from edge.draft_engine import OrtDraftEngine
+    from edge.onnx_lm import Buffers
+    from edge.sampling import Sampling
+    from quantize.build import BuildOptions, int8_dir
+    from quantize.check import check_structure
+    from quantize.export import export_dir
+    from quantize.int8 import QuantConfig
+
+    hf = build(name, tmp_path / "hf")
+    text = ChatFormat.from_dir(hf).render([ChatMessage("user", LONG_TURN)])
+    ids = AutoTokenizer.from_pretrained(str(hf))(text, add_special_tokens=False)["input_ids"]
+    report = export_dir(hf, tmp_path / "buffer", parity_prompt=ids, parity_steps=16, kv_cache="buffer")
+    assert report["parity"]["greedy_match"] and report["parity"]["max_logit_diff"] < 1e-3, report["parity"]
+    graph = onnx.load(str(tmp_path / "buffer" / "model.onnx"), load_external_data=False).graph
+    assert sum(n.op_type == "GroupQueryAttention" for n in graph.node) == 2  # one per layer
+
+    engine = OrtDraftEngine(tmp_path / "buffer")
+    assert engine.lm.kv_buffer
+    past = engine.lm.empty_past(len(ids) + 4)
+    ptrs = [v.data_ptr() for v in past]
+    logits, past = engine.lm.step(np.array([ids], np.int64), past)
+    logits, past = engine.lm.step(logits.argmax(-1)[:, None].astype(np.int64), past)
+    assert isinstance(past, Buffers) and past.length == len(ids) + 1
+    assert [v.data_ptr() for v in past] == ptrs  # written in place: the same memory every step
+    assert np.abs(past[0].numpy()[0, :, len(ids)]).sum() > 0 and not past[0].numpy()[0, :, len(ids) + 1:].any()
+
+    export_dir(hf, tmp_path / "concat")
+    concat = OrtDraftEngine(tmp_path / "concat")
+    prompt = engine.render([ChatMessage("user", "Write a haiku about rain.")])
+    s = Sampling(n=3, temperature=0.0, max_new_tokens=12, presence_penalty=0.0, frequency_penalty=0.0)
+    assert [d.token_ids for d in engine.generate(prompt, s)] == [d.token_ids for d in concat.generate(prompt, s)]
+
+    int8_dir(tmp_path / "buffer", tmp_path / "int8", QuantConfig(scheme="dynamic"),
+             BuildOptions(gates=None, progress=False))
+    checked, problems = check_structure(tmp_path / "int8" / "model.onnx")
+    assert problems == [] and checked == _linear_count(hf)
+    q = OrtDraftEngine(tmp_path / "int8")
+    assert q.lm.kv_buffer and len(q.generate(prompt, Sampling(n=5, max_new_tokens=8, seed=3))) == 5
