@@ -39,6 +39,12 @@ class EngineConfig:
     0.175 -> 0.0). Turn it on only after that benchmark passes on your engine build (GPU untested)."""
     enforce_eager: bool = True
     """Skip graph capture / compilation: seconds faster to start on CPU."""
+    tensor_parallel_size: int = 1
+    """GPUs one model copy is split over (vLLM tensor parallelism): a target too big for one GPU."""
+    data_parallel_size: int = 1
+    """Model copies inside this replica (vLLM data parallelism), each on ``tensor_parallel_size`` GPUs:
+    on an 8-GPU node, 8 x 1 for a model that fits one GPU, 2 x 4 for one that needs four. One
+    replica per node then; the pods are what gRPC balances across (deploy/README.md)."""
     seed: int = 0
 
     def validate(self) -> None:
@@ -48,6 +54,9 @@ class EngineConfig:
             raise ValueError(f"engine.max_model_len: must be 0 or in 16..1048576, got {self.max_model_len}")
         if not 0 <= self.ngram_speculative_tokens <= 16:
             raise ValueError(f"engine.ngram_speculative_tokens: must be in 0..16, got {self.ngram_speculative_tokens}")
+        for name in ("tensor_parallel_size", "data_parallel_size"):
+            if not 1 <= getattr(self, name) <= 64:
+                raise ValueError(f"engine.{name}: must be in 1..64, got {getattr(self, name)}")
         if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
             raise ValueError(f"engine.dtype: must be float32|bfloat16|float16|auto, got {self.dtype!r}")
 

@@ -152,6 +152,7 @@ class VllmEngine(TargetEngine):
             dtype=self.cfg.dtype, max_num_seqs=self.cfg.max_num_seqs, enforce_eager=self.cfg.enforce_eager,
             gpu_memory_utilization=self.cfg.gpu_memory_utilization, seed=self.cfg.seed,
             disable_log_stats=True, enable_prefix_caching=True,
+            tensor_parallel_size=self.cfg.tensor_parallel_size, data_parallel_size=self.cfg.data_parallel_size,
             speculative_config=({"method": "ngram", "num_speculative_tokens": self.cfg.ngram_speculative_tokens,
                                  "prompt_lookup_max": 4, "prompt_lookup_min": 2}
                                 if self.cfg.ngram_speculative_tokens else None),

@@ -7,13 +7,22 @@ grade, else: it agrees with the final answer). Every ``every`` sessions the
 weights are refitted on the rows since the last update (``policy.fit_weights``)
 and blended in with an EWMA, then written to ``path`` (atomically) so a restart
 continues where it stopped.
+
+Replicas may share one state file (a volume every pod mounts): the weights are then merged, not
+overwritten. Each update takes an exclusive lock on ``<path>.lock``, re-reads the file (the other
+replicas' updates), blends its own fit into *those* weights and writes them back before releasing
+the lock: every replica's fit is applied exactly once, in some order, and none is lost. Per-replica
+files would also avoid lost updates, but each replica would then learn from 1/N of the traffic and a
+rolling update (new pod names) would start from scratch.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -39,6 +48,10 @@ class WeightLearner:
     """EWMA weight of a new fit."""
     path: Path | None = None
     rows: list[tuple[float, float, float, float]] = field(default_factory=list)
+    _pending: int = 0
+    """Sessions recorded here since this replica's last update."""
+    _written_sessions: int = 0
+    """``weights.sessions`` as last read from or written to the shared file."""
 
     @classmethod
     def open(cls, a: float, b: float, g: float, every: int, alpha: float, path: str) -> WeightLearner:
@@ -50,7 +63,7 @@ class WeightLearner:
                 log.info("scheduler weights from %s: a=%.3f b=%.3f g=%.3f (%d updates)", p, w.a, w.b, w.g, w.updates)
             except (ValueError, KeyError, TypeError) as exc:  # a corrupt state file must not stop the service
                 log.error("%s: unreadable state (%s); starting from the configured weights", p, exc)
-        return cls(w, every, alpha, p)
+        return cls(w, every, alpha, p, _written_sessions=w.sessions)
 
     def record(self, rows: list[tuple[float, float, float, float]]) -> bool:
         """Add one session's outcome rows; returns True when this session triggered an update.
@@ -59,28 +72,60 @@ class WeightLearner:
             return False
         self.rows.extend(rows)
         self.weights.sessions += 1
-        if self.weights.sessions % self.every:
+        self._pending += 1
+        if self._pending < self.every:  # this replica's sessions: the shared count moves with the others'
             return False
+        self._pending = 0
         self.update()
         return True
 
     def update(self) -> None:
-        w = self.weights
-        fit = fit_weights(self.rows, total=w.a + w.b + w.g)
+        fit = fit_weights(self.rows, total=self.weights.a + self.weights.b + self.weights.g)
         self.rows.clear()
-        if fit is None:
-            log.info("scheduler weights kept: outcomes since the last update cannot separate the terms")
-        else:
-            k = self.alpha
-            w.a, w.b, w.g = ((1 - k) * old + k * new for old, new in zip((w.a, w.b, w.g), fit))
-            w.updates += 1
-            log.info("scheduler weights updated: a=%.3f b=%.3f g=%.3f", w.a, w.b, w.g)
-        self.save()
+        with self._locked():
+            self._merge()  # other replicas' updates since ours
+            w = self.weights
+            if fit is None:
+                log.info("scheduler weights kept: outcomes since the last update cannot separate the terms")
+            else:
+                k = self.alpha
+                w.a, w.b, w.g = ((1 - k) * old + k * new for old, new in zip((w.a, w.b, w.g), fit))
+                w.updates += 1
+                log.info("scheduler weights updated: a=%.3f b=%.3f g=%.3f", w.a, w.b, w.g)
+            self._write()
 
-    def save(self) -> None:
+    @contextmanager
+    def _locked(self):
         if self.path is None:
+            yield
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with open(self.path.with_name(f"{self.path.name}.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            yield
+
+    def _merge(self) -> None:
+        """Adopt the shared file's weights; sessions counted here since our last write are added."""
+        if self.path is None or not self.path.is_file():
+            return
+        try:
+            shared = Weights(**json.loads(self.path.read_text())["weights"])
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error("%s: unreadable state (%s); overwriting it with this replica's weights", self.path, exc)
+            return
+        mine = self.weights.sessions - self._written_sessions
+        shared.sessions += mine
+        self.weights = shared
+
+    def save(self) -> None:
+        with self._locked():
+            self._merge()
+            self._write()
+
+    def _write(self) -> None:
+        if self.path is None:
+            return
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"weights": asdict(self.weights)}, indent=2))
         os.replace(tmp, self.path)
+        self._written_sessions = self.weights.sessions

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import logging
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -100,7 +101,8 @@ async def create_server(cfg: CloudConfig, engine: TargetEngine | None = None) ->
     interceptors = [BearerAuthInterceptor(cfg.auth_tokens)] if cfg.auth_tokens else []
     server = grpc.aio.server(options=opts, interceptors=interceptors)
     core = CloudCore(cfg)
-    coinfer_pb2_grpc.add_CoinferCloudServicer_to_server(CoinferCloudServicer(core), server)
+    servicer = CoinferCloudServicer(core)
+    coinfer_pb2_grpc.add_CoinferCloudServicer_to_server(servicer, server)
     hs = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
@@ -108,6 +110,7 @@ async def create_server(cfg: CloudConfig, engine: TargetEngine | None = None) ->
     addr = f"{cfg.host}:{cfg.port}"
     port = server.add_secure_port(addr, creds) if creds else server.add_insecure_port(addr)
     await server.start()
+    servicer.replica = f"{socket.gethostname()}:{port}"
     srv = CloudServer(server, port, core, hs, cfg)
     if cfg.metrics_port >= 0:
         srv.metrics_port = core.metrics.serve(cfg.metrics_port, cfg.metrics_host)
@@ -148,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="vLLM n-gram (prompt-lookup) speculative decoding: tokens proposed per step; 0 = off")
     ap.add_argument("--max-num-seqs", type=int, default=64, help="sequences one engine step batches")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="GPU memory fraction for vLLM")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs one model copy is split over")
+    ap.add_argument("--data-parallel-size", type=int, default=1, help="model copies inside this replica")
     ap.add_argument("--grace", type=float, default=10.0, help="seconds in-flight sessions get on shutdown")
     ap.add_argument("--auth-tokens", type=Path, help='JSON file {"edge-id": "token", ...}; callers need '
                     "'authorization: Bearer <token>' (health and reflection stay open)")
@@ -156,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tls-client-ca", default="", help="PEM CA bundle: require client certificates (mTLS)")
     ap.add_argument("--metrics-port", type=int, default=-1, help="Prometheus /metrics port (-1 off, 0 any)")
     ap.add_argument("--metrics-host", default="127.0.0.1", help="Prometheus bind address")
-    ap.add_argument("--state", default="", help="JSON file persisting the learned scheduler weights")
+    ap.add_argument("--state", default="", help="JSON file persisting the learned scheduler weights; replicas may "
+                    "share one (updates merge under a file lock)")
     ap.add_argument("--verifier", choices=["likelihood", "judge"], default="likelihood",
                     help="LLM verifier: target-model likelihood (any model) or judge (instruction-tuned model)")
     return ap
@@ -170,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = CloudConfig(engine=EngineConfig(model=args.model, max_model_len=args.max_model_len, dtype=args.dtype,
                                                  max_num_seqs=args.max_num_seqs, served_name=args.served_name,
                                                  gpu_memory_utilization=args.gpu_memory_utilization,
-                                                 ngram_speculative_tokens=args.ngram_speculative_tokens),
+                                                 ngram_speculative_tokens=args.ngram_speculative_tokens,
+                                                 tensor_parallel_size=args.tensor_parallel_size,
+                                                 data_parallel_size=args.data_parallel_size),
                           host=args.host, port=args.port, grace_s=args.grace,
                           auth_tokens=load_tokens(args.auth_tokens) if args.auth_tokens else {},
                           tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,

@@ -27,6 +27,13 @@ MAX_PROBE_BYTES = 16 << 20
 class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
     def __init__(self, core: CloudCore) -> None:
         self.core = core
+        self.replica = ""
+        """host:port of this replica, stamped on every Summary (set once the port is bound)."""
+
+    def _out(self, ev: t.CloudEvent) -> pb.CloudMessage:
+        if isinstance(ev, t.Summary):
+            ev.replica = self.replica
+        return convert.event_to_pb(ev)
 
     async def Session(self, request_iterator: AsyncIterator[pb.EdgeMessage],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.CloudMessage]:
@@ -47,7 +54,7 @@ class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
                         raise InvalidArgument(f"{kind or 'kind'}: only draft or done may follow open")
 
             async for ev in self.core.session(req, inbox()):
-                yield convert.event_to_pb(ev)
+                yield self._out(ev)
         except Exception as exc:  # noqa: BLE001 - mapped to a status, never crashes the server
             await abort(context, exc)
 
@@ -58,7 +65,7 @@ class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
                 request_id=request.request_id, problem=request.problem, deadline_ms=request.deadline_ms,
                 refine=request.sampling if request.HasField("sampling") else None))
             async for ev in self.core.generate(req):
-                yield convert.event_to_pb(ev)
+                yield self._out(ev)
         except Exception as exc:  # noqa: BLE001
             await abort(context, exc)
 

@@ -100,6 +100,14 @@ class AnswerChunk:
     text: str
 
 
+@dataclass
+class AnswerReset:
+    """The answer streamed so far is withdrawn: its replica failed mid-answer and the session was
+    replayed on another, which streams its own (edge events only)."""
+
+    reason: str
+
+
 class AnswerSource(IntEnum):
     UNSPECIFIED = 0
     REFINED = 1
@@ -144,6 +152,8 @@ class Summary:
     """Fields extracted from the final answer."""
     prompt_tokens: int = 0
     answer_tokens: int = 0
+    replica: str = ""
+    """Which cloud replica answered (host:port)."""
 
 
 @dataclass

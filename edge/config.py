@@ -26,7 +26,9 @@ class EdgeConfig:
     warm: bool = True
     """Pre-warm at start (session + one token); False = lazy, loaded on the first request."""
     cloud: str = ""
-    """Cloud gRPC target host:port; empty = no cloud (every request is edge-only)."""
+    """Cloud replicas: ``host:port`` (a DNS name resolving to every replica, e.g. a headless Service),
+    ``dns:///host:port``, or a list ``IP:port,IP:port``; gRPC balances sessions over the serving ones
+    (``edge/link.py``). Empty = no cloud (every request is edge-only)."""
     token: str = ""
     """Bearer token of this edge at the cloud."""
     tls_ca: str = ""
@@ -46,6 +48,9 @@ class EdgeConfig:
     max_prompt_chars: int = 2048
     max_drafts: int = 16
     max_new_tokens: int = 1024
+    replays: int = 2
+    """A cloud session that fails before its summary (replica killed, draining, full) is replayed on
+    another replica with the drafts already written, at most this many times, within the deadline."""
     breaker_failures: int = 3
     breaker_reset_s: float = 10.0
     model_name: str = "coinfer-edge"
@@ -74,6 +79,12 @@ class EdgeConfig:
                 raise ValueError(f"{name}: must be -1..65535, got {getattr(self, name)}")
         if not 100 <= self.deadline_ms <= 600_000:
             raise ValueError(f"deadline_ms: must be in 100..600000, got {self.deadline_ms}")
+        if not 0 <= self.replays <= 5:
+            raise ValueError(f"replays: must be in 0..5, got {self.replays}")
+        if self.cloud:
+            from edge.link import parse_targets
+
+            parse_targets(self.cloud)  # a bad target fails at start, naming the field
         if self.breaker_failures < 1 or self.breaker_reset_s <= 0:
             raise ValueError("breaker_failures >= 1 and breaker_reset_s > 0 required")
         if self.token and not self.cloud:

@@ -236,6 +236,8 @@ def create_app(core: EdgeCore) -> FastAPI:
                     yield chunk(None, None, {"event": "verdict", "verdict": _verdict_info(ev)})
                 elif isinstance(ev, t.AnswerChunk) and ev.text:
                     pieces.append(ev.text)  # held until the cloud says which answer is final
+                elif isinstance(ev, t.AnswerReset):
+                    pieces.clear()  # the replica failed mid-answer: the replay's answer replaces it
                 elif isinstance(ev, Done):
                     answer = ev.result.answer
                     # the refinement's own chunks when it is the answer, else the answer whole
@@ -271,6 +273,7 @@ def create_app(core: EdgeCore) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
+        core.metrics.replicas(core.link.replicas.values())
         return Response(generate_latest(core.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

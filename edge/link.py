@@ -1,16 +1,30 @@
-"""The edge's link to the cloud: one channel, a health watch that feeds the circuit breaker,
-and the cloud's latest recommended draft count.
+"""The edge's link to the cloud: one load-balanced channel over every replica, per-replica health,
+the circuit breaker, and the cloud's latest recommended draft count.
 
-The watch is a ``grpc.health.v1.Health/Watch`` stream on the cloud service; when it
-breaks (cloud gone, network down) it is re-opened with capped exponential backoff, so
-reconnection is automatic and the breaker learns of a dead cloud without a request
-paying for it.
+Balancing is gRPC's own, not ours: the channel's target names every replica (a DNS name that
+resolves to several addresses, e.g. a Kubernetes headless Service, or a list of IP:port) and its
+service config asks for ``round_robin`` with client-side health checking on the cloud service.
+gRPC then opens a subchannel per replica, watches each one's ``grpc.health.v1`` status, and picks a
+READY, SERVING replica per call: a session is one stream, so it stays on its replica; a draining
+replica (NOT_SERVING) gets no new sessions while its in-flight ones finish; a dead one leaves the
+rotation when its connection breaks; DNS is re-resolved when connections fail.
+
+Beside it, one small monitor per replica address (its own channel: a health watch and a periodic
+``Status``) feeds what gRPC does not expose: per-replica state for ``status()`` and ``/metrics``,
+the pool's best queue for the planner, and the breaker, which opens only when *no* replica serves
+(one bad replica does not send every request to the edge). Monitors reconnect with capped
+exponential backoff.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import json
 import logging
+import socket
+import time
+from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -21,54 +35,190 @@ from edge.config import EdgeConfig
 
 log = logging.getLogger(__name__)
 CLOUD_SERVICE = "coinfer.v1.CoinferCloud"
+SERVICE_CONFIG = {
+    "loadBalancingConfig": [{"round_robin": {}}],
+    "healthCheckConfig": {"serviceName": CLOUD_SERVICE},
+    # unary calls (Status, Probe) retried on another replica; a session is replayed by the edge
+    # itself with the drafts it already wrote (edge.pipeline), never blindly re-sent
+    "methodConfig": [{"name": [{"service": CLOUD_SERVICE, "method": m} for m in ("Status", "Probe")],
+                      "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "1s",
+                                      "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}],
+}
+
+
+def _host_port(entry: str) -> tuple[str, int]:
+    host, sep, port = entry.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host:
+        raise ValueError(f"cloud: {entry!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+def parse_targets(cloud: str) -> tuple[str, list[tuple[str, int]]]:
+    """(gRPC channel target, (host, port) to resolve for the monitors) of the ``cloud`` setting:
+
+    - ``host:port`` (a DNS name resolving to one or several replicas, or an IP),
+    - ``dns:///host:port`` (the same, spelled as a gRPC URI),
+    - ``IP:port,IP:port,...`` (a static list; gRPC's ``ipv4:`` / ``ipv6:`` target).
+    """
+    cloud = cloud.strip()
+    if cloud.startswith("dns:"):
+        name = cloud.split("/")[-1]
+        return cloud, [_host_port(name)]
+    entries = [e.strip() for e in cloud.split(",") if e.strip()]
+    if len(entries) == 1:
+        return entries[0], [_host_port(entries[0])]
+    addrs = [_host_port(e) for e in entries]
+    try:
+        ips = [ipaddress.ip_address("127.0.0.1" if h == "localhost" else h) for h, _ in addrs]
+    except ValueError:
+        raise ValueError("cloud: a list of replicas must be IP:port entries; for host names give one DNS name "
+                         "that resolves to every replica (e.g. a headless Service)") from None
+    if len({ip.version for ip in ips}) > 1:
+        raise ValueError("cloud: a replica list must be all IPv4 or all IPv6")
+    scheme = "ipv4" if ips[0].version == 4 else "ipv6"
+    fmt = (lambda ip, p: f"{ip}:{p}") if scheme == "ipv4" else (lambda ip, p: f"[{ip}]:{p}")
+    return f"{scheme}:" + ",".join(fmt(ip, p) for ip, (_, p) in zip(ips, addrs)), \
+        [(str(ip), p) for ip, (_, p) in zip(ips, addrs)]
+
+
+@dataclass
+class Replica:
+    """What the edge knows of one replica address (from its monitor)."""
+
+    address: str
+    serving: bool = False
+    queue_depth: float = 0.0
+    load: float = 0.0
+    running: float = 0.0
+    last_seen: float = 0.0
+    why: str = "not yet seen"
+    _tasks: list[asyncio.Task] = field(default_factory=list, repr=False)
+    _channel: grpc.aio.Channel | None = field(default=None, repr=False)
+
+    def as_dict(self) -> dict:
+        return {"address": self.address, "serving": self.serving, "queue_depth": self.queue_depth,
+                "load": self.load, "running": self.running, "why": self.why}
 
 
 class CloudLink:
-    def __init__(self, cfg: EdgeConfig) -> None:
+    def __init__(self, cfg: EdgeConfig, resolve_s: float = 10.0, status_s: float = 2.0) -> None:
         self.cfg = cfg
         self.channel: grpc.aio.Channel | None = None
         self.breaker = CircuitBreaker(cfg.breaker_failures, cfg.breaker_reset_s)
-        self.serving = False
         self.recommended_drafts = 5  # seed 003, 4.2, until the cloud says otherwise
-        self._watch: asyncio.Task | None = None
+        self.replicas: dict[str, Replica] = {}
+        self.resolve_s, self.status_s = resolve_s, status_s
+        self._resolver: asyncio.Task | None = None
+        self.target, self._names = parse_targets(cfg.cloud) if cfg.cloud else ("", [])
 
     @property
     def enabled(self) -> bool:
         return bool(self.cfg.cloud)
 
+    @property
+    def serving(self) -> bool:
+        """Some replica serves."""
+        return any(r.serving for r in self.replicas.values())
+
+    def _channel_to(self, target: str) -> grpc.aio.Channel:
+        c = self.cfg
+        # monitors dial an IP: TLS still verifies the name the operator configured
+        name = c.tls_server_name or (self._names[0][0] if self._names else "")
+        return cloud_channel(target, token=c.token, tls_ca=c.tls_ca, tls_cert=c.tls_cert, tls_key=c.tls_key,
+                             server_name=name if c.tls_ca and target != self.target else c.tls_server_name,
+                             options=[("grpc.max_receive_message_length", 32 << 20),
+                                      ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
+                                      ("grpc.enable_retries", 1)])
+
     async def start(self) -> None:
         if not self.enabled:
             return
-        c = self.cfg
-        self.channel = cloud_channel(c.cloud, token=c.token, tls_ca=c.tls_ca, tls_cert=c.tls_cert, tls_key=c.tls_key,
-                                     server_name=c.tls_server_name,
-                                     options=[("grpc.max_receive_message_length", 32 << 20)])
-        self._watch = asyncio.create_task(self._watch_health())
+        self.channel = self._channel_to(self.target)
+        self._resolver = asyncio.create_task(self._resolve_loop())
 
-    async def _watch_health(self) -> None:
+    async def _resolve(self) -> list[str]:
+        out: list[str] = []
+        for host, port in self._names:
+            try:
+                infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except OSError as exc:
+                log.warning("cloud: cannot resolve %s (%s)", host, exc)
+                continue
+            for family, _, _, _, sockaddr in infos:
+                ip = sockaddr[0]
+                out.append(f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}")
+        return sorted(set(out))
+
+    async def _resolve_loop(self) -> None:
+        """Keep one monitor per address the cloud's name resolves to (replicas come and go)."""
+        while True:
+            addrs = await self._resolve()
+            for a in addrs:
+                if a not in self.replicas:
+                    r = self.replicas[a] = Replica(a)
+                    r._channel = self._channel_to(a)
+                    r._tasks = [asyncio.create_task(self._watch(r)), asyncio.create_task(self._poll(r))]
+            for a in [a for a in self.replicas if addrs and a not in addrs]:  # gone from DNS
+                before = self.serving
+                await self._drop(self.replicas.pop(a))
+                if self.serving != before:
+                    self.breaker.health(self.serving)
+            await asyncio.sleep(self.resolve_s)
+
+    async def _watch(self, r: Replica) -> None:
         backoff = 0.2
-        stub = health_pb2_grpc.HealthStub(self.channel)
+        stub = health_pb2_grpc.HealthStub(r._channel)
         while True:
             try:
                 async for resp in stub.Watch(health_pb2.HealthCheckRequest(service=CLOUD_SERVICE)):
                     backoff = 0.2
-                    self._set_serving(resp.status == health_pb2.HealthCheckResponse.SERVING)
-                self._set_serving(False)  # the server ended the stream (shutdown)
+                    self._set(r, resp.status == health_pb2.HealthCheckResponse.SERVING, "health watch")
+                self._set(r, False, "health stream ended (shutdown)")
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as exc:
-                self._set_serving(False, f"health watch: {exc.code().name}")
+                self._set(r, False, f"health watch: {exc.code().name}")
             await asyncio.sleep(backoff)
             backoff = min(5.0, backoff * 2)
 
-    def _set_serving(self, serving: bool, why: str = "") -> None:
-        if serving != self.serving:
-            log.info("cloud %s%s", "SERVING" if serving else "not serving", f" ({why})" if why else "")
-        self.serving = serving
-        self.breaker.health(serving)
+    async def _poll(self, r: Replica) -> None:
+        """The replica's load (the planner's queue term and /metrics)."""
+        from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
+        from edge.planner.probes import cloud_status
+
+        stub = pb_grpc.CoinferCloudStub(r._channel)
+        while True:
+            if r.serving:
+                st = await cloud_status(stub, timeout=max(1.0, self.status_s))
+                if st is not None:
+                    r.queue_depth, r.load, r.running, r.last_seen = (st["queue_depth"], st["load"], st["running"],
+                                                                     time.time())
+            await asyncio.sleep(self.status_s)
+
+    def _set(self, r: Replica, serving: bool, why: str) -> None:
+        before = self.serving
+        if serving != r.serving:
+            log.info("cloud replica %s %s (%s)", r.address, "SERVING" if serving else "not serving", why)
+        r.serving, r.why = serving, why
+        if self.serving != before:  # the pool's view moved: the breaker follows (not one replica's)
+            self.breaker.health(self.serving)
+
+    def best(self) -> Replica | None:
+        """The serving replica with the shortest queue: the planner's cloud terms (a session may land
+        on another, but gRPC's rotation skips none of the serving ones for long)."""
+        live = [r for r in self.replicas.values() if r.serving]
+        return min(live, key=lambda r: (r.queue_depth, r.load)) if live else None
+
+    async def _drop(self, r: Replica) -> None:
+        for t in r._tasks:
+            t.cancel()
+        if r._channel is not None:
+            await r._channel.close()
 
     async def close(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
+        if self._resolver is not None:
+            self._resolver.cancel()
+        for r in list(self.replicas.values()):
+            await self._drop(r)
         if self.channel is not None:
             await self.channel.close()

@@ -27,6 +27,18 @@ class EdgeMetrics:
         self.active = Gauge("coinfer_edge_active", "Requests in flight", registry=r)
         self.circuit = Gauge("coinfer_edge_cloud_circuit_open", "1 while the circuit to the cloud is open",
                              registry=r)
+        self.replays = Counter("coinfer_edge_session_replays", "Cloud sessions replayed on another replica after "
+                               "failing before their summary (killed, draining, full)", registry=r)
+        self.replica_serving = Gauge("coinfer_edge_cloud_replica_serving", "1 while this cloud replica serves "
+                                     "(its health as this edge sees it)", ["replica"], registry=r)
+        self.replica_queue = Gauge("coinfer_edge_cloud_replica_queue_depth", "Requests waiting at this cloud "
+                                   "replica (its last Status)", ["replica"], registry=r)
+
+    def replicas(self, replicas) -> None:
+        """Per-replica gauges from the link's view (``edge.link.Replica``)."""
+        for r in replicas:
+            self.replica_serving.labels(r.address).set(1 if r.serving else 0)
+            self.replica_queue.labels(r.address).set(r.queue_depth)
 
     def bad_request(self, field: str) -> None:
         self.errors.labels(field[:40]).inc()

@@ -44,6 +44,19 @@ def request_fault(code: grpc.StatusCode, details: str) -> bool:
     return code == grpc.StatusCode.RESOURCE_EXHAUSTED and not details.startswith("sessions:")
 
 
+REPLAYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED,
+              grpc.StatusCode.RESOURCE_EXHAUSTED)
+"""Cloud failures a session survives by replaying on another replica: killed or draining (UNAVAILABLE),
+cancelled by a stopping server, full (RESOURCE_EXHAUSTED "sessions:"; a request over a limit is the
+request's fault, never replayed)."""
+
+
+def replayable(exc: BaseException) -> bool:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return exc.code() in REPLAYABLE and not request_fault(exc.code(), exc.details() or "")
+    return isinstance(exc, ConnectionError)  # the stream ended without a summary
+
+
 class CloudFailed(ConnectionError):
     """The cloud failed a request and no edge model is loaded to answer it locally."""
 
@@ -78,6 +91,8 @@ class EdgeResult:
     """Fields extracted from the answer."""
     refine_mode: str = ""
     """How the cloud's refinement used the drafts (candidates | prefix | alone); "" = none."""
+    replays: list[str] = field(default_factory=list)
+    """Why each replay on another replica happened (a session that failed before its summary)."""
 
     def take(self, summary: t.Summary) -> None:
         """The cloud's answer: adopt its summary."""
@@ -91,10 +106,31 @@ OnEvent = Callable[[Event], None]
 
 
 class EdgePipeline:
-    def __init__(self, engine: OrtDraftEngine | None, channel: grpc.aio.Channel | None) -> None:
-        """``engine`` may be None for a cloud-only request (the edge model is still loading)."""
+    def __init__(self, engine: OrtDraftEngine | None, channel: grpc.aio.Channel | None, replays: int = 2) -> None:
+        """``engine`` may be None for a cloud-only request (the edge model is still loading). A cloud
+        session that fails before its summary is replayed up to ``replays`` times; the channel's
+        balancer puts the replay on another serving replica."""
         self.engine = engine
+        self.channel = channel
         self.stub = pb_grpc.CoinferCloudStub(channel) if channel is not None else None
+        self.replays = replays
+
+    async def _replica_ready(self, wait_s: float = 2.0) -> bool:
+        """Whether the balanced channel has a serving replica to replay on: READY (some subchannel is
+        connected and healthy) or TRANSIENT_FAILURE (none is: answer locally now, do not wait for the
+        deadline), waiting up to ``wait_s`` while it settles after the failure."""
+        end = time.monotonic() + wait_s
+        while (left := end - time.monotonic()) > 0:
+            state = self.channel.get_state(try_to_connect=True)
+            if state == grpc.ChannelConnectivity.READY:
+                return True
+            if state in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN):
+                return False
+            try:
+                await asyncio.wait_for(self.channel.wait_for_state_change(state), left)
+            except TimeoutError:
+                break
+        return False
 
     async def _draft_round(self, task_prompt: str, s: Sampling, start: int, t0: float,
                            emit: Callable[[t.Draft], asyncio.Future | None]) -> list[t.Draft]:
@@ -165,11 +201,36 @@ class EdgePipeline:
             result.rounds = 1
             result.timings = {"drafting": (time.perf_counter() - t0) * 1e3, "total": (time.perf_counter() - t0) * 1e3}
             return result
+        answered: list[bool] = []
+
+        def emit_cloud(ev: Event) -> None:
+            if isinstance(ev, t.AnswerChunk) and ev.text:
+                answered.append(True)
+            emit(ev)
+
         try:
             async with asyncio.timeout(deadline_s):
-                if plan is Plan.CLOUD:
-                    return await self._cloud_only(req, deadline_s, emit, t0)
-                return await self._split(req, model_prompt, s, deadline_s, emit, t0, result, drafts)
+                while True:
+                    left = max(0.1, deadline_s - (time.perf_counter() - t0))
+                    retry = bool(result.replays)  # a replay waits for a serving replica (within the deadline)
+                    try:
+                        if plan is Plan.CLOUD:
+                            return await self._cloud_only(req, left, emit_cloud, t0, retry)
+                        return await self._split(req, model_prompt, s, left, emit_cloud, t0, result,
+                                                 drafts or None, retry)
+                    except (grpc.aio.AioRpcError, ConnectionError) as exc:
+                        if len(result.replays) >= self.replays or not replayable(exc) or not await self._replica_ready():
+                            raise
+                        why = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) \
+                            else str(exc)
+                        log.warning("cloud session failed before its summary (%s): replaying on another replica", why)
+                        result.replays.append(why)
+                        if answered:  # the streamed answer is withdrawn: the replay writes its own
+                            answered.clear()
+                            emit(t.AnswerReset(why))
+                        # the drafts written so far travel again as the replay's first round: no re-drafting
+                        drafts = list(result.drafts) or drafts
+                        result.drafts, result.verdicts, result.summary = [], {}, None
         except (grpc.aio.AioRpcError, TimeoutError, ConnectionError) as exc:
             reason = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else type(exc).__name__
             if isinstance(exc, grpc.aio.AioRpcError) and request_fault(exc.code(), exc.details() or ""):
@@ -177,8 +238,11 @@ class EdgePipeline:
             if self.engine is None:
                 raise CloudFailed(reason) from exc  # the caller loads the edge model and answers locally
             log.warning("cloud failed (%s): answering from local drafts", reason)
-            if not result.drafts:
-                result.drafts = await self._draft_round(model_prompt, s, 0, t0, lambda d: None)
+            if answered:
+                emit(t.AnswerReset(reason))
+            if not result.drafts:  # drafts already written (escalated, or before a replay) are not written again
+                result.drafts = list(drafts) if drafts else await self._draft_round(model_prompt, s, 0, t0,
+                                                                                     lambda d: None)
             self._finish_local(result, ruleset)
             result.source, result.fallback_reason, result.summary = "edge_only", reason, None
             result.refine_mode = ""
@@ -186,8 +250,9 @@ class EdgePipeline:
             return result
 
     async def _split(self, req: t.OpenRequest, task_prompt: str, s: Sampling, deadline_s: float, emit: OnEvent,
-                     t0: float, result: EdgeResult, written: list[t.Draft] | None = None) -> EdgeResult:
-        call = self.stub.Session(timeout=deadline_s)
+                     t0: float, result: EdgeResult, written: list[t.Draft] | None = None,
+                     wait_for_ready: bool = False) -> EdgeResult:
+        call = self.stub.Session(timeout=deadline_s, wait_for_ready=wait_for_ready)
         await call.write(pb.EdgeMessage(open=convert.open_to_pb(req)))
         drafting_ms = 0.0
 
@@ -238,13 +303,14 @@ class EdgePipeline:
         result.timings.update(drafting=drafting_ms, total=(time.perf_counter() - t0) * 1e3)
         return result
 
-    async def _cloud_only(self, req: t.OpenRequest, deadline_s: float, emit: OnEvent, t0: float) -> EdgeResult:
+    async def _cloud_only(self, req: t.OpenRequest, deadline_s: float, emit: OnEvent, t0: float,
+                          wait_for_ready: bool = False) -> EdgeResult:
         msg = pb.GenerateRequest(request_id=req.request_id, problem=convert.problem_to_pb(req),
                                  deadline_ms=req.deadline_ms)
         if req.refine is not None:
             msg.sampling.CopyFrom(convert.to_pb(req.refine, pb.SamplingParams))
         result = EdgeResult("", "cloud", False, task=req.task)
-        async for m in self.stub.Generate(msg, timeout=deadline_s):
+        async for m in self.stub.Generate(msg, timeout=deadline_s, wait_for_ready=wait_for_ready):
             ev = convert.event_from_pb(m)
             emit(ev)
             if isinstance(ev, t.Summary):

@@ -75,7 +75,8 @@ class Done:
         r = self.result
         return {"source": r.source, "valid": r.valid, "plan": self.plan, "rounds": r.rounds,
                 "fallback_reason": r.fallback_reason, "timings_ms": r.timings, "predicted_ms": r.predicted,
-                "plan_reason": r.plan_reason, "fields": r.fields, "refine_mode": r.refine_mode, "task": r.task}
+                "plan_reason": r.plan_reason, "fields": r.fields, "refine_mode": r.refine_mode, "task": r.task,
+                "replays": list(r.replays), "replica": r.summary.replica if r.summary is not None else ""}
 
 
 def infer_task(prompt: str) -> str:
@@ -136,8 +137,17 @@ class EdgeCore:
                 await asyncio.sleep(0.05)
             stub = pb_grpc.CoinferCloudStub(self.link.channel)
         model = Path(self.cfg.model) / "model.onnx"
-        return await probes.calibrate(self.planner.est, model if model.is_file() else None,
+        done = await probes.calibrate(self.planner.est, model if model.is_file() else None,
                                       self.engine.lm if self.engine else None, stub)
+        self._pool_queue()
+        return done
+
+    def _pool_queue(self) -> None:
+        """The planner's queue term from the pool's best serving replica (a Status call through the
+        balanced channel reaches whichever replica is next, not the one a session would use)."""
+        best = self.link.best()
+        if best is not None and best.last_seen:
+            probes.observe_queue(self.planner.est, best.queue_depth)
 
     def _edge_state(self) -> EdgeState:
         gpu = self.engine.providers[0] in ACCELERATORS if self.engine else self._planned_gpu
@@ -198,7 +208,7 @@ class EdgeCore:
         return {"model": self.cfg.model_name, "model_state": self.model_state, "model_load_ms": self.model_load_ms,
                 "cloud_circuit": self.link.breaker.state if self.link.enabled else "disabled",
                 "cloud_serving": self.link.serving, "recommended_drafts": self.link.recommended_drafts,
-                "active": self.active}
+                "active": self.active, "replicas": [r.as_dict() for r in self.link.replicas.values()]}
 
     def _validate(self, req: SolveRequest) -> tuple[Sampling, float]:
         c = self.cfg
@@ -228,6 +238,7 @@ class EdgeCore:
         """(plan to run, why the cloud is skipped if it is, why this plan, edge state, choice)."""
         asked = self.cfg.plan if req.plan == "auto" and self.cfg.plan != "auto" else req.plan
         edge = self._edge_state()
+        self._pool_queue()
         cloud_ok = self.link.enabled and self.link.breaker.state != "open"
         choice = None
         if asked == "auto":
@@ -261,16 +272,21 @@ class EdgeCore:
             engine = await self.ensure_engine()
         self.metrics.plans.labels(plan.value).inc()
         q: asyncio.Queue = asyncio.Queue()
-        pipe = EdgePipeline(engine, self.link.channel if plan is not Plan.EDGE else None)
+        pipe = EdgePipeline(engine, self.link.channel if plan is not Plan.EDGE else None, self.cfg.replays)
         waited_ms = (time.perf_counter() - t0) * 1e3
         first: list[float] = []
+        streamed: list[bool] = []  # answer chunks the user holds (withdrawn by an AnswerReset)
 
         def on_event(ev: object) -> None:
             if isinstance(ev, t.Draft):
                 self.metrics.drafts.inc()
                 self.metrics.tokens.inc(ev.num_tokens)
-            elif isinstance(ev, t.AnswerChunk) and not first:
-                first.append(time.perf_counter() - t0)
+            elif isinstance(ev, t.AnswerChunk):
+                if not first:
+                    first.append(time.perf_counter() - t0)
+                streamed.append(True)
+            elif isinstance(ev, t.AnswerReset):
+                streamed.clear()
             q.put_nowait(ev)
 
         self.active += 1
@@ -295,7 +311,7 @@ class EdgeCore:
                     and self.link.enabled and self.link.breaker.allow()):
                 # auto chose the edge, but its answer failed the rules: a healthy cloud verifies and
                 # refines the same drafts (sent as they are: no drafting twice)
-                up = EdgePipeline(self.engine, self.link.channel)
+                up = EdgePipeline(self.engine, self.link.channel, self.cfg.replays)
                 r2 = await up.solve(req.task, req.prompt, req.rules, s, Plan.SPLIT, left(), req.request_id, on_event,
                                     drafts=r.drafts, **kw)
                 r2.plan_reason = "edge answer failed the rules: escalated to split with its drafts"
@@ -333,11 +349,15 @@ class EdgeCore:
                 self.metrics.fallbacks.labels(field_of(result.fallback_reason)[:40]).inc()
             if not first:
                 first.append(time.perf_counter() - t0)
+            if not streamed:
                 yield t.AnswerChunk(result.answer)  # a local answer arrives whole
+            if result.replays:
+                self.metrics.replays.inc(len(result.replays))
             self.metrics.ttft.observe(first[0])
             self.metrics.latency.observe(time.perf_counter() - t0)
             self.metrics.requests.labels(plan.value, result.source).inc()
             self.metrics.circuit.set(1 if self.link.breaker.state == "open" else 0)
+            self.metrics.replicas(self.link.replicas.values())
             yield Done(result, plan.value)
         finally:
             if not job.done():

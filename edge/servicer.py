@@ -45,10 +45,14 @@ class EdgeServicer(epb_grpc.CoinferEdgeServicer):
                     yield epb.SolveEvent(verdict=convert.to_pb(ev, pb.Verdict))
                 elif isinstance(ev, t.AnswerChunk):
                     yield epb.SolveEvent(chunk=pb.AnswerChunk(text=ev.text))
+                elif isinstance(ev, t.AnswerReset):
+                    yield epb.SolveEvent(reset=epb.AnswerReset(reason=ev.reason))
         except Exception as exc:  # noqa: BLE001 - never crash the daemon
             if isinstance(exc, CoinferError):
                 self.core.metrics.bad_request(field_of(exc.message))
             await abort(context, exc)
 
     async def Status(self, request: epb.EdgeStatusRequest, context: grpc.aio.ServicerContext) -> epb.EdgeStatus:
-        return epb.EdgeStatus(**self.core.status())
+        st = self.core.status()
+        return epb.EdgeStatus(**{k: v for k, v in st.items() if k != "replicas"},
+                              replicas=[epb.ReplicaStatus(**r) for r in st["replicas"]])

@@ -132,6 +132,12 @@ async def cloud_status(stub, timeout: float = 5.0) -> dict[str, float] | None:
         return None
 
 
+def observe_queue(est, queue_depth: float) -> None:
+    """Queue wait: requests ahead of us, each costing about one refinement."""
+    per = est.get("refine_ttft_ms") + est.mean("decode_steps.split") * est.get("refine_ms_per_token")
+    est.observe("queue_ms", queue_depth * per, replace=True)
+
+
 async def calibrate(est, model_path: Path | None = None, lm=None, stub=None) -> list[str]:
     """Run the probes that apply and fold them into ``est`` (fresh values replace old ones).
     Returns what was probed. Blocking probes run in a worker thread. Session creation and
@@ -184,9 +190,7 @@ async def calibrate(est, model_path: Path | None = None, lm=None, stub=None) -> 
         if st is None:
             failed("status", "Status RPC failed")
         else:
-            # queue wait: requests ahead of us, each costing about one refinement
-            per = est.get("refine_ttft_ms") + est.mean("decode_steps.split") * est.get("refine_ms_per_token")
-            est.observe("queue_ms", st["queue_depth"] * per, replace=True)
+            observe_queue(est, st["queue_depth"])
             ok("status")
     est.save()
     return done

@@ -59,3 +59,22 @@ def test_load_combines_slots_queue_and_kv_cache():
     assert EngineStats(60, 64, True, waiting=40).load == 1.0
     assert EngineStats(1, 64, True, kv_cache_usage=0.9).load == 0.9
     assert load_scaled_g(0.02, 0.0) == 0.02 and load_scaled_g(0.02, 1.0) == 0.04 and load_scaled_g(0.02, 7) == 0.04
+
+
+def test_replicas_sharing_one_state_file_lose_no_update(tmp_path):
+    """Two replicas on one state file: each update merges into the file's current weights under a lock,
+    so every fit counts once and the session counts add up (no replica overwrites the other's)."""
+    import json
+
+    from cloud.learning import WeightLearner
+
+    path = tmp_path / "state.json"
+    a = WeightLearner.open(0.4, 0.3, 0.3, every=2, alpha=0.5, path=str(path))
+    b = WeightLearner.open(0.4, 0.3, 0.3, every=2, alpha=0.5, path=str(path))
+    good = rows_where(lambda s, a_, lat, r: s > 0.5)  # the verifier score predicts the label
+    for learner in (a, b, a, b):
+        learner.record(good)
+        learner.record(good)
+    saved = json.loads(path.read_text())["weights"]
+    assert saved["updates"] == 4 and saved["sessions"] == 8
+    assert saved["a"] > 0.9  # the merged fits moved the weight onto the score term (one alone: ~0.7)

@@ -15,7 +15,8 @@ from cloud.server import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = {("apps/v1", "Deployment"): "V1Deployment", ("v1", "Service"): "V1Service",
-         ("autoscaling/v2", "HorizontalPodAutoscaler"): "V2HorizontalPodAutoscaler"}
+         ("autoscaling/v2", "HorizontalPodAutoscaler"): "V2HorizontalPodAutoscaler",
+         ("policy/v1", "PodDisruptionBudget"): "V1PodDisruptionBudget"}
 
 
 def load(path: Path) -> dict:
@@ -86,3 +87,18 @@ def test_a_broken_manifest_is_caught(tmp_path):
     (tmp_path / "bad.yaml").write_text(bad)
     with pytest.raises(Exception):  # noqa: B017 - the client's own validation error type varies
         load(tmp_path / "bad.yaml")
+
+
+def test_scale_out_headless_service_rolling_update_and_disruption_budget(k8s):
+    """Every pod reachable by the edges' round_robin (headless), never fewer serving replicas during a
+    rolling update, a budget for voluntary disruptions, and SIGTERM's drain given its grace."""
+    dep, svc, pdb, hpa = k8s["Deployment"], k8s["Service"], k8s["PodDisruptionBudget"], k8s["HorizontalPodAutoscaler"]
+    assert svc.spec.cluster_ip == "None" and not svc.spec.publish_not_ready_addresses
+    ru = dep.spec.strategy.rolling_update
+    assert dep.spec.strategy.type == "RollingUpdate" and ru.max_unavailable == 0 and ru.max_surge == 1
+    assert pdb.spec.selector.match_labels.items() <= dep.spec.template.metadata.labels.items()
+    assert pdb.spec.max_unavailable == 1 and dep.spec.replicas >= 2 and hpa.spec.min_replicas >= 2
+    c = dep.spec.template.spec.containers[0]
+    args = build_parser().parse_args(dockerfile_args() + c.args)
+    pre_stop = c.lifecycle.pre_stop.sleep.seconds
+    assert dep.spec.template.spec.termination_grace_period_seconds > pre_stop + args.grace

@@ -26,7 +26,8 @@ async def test_planner_picks_the_measured_faster_plan(cloud):
         await runner.close()
     for r in rows:
         assert r["regret"] <= 1.10, r
-        assert r["measured_ms"]["cloud"] > r["measured_ms"]["edge"]  # the proxy's RTT is really on the path
+        if r["rtt_ms"] == 200:  # the proxy's RTT is really on the path (at 1 ms either plan may be faster)
+            assert r["measured_ms"]["cloud"] > r["measured_ms"]["edge"], r
     slow = next(r for r in rows if r["rtt_ms"] == 200 and r["edge"] == "warm")
     fast = next(r for r in rows if r["rtt_ms"] == 1 and r["edge"] == "warm")
     assert slow["measured_ms"]["cloud"] - fast["measured_ms"]["cloud"] > 100  # ~200 ms added; problem variance is the rest

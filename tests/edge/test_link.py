@@ -1,0 +1,90 @@
+"""The cloud setting names the replicas; gRPC's balancer spreads calls over the serving ones and skips
+a NOT_SERVING or stopped one (real gRPC servers on 127.0.0.1 with the health service)."""
+
+import asyncio
+import collections
+import json
+
+import grpc
+import pytest
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from coinfer.v1 import coinfer_pb2 as pb
+from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
+from edge.link import CLOUD_SERVICE, SERVICE_CONFIG, parse_targets
+
+
+@pytest.mark.parametrize("cloud, target, monitored", [
+    ("cloud.example:50051", "cloud.example:50051", [("cloud.example", 50051)]),
+    ("dns:///coinfer-cloud.ns.svc:50051", "dns:///coinfer-cloud.ns.svc:50051", [("coinfer-cloud.ns.svc", 50051)]),
+    ("10.0.0.1:1,10.0.0.2:2", "ipv4:10.0.0.1:1,10.0.0.2:2", [("10.0.0.1", 1), ("10.0.0.2", 2)]),
+    ("localhost:7,127.0.0.1:8", "ipv4:127.0.0.1:7,127.0.0.1:8", [("127.0.0.1", 7), ("127.0.0.1", 8)]),
+    ("[::1]:7,[::1]:8", "ipv6:[::1]:7,[::1]:8", [("::1", 7), ("::1", 8)]),
+])
+def test_cloud_targets(cloud, target, monitored):
+    assert parse_targets(cloud) == (target, monitored)
+
+
+@pytest.mark.parametrize("cloud, msg", [
+    ("a.example:1,b.example:2", "IP:port entries"),
+    ("10.0.0.1:1,[::1]:2", "all IPv4 or all IPv6"),
+    ("10.0.0.1", "not host:port"),
+    ("10.0.0.1:99999", "not host:port"),
+])
+def test_bad_cloud_targets_name_the_field(cloud, msg):
+    from edge.config import EdgeConfig
+
+    with pytest.raises(ValueError, match=f"cloud: .*{msg}"):
+        EdgeConfig(model="m", cloud=cloud).validate()
+
+
+class _Replica(pb_grpc.CoinferCloudServicer):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def Status(self, request, context):
+        return pb.StatusResponse(model=self.name)
+
+
+async def test_round_robin_skips_not_serving_and_stopped_replicas():
+    servers, healths, ports = [], [], []
+    for i in range(3):
+        s = grpc.aio.server()
+        pb_grpc.add_CoinferCloudServicer_to_server(_Replica(f"r{i}"), s)
+        h = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(h, s)
+        ports.append(s.add_insecure_port("127.0.0.1:0"))
+        await s.start()
+        await h.set(CLOUD_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        servers.append(s)
+        healths.append(h)
+    target, _ = parse_targets(",".join(f"127.0.0.1:{p}" for p in ports))
+    async with grpc.aio.insecure_channel(target, options=[("grpc.service_config", json.dumps(SERVICE_CONFIG))]) as ch:
+        stub = pb_grpc.CoinferCloudStub(ch)
+
+        async def spread(n: int = 30) -> dict[str, int]:
+            c = collections.Counter()
+            for _ in range(n):
+                c[(await stub.Status(pb.StatusRequest(), wait_for_ready=True, timeout=5)).model] += 1
+            return dict(c)
+
+        async def settles(want: set[str]) -> dict[str, int]:
+            """The spread once health updates have reached the balancer (they travel asynchronously)."""
+            for _ in range(50):
+                got = await spread()
+                if set(got) == want:
+                    return got
+                await asyncio.sleep(0.1)
+            return got
+
+        got = await settles({"r0", "r1", "r2"})
+        assert set(got) == {"r0", "r1", "r2"} and max(got.values()) - min(got.values()) <= 2, got
+        await healths[1].set(CLOUD_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)  # draining
+        got = await settles({"r0", "r2"})
+        assert set(got) == {"r0", "r2"} and abs(got["r0"] - got["r2"]) <= 2, got
+        await servers[2].stop(None)  # gone
+        assert await settles({"r0"}) == {"r0": 30}
+        await healths[1].set(CLOUD_SERVICE, health_pb2.HealthCheckResponse.SERVING)  # back
+        assert set(await settles({"r0", "r1"})) == {"r0", "r1"}
+    for s in servers[:2]:
+        await s.stop(None)

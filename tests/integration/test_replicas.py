@@ -1,0 +1,19 @@
+"""Three real cloud replicas (``python -m cloud.server`` processes: vLLM on CPU) and four edges over
+loopback; mid-run one replica is SIGKILLed and another drained and restarted (a rolling update). The
+full-size run (300 requests) is ``python -m benchmarks.replicas``; this one is sized for CI."""
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+async def test_a_kill_and_a_rolling_update_lose_no_request(tmp_path):
+    from benchmarks.replicas import Scenario, run
+
+    out = await run(Scenario(replicas=3, edges=4, requests=48, concurrency=6), tmp_path)
+    print(out)
+    assert out["lost"] == 0, out["lost_detail"]
+    assert out["edge_only"] == 0, out["edge_only_reasons"]  # some replica could always answer
+    assert out["redrafted_after_replay"] == 0 and out["max_drafting_rounds"] <= 1  # replays re-send the drafts
+    assert "kill_at_s" in out["events_s"] and "restarted_serving_at_s" in out["events_s"]
+    assert len(out["steady_sessions_per_replica"]) == 3  # before the kill every replica got sessions
