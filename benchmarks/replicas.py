@@ -219,6 +219,8 @@ async def run(sc: Scenario, log_dir: Path) -> dict:
             if all(sum(r.serving for r in c.link.replicas.values()) == sc.replicas for c in cores):
                 break
             await asyncio.sleep(0.05)
+        # what each edge's Status / healthz reports: every replica, serving
+        events["replicas_serving_per_edge"] = min(sum(r["serving"] for r in c.status()["replicas"]) for c in cores)
         prompts = _problems(sc.requests, sc.seed)
         outcomes: list[Outcome] = []
         queue = list(enumerate(prompts))

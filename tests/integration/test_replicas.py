@@ -17,3 +17,4 @@ async def test_a_kill_and_a_rolling_update_lose_no_request(tmp_path):
     assert out["redrafted_after_replay"] == 0 and out["max_drafting_rounds"] <= 1  # replays re-send the drafts
     assert "kill_at_s" in out["events_s"] and "restarted_serving_at_s" in out["events_s"]
     assert len(out["steady_sessions_per_replica"]) == 3  # before the kill every replica got sessions
+    assert out["events_s"]["replicas_serving_per_edge"] == 3  # each edge's status lists all three, serving
