@@ -219,6 +219,12 @@ async def run(sc: Scenario, log_dir: Path) -> dict:
             if all(sum(r.serving for r in c.link.replicas.values()) == sc.replicas for c in cores):
                 break
             await asyncio.sleep(0.05)
+        for c in cores:  # each edge's balanced channel is connected (its subchannels come up together)
+            for _ in range(100):
+                if c.link.channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
+                    break
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)
         # what each edge's Status / healthz reports: every replica, serving
         events["replicas_serving_per_edge"] = min(sum(r["serving"] for r in c.status()["replicas"]) for c in cores)
         prompts = _problems(sc.requests, sc.seed)

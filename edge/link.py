@@ -134,6 +134,9 @@ class CloudLink:
         if not self.enabled:
             return
         self.channel = self._channel_to(self.target)
+        # connect every replica's subchannel now, not on the first session: until they are READY the
+        # balancer can only pick the ones that are, and early sessions would pile onto those
+        self.channel.get_state(try_to_connect=True)
         self._resolver = asyncio.create_task(self._resolve_loop())
 
     async def _resolve(self) -> list[str]:
