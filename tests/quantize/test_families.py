@@ -32,7 +32,6 @@ def family(request, tmp_path_factory):
     from coinfer.chat import ChatFormat, ChatMessage
     from quantize.build import BuildOptions, int8_dir
     from quantize.export import export_dir
-    from quantize.gates import GateConfig
     from quantize.int8 import QuantConfig
 
     name, root = request.param, tmp_path_factory.mktemp(request.param)
@@ -40,9 +39,9 @@ def family(request, tmp_path_factory):
     text = ChatFormat.from_dir(hf).render([ChatMessage("user", LONG_TURN)])  # longer than the sliding windows
     ids = AutoTokenizer.from_pretrained(str(hf))(text, add_special_tokens=False)["input_ids"]
     export_dir(hf, root / "onnx", parity_prompt=ids, parity_steps=16)
-    for scheme in SCHEMES:
+    for scheme in SCHEMES:  # structure-checked here; the gates have their own test
         int8_dir(root / "onnx", root / scheme, QuantConfig(scheme=scheme, calib_prompts=8),
-                 BuildOptions(gates=GateConfig(prompts=8, max_new_tokens=16), progress=False, keep_failed=True))
+                 BuildOptions(gates=None, progress=False))
     return name, root
 
 
@@ -56,7 +55,7 @@ def test_export_matches_torch_over_16_decode_steps(family):
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_every_weight_is_int8_per_channel_and_the_gates_judge_without_tasks(family, scheme):
+def test_every_weight_is_int8_per_channel(family, scheme):
     from quantize.check import check_structure
 
     name, root = family
@@ -64,13 +63,23 @@ def test_every_weight_is_int8_per_channel_and_the_gates_judge_without_tasks(fami
     checked, problems = check_structure(root / scheme / "model.onnx")
     assert problems == [] and checked == expected, (name, scheme, checked, expected, problems)
     manifest = json.loads((root / scheme / "manifest.json").read_text())
-    assert len(manifest["checks"]["structure"]["quantized_weights"]) == expected
-    gates = {g["name"]: g for g in manifest["checks"]["gates"]["gates"]}
-    for g in ("top1_agreement", "greedy_match", "nll_delta"):
-        assert gates[g]["value"] is not None, gates[g]
-    # no declared task and generic prompts: the accuracy gate says it cannot judge instead of passing
-    assert gates["accuracy_drop"]["value"] is None and "not applicable" in gates["accuracy_drop"]["message"]
-    assert manifest["checks"]["passed"], [g["message"] for g in gates.values()]
+    assert len(manifest["checks"]["structure"]["quantized_weights"]) == expected and manifest["checks"]["passed"]
+
+
+def test_the_gates_judge_a_model_without_tasks(family):
+    """Generic prompts (no task declared): the task-free gates measure, the accuracy gate says it cannot
+    judge. Thresholds with margin for every CPU: random weights give flat rows where rounding flips
+    argmaxes, so greedy match is only reported (static INT8 with 7-bit weights, as on AVX2 CPUs without
+    VNNI, measured: top-1 >= 0.91, NLL delta <= 0.03, greedy match down to 0.125)."""
+    from quantize.gates import GateConfig, gate_dirs
+
+    name, root = family
+    results = {r.name: r for r in gate_dirs(root / "onnx", root / "static", GateConfig(prompts=8, max_new_tokens=16),
+                                            progress=False)}
+    assert results["top1_agreement"].value >= 0.85, results["top1_agreement"].message
+    assert results["nll_delta"].value <= 0.1, results["nll_delta"].message
+    assert results["greedy_match"].value is not None
+    assert results["accuracy_drop"].value is None and "not applicable" in results["accuracy_drop"].message
 
 
 def test_edge_drafts_five_for_a_chat_prompt_and_honours_stop_strings(family):
