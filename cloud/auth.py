@@ -54,6 +54,11 @@ class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
                 found = edge
         return found
 
+    def caller(self, context: grpc.aio.ServicerContext) -> str:
+        """Who is calling: the edge its token names (already checked), else its peer host."""
+        header = dict(context.invocation_metadata() or ()).get("authorization", "")
+        return (self.edge_of(header[7:].strip()) if header[:7].lower() == "bearer " else None) or peer_host(context)
+
     async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         handler = await continuation(details)
         if handler is None or details.method.startswith(OPEN_PREFIXES):
@@ -77,3 +82,10 @@ class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
         if handler.response_streaming:
             return grpc.unary_stream_rpc_method_handler(deny)
         return grpc.unary_unary_rpc_method_handler(deny)
+
+
+def peer_host(context: grpc.aio.ServicerContext) -> str:
+    """The caller's address without its port ("ipv4:10.0.0.7:51234" -> "10.0.0.7")."""
+    peer = context.peer() or "unknown"
+    host = peer.split(":", 1)[1] if ":" in peer else peer
+    return host.rsplit(":", 1)[0].strip("[]") or "unknown"

@@ -76,6 +76,11 @@ class Limits:
     """Drafts per session across all rounds."""
     max_sessions: int = 64
     """Concurrent sessions; one more is refused."""
+    max_sessions_per_edge: int = 32
+    """Concurrent sessions of one edge (its token's name, or its address without auth); 0 = no
+    per-edge limit. One client must not hold every slot."""
+    open_timeout_s: float = 10.0
+    """A Session stream must send its SessionOpen within this, or it is closed (DEADLINE_EXCEEDED)."""
     max_message_bytes: int = 4 << 20
     max_deadline_ms: int = 600_000
 

@@ -6,6 +6,7 @@ Transport-free: takes and returns domain types, raises ``coinfer.errors``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 import uuid
@@ -33,6 +34,8 @@ class CloudCore:
         self.cfg = cfg
         self.engine = engine
         self.active = 0
+        self.per_edge: collections.Counter[str] = collections.Counter()
+        """Sessions in flight per caller (``Limits.max_sessions_per_edge``)."""
         self.draining = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -85,7 +88,7 @@ class CloudCore:
     def close(self) -> None:
         self.metrics.close()
 
-    def _admit(self, req: t.OpenRequest) -> tuple:
+    def _admit(self, req: t.OpenRequest, edge: str = "") -> tuple:
         lim = self.cfg.limits
         task = get_task(req.task)
         if req.messages:
@@ -114,17 +117,22 @@ class CloudCore:
             raise Unavailable("engine: not ready (loading or restarting); retry shortly")
         if self.active >= lim.max_sessions:
             raise ResourceExhausted(f"sessions: {self.active} active, limit {lim.max_sessions}")
+        if lim.max_sessions_per_edge and self.per_edge[edge] >= lim.max_sessions_per_edge:
+            raise ResourceExhausted(f"sessions: {self.per_edge[edge]} active for this edge, "
+                                    f"limit {lim.max_sessions_per_edge} per edge")
         return task, spec, rules
 
-    async def session(self, req: t.OpenRequest, inbox: AsyncIterator[EdgeItem]) -> AsyncIterator[t.CloudEvent]:
-        """Run one session; raises CoinferError subclasses for bad input / limits."""
-        task, spec, rules = self._admit(req)
+    async def session(self, req: t.OpenRequest, inbox: AsyncIterator[EdgeItem],
+                      edge: str = "") -> AsyncIterator[t.CloudEvent]:
+        """Run one session for caller ``edge``; raises CoinferError subclasses for bad input / limits."""
+        task, spec, rules = self._admit(req, edge)
         req.request_id = req.request_id or uuid.uuid4().hex[:16]
         deadline_ms = req.deadline_ms or self.cfg.policy.default_deadline_ms
         w = self.learner.weights
         s = Session(self.cfg, self.engine, req, task, spec, rules, self.controller.recommended, deadline_ms / 1e3,
                     weights=(w.a, w.b, w.g), load=self.controller.smoothed)
         self.active += 1
+        self.per_edge[edge] += 1
         self._idle.clear()
         self.metrics.active.inc()
         t0 = time.perf_counter()
@@ -141,19 +149,23 @@ class CloudCore:
             raise
         finally:
             self.active -= 1
+            self.per_edge[edge] -= 1
+            if not self.per_edge[edge]:
+                del self.per_edge[edge]
             if self.active == 0:
                 self._idle.set()
             self.metrics.active.dec()
             self.metrics.sessions.labels(outcome).inc()
-            log.info("session %s %s in %.0f ms", req.request_id, outcome, (time.perf_counter() - t0) * 1e3)
+            log.info("session %s from %s %s in %.0f ms", req.request_id, edge or "?", outcome,
+                     (time.perf_counter() - t0) * 1e3)
 
-    async def generate(self, req: t.OpenRequest) -> AsyncIterator[t.CloudEvent]:
+    async def generate(self, req: t.OpenRequest, edge: str = "") -> AsyncIterator[t.CloudEvent]:
         """Cloud-only: a session with no drafts (the cloud drafts itself at once)."""
 
         async def no_drafts() -> AsyncIterator[EdgeItem]:
             return
             yield  # pragma: no cover - makes this an async generator
 
-        async for ev in self.session(req, no_drafts()):
+        async for ev in self.session(req, no_drafts(), edge):
             if not isinstance(ev, t.SessionAccepted):
                 yield ev

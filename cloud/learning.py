@@ -26,9 +26,27 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from cloud.policy import fit_weights
+from coinfer import statefile
 
 log = logging.getLogger(__name__)
+
+
+class _WeightsSchema(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False, strict=True)
+    a: float = Field(ge=0)
+    b: float = Field(ge=0)
+    g: float = Field(ge=0)
+    updates: int = Field(0, ge=0)
+    sessions: int = Field(0, ge=0)
+
+
+class StateFile(BaseModel):
+    """The state file's schema (``statefile.load``): finite, non-negative weights and counts."""
+
+    weights: _WeightsSchema
 
 
 @dataclass
@@ -57,12 +75,10 @@ class WeightLearner:
     def open(cls, a: float, b: float, g: float, every: int, alpha: float, path: str) -> WeightLearner:
         w = Weights(a, b, g)
         p = Path(path) if path else None
-        if p is not None and p.is_file():
-            try:
-                w = Weights(**json.loads(p.read_text())["weights"])
-                log.info("scheduler weights from %s: a=%.3f b=%.3f g=%.3f (%d updates)", p, w.a, w.b, w.g, w.updates)
-            except (ValueError, KeyError, TypeError) as exc:  # a corrupt state file must not stop the service
-                log.error("%s: unreadable state (%s); starting from the configured weights", p, exc)
+        saved = statefile.load(p, StateFile)  # an invalid file is set aside: it must not stop the service
+        if saved is not None:
+            w = Weights(**saved.weights.model_dump())
+            log.info("scheduler weights from %s: a=%.3f b=%.3f g=%.3f (%d updates)", p, w.a, w.b, w.g, w.updates)
         return cls(w, every, alpha, p, _written_sessions=w.sessions)
 
     def record(self, rows: list[tuple[float, float, float, float]]) -> bool:
@@ -106,13 +122,10 @@ class WeightLearner:
 
     def _merge(self) -> None:
         """Adopt the shared file's weights; sessions counted here since our last write are added."""
-        if self.path is None or not self.path.is_file():
+        saved = statefile.load(self.path, StateFile)  # invalid: set aside, this replica's weights win
+        if saved is None:
             return
-        try:
-            shared = Weights(**json.loads(self.path.read_text())["weights"])
-        except (ValueError, KeyError, TypeError) as exc:
-            log.error("%s: unreadable state (%s); overwriting it with this replica's weights", self.path, exc)
-            return
+        shared = Weights(**saved.weights.model_dump())
         mine = self.weights.sessions - self._written_sessions
         shared.sessions += mine
         self.weights = shared

@@ -98,10 +98,10 @@ async def create_server(cfg: CloudConfig, engine: TargetEngine | None = None) ->
     cfg.validate()
     opts = [("grpc.max_receive_message_length", cfg.limits.max_message_bytes),
             ("grpc.max_send_message_length", max(cfg.limits.max_message_bytes, 17 << 20))]
-    interceptors = [BearerAuthInterceptor(cfg.auth_tokens)] if cfg.auth_tokens else []
-    server = grpc.aio.server(options=opts, interceptors=interceptors)
+    auth = BearerAuthInterceptor(cfg.auth_tokens) if cfg.auth_tokens else None
+    server = grpc.aio.server(options=opts, interceptors=[auth] if auth else [])
     core = CloudCore(cfg)
-    servicer = CoinferCloudServicer(core)
+    servicer = CoinferCloudServicer(core, auth)
     coinfer_pb2_grpc.add_CoinferCloudServicer_to_server(servicer, server)
     hs = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)

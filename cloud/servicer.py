@@ -7,17 +7,19 @@ server goes on serving other sessions.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
 
 import grpc
 
+from cloud.auth import BearerAuthInterceptor, peer_host
 from cloud.core import CloudCore
 from cloud.session import DraftsDone, EdgeItem
 from coinfer import convert
 from coinfer import types as t
-from coinfer.errors import InvalidArgument, abort
+from coinfer.errors import DeadlineExceeded, InvalidArgument, abort
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
 
@@ -25,10 +27,14 @@ MAX_PROBE_BYTES = 16 << 20
 
 
 class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
-    def __init__(self, core: CloudCore) -> None:
+    def __init__(self, core: CloudCore, auth: BearerAuthInterceptor | None = None) -> None:
         self.core = core
+        self.auth = auth
         self.replica = ""
         """host:port of this replica, stamped on every Summary (set once the port is bound)."""
+
+    def _caller(self, context: grpc.aio.ServicerContext) -> str:
+        return self.auth.caller(context) if self.auth is not None else peer_host(context)
 
     def _out(self, ev: t.CloudEvent) -> pb.CloudMessage:
         if isinstance(ev, t.Summary):
@@ -38,7 +44,11 @@ class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
     async def Session(self, request_iterator: AsyncIterator[pb.EdgeMessage],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.CloudMessage]:
         try:
-            first = await anext(aiter(request_iterator), None)
+            try:  # a stream that never opens must not hold a connection and a handler forever
+                async with asyncio.timeout(self.core.cfg.limits.open_timeout_s):
+                    first = await anext(aiter(request_iterator), None)
+            except TimeoutError:
+                raise DeadlineExceeded(f"open: no SessionOpen within {self.core.cfg.limits.open_timeout_s:g} s") from None
             if first is None or first.WhichOneof("kind") != "open":
                 raise InvalidArgument("open: the first message of a session must be SessionOpen")
             req = convert.open_from_pb(first.open)
@@ -53,7 +63,7 @@ class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
                     else:
                         raise InvalidArgument(f"{kind or 'kind'}: only draft or done may follow open")
 
-            async for ev in self.core.session(req, inbox()):
+            async for ev in self.core.session(req, inbox(), self._caller(context)):
                 yield self._out(ev)
         except Exception as exc:  # noqa: BLE001 - mapped to a status, never crashes the server
             await abort(context, exc)
@@ -64,7 +74,7 @@ class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
             req = convert.open_from_pb(pb.SessionOpen(
                 request_id=request.request_id, problem=request.problem, deadline_ms=request.deadline_ms,
                 refine=request.sampling if request.HasField("sampling") else None))
-            async for ev in self.core.generate(req):
+            async for ev in self.core.generate(req, self._caller(context)):
                 yield self._out(ev)
         except Exception as exc:  # noqa: BLE001
             await abort(context, exc)

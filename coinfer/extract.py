@@ -23,10 +23,12 @@ becomes the numeric ``answer``; the extracted text stays in ``answer_text``. Eve
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import regex
+
+from coinfer import userregex
 from coinfer.errors import InvalidArgument, require
 from coinfer.text import normalize
 
@@ -141,10 +143,10 @@ class Extraction:
                     f"required string of 1..{MAX_PATTERN} chars")
             self.compiled(f"{field}.pattern")
 
-    def compiled(self, field: str = "extraction.pattern") -> re.Pattern:
+    def compiled(self, field: str = "extraction.pattern") -> regex.Pattern:
         try:
-            rx = re.compile(self.pattern)
-        except re.error as exc:
+            rx = userregex.compile(self.pattern)
+        except regex.error as exc:
             raise InvalidArgument(f"{field}: invalid regex: {exc}") from None
         require(bool(rx.groupindex), field, "needs a named group, e.g. (?P<answer>...)")
         return rx
@@ -178,10 +180,11 @@ class Extraction:
             if obj is None:
                 return Parsed({}, "parse_error: no JSON object found" + empty)
             return Parsed(dict(obj) if isinstance(obj, dict) else {"answer": obj})
-        # regex
-        last = None
-        for last in self.compiled().finditer(clean):  # noqa: B007 - the last match wins
-            pass
+        # regex (a client's pattern: matched within a time budget)
+        try:
+            last = userregex.last_match(self.compiled(), clean)
+        except userregex.RegexTimeout as exc:
+            return Parsed({}, f"parse_error: {exc} on this text")
         if last is None:
             return Parsed({}, f"parse_error: no match for /{self.pattern}/")
         fields: dict[str, Any] = {}

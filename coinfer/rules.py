@@ -24,13 +24,14 @@ itself is an implicit first rule (``parse``): the request's declared extraction
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import jsonschema
+import regex
 
+from coinfer import userregex
 from coinfer.arithmetic import first_wrong_equation
 from coinfer.errors import InvalidArgument, require
 from coinfer.extract import Extraction
@@ -104,8 +105,8 @@ class CompiledRule:
             require(isinstance(pattern, str) and 0 < len(pattern) <= MAX_PATTERN, f"{w}.pattern",
                     f"required string of 1..{MAX_PATTERN} chars")
             try:
-                self.regex = re.compile(pattern)
-            except re.error as exc:
+                self.regex = userregex.compile(pattern)
+            except regex.error as exc:
                 raise InvalidArgument(f"{w}.pattern: invalid regex: {exc}") from None
             self.must_match = bool(p.get("must_match", True))
         elif rule.kind == "json_schema":
@@ -134,7 +135,10 @@ class CompiledRule:
                 return f"too_short: {n} chars < {_fmt(self.lo)}"
             return ""
         if kind == "regex":
-            found = self.regex.search(text) is not None
+            try:
+                found = userregex.search(self.regex, text) is not None
+            except userregex.RegexTimeout as exc:
+                return f"regex_timeout: {exc} on this text"
             if found != self.must_match:
                 return f"regex_failed: {'no match for' if self.must_match else 'forbidden match of'} /{self.regex.pattern}/"
             return ""

@@ -39,17 +39,27 @@ _PROMPT_RE = re.compile(
     r"^\s*If\s+((?:[a-z]=-?\d+)(?:\s*(?:,|and)\s*[a-z]=-?\d+)*)\s*,\s*compute\s+([0-9a-z+\-*^() ]+?)\s*\.?\s*$"
 )
 _ASSIGN_RE = re.compile(r"([a-z])=(-?\d+)")
-_STEP_RE = re.compile(r"([0-9a-z+\-*^() ]*[0-9a-z)])\s*=\s*(-?\d+)")
+_STEP_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyz+-*^() ")
+_STEP_END = frozenset("0123456789abcdefghijklmnopqrstuvwxyz)")
+_VALUE_RE = re.compile(r" ?(-?\d+)")
+_ONE_STEP_RE = re.compile(r"([0-9a-z+\-*^() ]*[0-9a-z)])\s*=\s*(-?\d+)")  # fullmatch only: one start, linear
+MAX_OPERATORS = 64
+"""An expression (prompt or step) with more operators is refused before it is parsed: evaluation
+recurses once per operator, and a 1,000-term sum or 1,000 unary minus signs must be a clear error,
+not a RecursionError (the demo's expressions have under 10)."""
 _ANSWER_RE = re.compile(r"answer[\"']?\s*(?:is)?\s*[:=]?\s*(-?\d+)", re.IGNORECASE)
 _OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Pow: "^"}
 _MAX_ABS = 10**12  # evaluation guard: a hostile "9^9^9" must not hang the verifier
 
 
 def _tree(expr: str) -> ast.expr:
+    ops = sum(expr.count(c) for c in "+-*^")
+    if ops > MAX_OPERATORS or expr.count("(") > MAX_OPERATORS:
+        raise ValueError(f"too long: {ops} operators, {expr.count('(')} parentheses (at most {MAX_OPERATORS} each)")
     try:
         node = ast.parse(expr.replace("^", "**"), mode="eval").body
-    except SyntaxError as exc:
-        raise ValueError(f"not an expression: {expr!r}") from exc
+    except (SyntaxError, RecursionError, MemoryError) as exc:
+        raise ValueError(f"not an expression: {expr[:80]!r}") from exc
     return node
 
 
@@ -83,6 +93,27 @@ def evaluate(expr: str, env: dict[str, int]) -> int:
         raise ValueError(f"unsupported syntax in {ast.unparse(node)!r}")
 
     return ev(_tree(expr))
+
+
+def written_steps(text: str) -> list[tuple[str, int]]:
+    """Every ``<expression> = <int>`` in ``text`` (whitespace collapsed), left to right: the expression
+    is the run of expression characters ending just before the "=". One pass over the text: the
+    regular expression it replaces (``[...]*[...]\\s*=``) backtracked quadratically on long runs
+    without an "=" (a 4 KB draft of letters)."""
+    out: list[tuple[str, int]] = []
+    floor = 0  # where the previous step's value ended: steps do not overlap
+    at = text.find("=")
+    while at >= 0:
+        value = _VALUE_RE.match(text, at + 1)
+        end = at - 1 if at > floor and text[at - 1] == " " else at  # one space before "=" (collapsed)
+        if value and end > floor and text[end - 1] in _STEP_END:
+            start = end - 1
+            while start > floor and text[start - 1] in _STEP_CHARS:
+                start -= 1
+            out.append((text[start:end].replace(" ", ""), int(value.group(1))))
+            floor = value.end()
+        at = text.find("=", max(at + 1, floor))
+    return out
 
 
 def _num(v: int) -> str:
@@ -128,7 +159,9 @@ class ArithTask(Task):
         return Problem(self.name, prompt, {"vars": {"x": x, "y": y}, "expr": expr})
 
     def parse_problem(self, prompt: str) -> dict[str, Any]:
-        m = _PROMPT_RE.match(normalize(prompt))
+        # whitespace collapsed first: the pattern's adjacent \s* then match one character at most,
+        # so it runs in linear time (on raw runs of spaces it backtracked like their fourth power)
+        m = _PROMPT_RE.match(" ".join(normalize(prompt).split()))
         if not m:
             raise InvalidArgument(
                 "problem.prompt: not an arith problem; expected 'If x=<int> and y=<int>, compute <expr>.'"
@@ -149,8 +182,8 @@ class ArithTask(Task):
         return f"{body}; answer {steps[-1][1]}" if steps else f"answer {evaluate(spec['expr'], spec['vars'])}"
 
     def parse_answer(self, text: str) -> Parsed:
-        clean = normalize(text)
-        steps = [(lhs.replace(" ", ""), int(v)) for lhs, v in _STEP_RE.findall(clean)]
+        clean = " ".join(normalize(text).split())  # linear matching below (see parse_problem)
+        steps = written_steps(clean)
         fields: dict[str, Any] = {"steps": steps}
         answers = _ANSWER_RE.findall(clean)
         if not answers:
@@ -174,7 +207,7 @@ class ArithTask(Task):
         return ""
 
     def step_ok(self, spec: dict[str, Any], step: str) -> bool:
-        m = _STEP_RE.fullmatch(normalize(step).strip())
+        m = _ONE_STEP_RE.fullmatch(" ".join(normalize(step).split()))
         if not m:
             return False
         try:

@@ -64,7 +64,7 @@ class SelectTask(Task):
         return Problem(self.name, prompt, {"pool": pool, "k": PICK, "budget": budget})
 
     def parse_problem(self, prompt: str) -> dict[str, Any]:
-        m = _PROMPT_RE.match(normalize(prompt))
+        m = _PROMPT_RE.match(" ".join(normalize(prompt).split()))  # collapsed: linear (arith.parse_problem)
         if not m:
             raise InvalidArgument(
                 "problem.prompt: not a select problem; expected 'Pick <k> of A(<cost>,<value>) B(...) ... with cost<=<budget>.'"
@@ -93,7 +93,7 @@ class SelectTask(Task):
         return "; ".join(steps + [f"answer {answer}"])
 
     def parse_answer(self, text: str) -> Parsed:
-        clean = normalize(text)
+        clean = " ".join(normalize(text).split())  # collapsed: every \s* matches one char at most
         steps = [(s, int(c), int(v) if v else None, int(b) if b else None) for s, c, v, b in _STEP_RE.findall(clean)]
         fields: dict[str, Any] = {"steps": steps}
         ids = None

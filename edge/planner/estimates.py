@@ -14,6 +14,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict
+
+from coinfer import statefile
+
 log = logging.getLogger(__name__)
 
 # conservative: slow disk, slow link, slow cloud — a guess should not lure a request away
@@ -54,6 +58,15 @@ def _family(key: str) -> str:
         if k in DEFAULTS:
             return k
     return key
+
+
+class EstimatesFile(BaseModel):
+    """The calibration file's schema (``coinfer.statefile``): measurements by key, finite."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+    values: dict[str, float]
+    updated: dict[str, float] = {}
+    counts: dict[str, int] = {}
 
 
 @dataclass
@@ -119,17 +132,16 @@ class Estimates:
     @classmethod
     def open(cls, path: str | Path | None) -> Estimates:
         est = cls(path=Path(path) if path else None)
-        if est.path is not None and est.path.is_file():
-            try:
-                data = json.loads(est.path.read_text())
-                for k, v in data["values"].items():
-                    if est.observe(k, float(v), replace=True):
-                        est.updated[k] = float(data.get("updated", {}).get(k, 0.0))
-                # a file without counts (older format) still holds means: weigh each as one sample
-                saved = data.get("counts", {})
-                est.counts = {k: int(saved.get(k, 1)) for k in est.values}
-            except (ValueError, KeyError, TypeError) as exc:
-                est.note(f"{est.path}: unreadable calibration ({exc}); starting from defaults")
+        data = statefile.load(est.path, EstimatesFile)  # invalid: set aside (logged), defaults
+        if data is None and est.path is not None and not est.path.exists() and any(
+                est.path.parent.glob(f"{est.path.name}.invalid-*")):
+            est.note(f"{est.path}: invalid calibration file set aside; starting from defaults")
+        if data is not None:
+            for k, v in data.values.items():
+                if est.observe(k, v, replace=True):  # each value within its bounds, or refused with a note
+                    est.updated[k] = data.updated.get(k, 0.0)
+            # a file without counts (older format) still holds means: weigh each as one sample
+            est.counts = {k: data.counts.get(k, 1) for k in est.values}
         return est
 
     def save(self) -> None:

@@ -78,3 +78,21 @@ def test_replicas_sharing_one_state_file_lose_no_update(tmp_path):
     saved = json.loads(path.read_text())["weights"]
     assert saved["updates"] == 4 and saved["sessions"] == 8
     assert saved["a"] > 0.9  # the merged fits moved the weight onto the score term (one alone: ~0.7)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("body", ['{"weights": {"a": "x", "b": 0.3, "g": 0.1}}', '{"weights": {"a": 1, "b": 0.3, "g": 0.1,'
+                                  ' "sessions": "z"}}', '{"weights": {"a": NaN, "b": 0.3, "g": 0.1}}', '{"values": []}',
+                                  '[]', '{"weights": {"a": -1, "b": 0.3, "g": 0.1}}'])
+def test_a_state_file_of_the_wrong_shape_is_set_aside(tmp_path, body, caplog):
+    path = tmp_path / "state.json"
+    path.write_text(body)
+    learner = WeightLearner.open(0.4, 0.3, 0.3, every=2, alpha=0.5, path=str(path))
+    assert (learner.weights.a, learner.weights.b, learner.weights.g) == (0.4, 0.3, 0.3)
+    assert not path.exists() and len(list(tmp_path.glob("state.json.invalid-*"))) == 1
+    assert any("invalid state file" in r.message for r in caplog.records)
+    ok = tmp_path / "ok.json"
+    ok.write_text('{"weights": {"a": 1, "b": 0.5, "g": 0.25, "updates": 3, "sessions": 9}}')  # ints are fine
+    assert WeightLearner.open(0.4, 0.3, 0.3, every=2, alpha=0.5, path=str(ok)).weights.sessions == 9

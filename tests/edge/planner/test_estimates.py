@@ -137,3 +137,18 @@ def test_first_run_is_the_first_request_on_a_session_not_the_state():
     assert p.edge_profile(EdgeState(1_000_000, "warm")).first_run_ms == 0
     p.observe("edge", "arith", 10, 40, 5, _result(1, 90.0, 90.0), fresh)
     assert p.est.get("first_run_ms") == 40.0 and p.est.get("step_ms.5") == 5.0
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("body", ['{"values": []}', '{"values": {"rtt_ms": "x"}}', '{"values": {"rtt_ms": NaN}}',
+                                  '[1, 2]', 'not json', ''])
+def test_a_calibration_file_of_the_wrong_shape_is_set_aside(tmp_path, body):
+    from edge.planner.estimates import Estimates
+
+    path = tmp_path / "est.json"
+    path.write_text(body)
+    est = Estimates.open(path)  # never raises: the edge starts from defaults
+    assert not est.values and not path.exists() and len(list(tmp_path.glob("est.json.invalid-*"))) == 1
+    assert any("set aside" in n for n in est.notes)

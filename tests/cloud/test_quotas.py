@@ -1,0 +1,60 @@
+"""A client cannot hold a server: a stream that never opens is closed, and one edge gets at most its
+per-edge share of the session slots (issue 14). A second real server on the shared engine."""
+
+import asyncio
+
+import grpc
+import pytest
+
+from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
+from tests.cloud.test_service import GOOD, draft, open_msg
+
+
+@pytest.fixture
+async def small(cloud):
+    from cloud.config import CloudConfig, Limits
+    from cloud.server import create_server
+
+    srv = await create_server(CloudConfig(engine=cloud.cfg.engine, limits=Limits(
+        max_sessions=8, max_sessions_per_edge=2, open_timeout_s=0.5)))
+    await srv.attach_engine(cloud.core.engine)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as ch:
+        yield srv, pb_grpc.CoinferCloudStub(ch)
+    await srv.stop(grace=0.5, close_engine=False)  # the engine is the shared fixture's
+
+
+async def test_a_stream_that_never_opens_is_closed(small):
+    srv, stub = small
+    call = stub.Session(timeout=30)  # opens the stream, sends nothing
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call.read()
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "open: no SessionOpen" in err.value.details()
+    assert srv.core.active == 0
+
+
+async def test_one_edge_gets_its_share_of_the_slots_not_all(small):
+    srv, stub = small
+    gate = asyncio.Event()
+
+    async def hold():
+        yield open_msg()
+        yield draft(0, GOOD)
+        await gate.wait()
+
+    held = [stub.Session(hold(), timeout=60) for _ in range(2)]
+    for call in held:
+        assert (await call.read()).WhichOneof("kind") == "accepted"
+    third = stub.Session(hold(), timeout=60)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await third.read()
+    # "sessions:" marks capacity, not a bad request: the edge answers locally or replays elsewhere
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert err.value.details().startswith("sessions: 2 active for this edge, limit 2 per edge")
+    for call in held:
+        call.cancel()
+    gate.set()
+    for _ in range(100):
+        if srv.core.active == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert srv.core.active == 0 and not srv.core.per_edge
