@@ -45,10 +45,12 @@ def request_fault(code: grpc.StatusCode, details: str) -> bool:
 
 
 REPLAYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED,
-              grpc.StatusCode.RESOURCE_EXHAUSTED)
+              grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
 """Cloud failures a session survives by replaying on another replica: killed or draining (UNAVAILABLE),
 cancelled by a stopping server, full (RESOURCE_EXHAUSTED "sessions:"; a request over a limit is the
-request's fault, never replayed)."""
+request's fault, never replayed), a transport broken mid-stream (INTERNAL "Internal error from Core",
+seen when a replica died under load) or a replica's own fault (INTERNAL / UNKNOWN: another replica
+may not share it; the replay budget bounds a fault they all share)."""
 
 
 def replayable(exc: BaseException) -> bool:
@@ -298,6 +300,8 @@ class EdgePipeline:
         finally:
             if not writer.done():
                 writer.cancel()
+            elif not writer.cancelled():
+                writer.exception()  # a write that failed with the stream: retrieved, the read side reports it
         if result.summary is None:
             raise ConnectionError("session ended without a summary")
         result.timings.update(drafting=drafting_ms, total=(time.perf_counter() - t0) * 1e3)
