@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from coinfer import types as t
 from coinfer.chat import ChatMessage
-from coinfer.errors import CoinferError, ResourceExhausted, field_of
+from coinfer.errors import CoinferError, ResourceExhausted, Unavailable, field_of
 from coinfer.extract import KINDS, Extraction
 from coinfer.rules import Rule
 from edge.service import Done, EdgeCore, SolveRequest
@@ -100,9 +100,9 @@ class ChatBody(_Base):
     messages: list[ChatMessageBody] = Field(min_length=1, max_length=64)
 
 
-def _error(status: int, message: str, param: str | None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param,
-                                   "code": None}}, status_code=status)
+def _error(status: int, message: str, param: str | None, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
+                        status_code=status)
 
 
 def _given(body: _Base) -> dict:
@@ -191,6 +191,8 @@ def create_app(core: EdgeCore) -> FastAPI:
             first = await anext(events)  # validation happens before the first event: errors are still 4xx
         except ResourceExhausted as exc:
             return _error(413, exc.message, field_of(exc.message))
+        except Unavailable as exc:  # the server's fault (its model): not counted as a bad request
+            return _error(503, exc.message, None, "server_error")
         except (CoinferError, ValueError) as exc:
             msg = exc.message if isinstance(exc, CoinferError) else str(exc)
             core.metrics.bad_request(field_of(msg))

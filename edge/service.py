@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 
 from coinfer import types as t
 from coinfer.chat import ChatFormat, ChatMessage, conversation, question_of, validate_messages
-from coinfer.errors import InvalidArgument, ResourceExhausted, field_of, require
+from coinfer.errors import InvalidArgument, ResourceExhausted, Unavailable, field_of, require
 from coinfer.extract import Extraction
 from coinfer.rules import Rule, RuleSet
 from coinfer.tasks import TASKS, get_task
@@ -190,6 +190,17 @@ class EdgeCore:
                 log.info("draft model warm in %.0f ms on %s", self.model_load_ms, engine.providers)
         return self.engine
 
+    async def _engine_for_request(self) -> OrtDraftEngine:
+        """The engine a request needs. A model that fails to load (tampered, truncated, unreadable) is
+        the server's fault, not the request's: UNAVAILABLE / 503 with a message that names no path;
+        the detail goes to the log."""
+        try:
+            return await self.ensure_engine()
+        except Exception as exc:  # noqa: BLE001 - ManifestError, ONNX Runtime's load errors, OSError
+            log.error("draft model failed to load: %s", exc)
+            raise Unavailable("model: the edge's draft model failed to load (see the daemon's log); retry later") \
+                from None
+
     @functools.cached_property
     def _tokenizer(self) -> tuple[Tokenizer, ChatFormat]:
         """The draft model's tokenizer and chat format while the model itself is not loaded (usage counts)."""
@@ -269,7 +280,7 @@ class EdgeCore:
                 self._warming.add_done_callback(_log_load_failure)
             engine = None
         else:
-            engine = await self.ensure_engine()
+            engine = await self._engine_for_request()
         self.metrics.plans.labels(plan.value).inc()
         q: asyncio.Queue = asyncio.Queue()
         pipe = EdgePipeline(engine, self.link.channel if plan is not Plan.EDGE else None, self.cfg.replays)
@@ -302,7 +313,7 @@ class EdgeCore:
             try:
                 r = await pipe.solve(req.task, req.prompt, req.rules, s, plan, deadline_s, req.request_id, on_event, **kw)
             except CloudFailed as exc:  # cloud plan while the edge was cold: load it and answer locally
-                local = EdgePipeline(await self.ensure_engine(), None)
+                local = EdgePipeline(await self._engine_for_request(), None)
                 r = await local.solve(req.task, req.prompt, req.rules, s, Plan.EDGE, left(), req.request_id, on_event,
                                       **kw)
                 r.fallback_reason = str(exc)

@@ -9,7 +9,7 @@ import grpc
 from coinfer import convert
 from coinfer import types as t
 from coinfer.chat import ChatMessage
-from coinfer.errors import CoinferError, abort, field_of
+from coinfer.errors import InvalidArgument, ResourceExhausted, abort, field_of
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import edge_pb2 as epb
 from coinfer.v1 import edge_pb2_grpc as epb_grpc
@@ -48,7 +48,7 @@ class EdgeServicer(epb_grpc.CoinferEdgeServicer):
                 elif isinstance(ev, t.AnswerReset):
                     yield epb.SolveEvent(reset=epb.AnswerReset(reason=ev.reason))
         except Exception as exc:  # noqa: BLE001 - never crash the daemon
-            if isinstance(exc, CoinferError):
+            if isinstance(exc, (InvalidArgument, ResourceExhausted)):  # the client's fault, by field
                 self.core.metrics.bad_request(field_of(exc.message))
             await abort(context, exc)
 

@@ -315,3 +315,31 @@ async def test_auto_never_returns_a_rule_failing_edge_answer_while_the_cloud_is_
         assert "escalated" in res.plan_reason
     first_round = [e.draft.index for e in events if e.WhichOneof("kind") == "draft" and e.draft.index < 3]
     assert sorted(first_round) == [0, 1, 2]
+
+
+async def test_a_tampered_model_on_a_lazy_edge_is_the_servers_fault(int8_draft, tmp_path):
+    """The model is checked when the first request loads it: a tampered file is UNAVAILABLE / HTTP 503
+    with a message that names no path, and not a bad request in the metrics (issue 14)."""
+    import shutil
+
+    bad = tmp_path / "model"
+    shutil.copytree(int8_draft, bad)
+    with open(bad / "model.onnx", "r+b") as f:  # one flipped byte: the manifest's hash no longer matches
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    d = await EdgeDaemon(EdgeConfig(model=str(bad), warm=False, grpc_port=0, http_port=0)).start()
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await solve(d.grpc_port, plan="edge")
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and str(tmp_path) not in err.value.details()
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{d.http_port}") as http:
+            r = await http.post("/v1/chat/completions", json={"model": d.core.cfg.model_name, "messages": [
+                {"role": "user", "content": ARITH}]})
+            assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
+            assert str(tmp_path) not in r.text
+            metrics = (await http.get("/metrics")).text
+        assert str(tmp_path) not in metrics and "model.onnx" not in metrics
+    finally:
+        await d.stop()
