@@ -214,12 +214,12 @@ class EdgePipeline:
             async with asyncio.timeout(deadline_s):
                 while True:
                     left = max(0.1, deadline_s - (time.perf_counter() - t0))
-                    retry = bool(result.replays)  # a replay waits for a serving replica (within the deadline)
+                    # no wait_for_ready on a replay: _replica_ready saw a READY replica; if it is gone by
+                    # now the call fails fast (and may replay again) instead of waiting out the deadline
                     try:
                         if plan is Plan.CLOUD:
-                            return await self._cloud_only(req, left, emit_cloud, t0, retry)
-                        return await self._split(req, model_prompt, s, left, emit_cloud, t0, result,
-                                                 drafts or None, retry)
+                            return await self._cloud_only(req, left, emit_cloud, t0)
+                        return await self._split(req, model_prompt, s, left, emit_cloud, t0, result, drafts or None)
                     except (grpc.aio.AioRpcError, ConnectionError) as exc:
                         if len(result.replays) >= self.replays or not replayable(exc) or not await self._replica_ready():
                             raise
@@ -252,9 +252,8 @@ class EdgePipeline:
             return result
 
     async def _split(self, req: t.OpenRequest, task_prompt: str, s: Sampling, deadline_s: float, emit: OnEvent,
-                     t0: float, result: EdgeResult, written: list[t.Draft] | None = None,
-                     wait_for_ready: bool = False) -> EdgeResult:
-        call = self.stub.Session(timeout=deadline_s, wait_for_ready=wait_for_ready)
+                     t0: float, result: EdgeResult, written: list[t.Draft] | None = None) -> EdgeResult:
+        call = self.stub.Session(timeout=deadline_s)
         await call.write(pb.EdgeMessage(open=convert.open_to_pb(req)))
         drafting_ms = 0.0
 
@@ -307,14 +306,13 @@ class EdgePipeline:
         result.timings.update(drafting=drafting_ms, total=(time.perf_counter() - t0) * 1e3)
         return result
 
-    async def _cloud_only(self, req: t.OpenRequest, deadline_s: float, emit: OnEvent, t0: float,
-                          wait_for_ready: bool = False) -> EdgeResult:
+    async def _cloud_only(self, req: t.OpenRequest, deadline_s: float, emit: OnEvent, t0: float) -> EdgeResult:
         msg = pb.GenerateRequest(request_id=req.request_id, problem=convert.problem_to_pb(req),
                                  deadline_ms=req.deadline_ms)
         if req.refine is not None:
             msg.sampling.CopyFrom(convert.to_pb(req.refine, pb.SamplingParams))
         result = EdgeResult("", "cloud", False, task=req.task)
-        async for m in self.stub.Generate(msg, timeout=deadline_s, wait_for_ready=wait_for_ready):
+        async for m in self.stub.Generate(msg, timeout=deadline_s):
             ev = convert.event_from_pb(m)
             emit(ev)
             if isinstance(ev, t.Summary):
