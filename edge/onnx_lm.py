@@ -143,22 +143,16 @@ class OnnxLM:
         if not self.io_binding:
             out = self.session.run(self.output_names, self.feed(ids, past))
             return out[0][:, -1, :].astype(np.float32), out[1:]
-        binding = self.session.io_binding()
-        for name, value in self.feed(ids, past).items():
-            if isinstance(value, ort.OrtValue):
-                binding.bind_ortvalue_input(name, value)
-            else:
-                binding.bind_cpu_input(name, value)
-        binding.bind_output(self.output_names[0], "cpu")
+        binding = self._bound_inputs(ids, past)
         for name in self.output_names[1:]:
             binding.bind_output(name, self.device)
         self.session.run_with_iobinding(binding)
         out = binding.get_outputs()
         return out[0].numpy()[:, -1, :].astype(np.float32), list(out[1:])
 
-    def _step_in_place(self, ids: np.ndarray, past: Buffers) -> tuple[np.ndarray, Buffers]:
-        if past.length + ids.shape[1] > past.capacity:
-            raise ValueError(f"KV buffer full: {past.length} + {ids.shape[1]} tokens > capacity {past.capacity}")
+    def _bound_inputs(self, ids: np.ndarray, past: Past) -> ort.IOBinding:
+        """An IO binding with this step's inputs bound (device values as they are) and the logits
+        bound to the host, the only output sampling reads."""
         binding = self.session.io_binding()
         for name, value in self.feed(ids, past).items():
             if isinstance(value, ort.OrtValue):
@@ -166,6 +160,12 @@ class OnnxLM:
             else:
                 binding.bind_cpu_input(name, value)
         binding.bind_output(self.output_names[0], "cpu")
+        return binding
+
+    def _step_in_place(self, ids: np.ndarray, past: Buffers) -> tuple[np.ndarray, Buffers]:
+        if past.length + ids.shape[1] > past.capacity:
+            raise ValueError(f"KV buffer full: {past.length} + {ids.shape[1]} tokens > capacity {past.capacity}")
+        binding = self._bound_inputs(ids, past)
         for name, buf in zip(self.output_names[1:], past):  # present.N is past_key_values.N: written in place
             binding.bind_ortvalue_output(name, buf)
         self.session.run_with_iobinding(binding)
