@@ -122,10 +122,11 @@ class CloudLink:
 
     def _channel_to(self, target: str) -> grpc.aio.Channel:
         c = self.cfg
-        # monitors dial an IP: TLS still verifies the name the operator configured
-        name = c.tls_server_name or (self._names[0][0] if self._names else "")
+        name = c.tls_server_name
+        if not name and target != self.target and self._names:  # a monitor dials an IP: TLS verifies the name
+            name = self._names[0][0]
         return cloud_channel(target, token=c.token, tls_ca=c.tls_ca, tls_cert=c.tls_cert, tls_key=c.tls_key,
-                             server_name=name if c.tls_ca and target != self.target else c.tls_server_name,
+                             server_name=name,
                              options=[("grpc.max_receive_message_length", 32 << 20),
                                       ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
                                       ("grpc.enable_retries", 1)])
