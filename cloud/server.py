@@ -28,6 +28,7 @@ from cloud.config import CloudConfig, EngineConfig, PolicyConfig
 from cloud.core import CloudCore
 from cloud.engine import TargetEngine, VllmEngine
 from cloud.servicer import CoinferCloudServicer
+from coinfer.decode_guard import DecodeGuard
 from coinfer.v1 import coinfer_pb2, coinfer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ async def create_server(cfg: CloudConfig, engine: TargetEngine | None = None) ->
     opts = [("grpc.max_receive_message_length", cfg.limits.max_message_bytes),
             ("grpc.max_send_message_length", max(cfg.limits.max_message_bytes, 17 << 20))]
     auth = BearerAuthInterceptor(cfg.auth_tokens) if cfg.auth_tokens else None
-    server = grpc.aio.server(options=opts, interceptors=[auth] if auth else [])
+    server = grpc.aio.server(options=opts, interceptors=[DecodeGuard()] + ([auth] if auth else []))
     core = CloudCore(cfg)
     servicer = CoinferCloudServicer(core, auth)
     coinfer_pb2_grpc.add_CoinferCloudServicer_to_server(servicer, server)

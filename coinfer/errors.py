@@ -57,6 +57,8 @@ def field_of(message: str) -> str:
 async def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
     """End an RPC for ``exc``: its own status and message for a CoinferError, else INTERNAL
     naming only the exception type (the traceback goes to the log, not the client)."""
+    if isinstance(exc, grpc.aio.AbortError):  # already ended (an undecodable message): keep its status
+        raise exc
     if isinstance(exc, CoinferError):
         await context.abort(exc.code, exc.message)
     log.error("internal error", exc_info=exc)

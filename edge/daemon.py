@@ -23,6 +23,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from coinfer.decode_guard import DecodeGuard
 from coinfer.v1 import edge_pb2, edge_pb2_grpc
 from edge.config import EdgeConfig
 from edge.service import EdgeCore
@@ -47,7 +48,7 @@ class EdgeDaemon:
         await self.core.start()
         c = self.cfg
         if c.grpc_port >= 0:
-            self.grpc_server = grpc.aio.server()
+            self.grpc_server = grpc.aio.server(interceptors=[DecodeGuard()])
             edge_pb2_grpc.add_CoinferEdgeServicer_to_server(EdgeServicer(self.core), self.grpc_server)
             hs = health.aio.HealthServicer()
             health_pb2_grpc.add_HealthServicer_to_server(hs, self.grpc_server)

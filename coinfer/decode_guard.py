@@ -1,0 +1,80 @@
+"""Undecodable request bytes are the client's fault: INVALID_ARGUMENT, not UNKNOWN/INTERNAL.
+
+grpc.aio parses a unary request before any handler runs and answers a parse failure with
+UNKNOWN "Unexpected <class 'DecodeError'>"; a streamed message fails inside the handler's
+loop. This interceptor gives every method (ours, health, reflection) a raw-bytes deserializer
+and parses in the handler instead, so corrupt wire data and invalid UTF-8 in a string field
+get INVALID_ARGUMENT naming the message type, with no Python class name.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+from google.protobuf.message import DecodeError
+
+
+def _reason(exc: DecodeError) -> str:
+    # upb: "Error parsing message with type 'coinfer.v1.X': Wire format was corrupt"
+    return str(exc).rsplit(": ", 1)[-1] or "not a valid message"
+
+
+async def _parse(parse: Callable[[bytes], object], raw: bytes, context: grpc.aio.ServicerContext, what: str):
+    try:
+        return parse(raw)
+    except DecodeError as exc:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: undecodable {what} ({_reason(exc)})")
+
+
+def _name(parse: Callable[[bytes], object]) -> str:
+    owner = getattr(parse, "__self__", None)  # Message.FromString is a classmethod
+    return getattr(getattr(owner, "DESCRIPTOR", None), "full_name", "message")
+
+
+def _unary(behavior, parse, what: str):
+    if inspect.isasyncgenfunction(behavior):
+        async def gen(raw: bytes, context):
+            request = await _parse(parse, raw, context, what)
+            async for item in behavior(request, context):
+                yield item
+        return gen
+
+    async def call(raw: bytes, context):
+        return await behavior(await _parse(parse, raw, context, what), context)
+    return call
+
+
+def _stream(behavior, parse, what: str):
+    def requests(raw_iter: AsyncIterator[bytes], context) -> AsyncIterator:
+        async def gen():
+            async for raw in raw_iter:
+                yield await _parse(parse, raw, context, what)
+        return gen()
+
+    if inspect.isasyncgenfunction(behavior):
+        async def gen(raw_iter, context):
+            async for item in behavior(requests(raw_iter, context), context):
+                yield item
+        return gen
+
+    async def call(raw_iter, context):
+        return await behavior(requests(raw_iter, context), context)
+    return call
+
+
+class DecodeGuard(grpc.aio.ServerInterceptor):
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        parse, what = handler.request_deserializer, _name(handler.request_deserializer)
+        ser = handler.response_serializer
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(_unary(handler.unary_unary, parse, what), None, ser)
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(_unary(handler.unary_stream, parse, what), None, ser)
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(_stream(handler.stream_unary, parse, what), None, ser)
+        return grpc.stream_stream_rpc_method_handler(_stream(handler.stream_stream, parse, what), None, ser)
