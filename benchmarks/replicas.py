@@ -89,8 +89,8 @@ def free_ports(n: int) -> list[int]:
 class Replica:
     """One ``python -m cloud.server`` process group on a fixed port."""
 
-    def __init__(self, model: Path, port: int, log_dir: Path, grace_s: float) -> None:
-        self.model, self.port, self.log_dir, self.grace_s = model, port, log_dir, grace_s
+    def __init__(self, model: Path, port: int, log_dir: Path, grace_s: float, extra: tuple[str, ...] = ()) -> None:
+        self.model, self.port, self.log_dir, self.grace_s, self.extra = model, port, log_dir, grace_s, extra
         self.proc: subprocess.Popen | None = None
         self.starts = 0
 
@@ -100,7 +100,7 @@ class Replica:
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cloud.server", "--model", str(self.model), "--port", str(self.port),
-             "--grace", str(self.grace_s), "--max-num-seqs", "16"],
+             "--grace", str(self.grace_s), "--max-num-seqs", "16", *self.extra],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
     async def serving(self, timeout_s: float = 300.0) -> None:

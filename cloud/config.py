@@ -173,6 +173,11 @@ class CloudConfig:
     """JSON file where learned scheduler weights persist across restarts; empty = in memory only."""
     load_period_s: float = 0.5
     """How often engine load is sampled into the draft-count controller."""
+    heartbeat_period_s: float = 5.0
+    """Engine heartbeat (seed 5.2): every this often, a liveness check and a one-token request."""
+    heartbeat_timeout_s: float = 30.0
+    """An engine that neither answers the heartbeat nor produces any output for this long is hung:
+    health turns NOT_SERVING and the engine is restarted (a busy engine still producing is not hung)."""
 
     def validate(self) -> None:
         self.engine.validate()
@@ -185,6 +190,8 @@ class CloudConfig:
             path = getattr(self, name)
             if path and not Path(path).is_file():
                 raise ValueError(f"{name}: {path} is not a file")
+        if not 0 < self.heartbeat_period_s <= 3600 or not 0 < self.heartbeat_timeout_s <= 3600:
+            raise ValueError("heartbeat_period_s / heartbeat_timeout_s: must be in (0, 3600]")
         if not -1 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port: must be -1..65535, got {self.metrics_port}")
         for edge, token in self.auth_tokens.items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -98,6 +99,23 @@ class TargetEngine(ABC):
     @abstractmethod
     async def check_health(self) -> None:
         """Raise Unavailable if the engine is dead."""
+
+    last_output: float = 0.0
+    """``time.monotonic()`` of the engine's latest output to any request (0: none yet)."""
+
+    async def heartbeat(self, timeout_s: float) -> None:
+        """The seed's verifier heartbeat: alive, and a one-token request answered within ``timeout_s``.
+        Raise Unavailable naming why; an engine that is slow to answer but still producing output
+        for other requests is busy, not hung."""
+        await self.check_health()
+        try:
+            async with asyncio.timeout(timeout_s):
+                async for _ in self.generate("ping", GenParams(max_tokens=1), f"heartbeat-{time.monotonic_ns()}"):
+                    pass
+        except TimeoutError:
+            if time.monotonic() - self.last_output < timeout_s:
+                return
+            raise Unavailable(f"engine: hung (no output for {timeout_s:g} s)") from None
 
     @abstractmethod
     def stats(self) -> EngineStats: ...
@@ -207,13 +225,18 @@ class VllmEngine(TargetEngine):
         for Status, and abort upstream when the caller is cancelled (then re-raise)."""
         if self._llm is None or self._llm.errored:
             raise Unavailable("engine is not running")
+        from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
         self._running += 1
         try:
             async for out in self._llm.generate({"prompt_token_ids": ids}, sp, request_id):
+                self.last_output = time.monotonic()
                 yield out
         except asyncio.CancelledError:
             await self.abort(request_id)
             raise
+        except (EngineDeadError, EngineGenerateError) as exc:  # the server's fault: the edge replays elsewhere
+            raise Unavailable("engine: stopped; retry (the replica restarts it)") from exc
         finally:
             self._running -= 1
 
@@ -276,5 +299,12 @@ class VllmEngine(TargetEngine):
 
     async def close(self) -> None:
         if self._llm is not None:
-            self._llm.shutdown()
-            self._llm = None
+            llm, self._llm = self._llm, None
+            # requests still waiting on a hung engine fail now (UNAVAILABLE: the edge replays them
+            # elsewhere) instead of at their deadlines; this is how vLLM fails them when its core dies
+            from vllm.v1.engine.exceptions import EngineDeadError
+
+            outputs = getattr(llm, "output_processor", None)
+            if outputs is not None:
+                outputs.propagate_error(EngineDeadError())
+            await asyncio.to_thread(llm.shutdown)  # waits for the engine processes: off the loop

@@ -34,6 +34,8 @@ class CloudMetrics:
         self.load = Gauge("coinfer_load", "Smoothed engine load in [0, 1] the draft count follows", registry=r)
         self.weights = Gauge("coinfer_scheduler_weight", "Scheduler score weights a, b, g", ["name"], registry=r)
         self.engine = Gauge("coinfer_engine_requests", "vLLM scheduler requests", ["state"], registry=r)
+        self.restarts = Counter("coinfer_engine_restarts", "Engine restarts after a failed heartbeat, by reason",
+                                ["reason"], registry=r)
         self.kv_usage = Gauge("coinfer_engine_kv_cache_usage", "vLLM KV-cache use in [0, 1]", registry=r)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:

@@ -5,8 +5,11 @@ Usage::
     python -m cloud.server --model ~/.cache/coinfer/models/<key>/target --port 50051
 
 Health is NOT_SERVING while the engine loads, SERVING once it answers, and back
-to NOT_SERVING when it dies or the server drains for shutdown (SIGTERM/SIGINT:
-stop taking sessions, give in-flight ones ``--grace`` seconds).
+to NOT_SERVING when the server drains for shutdown (SIGTERM/SIGINT: stop taking
+sessions, give in-flight ones ``--grace`` seconds) or the engine dies or hangs
+(a heartbeat every ``--heartbeat-period`` s); a failed engine is restarted, its
+processes killed, and health turns SERVING again once the new one answers. The
+engine's processes die with the server, even when it is SIGKILLed.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import logging
 import signal
 import socket
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -28,10 +32,13 @@ from cloud.config import CloudConfig, EngineConfig, PolicyConfig
 from cloud.core import CloudCore
 from cloud.engine import TargetEngine, VllmEngine
 from cloud.servicer import CoinferCloudServicer
+from coinfer import logs, process
 from coinfer.decode_guard import DecodeGuard
+from coinfer.errors import Unavailable
 from coinfer.v1 import coinfer_pb2, coinfer_pb2_grpc
 
 log = logging.getLogger(__name__)
+process.watch_parent_if_spawned()  # in vLLM's spawned engine processes: they end with this server
 SERVICE = coinfer_pb2.DESCRIPTOR.services_by_name["CoinferCloud"].full_name
 
 
@@ -44,6 +51,8 @@ class CloudServer:
         self.metrics_port: int | None = None
         self._watch: asyncio.Task | None = None
         self._load: asyncio.Task | None = None
+        self.engine_factory: Callable[[], Awaitable[TargetEngine]] | None = None
+        """Starts a replacement engine when the heartbeat fails (None: stay NOT_SERVING)."""
 
     async def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -52,9 +61,10 @@ class CloudServer:
 
     async def attach_engine(self, engine: TargetEngine) -> None:
         self.core.engine = engine
-        await self.set_serving(True)
-        self._watch = asyncio.create_task(self._watch_engine())
-        self._load = asyncio.create_task(self._sample_load())
+        await self.set_serving(not self.core.draining)
+        if self._watch is None:
+            self._watch = asyncio.create_task(self._watch_engine())
+            self._load = asyncio.create_task(self._sample_load())
 
     async def _sample_load(self) -> None:
         """Engine load into the draft-count controller at a fixed rate (its smoothing is per sample)."""
@@ -62,16 +72,41 @@ class CloudServer:
             self.core.sample_load()
             await asyncio.sleep(self.cfg.load_period_s)
 
-    async def _watch_engine(self, period_s: float = 5.0) -> None:
-        """Heartbeat (seed 5.2): a dead engine flips health to NOT_SERVING."""
+    async def _watch_engine(self) -> None:
+        """Heartbeat (seed 5.2): a dead or hung engine turns health NOT_SERVING (gRPC balancers and
+        edges move to other replicas; new sessions here get UNAVAILABLE) and, given an
+        ``engine_factory``, is replaced by a fresh one, after which health is SERVING again."""
         while True:
-            await asyncio.sleep(period_s)
+            await asyncio.sleep(self.cfg.heartbeat_period_s)
             try:
-                await self.core.engine.check_health()
-            except Exception as exc:  # noqa: BLE001
-                log.error("engine unhealthy: %s", exc)
-                await self.set_serving(False)
+                await self.core.engine.heartbeat(self.cfg.heartbeat_timeout_s)
+                continue
+            except Unavailable as exc:
+                log.error("engine unhealthy: %s", exc.message)
+                reason = "hung" if "hung" in exc.message else "dead"
+            await self.set_serving(False)
+            if self.engine_factory is None:
                 return
+            self.core.metrics.restarts.labels(reason).inc()
+            await self._restart()
+
+    async def _restart(self) -> None:
+        old, self.core.engine = self.core.engine, None  # admission: UNAVAILABLE "restarting" meanwhile
+        try:
+            await old.close()  # kills its processes; requests still on it fail UNAVAILABLE (the edge replays)
+        except Exception:  # noqa: BLE001 - a broken engine may fail to shut down cleanly; start anyway
+            log.exception("closing the failed engine")
+        delay = 1.0
+        while True:
+            try:
+                engine = await self.engine_factory()
+                break
+            except Exception:  # noqa: BLE001 - keep trying: NOT_SERVING meanwhile, the replica stays up
+                log.exception("engine restart failed; next try in %.0f s", delay)
+                await asyncio.sleep(delay)
+                delay = min(60.0, delay * 2)
+        await self.attach_engine(engine)
+        log.info("engine restarted: %s", "SERVING" if not self.core.draining else "draining")
 
     async def stop(self, grace: float | None = None, close_engine: bool = True) -> None:
         await self.set_serving(False)
@@ -122,10 +157,12 @@ async def create_server(cfg: CloudConfig, engine: TargetEngine | None = None) ->
 
 
 async def serve(cfg: CloudConfig, ready: asyncio.Event | None = None) -> None:
+    process.children_die_with_parent()  # forked engine processes end with this server, even on SIGKILL
     srv = await create_server(cfg)
     log.info("listening on %s:%d (NOT_SERVING while the engine loads)", cfg.host, srv.port)
     print(f"PORT {srv.port}", flush=True)  # for wrappers that started us with port 0
-    await srv.attach_engine(await VllmEngine(cfg.engine).start())
+    srv.engine_factory = lambda: VllmEngine(cfg.engine).start()
+    await srv.attach_engine(await srv.engine_factory())
     log.info("engine ready: SERVING")
     if ready:
         ready.set()
@@ -155,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs one model copy is split over")
     ap.add_argument("--data-parallel-size", type=int, default=1, help="model copies inside this replica")
     ap.add_argument("--grace", type=float, default=10.0, help="seconds in-flight sessions get on shutdown")
+    ap.add_argument("--heartbeat-period", type=float, default=5.0, help="seconds between engine heartbeats")
+    ap.add_argument("--heartbeat-timeout", type=float, default=30.0,
+                    help="an engine with no output for this long (heartbeat unanswered) is restarted")
     ap.add_argument("--auth-tokens", type=Path, help='JSON file {"edge-id": "token", ...}; callers need '
                     "'authorization: Bearer <token>' (health and reflection stay open)")
     ap.add_argument("--tls-cert", default="", help="PEM certificate chain (TLS; with --tls-key)")
@@ -172,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.setup()
+    process.raise_fd_limit()
     try:
         cfg = CloudConfig(engine=EngineConfig(model=args.model, max_model_len=args.max_model_len, dtype=args.dtype,
                                                  max_num_seqs=args.max_num_seqs, served_name=args.served_name,
@@ -181,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  tensor_parallel_size=args.tensor_parallel_size,
                                                  data_parallel_size=args.data_parallel_size),
                           host=args.host, port=args.port, grace_s=args.grace,
+                          heartbeat_period_s=args.heartbeat_period, heartbeat_timeout_s=args.heartbeat_timeout,
                           auth_tokens=load_tokens(args.auth_tokens) if args.auth_tokens else {},
                           tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
                           metrics_port=args.metrics_port, metrics_host=args.metrics_host, state_path=args.state,

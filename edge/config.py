@@ -42,6 +42,12 @@ class EdgeConfig:
     http_host: str = "127.0.0.1"
     http_port: int = 8000
     """OpenAI-compatible HTTP API (+ /metrics, /healthz); 0 = any free one; -1 = off."""
+    http_header_timeout_s: float = 10.0
+    """A connection must send a complete request head within this of connecting (or of its last response)."""
+    http_body_timeout_s: float = 30.0
+    """A request body must arrive within this, else 408."""
+    http_max_connections: int = 0
+    """Open HTTP connections at most (more: 503 and closed); 0 = half the descriptor limit, at most 4096."""
     plan: str = "auto"
     deadline_ms: int = 30_000
     """Default whole-request deadline."""
@@ -79,6 +85,11 @@ class EdgeConfig:
                 raise ValueError(f"{name}: must be -1..65535, got {getattr(self, name)}")
         if not 100 <= self.deadline_ms <= 600_000:
             raise ValueError(f"deadline_ms: must be in 100..600000, got {self.deadline_ms}")
+        for name in ("http_header_timeout_s", "http_body_timeout_s"):
+            if not 0 < getattr(self, name) <= 3600:
+                raise ValueError(f"{name}: must be in (0, 3600], got {getattr(self, name)}")
+        if self.http_max_connections < 0:
+            raise ValueError(f"http_max_connections: must be >= 0, got {self.http_max_connections}")
         if not 0 <= self.replays <= 5:
             raise ValueError(f"replays: must be in 0..5, got {self.replays}")
         if self.cloud:

@@ -23,8 +23,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from coinfer import logs, process
 from coinfer.decode_guard import DecodeGuard
 from coinfer.v1 import edge_pb2, edge_pb2_grpc
+from edge import http_guard
 from edge.config import EdgeConfig
 from edge.service import EdgeCore
 from edge.servicer import EdgeServicer
@@ -64,7 +66,8 @@ class EdgeDaemon:
             from edge.http import create_app
 
             config = uvicorn.Config(create_app(self.core), host=c.http_host, port=c.http_port, log_level="warning",
-                                    lifespan="off")
+                                    lifespan="off", log_config=None)  # uvicorn's records go to our (rate-limited) root
+            http_guard.install(config, c.http_header_timeout_s, http_guard.max_connections(c.http_max_connections))
             self.http_server = uvicorn.Server(config)
             self._http_task = asyncio.create_task(self.http_server.serve())
             while not self.http_server.started:
@@ -112,7 +115,8 @@ async def serve(cfg: EdgeConfig) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.setup()
+    process.raise_fd_limit()
     overrides = {f.name: getattr(args, f.name) for f in fields(EdgeConfig)}
     try:
         if args.token_file:

@@ -19,11 +19,13 @@ return the best draft instead, so content is sent once the answer is decided. Un
 stream carries progress chunks with an empty delta and a ``coinfer`` object (each draft and
 each verdict as it happens). The last chunk's ``coinfer`` holds the result (source, validity,
 extracted ``fields``, timings).
-Errors: 400 with an OpenAI-style error body naming the field (``param``), 413 over a limit.
+Errors: 400 with an OpenAI-style error body naming the field (``param``), 413 over a limit, 408 for a
+body that does not arrive within ``http_body_timeout_s`` (a slow head is closed by ``edge/http_guard.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -161,13 +163,32 @@ def _info(done: Done) -> dict:
                           "verdicts": [_verdict_info(v) for _, v in sorted(r.verdicts.items())]}
 
 
+async def _read_body(request: Request, timeout_s: float) -> bytes | JSONResponse:
+    """The body, read as it streams in: over the limit stops at the limit (not after buffering
+    what a client chose to send), and a body that trickles past ``timeout_s`` gets 408."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        return _error(413, f"body: {declared} bytes > limit {MAX_BODY_BYTES}", "body")
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    return _error(413, f"body: over {MAX_BODY_BYTES} bytes", "body")
+                chunks.append(chunk)
+    except TimeoutError:
+        return _error(408, f"body: not received within {timeout_s:g} s", "body")
+    return b"".join(chunks)
+
+
 def create_app(core: EdgeCore) -> FastAPI:
     app = FastAPI(title="coinfer edge", docs_url=None, redoc_url=None)
 
     async def parse(request: Request, cls: type[_Base]) -> _Base | JSONResponse:
-        raw = await request.body()
-        if len(raw) > MAX_BODY_BYTES:
-            return _error(413, f"body: {len(raw)} bytes > limit {MAX_BODY_BYTES}", "body")
+        raw = await _read_body(request, core.cfg.http_body_timeout_s)
+        if isinstance(raw, JSONResponse):
+            return raw
         try:
             data = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:

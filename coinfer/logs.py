@@ -1,0 +1,50 @@
+"""Logging for the daemons: one format, and a flood cannot fill the disk.
+
+A failure that repeats per request or per connection (descriptors exhausted: asyncio logs a
+traceback for every failed accept, 317,421 of them in 20 s) is the same line again and again.
+``RateLimit`` lets each call site (logger, level, message template) through ``burst`` times per
+``period_s``, drops the rest, and says how many it dropped when the site speaks again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class RateLimit(logging.Filter):
+    def __init__(self, burst: int = 20, period_s: float = 10.0, clock=time.monotonic) -> None:
+        super().__init__()
+        self.burst, self.period_s, self.clock = burst, period_s, clock
+        self._sites: dict[tuple, list] = {}  # site -> [window start, passed, dropped]
+        self._lock = threading.Lock()  # records come from vLLM's and gRPC's threads too
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        site = (record.name, record.levelno, record.pathname, record.lineno, str(record.msg)[:200])
+        now = self.clock()
+        with self._lock:
+            state = self._sites.get(site)
+            if state is None or now - state[0] >= self.period_s:
+                dropped = state[2] if state else 0
+                if len(self._sites) > 10_000:  # distinct sites are bounded by the code; this bounds memory anyway
+                    self._sites.clear()
+                self._sites[site] = [now, 1, 0]
+                if dropped:
+                    record.msg = f"{record.msg} [{dropped} similar lines suppressed in the last {self.period_s:g} s]"
+                return True
+            if state[1] < self.burst:
+                state[1] += 1
+                return True
+            state[2] += 1
+            return False
+
+
+def setup(level: int = logging.INFO, burst: int = 20, period_s: float = 10.0) -> None:
+    """The daemons' root logging: ``FORMAT`` on stderr, every handler rate-limited per call site."""
+    logging.basicConfig(level=level, format=FORMAT)
+    limit = RateLimit(burst, period_s)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(limit)

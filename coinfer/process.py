@@ -1,0 +1,73 @@
+"""Process hygiene for the daemons: enough descriptors, and no orphans.
+
+vLLM starts its engine core (and its workers) as child processes. vLLM's workers watch their
+parent through a pipe, but the engine core does not watch the server: a SIGKILLed server left
+it running with its memory (1.7 GB here). Both ways vLLM starts it are covered:
+
+- spawn (vLLM's CPU platform forces it): the child re-imports the server's main module while
+  unpickling its preparation data; ``watch_parent_if_spawned`` at that module's top level starts
+  the watcher there (and in the engine's own spawned workers, which import the same module);
+- fork (vLLM's default elsewhere): ``children_die_with_parent`` registers a fork hook, inherited
+  by every child, that starts the watcher in each forked child.
+
+The watcher polls ``getppid`` and kills its process once the parent is gone. Not
+``PR_SET_PDEATHSIG``: that fires when the *thread* that forked exits, and vLLM starts its engine
+from a worker thread.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import resource
+import signal
+import threading
+import time
+
+POLL_S = 0.2
+_forking_pid = 0
+_registered = False
+
+
+def _note_parent() -> None:
+    global _forking_pid
+    _forking_pid = os.getpid()
+
+
+def _watch(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(POLL_S)
+    os.kill(os.getpid(), signal.SIGKILL)  # re-parented: the server is gone, and so is anyone to serve
+
+
+def _start_watcher(parent: int) -> None:
+    threading.Thread(target=_watch, args=(parent,), name="die-with-parent", daemon=True).start()
+
+
+def _in_child() -> None:
+    _start_watcher(_forking_pid)
+
+
+def watch_parent_if_spawned() -> None:
+    """In a process multiprocessing is spawning (it is importing its parent's main module): die with
+    the parent. Anywhere else: nothing."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):  # set by spawn while it prepares
+        _start_watcher(os.getppid())
+
+
+def children_die_with_parent() -> None:
+    """From now on, every forked child of this process ends within ``POLL_S`` of its parent's death."""
+    global _registered
+    if not _registered:  # hooks cannot be unregistered: once per process
+        os.register_at_fork(before=_note_parent, after_in_child=_in_child)
+        _registered = True
+
+
+def raise_fd_limit(want: int = 65536) -> int:
+    """Lift the soft descriptor limit towards the hard one (a shell's soft default is 1024); the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        return target
+    return soft

@@ -1,0 +1,98 @@
+"""The engine heartbeat's logic (seed 5.2, issue 14) around a stand-in engine: a hung engine is told from
+a busy one, and the server turns NOT_SERVING, restarts the engine and serves again. The same on the
+real vLLM engine (its process SIGSTOPped) is in the fault campaign (tests/integration/test_faults.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from cloud.config import CloudConfig, EngineConfig
+from cloud.engine import Chunk, EngineStats, TargetEngine
+from cloud.server import create_server
+from coinfer.errors import Unavailable
+
+
+class StandIn(TargetEngine):
+    """Answers one token at once, or (hung) never."""
+
+    def __init__(self, hung: bool = False) -> None:
+        self.hung, self.closed = hung, False
+
+    async def generate(self, prompt, params, request_id):
+        if self.hung:
+            await asyncio.Event().wait()
+        yield Chunk("x", 1)
+
+    async def check_health(self) -> None:
+        if self.closed:
+            raise Unavailable("engine: closed")
+
+    def stats(self) -> EngineStats:
+        return EngineStats(0, 4, not self.closed)
+
+    async def close(self) -> None:
+        self.closed = True
+
+    def count_tokens(self, text): return len(text)
+    async def sample(self, *a): return []
+    async def continuation_logprobs(self, *a): return []
+    async def judge(self, *a): return "{}"
+    async def abort(self, request_id): pass
+    max_model_len = 64
+
+
+async def test_hung_is_told_from_busy():
+    await StandIn().heartbeat(1.0)
+    hung = StandIn(hung=True)
+    with pytest.raises(Unavailable, match="hung"):
+        await hung.heartbeat(0.2)
+
+    async def others_get_output() -> None:  # busy, not hung: the heartbeat waits in line, others progress
+        while True:
+            hung.last_output = time.monotonic()
+            await asyncio.sleep(0.02)
+
+    busy = asyncio.create_task(others_get_output())
+    await hung.heartbeat(0.2)
+    busy.cancel()
+
+
+async def _status(port: int) -> int:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        r = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
+        return r.status
+
+
+async def test_a_hung_engine_is_restarted_and_the_replica_serves_again():
+    srv = await create_server(CloudConfig(engine=EngineConfig(model="/unused"), port=0, heartbeat_period_s=0.1,
+                                          heartbeat_timeout_s=0.3))
+    fresh = StandIn()
+    started = asyncio.Event()
+
+    async def factory() -> TargetEngine:
+        await started.wait()  # hold the restart so the NOT_SERVING window can be seen
+        return fresh
+
+    srv.engine_factory = factory
+    first = StandIn(hung=True)
+    await srv.attach_engine(first)
+    assert await _status(srv.port) == health_pb2.HealthCheckResponse.SERVING
+    for _ in range(50):
+        if await _status(srv.port) == health_pb2.HealthCheckResponse.NOT_SERVING:
+            break
+        await asyncio.sleep(0.05)
+    assert await _status(srv.port) == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert first.closed and srv.core.engine is None  # new sessions: UNAVAILABLE "restarting"
+    started.set()
+    for _ in range(50):
+        if srv.core.engine is fresh:
+            break
+        await asyncio.sleep(0.05)
+    assert srv.core.engine is fresh and await _status(srv.port) == health_pb2.HealthCheckResponse.SERVING
+    assert srv.core.metrics.restarts.labels("hung")._value.get() == 1
+    await srv.stop(grace=0.1)

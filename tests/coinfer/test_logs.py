@@ -1,0 +1,22 @@
+"""A log flood is cut to a burst per call site and period, and the next line says how much was dropped."""
+
+import logging
+
+from coinfer.logs import RateLimit
+
+
+def _record(msg: str, lineno: int = 1) -> logging.LogRecord:
+    return logging.LogRecord("asyncio", logging.ERROR, "x.py", lineno, msg, None, None)
+
+
+def test_a_flood_from_one_site_is_limited_and_counted():
+    now = [0.0]
+    limit = RateLimit(burst=3, period_s=10.0, clock=lambda: now[0])
+    passed = [limit.filter(_record("socket.accept() out of system resource")) for _ in range(1000)]
+    assert sum(passed) == 3
+    assert limit.filter(_record("another message")) and limit.filter(_record("same text", lineno=2))  # other sites
+    now[0] = 10.0
+    r = _record("socket.accept() out of system resource")
+    assert limit.filter(r)
+    assert "[997 similar lines suppressed in the last 10 s]" in r.getMessage()
+    assert sum(limit.filter(_record("socket.accept() out of system resource")) for _ in range(100)) == 2

@@ -1,0 +1,56 @@
+"""Children die with their parent, SIGKILL included (issue 14: vLLM's engine outlived its server),
+for both ways vLLM starts its engine: fork and spawn."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+PARENT = textwrap.dedent("""
+    import multiprocessing, os, sys, time
+    from coinfer import process
+    process.watch_parent_if_spawned()  # top level of the main module, as in cloud/server.py
+
+    def sleep():
+        time.sleep(600)
+
+    if __name__ == "__main__":
+        method = sys.argv[1]
+        process.children_die_with_parent()
+        child = multiprocessing.get_context(method).Process(target=sleep)
+        child.start()
+        print(child.pid, flush=True)
+        time.sleep(600)
+""")
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_child_ends_when_its_parent_is_killed(tmp_path, method):
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    parent = subprocess.Popen([sys.executable, str(script), method], stdout=subprocess.PIPE, text=True, env=env)
+    child = psutil.Process(int(parent.stdout.readline()))
+    try:
+        time.sleep(1.0)
+        assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE  # alive while the parent is
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        child.wait(timeout=5)  # raises TimeoutExpired if it outlives its parent
+    finally:
+        if child.is_running():
+            child.kill()
+
+
+def test_the_hook_does_nothing_in_a_process_that_is_not_being_spawned():
+    from coinfer import process
+
+    before = {t.name for t in __import__("threading").enumerate()}
+    process.watch_parent_if_spawned()
+    assert "die-with-parent" not in before and "die-with-parent" not in {
+        t.name for t in __import__("threading").enumerate()}

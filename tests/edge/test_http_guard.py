@@ -1,0 +1,74 @@
+"""Slow and greedy HTTP clients (issue 14): a trickled request head is closed, a trickled body gets 408,
+connections over the cap get 503 at once, and the server keeps answering everyone else."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from edge.config import EdgeConfig
+from edge.daemon import EdgeDaemon
+
+CAP = 8
+
+
+@pytest.fixture(scope="module")
+async def daemon(int8_draft):
+    d = await EdgeDaemon(EdgeConfig(model=str(int8_draft), grpc_port=-1, http_port=0, warm=False,
+                                    probe_on_start=False, http_header_timeout_s=1.0, http_body_timeout_s=1.0,
+                                    http_max_connections=CAP)).start()
+    yield d
+    await d.stop()
+
+
+async def _open(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", port)
+
+
+async def _healthz(port: int) -> int:
+    async with httpx.AsyncClient() as client:
+        return (await client.get(f"http://127.0.0.1:{port}/healthz", timeout=5)).status_code
+
+
+@pytest.mark.parametrize("sent", [b"", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Ty"])
+async def test_a_connection_without_a_complete_head_is_closed(daemon, sent):
+    reader, writer = await _open(daemon.http_port)
+    writer.write(sent)
+    await writer.drain()
+    assert await asyncio.wait_for(reader.read(), timeout=5) == b""  # closed by the server, nothing answered
+    writer.close()
+    assert await _healthz(daemon.http_port) == 200
+
+
+async def test_a_trickled_body_gets_408_naming_the_body(daemon):
+    reader, writer = await _open(daemon.http_port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 100\r\n\r\n{\"model\":")
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), timeout=10)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 408") and b'"param":"body"' in answer.replace(b" ", b"")
+
+
+async def test_a_declared_oversized_body_is_refused_before_it_is_read(daemon):
+    reader, writer = await _open(daemon.http_port)
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 1000000000\r\n\r\n")
+    await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 413")
+
+
+async def test_connections_over_the_cap_get_503_at_once_and_the_rest_are_served(daemon):
+    held = [await _open(daemon.http_port) for _ in range(CAP)]
+    reader, writer = await _open(daemon.http_port)
+    answer = await asyncio.wait_for(reader.read(), timeout=5)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in answer and b"connections" in answer
+    for _, w in held:
+        w.close()
+    await asyncio.sleep(0.2)
+    assert await _healthz(daemon.http_port) == 200
