@@ -12,10 +12,37 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 MANIFEST = "manifest.json"
 FORMAT, VERSION = "coinfer-model", 1
+
+
+class FileEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    bytes: int = Field(ge=0)
+
+
+class Manifest(BaseModel):
+    """What a loader relies on; the build's own records (scheme, checks, ...) ride along unchecked
+    except ``checks``, whose ``passed`` decides whether a model may load."""
+
+    model_config = ConfigDict(extra="allow")
+    format: Literal["coinfer-model"]
+    version: Literal[1]
+    files: dict[str, FileEntry] = Field(min_length=1)
+    checks: dict[str, Any] | None = None
+
+    @field_validator("files")
+    @classmethod
+    def _inside(cls, files: dict[str, FileEntry]) -> dict[str, FileEntry]:
+        for name in files:  # a listed name may not point outside the model directory
+            if not name or "/" in name or "\\" in name or name.startswith(".") or name == MANIFEST:
+                raise ValueError(f"file name {name!r} escapes the model directory")
+        return files
 
 
 class ManifestError(ValueError):
@@ -48,22 +75,22 @@ def verify_manifest(model_dir: Path, allow_unverified: bool = False) -> dict[str
         raise ManifestError(f"{path}: missing; refusing an unverified model (allow unverified models explicitly "
                             "to load it anyway)")
     try:
-        manifest = json.loads(path.read_text())
-        files = manifest["files"]
-        if manifest.get("format") != FORMAT or not isinstance(files, dict):
-            raise ValueError("not a coinfer model manifest")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ManifestError(f"{path}: unreadable manifest: {exc}") from None
-    for name, entry in files.items():
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        schema = Manifest.model_validate(manifest)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "manifest"
+        raise ManifestError(f"{path}: invalid manifest: {where}: {err['msg']}") from None
+    except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
+        raise ManifestError(f"{path}: unreadable manifest: {str(exc)[:200]}") from None
+    for name, entry in schema.files.items():
         f = model_dir / name
-        if "/" in name or name.startswith("."):
-            raise ManifestError(f"{path}: file name {name!r} escapes the model directory")
         if not f.is_file():
             raise ManifestError(f"{f}: listed in the manifest but missing")
         size = f.stat().st_size
-        if size != entry.get("bytes"):
-            raise ManifestError(f"{f}: {size} bytes, manifest says {entry.get('bytes')} (truncated or replaced)")
-        if sha256_file(f) != entry.get("sha256"):
+        if size != entry.bytes:
+            raise ManifestError(f"{f}: {size} bytes, manifest says {entry.bytes} (truncated or replaced)")
+        if sha256_file(f) != entry.sha256:
             raise ManifestError(f"{f}: sha256 mismatch with the manifest (tampered or corrupt)")
     checks = manifest.get("checks") or {}
     if checks.get("passed") is False and not allow_unverified:

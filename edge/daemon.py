@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 
 from coinfer import logs, process
 from coinfer.decode_guard import DecodeGuard
+from coinfer.manifest import ManifestError
 from coinfer.v1 import edge_pb2, edge_pb2_grpc
 from edge import http_guard
 from edge.config import EdgeConfig
@@ -124,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = EdgeConfig.load(args.config, **overrides)
     except (OSError, ValueError) as exc:
         ap.error(str(exc))
-    asyncio.run(serve(cfg))
+    try:
+        asyncio.run(serve(cfg))
+    except ManifestError as exc:  # a refused model at start: one clear line for the operator, no traceback
+        log.error("draft model refused: %s", exc)
+        return 1
     return 0
 
 

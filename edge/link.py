@@ -127,7 +127,11 @@ class CloudLink:
             name = self._names[0][0]
         return cloud_channel(target, token=c.token, tls_ca=c.tls_ca, tls_cert=c.tls_cert, tls_key=c.tls_key,
                              server_name=name,
+                             # a replica back from a restart is dialled within 5 s, not after gRPC's
+                             # default backoff (up to 120 s once it was down for a minute)
                              options=[("grpc.max_receive_message_length", 32 << 20),
+                                      ("grpc.initial_reconnect_backoff_ms", 500),
+                                      ("grpc.max_reconnect_backoff_ms", 5000),
                                       ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
                                       ("grpc.enable_retries", 1)])
 

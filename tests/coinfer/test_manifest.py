@@ -51,3 +51,23 @@ def test_bad_manifests_are_refused(model_dir, text):
     with pytest.raises(ManifestError, match="manifest.json"):
         verify_manifest(model_dir)
 
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda m: m.update(files=[]), "files"),
+    (lambda m: m.update(version=2), "version"),
+    (lambda m: m["files"]["model.onnx"].update(bytes="1300"), "files.model.onnx.bytes"),
+    (lambda m: m["files"]["model.onnx"].update(bytes=-1), "files.model.onnx.bytes"),
+    (lambda m: m["files"]["model.onnx"].update(sha256="z" * 64), "files.model.onnx.sha256"),
+    (lambda m: m["files"]["model.onnx"].update(extra=1), "files.model.onnx.extra"),
+    (lambda m: m.update(checks="passed"), "checks"),
+    (lambda m: m["files"].update({"manifest.json": m["files"]["model.onnx"]}), "files"),
+])
+def test_a_manifest_of_the_wrong_shape_is_refused_naming_the_field(model_dir, change, field):
+    """Schema-checked on load (issue 14): well-formed JSON of the wrong shape is an error naming the field,
+    never an AttributeError or a silent pass."""
+    m = json.loads((model_dir / "manifest.json").read_text())
+    change(m)
+    (model_dir / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ManifestError, match=rf"invalid manifest: {field}"):
+        verify_manifest(model_dir)
