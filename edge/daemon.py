@@ -67,7 +67,10 @@ class EdgeDaemon:
             from edge.http import create_app
 
             config = uvicorn.Config(create_app(self.core), host=c.http_host, port=c.http_port, log_level="warning",
-                                    lifespan="off", log_config=None)  # uvicorn's records go to our (rate-limited) root
+                                    lifespan="off", log_config=None,
+                                    # idle keep-alive connections are closed by the guard's head deadline; uvicorn's
+                                    # own 5 s timer raced clients whose pools also expire connections at 5 s
+                                    timeout_keep_alive=int(c.http_header_timeout_s) + 1)  # uvicorn's records go to our (rate-limited) root
             http_guard.install(config, c.http_header_timeout_s, http_guard.max_connections(c.http_max_connections))
             self.http_server = uvicorn.Server(config)
             self._http_task = asyncio.create_task(self.http_server.serve())

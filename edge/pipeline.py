@@ -44,6 +44,12 @@ def request_fault(code: grpc.StatusCode, details: str) -> bool:
     return code == grpc.StatusCode.RESOURCE_EXHAUSTED and not details.startswith("sessions:")
 
 
+def cloud_full(reason: str) -> bool:
+    """Whether a fallback reason is a full cloud (all sessions, or this edge's quota, in use): load, not a
+    failure of the cloud; it must not open the circuit breaker against a healthy cloud."""
+    return reason.startswith("RESOURCE_EXHAUSTED: sessions:")
+
+
 REPLAYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED,
               grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
 """Cloud failures a session survives by replaying on another replica: killed or draining (UNAVAILABLE),

@@ -27,7 +27,7 @@ from edge.draft_engine import OrtDraftEngine
 from edge.link import CloudLink
 from edge.metrics import EdgeMetrics
 from edge.onnx_lm import ACCELERATORS, default_providers, model_files
-from edge.pipeline import CloudFailed, EdgePipeline, EdgeResult, Plan
+from edge.pipeline import CloudFailed, EdgePipeline, EdgeResult, Plan, cloud_full
 from edge.planner import probes
 from edge.planner.cost import cold_start_ms
 from edge.planner.estimates import Estimates
@@ -338,7 +338,7 @@ class EdgeCore:
                     yield ev
             result = job.result()
             if plan is not Plan.EDGE:
-                if result.fallback_reason:
+                if result.fallback_reason and not cloud_full(result.fallback_reason):
                     self.link.breaker.failure(result.fallback_reason)
                 else:
                     self.link.breaker.success()

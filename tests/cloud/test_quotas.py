@@ -58,3 +58,37 @@ async def test_one_edge_gets_its_share_of_the_slots_not_all(small):
             break
         await asyncio.sleep(0.02)
     assert srv.core.active == 0 and not srv.core.per_edge
+
+
+async def test_a_full_cloud_does_not_open_the_edges_breaker(small, int8_draft):
+    """A refusal for capacity is load, not a failure: the edge answers from its drafts, flagged, and keeps its
+    circuit closed (three in a row used to open it against a healthy cloud for 10 s)."""
+    from edge.config import EdgeConfig
+    from edge.service import Done, EdgeCore, SolveRequest
+
+    srv, stub = small
+    gate = asyncio.Event()
+
+    async def hold():
+        yield open_msg()
+        yield draft(0, GOOD)
+        await gate.wait()
+
+    held = [stub.Session(hold(), timeout=120) for _ in range(2)]  # this host's whole quota
+    for call in held:
+        assert (await call.read()).WhichOneof("kind") == "accepted"
+    core = EdgeCore(EdgeConfig(model=str(int8_draft), cloud=f"127.0.0.1:{srv.port}", probe_on_start=False,
+                               grpc_port=-1, http_port=-1, plan="split", replays=0))
+    await core.start()
+    try:
+        for i in range(4):
+            done = [ev async for ev in core.solve(SolveRequest(prompt="If x=1 and y=2, compute x+y.", plan="split",
+                                                               request_id=f"full{i}")) if isinstance(ev, Done)]
+            r = done[0].result
+            assert r.source == "edge_only" and r.fallback_reason.startswith("RESOURCE_EXHAUSTED: sessions:")
+        assert core.link.breaker.state == "closed"
+    finally:
+        for call in held:
+            call.cancel()
+        gate.set()
+        await core.close()
