@@ -194,7 +194,8 @@ class Load:
         await asyncio.gather(*self._tasks)
 
     def summary(self, since: float = 0.0) -> dict:
-        outs = [o for o in self.outcomes if o.start >= since]
+        """Requests the fault at ``since`` could touch: in flight then, or started after."""
+        outs = [o for o in self.outcomes if o.end >= since]
         lost = [o for o in outs if not o.ok]
         edge_only = [o for o in outs if o.ok and o.source == "edge_only"]
         return {"requests": len(outs), "lost": len(lost), "lost_detail": [o.error for o in lost][:5],
@@ -301,14 +302,18 @@ class Campaign:
                         call = stub.Session(timeout=30)
                         await call.write(open_msg)
                         calls.append(call)
-                    for call in calls:  # some were refused by the per-edge quota: counted, then dropped
+                    async def first_reply(call) -> str:
                         try:
-                            await asyncio.wait_for(call.read(), 2)
-                            codes["accepted"] += 1
+                            await asyncio.wait_for(call.read(), 10)
+                            return "accepted"
                         except TimeoutError:
-                            codes["no answer in 2 s"] += 1
+                            return "no answer in 10 s"
                         except grpc.aio.AioRpcError as exc:
-                            codes[exc.code().name] += 1
+                            return exc.code().name
+
+                    # all 50 answered before any is dropped: past the per-edge quota (32) some are refused
+                    codes.update(await asyncio.gather(*(first_reply(c) for c in calls)))
+                    for call in calls:
                         call.cancel()
             t0 = time.monotonic()
             while (await self._status()).active_sessions and time.monotonic() - t0 < 30:

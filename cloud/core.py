@@ -88,7 +88,9 @@ class CloudCore:
     def close(self) -> None:
         self.metrics.close()
 
-    def _admit(self, req: t.OpenRequest, edge: str = "") -> tuple:
+    def _check_request(self, req: t.OpenRequest) -> tuple:
+        """The request's own validity: parsing the problem, compiling its rules (a client's JSON Schema
+        and patterns). Pure, and run in a worker thread: client data never holds the event loop."""
         lim = self.cfg.limits
         task = get_task(req.task)
         if req.messages:
@@ -111,6 +113,11 @@ class CloudCore:
             raise InvalidArgument(f"deadline_ms: must be in 0..{lim.max_deadline_ms}, got {req.deadline_ms}")
         if len(req.request_id) > 128:
             raise InvalidArgument(f"request_id: {len(req.request_id)} chars > 128")
+        return task, spec, rules
+
+    def _admit(self, edge: str = "") -> None:
+        """Whether this replica takes a session now (on the loop: it reads the counters it updates)."""
+        lim = self.cfg.limits
         if self.draining:
             raise Unavailable("server: draining for shutdown; retry on another replica")
         if self.engine is None or not self.engine.stats().ready:
@@ -120,12 +127,12 @@ class CloudCore:
         if lim.max_sessions_per_edge and self.per_edge[edge] >= lim.max_sessions_per_edge:
             raise ResourceExhausted(f"sessions: {self.per_edge[edge]} active for this edge, "
                                     f"limit {lim.max_sessions_per_edge} per edge")
-        return task, spec, rules
 
     async def session(self, req: t.OpenRequest, inbox: AsyncIterator[EdgeItem],
                       edge: str = "") -> AsyncIterator[t.CloudEvent]:
         """Run one session for caller ``edge``; raises CoinferError subclasses for bad input / limits."""
-        task, spec, rules = self._admit(req, edge)
+        task, spec, rules = await asyncio.to_thread(self._check_request, req)
+        self._admit(edge)
         req.request_id = req.request_id or uuid.uuid4().hex[:16]
         deadline_ms = req.deadline_ms or self.cfg.policy.default_deadline_ms
         w = self.learner.weights

@@ -104,7 +104,7 @@ class Session:
 
     async def _verify(self, d: t.Draft, pending: dict) -> t.Verdict:
         t_start = time.perf_counter()
-        res, parsed = self.rules.check(d.text)
+        res, parsed = await asyncio.to_thread(self.rules.check, d.text)  # client rules: off the loop
         if not res.valid:  # rules fail fast: no model time spent
             v = t.Verdict(draft_index=d.index, valid=False, error=res.error, failed_rule=res.failed_rule,
                           rules_passed=res.passed)
@@ -195,7 +195,7 @@ class Session:
 
     async def _accept(self, text: str) -> tuple[bool, str, Parsed]:
         """Re-verify a refined answer as a draft: extraction + rules, then the verifier's threshold."""
-        res, parsed = self.rules.check(text)
+        res, parsed = await asyncio.to_thread(self.rules.check, text)
         if not res.valid:
             return False, f"{res.failed_rule}: {res.error}", parsed
         if self._thresholded and self.cfg.policy.verifier == "likelihood":

@@ -176,8 +176,10 @@ class EdgePipeline:
         res, parsed = checked[best]
         return drafts[best].text, res.valid, dict(parsed.fields) if parsed.ok else {}
 
-    def _finish_local(self, result: EdgeResult, ruleset: RuleSet) -> None:
-        result.answer, result.valid, result.fields = self.local_answer(ruleset, result.drafts)
+    async def _finish_local(self, result: EdgeResult, ruleset: RuleSet) -> None:
+        # the request's rules over every draft: off the loop
+        result.answer, result.valid, result.fields = await asyncio.to_thread(self.local_answer, ruleset,
+                                                                             result.drafts)
 
     async def solve(self, task_name: str, prompt: str, rules: list[Rule] | None = None, sampling: Sampling | None = None,
                     plan: Plan = Plan.SPLIT, deadline_s: float = 60.0, request_id: str = "",
@@ -195,8 +197,8 @@ class EdgePipeline:
         req = t.OpenRequest(request_id=request_id, task=task_name, prompt="" if messages else prompt,
                             rules=list(rules or []), refine=refine, deadline_ms=int(deadline_s * 1e3),
                             messages=list(messages or []), extraction=extraction or Extraction())
-        spec = task.parse_problem(req.question)
-        ruleset = RuleSet(rules or [], task, spec, extraction=req.extraction)
+        ruleset = await asyncio.to_thread(
+            lambda: RuleSet(rules or [], task, task.parse_problem(req.question), extraction=req.extraction))
         s = sampling or Sampling()
         s.validate()
         req.expected_drafts = len(drafts) if drafts else s.n
@@ -205,7 +207,7 @@ class EdgePipeline:
         model_prompt = self.engine.render(req.conversation) if self.engine is not None else ""
         if plan is Plan.EDGE or self.stub is None:
             result.drafts = await self._draft_round(model_prompt, s, 0, t0, lambda d: emit(d))
-            self._finish_local(result, ruleset)
+            await self._finish_local(result, ruleset)
             result.rounds = 1
             result.timings = {"drafting": (time.perf_counter() - t0) * 1e3, "total": (time.perf_counter() - t0) * 1e3}
             return result
@@ -251,7 +253,7 @@ class EdgePipeline:
             if not result.drafts:  # drafts already written (escalated, or before a replay) are not written again
                 result.drafts = list(drafts) if drafts else await self._draft_round(model_prompt, s, 0, t0,
                                                                                      lambda d: None)
-            self._finish_local(result, ruleset)
+            await self._finish_local(result, ruleset)
             result.source, result.fallback_reason, result.summary = "edge_only", reason, None
             result.refine_mode = ""
             result.timings["total"] = (time.perf_counter() - t0) * 1e3
@@ -262,6 +264,15 @@ class EdgePipeline:
         call = self.stub.Session(timeout=deadline_s)
         await call.write(pb.EdgeMessage(open=convert.open_to_pb(req)))
         drafting_ms = 0.0
+        # drafts are written once the cloud has accepted the session: a refusal at open (token, quota,
+        # draining) then ends the stream before any write of ours, whose failure grpc.aio would report
+        # as INTERNAL "Internal error from Core" in place of the server's status (grpc/grpc#36066).
+        # Drafting itself starts at once; only the writes wait (one round trip, well under a draft).
+        accepted = asyncio.Event()
+
+        async def write(msg: pb.EdgeMessage) -> None:
+            await accepted.wait()
+            await call.write(msg)
 
         async def round_(sampling: Sampling, start: int) -> None:
             nonlocal drafting_ms
@@ -271,17 +282,17 @@ class EdgePipeline:
                 result.drafts.append(d)
                 emit(d)
                 result.timings.setdefault("first_draft", d.edge_ms)
-                return call.write(pb.EdgeMessage(draft=convert.to_pb(d, pb.Draft)))
+                return asyncio.ensure_future(write(pb.EdgeMessage(draft=convert.to_pb(d, pb.Draft))))
 
             if written and start == 0:  # escalated: the drafts exist, send them as they are
                 drafts = list(written)
                 result.drafts.extend(drafts)
                 for d in drafts:
-                    await call.write(pb.EdgeMessage(draft=convert.to_pb(d, pb.Draft)))
+                    await write(pb.EdgeMessage(draft=convert.to_pb(d, pb.Draft)))
             else:
                 drafts = await self._draft_round(task_prompt, sampling, start, t0, send)
             drafting_ms += (time.perf_counter() - t_r) * 1e3
-            await call.write(pb.EdgeMessage(done=pb.DraftsDone(count=len(drafts))))
+            await write(pb.EdgeMessage(done=pb.DraftsDone(count=len(drafts))))
 
         result.rounds = 1
         writer = asyncio.create_task(round_(s, 0))
@@ -289,7 +300,9 @@ class EdgePipeline:
             async for msg in call:
                 ev = convert.event_from_pb(msg)
                 emit(ev)
-                if isinstance(ev, t.Verdict):
+                if isinstance(ev, t.SessionAccepted):
+                    accepted.set()
+                elif isinstance(ev, t.Verdict):
                     result.verdicts[ev.draft_index] = ev
                 elif isinstance(ev, t.RetryAdvice):
                     await writer

@@ -267,7 +267,7 @@ class EdgeCore:
 
     async def solve(self, req: SolveRequest) -> AsyncIterator[object]:
         """Events: t.Draft, t.Verdict, t.AnswerChunk ..., then one Done."""
-        s, deadline_s = self._validate(req)
+        s, deadline_s = await asyncio.to_thread(self._validate, req)  # parses and compiles client data
         t0 = time.perf_counter()  # the user's clock: waiting for a cold model counts
         size = self.planner.prompt_size("\n".join(m.content for m in conversation(req.prompt, req.messages)))
         planner_task = req.task or "open"
