@@ -34,7 +34,6 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,40 +64,23 @@ class Sizes:
         return cls(edges=2, concurrency=4, load_s=15.0, slow_streams=40, idle_connections=60, abandoned=100)
 
 
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else 0.0
+class Probes:
+    """``benchmarks.probe`` in its own process for the duration of a ``with`` block; ``result`` after it."""
 
+    def __init__(self, cloud: str = "", http: str = "") -> None:
+        self.args = [a for flag, v in (("--cloud", cloud), ("--http", http)) if v for a in (flag, v)]
+        self.result: dict = {}
 
-class Prober:
-    """Calls ``fn`` every ``period_s`` and keeps its latencies: how long the server's loop made it wait."""
-
-    def __init__(self, name: str, fn: Callable[[], Awaitable[object]], period_s: float = 0.02) -> None:
-        self.name, self.fn, self.period_s = name, fn, period_s
-        self.ms: list[float] = []
-        self.errors = 0
-        self._task: asyncio.Task | None = None
-
-    async def _run(self) -> None:
-        while True:
-            t0 = time.perf_counter()
-            try:
-                await self.fn()
-                self.ms.append((time.perf_counter() - t0) * 1e3)
-            except Exception:  # noqa: BLE001 - a failed probe is counted, not fatal
-                self.errors += 1
-            await asyncio.sleep(self.period_s)
-
-    def __enter__(self) -> Prober:
-        self._task = asyncio.create_task(self._run())
+    async def __aenter__(self) -> Probes:
+        self.proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "benchmarks.probe", *self.args,
+                                                         stdin=asyncio.subprocess.PIPE,
+                                                         stdout=asyncio.subprocess.PIPE)
+        await asyncio.sleep(1.0)  # its imports and first connections are not the server's delay
         return self
 
-    def __exit__(self, *exc) -> None:
-        self._task.cancel()
-
-    def summary(self) -> dict:
-        return {"probes": len(self.ms), "errors": self.errors, "p50_ms": round(_pct(self.ms, 0.5), 1),
-                "p99_ms": round(_pct(self.ms, 0.99), 1), "max_ms": round(max(self.ms, default=0.0), 1)}
+    async def __aexit__(self, *exc) -> None:
+        out, _ = await self.proc.communicate(b"")
+        self.result = json.loads(out.decode().strip().splitlines()[-1])
 
 
 class EdgeProcess:
@@ -243,7 +225,6 @@ class Campaign:
         s = self.sizes
         edge = await EdgeProcess(self.art.draft_int8, self.cloud, self.work / "edge-slow.log",
                                  "--http-header-timeout-s", "3").ready()
-        http = httpx.AsyncClient()
         try:
             async with grpc.aio.insecure_channel(self.cloud) as ch:
                 stub = pb_grpc.CoinferCloudStub(ch)
@@ -260,11 +241,7 @@ class Campaign:
                     except grpc.aio.AioRpcError as exc:
                         return exc.code().name
 
-                async def healthz():
-                    (await http.get(f"http://127.0.0.1:{edge.http}/healthz", timeout=5)).raise_for_status()
-
-                with Prober("cloud Status", lambda: stub.Status(pb.StatusRequest(), timeout=5)) as ps, \
-                        Prober("edge /healthz", healthz) as ph:
+                async with Probes(self.cloud, f"http://127.0.0.1:{edge.http}/healthz") as probes:
                     conns = [await asyncio.open_connection("127.0.0.1", edge.http) for _ in range(s.idle_connections)]
                     for i, (_, w) in enumerate(conns):
                         if i % 2:
@@ -283,9 +260,8 @@ class Campaign:
                 return {"silent_streams": s.slow_streams, "silent_stream_codes": dict(codes),
                         "silent_streams_ended_s": round(streams_s, 1), "cloud_active_after": active,
                         "idle_or_slow_http_connections": s.idle_connections, "closed_by_edge": closed,
-                        "cloud_status": ps.summary(), "edge_healthz": ph.summary()}
+                        "cloud_status": probes.result["cloud Status"], "edge_healthz": probes.result["edge /healthz"]}
         finally:
-            await http.aclose()
             edge.kill()
 
     async def abandoned(self) -> dict:
@@ -293,7 +269,7 @@ class Campaign:
         n, codes = self.sizes.abandoned, Counter()
         open_msg = pb.EdgeMessage(open=pb.SessionOpen(problem=pb.Problem(prompt=self.prompts_one()),
                                                       deadline_ms=30_000, expected_drafts=3))
-        with Prober("cloud Status", lambda: self._status()) as ps:
+        async with Probes(self.cloud) as probes:
             for batch in range(0, n, 50):
                 async with grpc.aio.insecure_channel(self.cloud) as ch:
                     stub = pb_grpc.CoinferCloudStub(ch)
@@ -321,7 +297,7 @@ class Campaign:
             freed_s = time.monotonic() - t0
             active = (await self._status()).active_sessions
         return {"abandoned": n, "first_reply": dict(codes), "active_after": active,
-                "freed_within_s": round(freed_s, 2), "cloud_status": ps.summary()}
+                "freed_within_s": round(freed_s, 2), "cloud_status": probes.result["cloud Status"]}
 
     def prompts_one(self) -> str:
         return "If x=2 and y=3, compute x*y+x."

@@ -10,21 +10,23 @@ it running with its memory (1.7 GB here). Both ways vLLM starts it are covered:
 - fork (vLLM's default elsewhere): ``children_die_with_parent`` registers a fork hook, inherited
   by every child, that starts the watcher in each forked child.
 
-The watcher polls ``getppid`` and kills its process once the parent is gone. Not
-``PR_SET_PDEATHSIG``: that fires when the *thread* that forked exits, and vLLM starts its engine
-from a worker thread.
+Two watchers: the kernel's ``PR_SET_PDEATHSIG`` (SIGKILL when the parent dies; needs no GIL),
+and a thread polling ``getppid`` as the portable fallback.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import resource
 import signal
+import sys
 import threading
 import time
 
 POLL_S = 0.2
+PR_SET_PDEATHSIG = 1
 _forking_pid = 0
 _registered = False
 
@@ -40,7 +42,23 @@ def _watch(parent: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)  # re-parented: the server is gone, and so is anyone to serve
 
 
+def _kernel_watch(parent: int) -> None:
+    """``PR_SET_PDEATHSIG``: the kernel kills us with our parent, needing neither the GIL nor a running
+    thread (a worker blocked in a native call that holds the GIL outlived its engine). It fires when the
+    parent's spawning *thread* exits: vLLM starts its engine from a long-lived thread (the loop's default
+    executor), so that is the server's lifetime; the polling watcher stays as the portable fallback."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _start_watcher(parent: int) -> None:
+    _kernel_watch(parent)
     threading.Thread(target=_watch, args=(parent,), name="die-with-parent", daemon=True).start()
 
 
