@@ -59,6 +59,15 @@ seen when a replica died under load) or a replica's own fault (INTERNAL / UNKNOW
 may not share it; the replay budget bounds a fault they all share)."""
 
 
+def failure_reason(exc: BaseException) -> str:
+    """A cloud failure as the user's fallback reason: a status code and what happened, never a class name."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    if isinstance(exc, TimeoutError):
+        return "DEADLINE_EXCEEDED: the cloud did not answer within the request's deadline"
+    return f"UNAVAILABLE: {exc}" if str(exc) else "UNAVAILABLE: the cloud session ended early"
+
+
 def replayable(exc: BaseException) -> bool:
     if isinstance(exc, grpc.aio.AioRpcError):
         return exc.code() in REPLAYABLE and not request_fault(exc.code(), exc.details() or "")
@@ -231,8 +240,7 @@ class EdgePipeline:
                     except (grpc.aio.AioRpcError, ConnectionError) as exc:
                         if len(result.replays) >= self.replays or not replayable(exc) or not await self._replica_ready():
                             raise
-                        why = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) \
-                            else str(exc)
+                        why = failure_reason(exc)
                         log.warning("cloud session failed before its summary (%s): replaying on another replica", why)
                         result.replays.append(why)
                         if answered:  # the streamed answer is withdrawn: the replay writes its own
@@ -242,7 +250,7 @@ class EdgePipeline:
                         drafts = list(result.drafts) or drafts
                         result.drafts, result.verdicts, result.summary = [], {}, None
         except (grpc.aio.AioRpcError, TimeoutError, ConnectionError) as exc:
-            reason = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else type(exc).__name__
+            reason = failure_reason(exc)
             if isinstance(exc, grpc.aio.AioRpcError) and request_fault(exc.code(), exc.details() or ""):
                 raise  # the request itself is wrong: falling back would hide it
             if self.engine is None:
