@@ -102,7 +102,10 @@ class CloudCore:
             size, where = len(req.prompt), "problem.prompt"
         if size > lim.max_prompt_chars:
             raise ResourceExhausted(f"{where}: {size} chars > limit {lim.max_prompt_chars}")
-        spec = task.parse_problem(req.question)
+        try:
+            spec = task.parse_problem(req.question)
+        except (ValueError, RecursionError):  # a parser on hostile text (a 5,000-digit number): the request's
+            raise InvalidArgument(f"{where}: cannot be parsed (a number or nesting beyond any limit)") from None
         rules = RuleSet(req.rules, task, spec, extraction=req.extraction)
         if req.refine is not None:
             # a longer budget than the policy's is clamped to it in the session, not refused

@@ -14,12 +14,13 @@ import types
 import typing
 from typing import Any, TypeVar
 
-from google.protobuf import json_format, struct_pb2
+from google.protobuf import struct_pb2
 
 from coinfer import types as t
 from coinfer.chat import ChatMessage
+from coinfer.errors import ResourceExhausted
 from coinfer.extract import Extraction
-from coinfer.rules import Rule
+from coinfer.rules import MAX_PARAMS_BYTES, Rule
 from coinfer.v1 import coinfer_pb2 as pb
 
 T = TypeVar("T")
@@ -79,7 +80,7 @@ def from_pb(msg: Any, cls: type[T]) -> T:
         elif target is Extraction:
             kw[f.name] = extraction_from_pb(v)
         elif target is dict:
-            kw[f.name] = _ints(json_format.MessageToDict(v))
+            kw[f.name] = _ints(struct_to_dict(v))
         elif typing.get_origin(target) is tuple:
             kw[f.name] = tuple(v)
         elif target is list or typing.get_origin(target) is list:
@@ -104,6 +105,20 @@ def from_pb(msg: Any, cls: type[T]) -> T:
 _ZERO_MEANS_DEFAULT = {"top_p": 1.0, "max_new_tokens": t.SamplingParams.max_new_tokens}
 
 
+def struct_to_dict(s: struct_pb2.Struct) -> dict[str, Any]:
+    """A Struct as Python values. Not json_format.MessageToDict: that raises ValueError on NaN and inf,
+    which any peer can put in a Struct (the receiver's validation refuses them, naming the field)."""
+    def value(v: struct_pb2.Value) -> Any:
+        kind = v.WhichOneof("kind")
+        if kind == "struct_value":
+            return struct_to_dict(v.struct_value)
+        if kind == "list_value":
+            return [value(x) for x in v.list_value.values]
+        return None if kind in (None, "null_value") else getattr(v, kind)
+
+    return {k: value(v) for k, v in s.fields.items()}  # recursion: protobuf parses 100 messages deep at most
+
+
 def _ints(v: Any) -> Any:
     """Struct numbers are doubles: give integral ones back as ints (72.0 -> 72)."""
     if isinstance(v, dict):
@@ -121,6 +136,8 @@ def jsonable(v: Any) -> Any:
         return [jsonable(x) for x in v]
     if v is None or isinstance(v, (bool, str)):
         return v
+    if isinstance(v, int) and abs(v) > 2**1023:  # past a double: its digits, not an OverflowError
+        return str(v)
     return float(v) if isinstance(v, (int, float)) else str(v)
 
 
@@ -146,7 +163,10 @@ def rule_to_pb(r: Rule) -> pb.Rule:
 
 
 def rule_from_pb(r: pb.Rule) -> Rule:
-    return Rule(r.kind, json_format.MessageToDict(r.params), r.name)
+    size = r.params.ByteSize()
+    if size > MAX_PARAMS_BYTES:  # before the conversion, which costs per value
+        raise ResourceExhausted(f"problem.rules.params: {size} bytes > limit {MAX_PARAMS_BYTES}")
+    return Rule(r.kind, struct_to_dict(r.params), r.name)
 
 
 def event_to_pb(ev: t.CloudEvent) -> pb.CloudMessage:

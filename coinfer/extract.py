@@ -23,6 +23,8 @@ becomes the numeric ``answer``; the extracted text stays in ``answer_text``. Eve
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +39,19 @@ DEFAULT_MARKER = "Answer:"
 MAX_PATTERN = 512
 MAX_MARKER = 64
 _JSON_TRIES = 32  # '{' positions tried from the end: bounds a draft full of braces
+MAX_DIGITS = 64
+"""A longer run of digits is not a number any parser reads: no answer needs one, ``int()`` refuses runs
+past 4,300 digits (a ValueError out of a parser that must never raise), and a double overflows past 308."""
+_LONG_NUMBER = re.compile(rf"\d{{{MAX_DIGITS + 1}}}")
+
+
+def long_number(text: str) -> bool:
+    """Whether ``text`` has a run of more than ``MAX_DIGITS`` digits."""
+    return _LONG_NUMBER.search(text) is not None
+MAX_JSON_DEPTH = 16
+"""Deepest JSON an extraction accepts: its fields go through recursive code (rules, JSON Schema, the
+wire's Struct, which protobuf parses at most 100 messages deep), and a draft of 2,000 brackets would
+recurse past Python's limit."""
 
 
 @dataclass
@@ -73,8 +88,10 @@ def number(text: str) -> int | float | None:
         j += 4
     if s[j:j + 1] == "." and s[j + 1:j + 2] in _DIGITS:
         k = _digits_end(s, j + 1)
+        if k - i > MAX_DIGITS:
+            return None
         return float(raw + s[j:k])
-    return int(raw)
+    return int(raw) if len(raw) - i <= MAX_DIGITS else None
 
 
 def _answer(text: str) -> dict[str, Any]:
@@ -104,13 +121,43 @@ def _boxed(text: str) -> str | None:
     return text[last[0]:last[1]] if last else None
 
 
+def json_shape(value: Any, max_nodes: int = 1 << 16) -> tuple[int, int]:
+    """(nesting depth, values) of a JSON value (a scalar: (1, 1)), level by level: no recursion on hostile
+    input, and the count stops soon after ``max_nodes``."""
+    depth, nodes, level = 0, 0, [value]
+    while level and nodes <= max_nodes:
+        depth += 1
+        nodes += len(level)
+        level = [x for v in level if isinstance(v, (dict, list)) for x in (v.values() if isinstance(v, dict) else v)]
+    return depth, nodes
+
+
+def _finite(number: str) -> float:
+    """A JSON number as a double; one past its range (``1e999``) is not JSON the answer can carry: every
+    consumer (the wire's Struct, an HTTP body) refuses inf."""
+    v = float(number)
+    if not math.isfinite(v):
+        raise ValueError(f"number out of range: {number[:20]}")
+    return v
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")  # Python's decoder would read NaN / Infinity
+
+
+# numbers as JSON defines them: a long integer is a double (int() refuses 4,300 digits), NaN and inf are not numbers
+_DECODER = json.JSONDecoder(parse_int=lambda d: int(d) if len(d) <= MAX_DIGITS else _finite(d), parse_float=_finite,
+                            parse_constant=_no_constant)
+
+
 def _json_object(text: str) -> Any:
-    """The whole text as JSON, else the last ``{...}`` that parses (a bounded number of tries)."""
+    """The whole text as JSON, else the last ``{...}`` that parses (a bounded number of tries).
+    Nesting that recurses past Python's limit does not parse."""
+    dec = _DECODER
     try:
-        return json.loads(text)
-    except ValueError:
+        return dec.decode(text)
+    except (ValueError, RecursionError):
         pass
-    dec = json.JSONDecoder()
     pos, tries = len(text), 0
     while tries < _JSON_TRIES:
         pos = text.rfind("{", 0, pos)
@@ -119,7 +166,7 @@ def _json_object(text: str) -> Any:
         tries += 1
         try:
             return dec.raw_decode(text, pos)[0]
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
     return None
 
@@ -179,6 +226,8 @@ class Extraction:
             obj = _json_object(clean)
             if obj is None:
                 return Parsed({}, "parse_error: no JSON object found" + empty)
+            if json_shape(obj)[0] > MAX_JSON_DEPTH:
+                return Parsed({}, f"parse_error: JSON nested deeper than {MAX_JSON_DEPTH} levels")
             return Parsed(dict(obj) if isinstance(obj, dict) else {"answer": obj})
         # regex (a client's pattern: matched within a time budget)
         try:

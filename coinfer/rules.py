@@ -15,6 +15,12 @@ arithmetic      (none): every ``a op b = c`` in the text          arithmetic_wro
 task_check      check: a checker name offered by the task     the checker's own error
 ==============  ============================================  ===========================
 
+A ``json_schema`` rule is the client's program: it runs within a time budget (``SCHEMA_BUDGET_S``:
+``anyOf`` over ``$ref``s nests into exponential work in a few hundred bytes), its ``pattern``s are
+client regexes (``coinfer.userregex``), ``uniqueItems`` takes linear time, and ``patternProperties`` is
+refused (jsonschema matches those with ``re``, which backtracks without bound). Any rule's params hold
+at most ``MAX_PARAMS_NODES`` values nested at most ``MAX_PARAMS_DEPTH`` levels.
+
 Rules run on the *extracted* answer (``Parsed.fields``; ``field`` is a key of it),
 except ``length``, ``regex`` and ``arithmetic`` which run on the raw text. The extraction
 itself is an implicit first rule (``parse``): the request's declared extraction
@@ -24,23 +30,41 @@ itself is an implicit first rule (``parse``): the request's declared extraction
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import contextvars
+import functools
+import json
+import math
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import jsonschema
+import referencing.exceptions
 import regex
 
 from coinfer import userregex
 from coinfer.arithmetic import first_wrong_equation
 from coinfer.errors import InvalidArgument, require
-from coinfer.extract import Extraction
+from coinfer.extract import MAX_DIGITS, Extraction, Parsed, json_shape, long_number
 
 if TYPE_CHECKING:
-    from coinfer.tasks.base import Parsed, Task
+    from coinfer.tasks.base import Task
 
 RULE_KINDS = ("json_schema", "numeric_bounds", "membership", "count", "length", "regex", "arithmetic", "task_check")
 MAX_PATTERN = 512  # a regex rule is user input: bound it (catastrophic backtracking)
+MAX_PARAMS_DEPTH = 32
+"""Deepest rule params (a JSON Schema's nesting): validation recurses per level, and a schema nested
+3,000 deep recursed past Python's limit (RecursionError, an INTERNAL answer)."""
+MAX_PARAMS_NODES = 4096
+"""Most values in one rule's params: what compiling them costs (a schema's check against its metaschema
+takes up to milliseconds per subschema) stays bounded."""
+MAX_PARAMS_BYTES = 64 << 10
+"""Most serialised bytes of one rule's params on the wire (checked before they are converted)."""
+SCHEMA_BUDGET_S = 0.02
+"""Most time one client JSON Schema may take to be checked, and to run on one draft (as a client regex:
+``userregex.BUDGET_S``)."""
 
 
 @dataclass(frozen=True)
@@ -70,12 +94,81 @@ def _num(params: Mapping[str, Any], key: str, where: str) -> float | None:
     v = params.get(key)
     if v is None:
         return None
-    require(isinstance(v, (int, float)) and not isinstance(v, bool), f"{where}.{key}", f"must be a number, got {v!r}")
+    require(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v), f"{where}.{key}",
+            f"must be a finite number, got {v!r}")
     return float(v)
 
 
 def _fmt(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else str(v)
+
+
+class _SchemaTimeout(Exception):
+    """A JSON Schema ran past ``SCHEMA_BUDGET_S`` on this draft."""
+
+
+_schema_deadline: contextvars.ContextVar[float] = contextvars.ContextVar("schema_deadline", default=math.inf)
+
+
+def _timed(keyword: Any) -> Any:
+    """A keyword's check behind the budget's clock: every nested check passes through one."""
+    def check(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
+        if time.perf_counter() > _schema_deadline.get():
+            raise _SchemaTimeout
+        return keyword(validator, value, instance, schema)
+
+    return check
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[jsonschema.ValidationError]:
+    """``pattern`` as a client regex (time budget), not ``re``'s unbounded backtracking."""
+    if validator.is_type(instance, "string") and userregex.search(userregex.compile(pattern), instance) is None:
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _canonical(v: Any) -> Any:
+    """What ``uniqueItems`` compares: 1 equals 1.0, true is not 1, key order does not count."""
+    if isinstance(v, Mapping):
+        return {str(k): _canonical(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_canonical(x) for x in v]
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def _unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> Iterator[jsonschema.ValidationError]:
+    """``uniqueItems`` in linear time (jsonschema compares unsortable items pairwise: 15 s for 1,300 objects)."""
+    if unique and validator.is_type(instance, "array"):
+        seen: set[str] = set()
+        for item in instance:
+            key = json.dumps(_canonical(item), sort_keys=True)
+            if key in seen:
+                yield jsonschema.ValidationError(f"{instance!r} has non-unique elements")
+                return
+            seen.add(key)
+
+
+@contextlib.contextmanager
+def _schema_budget() -> Iterator[None]:
+    deadline = _schema_deadline.set(time.perf_counter() + SCHEMA_BUDGET_S)
+    try:
+        yield
+    finally:
+        _schema_deadline.reset(deadline)
+
+
+@functools.cache
+def _bounded(cls: type) -> type:
+    """The validator class ``cls`` with client patterns, linear ``uniqueItems`` and every keyword timed."""
+    checks = dict(cls.VALIDATORS) | {"pattern": _pattern, "uniqueItems": _unique_items}
+    return jsonschema.validators.extend(cls, {k: _timed(v) for k, v in checks.items()})
+
+
+def _objects(value: Any) -> Iterator[Mapping]:
+    """Every object in a JSON value, level by level (no recursion on client input)."""
+    level = [value]
+    while level:
+        yield from (v for v in level if isinstance(v, Mapping))
+        level = [x for v in level if isinstance(v, (Mapping, list)) for x in (v.values() if isinstance(v, Mapping) else v)]
 
 
 class CompiledRule:
@@ -86,6 +179,9 @@ class CompiledRule:
             raise InvalidArgument(f"{where}.kind: unknown rule kind {rule.kind!r} (known: {', '.join(RULE_KINDS)})")
         self.rule, self.task, self.spec = rule, task, spec
         p, w = rule.params, f"{where}.params"
+        depth, nodes = json_shape(dict(p), MAX_PARAMS_NODES)
+        require(depth <= MAX_PARAMS_DEPTH and nodes <= MAX_PARAMS_NODES, w,
+                f"at most {MAX_PARAMS_NODES} values nested at most {MAX_PARAMS_DEPTH} levels deep")
         self.field = p.get("field")
         if rule.kind in ("numeric_bounds", "membership", "count"):
             require(isinstance(self.field, str) and self.field != "", f"{w}.field", "required string")
@@ -112,12 +208,24 @@ class CompiledRule:
         elif rule.kind == "json_schema":
             schema = p.get("schema")
             require(isinstance(schema, Mapping), f"{w}.schema", "required object")
+            require(not any("patternProperties" in o for o in _objects(schema)), f"{w}.schema",
+                    "patternProperties is not supported (its regexes would run without a time budget)")
+            cls = jsonschema.validators.validator_for(schema)
+            # cls.check_schema, with the metaschema's keywords timed
+            meta = _bounded(jsonschema.validators.validator_for(cls.META_SCHEMA, default=cls))
             try:
-                cls = jsonschema.validators.validator_for(schema)
-                cls.check_schema(schema)
-            except jsonschema.SchemaError as exc:
-                raise InvalidArgument(f"{w}.schema: invalid JSON Schema: {exc.message}") from None
-            self.validator = cls(schema)
+                with _schema_budget():
+                    for error in meta(cls.META_SCHEMA, format_checker=meta.FORMAT_CHECKER).iter_errors(schema):
+                        raise InvalidArgument(f"{w}.schema: invalid JSON Schema: {error.message}")
+                for o in _objects(schema):
+                    if isinstance(o.get("pattern"), str):
+                        userregex.compile(o["pattern"])
+            except (_SchemaTimeout, userregex.RegexTimeout):
+                raise InvalidArgument(f"{w}.schema: too large: checking it took over "
+                                      f"{SCHEMA_BUDGET_S * 1e3:.0f} ms") from None
+            except regex.error as exc:
+                raise InvalidArgument(f"{w}.schema: invalid pattern: {exc}") from None
+            self.validator = _bounded(cls)(schema)
         elif rule.kind == "task_check":
             check = p.get("check")
             require(check in task.checkers, f"{w}.check",
@@ -147,7 +255,15 @@ class CompiledRule:
         if kind == "task_check":
             return self.task.check(self.check_name, self.spec, parsed)
         if kind == "json_schema":
-            err = jsonschema.exceptions.best_match(self.validator.iter_errors(_jsonable(parsed.fields)))
+            try:
+                with _schema_budget():
+                    err = jsonschema.exceptions.best_match(self.validator.iter_errors(_jsonable(parsed.fields)))
+            except (_SchemaTimeout, userregex.RegexTimeout):
+                return f"schema_timeout: the schema took over {SCHEMA_BUDGET_S * 1e3:.0f} ms on this text"
+            except RecursionError:  # a $ref cycle that consumes nothing ({"$ref": "#"})
+                return "schema_error: the schema refers to itself without end"
+            except referencing.exceptions.Unresolvable as exc:  # remote (never fetched) or missing
+                return f"schema_error: unresolvable $ref {exc.ref!r}"
             if err is None:
                 return ""
             path = "/".join(str(x) for x in err.absolute_path) or "<root>"
@@ -204,8 +320,17 @@ class RuleSet:
         self.rules = [CompiledRule(r, task, spec, f"{where}[{i}]") for i, r in enumerate(rules)]
 
     def parse(self, text: str) -> Parsed:
-        """The declared extraction, else the task preset's own parser."""
-        return self.extraction(text) if self.extraction.kind else self.task.parse_answer(text)
+        """The declared extraction, else the task preset's own parser. A draft is client text: the presets'
+        parsers call int() on its digit runs (ValueError past 4,300 digits) and select's reads JSON in it
+        (RecursionError past ~1,000 nested brackets); either is a parse error here, never an exception."""
+        if self.extraction.kind:
+            return self.extraction(text)
+        if self.task.name and long_number(text):
+            return Parsed({}, f"parse_error: a number of over {MAX_DIGITS} digits")
+        try:
+            return self.task.parse_answer(text)
+        except RecursionError:
+            return Parsed({}, "parse_error: nested too deeply")
 
     @property
     def labels(self) -> list[str]:

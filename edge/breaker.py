@@ -25,6 +25,7 @@ class CircuitBreaker:
     _fails: int = 0
     _opened_at: float = 0.0
     _trial: bool = False
+    _trial_at: float = 0.0
     transitions: list[tuple[str, str]] = field(default_factory=list)
 
     def _to(self, state: str, why: str) -> None:
@@ -40,9 +41,9 @@ class CircuitBreaker:
         if self.state == "open" and self.clock() - self._opened_at >= self.reset_s:
             self._to("half_open", "reset timeout")
         if self.state == "half_open":
-            if self._trial:
-                return False  # one trial at a time
-            self._trial = True
+            if self._trial and self.clock() - self._trial_at < self.reset_s:
+                return False  # one trial at a time (a trial that never reported is replaced after reset_s)
+            self._trial, self._trial_at = True, self.clock()
             return True
         return self.state == "closed"
 

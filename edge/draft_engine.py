@@ -20,6 +20,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from coinfer.chat import ChatFormat, ChatMessage
+from coinfer.errors import ResourceExhausted
 from coinfer.manifest import verify_manifest
 from edge.onnx_lm import OnnxLM
 from edge.sampling import Sampling, sample_next
@@ -98,7 +99,8 @@ class OrtDraftEngine:
         prompt_ids = self.encode(prompt)
         budget = min(s.max_new_tokens, self.max_positions - len(prompt_ids))
         if budget < 1:
-            raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room in a {self.max_positions}-token context")
+            raise ResourceExhausted(f"prompt: {len(prompt_ids)} tokens leave no room in the draft model's "
+                                    f"{self.max_positions}-token context")
         logits, past = self.lm.step(np.array([prompt_ids], np.int64), self.lm.empty_past(len(prompt_ids) + budget))
         n = s.n
         logits = np.repeat(logits, n, axis=0)

@@ -201,6 +201,8 @@ def create_app(core: EdgeCore) -> FastAPI:
             param = ".".join(str(p) for p in err["loc"] if isinstance(p, int) or str(p).isidentifier()) or "body"
             core.metrics.bad_request(param)
             return _error(400, f"{param}: {err['msg']}", param)
+        except ValueError:  # int() past its 4,300 digits: a number no field takes
+            return _error(400, "body: not valid JSON (a number too long)", "body")
         if body.model != core.cfg.model_name:
             return _error(404, f"model: unknown {body.model!r} (served: {core.cfg.model_name})", "model")
         return body

@@ -23,6 +23,7 @@ import grpc
 from coinfer import convert
 from coinfer import types as t
 from coinfer.chat import ChatMessage
+from coinfer.errors import InvalidArgument, ResourceExhausted
 from coinfer.extract import Extraction
 from coinfer.rules import Rule, RuleSet
 from coinfer.tasks import get_task
@@ -44,10 +45,12 @@ def request_fault(code: grpc.StatusCode, details: str) -> bool:
     return code == grpc.StatusCode.RESOURCE_EXHAUSTED and not details.startswith("sessions:")
 
 
-def cloud_full(reason: str) -> bool:
-    """Whether a fallback reason is a full cloud (all sessions, or this edge's quota, in use): load, not a
-    failure of the cloud; it must not open the circuit breaker against a healthy cloud."""
-    return reason.startswith("RESOURCE_EXHAUSTED: sessions:")
+def cloud_failed(reason: str) -> bool:
+    """Whether a fallback reason counts against the cloud in the circuit breaker. Not a full cloud (all
+    sessions, or this edge's quota, in use: load) and not a request's own deadline running out (a client
+    asking for 50 ms would otherwise switch the cloud off for everyone; a hung engine is caught by the
+    cloud's heartbeat and shows as NOT_SERVING)."""
+    return not reason.startswith(("RESOURCE_EXHAUSTED: sessions:", "DEADLINE_EXCEEDED"))
 
 
 REPLAYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED,
@@ -252,7 +255,9 @@ class EdgePipeline:
         except (grpc.aio.AioRpcError, TimeoutError, ConnectionError) as exc:
             reason = failure_reason(exc)
             if isinstance(exc, grpc.aio.AioRpcError) and request_fault(exc.code(), exc.details() or ""):
-                raise  # the request itself is wrong: falling back would hide it
+                # the request itself is wrong: falling back would hide it; the cloud's message names the field
+                kind = InvalidArgument if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else ResourceExhausted
+                raise kind(exc.details() or "request: refused by the cloud") from None
             if self.engine is None:
                 raise CloudFailed(reason) from exc  # the caller loads the edge model and answers locally
             log.warning("cloud failed (%s): answering from local drafts", reason)

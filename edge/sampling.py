@@ -7,6 +7,7 @@ in OpenAI's API and vLLM, and touch only those: sparse, not a dense [N, V] count
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,6 +39,8 @@ PRUNE_NATS = 12.0
 """Sampling prunes before it normalises: a token whose tempered logit is more than this below the
 row's best (probability ratio e^-12 = 6e-6) is never drawn -- finding the rest is one comparison
 over the vocabulary, where normalising or sorting the whole row is the cost that grows with it."""
+MIN_TEMPERATURE = 1e-4
+"""Below this a temperature samples as greedy (the best token's lead over the next is tempered past 1e4 nats)."""
 MAX_CANDIDATES = 4096
 """A flat row with more survivors than this keeps its top MAX_CANDIDATES (a partial sort)."""
 
@@ -122,6 +125,8 @@ def sample_next(logits: np.ndarray, history: Sequence[Sequence[int]], s: Samplin
     m = logits.max(axis=-1)
     lse = log_normalizer(logits, m)
     pen = s.presence_penalty != 0.0 or s.frequency_penalty != 0.0
+    if 0.0 < s.temperature < MIN_TEMPERATURE:  # logits / 1e-308 overflow; this cold is greedy anyway
+        s = dataclasses.replace(s, temperature=0.0)
     temp = s.temperature if s.temperature > 0.0 else 1.0
     tokens = np.empty(len(logits), np.int64)
     for r in range(len(logits)):

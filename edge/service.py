@@ -27,7 +27,7 @@ from edge.draft_engine import OrtDraftEngine
 from edge.link import CloudLink
 from edge.metrics import EdgeMetrics
 from edge.onnx_lm import ACCELERATORS, default_providers, model_files
-from edge.pipeline import CloudFailed, EdgePipeline, EdgeResult, Plan, cloud_full
+from edge.pipeline import CloudFailed, EdgePipeline, EdgeResult, Plan, cloud_failed
 from edge.planner import probes
 from edge.planner.cost import cold_start_ms
 from edge.planner.estimates import Estimates
@@ -222,7 +222,14 @@ class EdgeCore:
                 "active": self.active, "replicas": [r.as_dict() for r in self.link.replicas.values()]}
 
     def _validate(self, req: SolveRequest) -> tuple[Sampling, float]:
+        try:
+            return self._check(req)
+        except (ValueError, RecursionError):  # a task parser on hostile text (a 5,000-digit number)
+            raise InvalidArgument("prompt: cannot be parsed (a number or nesting beyond any limit)") from None
+
+    def _check(self, req: SolveRequest) -> tuple[Sampling, float]:
         c = self.cfg
+        require(len(req.request_id) <= 128, "request_id", f"{len(req.request_id)} chars > 128")
         if req.messages:
             require(req.prompt == "", "prompt", "give prompt or messages, not both")
             validate_messages(req.messages)
@@ -338,7 +345,7 @@ class EdgeCore:
                     yield ev
             result = job.result()
             if plan is not Plan.EDGE:
-                if result.fallback_reason and not cloud_full(result.fallback_reason):
+                if result.fallback_reason and cloud_failed(result.fallback_reason):
                     self.link.breaker.failure(result.fallback_reason)
                 else:
                     self.link.breaker.success()
