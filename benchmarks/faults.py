@@ -452,6 +452,7 @@ class Campaign:
     async def run(self, hostile_examples: int = 0) -> dict:
         report: dict = {"sizes": self.sizes.__dict__}
         t0 = time.monotonic()
+        ours_before = {p.pid for p in _descendants(os.getpid())}  # e.g. a test session's own engine: not ours
         self.replica.start()
         cores: list = []
         try:
@@ -467,8 +468,8 @@ class Campaign:
             for c in cores:
                 await c.close()
             self.replica.stop()
-            for p in _alive(_descendants(os.getpid())):  # nothing of ours may outlive the campaign
-                if "python" in p.name() or "VLLM" in p.name():
+            for p in _alive(_descendants(os.getpid())):  # nothing the campaign started may outlive it
+                if p.pid not in ours_before:
                     p.kill()
         if hostile_examples:
             from benchmarks import hostile
