@@ -127,11 +127,12 @@ class CloudLink:
             name = self._names[0][0]
         return cloud_channel(target, token=c.token, tls_ca=c.tls_ca, tls_cert=c.tls_cert, tls_key=c.tls_key,
                              server_name=name,
-                             # a replica back from a restart is dialled within 5 s, not after gRPC's
-                             # default backoff (up to 120 s once it was down for a minute)
+                             # a replica back from a restart is dialled within 1 s, not after gRPC's
+                             # default backoff (up to 120 s once it was down for a minute): the edge is
+                             # back on split within ~2 s of SERVING (a SYN a second to a dead replica)
                              options=[("grpc.max_receive_message_length", 32 << 20),
-                                      ("grpc.initial_reconnect_backoff_ms", 500),
-                                      ("grpc.max_reconnect_backoff_ms", 5000),
+                                      ("grpc.initial_reconnect_backoff_ms", 250),
+                                      ("grpc.max_reconnect_backoff_ms", 1000),
                                       ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
                                       ("grpc.enable_retries", 1)])
 
@@ -187,7 +188,7 @@ class CloudLink:
             except grpc.aio.AioRpcError as exc:
                 self._set(r, False, f"health watch: {exc.code().name}")
             await asyncio.sleep(backoff)
-            backoff = min(5.0, backoff * 2)
+            backoff = min(1.0, backoff * 2)
 
     async def _poll(self, r: Replica) -> None:
         """The replica's load (the planner's queue term and /metrics)."""
