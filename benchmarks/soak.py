@@ -87,25 +87,6 @@ class Sample:
     done: int
 
 
-class AuthReplica(Replica):
-    """benchmarks.replicas' Replica with this soak's engine size and bearer tokens (its start()
-    hard-codes ``--max-num-seqs 16`` and no auth)."""
-
-    def __init__(self, model: Path, port: int, log_dir: Path, max_num_seqs: int, tokens: Path) -> None:
-        super().__init__(model, port, log_dir, grace_s=5.0)
-        self.max_num_seqs, self.tokens = max_num_seqs, tokens
-
-    def start(self) -> None:
-        self.starts += 1
-        log = open(self.log_dir / f"cloud-{self.port}.log", "w")  # noqa: SIM115 - the child owns it
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cloud.server", "--model", str(self.model), "--port", str(self.port),
-             "--grace", str(self.grace_s), "--max-num-seqs", str(self.max_num_seqs),
-             "--auth-tokens", str(self.tokens)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-
-
 class Edge:
     """One ``python -m edge.daemon`` process group; stdout (with its ``HTTP n`` line) goes to a log."""
 
@@ -223,7 +204,7 @@ async def one(client: httpx.AsyncClient, url: str, body: dict, timeout_s: float)
     return r
 
 
-async def drive(args: argparse.Namespace, cloud: AuthReplica, edges: list[Edge], token0: str) -> dict:
+async def drive(args: argparse.Namespace, cloud: Replica, edges: list[Edge], token0: str) -> dict:
     await cloud.serving()
     await asyncio.gather(*(e.ready() for e in edges))
     async with httpx.AsyncClient(timeout=10) as c:
@@ -378,7 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, tok in tokens.items():
         token_files.append(args.log_dir / f"{name}.token")
         token_files[-1].write_text(tok)
-    cloud = AuthReplica(art.target, free_ports(1)[0], args.log_dir, max(16, args.concurrency), token_path)
+    # a repeated flag's last value wins: this soak's engine size and bearer tokens over Replica's defaults
+    cloud = Replica(art.target, free_ports(1)[0], args.log_dir, grace_s=5.0,
+                    extra=("--max-num-seqs", str(max(16, args.concurrency)), "--auth-tokens", str(token_path)))
     edges: list[Edge] = []
     try:
         cloud.start()
