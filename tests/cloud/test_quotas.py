@@ -23,6 +23,21 @@ async def small(cloud):
     await srv.stop(grace=0.5, close_engine=False)  # the engine is the shared fixture's
 
 
+async def _holding(gate: asyncio.Event):
+    """A session's messages: open, one draft, then nothing until ``gate`` is set."""
+    yield open_msg()
+    yield draft(0, GOOD)
+    await gate.wait()
+
+
+async def _hold(stub, n: int, gate: asyncio.Event) -> list:
+    """``n`` accepted sessions that stay open until ``gate`` is set."""
+    held = [stub.Session(_holding(gate), timeout=120) for _ in range(n)]
+    for call in held:
+        assert (await call.read()).WhichOneof("kind") == "accepted"
+    return held
+
+
 async def test_a_stream_that_never_opens_is_closed(small):
     srv, stub = small
     call = stub.Session(timeout=30)  # opens the stream, sends nothing
@@ -35,16 +50,8 @@ async def test_a_stream_that_never_opens_is_closed(small):
 async def test_one_edge_gets_its_share_of_the_slots_not_all(small):
     srv, stub = small
     gate = asyncio.Event()
-
-    async def hold():
-        yield open_msg()
-        yield draft(0, GOOD)
-        await gate.wait()
-
-    held = [stub.Session(hold(), timeout=60) for _ in range(2)]
-    for call in held:
-        assert (await call.read()).WhichOneof("kind") == "accepted"
-    third = stub.Session(hold(), timeout=60)
+    held = await _hold(stub, 2, gate)
+    third = stub.Session(_holding(gate), timeout=60)
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await third.read()
     # "sessions:" marks capacity, not a bad request: the edge answers locally or replays elsewhere
@@ -68,15 +75,7 @@ async def test_a_full_cloud_does_not_open_the_edges_breaker(small, int8_draft):
 
     srv, stub = small
     gate = asyncio.Event()
-
-    async def hold():
-        yield open_msg()
-        yield draft(0, GOOD)
-        await gate.wait()
-
-    held = [stub.Session(hold(), timeout=120) for _ in range(2)]  # this host's whole quota
-    for call in held:
-        assert (await call.read()).WhichOneof("kind") == "accepted"
+    held = await _hold(stub, 2, gate)  # this host's whole quota
     core = EdgeCore(EdgeConfig(model=str(int8_draft), cloud=f"127.0.0.1:{srv.port}", probe_on_start=False,
                                grpc_port=-1, http_port=-1, plan="split", replays=0))
     await core.start()
