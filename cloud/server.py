@@ -33,6 +33,7 @@ from cloud.core import CloudCore
 from cloud.engine import TargetEngine, VllmEngine
 from cloud.servicer import CoinferCloudServicer
 from coinfer import logs, process
+from coinfer.loopwatch import LoopWatch, lag_histogram
 from coinfer.decode_guard import DecodeGuard
 from coinfer.errors import Unavailable
 from coinfer.v1 import coinfer_pb2, coinfer_pb2_grpc
@@ -51,6 +52,7 @@ class CloudServer:
         self.metrics_port: int | None = None
         self._watch: asyncio.Task | None = None
         self._load: asyncio.Task | None = None
+        self.loopwatch = LoopWatch(observe=lag_histogram(core.metrics.registry)).start()
         self.engine_factory: Callable[[], Awaitable[TargetEngine]] | None = None
         """Starts a replacement engine when the heartbeat fails (None: stay NOT_SERVING)."""
 
@@ -116,6 +118,7 @@ class CloudServer:
                 task.cancel()
         await self.core.drained(self.cfg.grace_s if grace is None else grace)
         await self.server.stop(0.5)
+        self.loopwatch.stop()
         if close_engine and self.core.engine is not None:
             await self.core.engine.close()
         self.core.close()
@@ -158,6 +161,7 @@ async def create_server(cfg: CloudConfig, engine: TargetEngine | None = None) ->
 
 async def serve(cfg: CloudConfig, ready: asyncio.Event | None = None) -> None:
     process.children_die_with_parent()  # forked engine processes end with this server, even on SIGKILL
+    process.prioritise_loop(asyncio.get_running_loop())  # client-rule checks below the serving loop
     srv = await create_server(cfg)
     log.info("listening on %s:%d (NOT_SERVING while the engine loads)", cfg.host, srv.port)
     print(f"PORT {srv.port}", flush=True)  # for wrappers that started us with port 0

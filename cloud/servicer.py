@@ -24,6 +24,14 @@ from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
 
 MAX_PROBE_BYTES = 16 << 20
+_NOISE = os.urandom(1 << 20)
+"""A Probe answer repeats this random MiB: incompressible within any compressor's window we may
+meet (gzip: 32 KiB), and copied in ~10 ms for 16 MiB, where ``os.urandom(16 MiB)`` holds the GIL for
+~60 ms (in a worker thread too: that stalled the event loop)."""
+
+
+def noise(n: int) -> bytes:
+    return _NOISE * (n // len(_NOISE)) + _NOISE[:n % len(_NOISE)]
 
 
 class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
@@ -51,7 +59,7 @@ class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
                 raise DeadlineExceeded(f"open: no SessionOpen within {self.core.cfg.limits.open_timeout_s:g} s") from None
             if first is None or first.WhichOneof("kind") != "open":
                 raise InvalidArgument("open: the first message of a session must be SessionOpen")
-            req = convert.open_from_pb(first.open)
+            req = await asyncio.to_thread(convert.open_from_pb, first.open)  # rule params: up to MiBs of Struct
 
             async def inbox() -> AsyncIterator[EdgeItem]:
                 async for msg in request_iterator:
@@ -71,7 +79,7 @@ class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
     async def Generate(self, request: pb.GenerateRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[pb.CloudMessage]:
         try:
-            req = convert.open_from_pb(pb.SessionOpen(
+            req = await asyncio.to_thread(convert.open_from_pb, pb.SessionOpen(
                 request_id=request.request_id, problem=request.problem, deadline_ms=request.deadline_ms,
                 refine=request.sampling if request.HasField("sampling") else None))
             async for ev in self.core.generate(req, self._caller(context)):
@@ -82,11 +90,15 @@ class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
     async def Status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusResponse:
         return convert.to_pb(self.core.status(), pb.StatusResponse)
 
-    async def Probe(self, request: pb.ProbeRequest, context: grpc.aio.ServicerContext) -> pb.ProbeResponse:
+    async def Probe(self, request: pb.ProbeRequest, context: grpc.aio.ServicerContext) -> pb.ProbeResponse | bytes:
         if request.response_bytes > MAX_PROBE_BYTES:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"response_bytes: {request.response_bytes} > limit {MAX_PROBE_BYTES}")
-        # up to 16 MiB of random bytes: made off the loop (tens of ms), as is the received payload's length
-        payload = await asyncio.to_thread(os.urandom, request.response_bytes) if request.response_bytes > 65536 \
-            else os.urandom(request.response_bytes)
-        return pb.ProbeResponse(payload=payload, received_bytes=len(request.payload), server_time_ns=time.time_ns())
+        def answer() -> pb.ProbeResponse:
+            return pb.ProbeResponse(payload=noise(request.response_bytes), received_bytes=len(request.payload),
+                                    server_time_ns=time.time_ns())
+
+        if request.response_bytes <= 65536:
+            return answer()
+        # up to 16 MiB: made and serialised off the loop (copies of tens of ms); DecodeGuard sends the bytes
+        return await asyncio.to_thread(lambda: answer().SerializeToString())

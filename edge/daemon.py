@@ -24,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from coinfer import logs, process
+from coinfer.loopwatch import LoopWatch, lag_histogram
 from coinfer.decode_guard import DecodeGuard
 from coinfer.manifest import ManifestError
 from coinfer.v1 import edge_pb2, edge_pb2_grpc
@@ -46,9 +47,11 @@ class EdgeDaemon:
         self.http_server = None
         self._http_task: asyncio.Task | None = None
         self.grpc_port = self.http_port = -1
+        self.loopwatch: LoopWatch | None = None
 
     async def start(self) -> EdgeDaemon:
         await self.core.start()
+        self.loopwatch = LoopWatch(observe=lag_histogram(self.core.metrics.registry)).start()
         c = self.cfg
         if c.grpc_port >= 0:
             self.grpc_server = grpc.aio.server(interceptors=[DecodeGuard()])
@@ -89,6 +92,8 @@ class EdgeDaemon:
         if self.grpc_server is not None:
             await self.grpc_server.stop(grace)
         await self.core.close()
+        if self.loopwatch is not None:
+            self.loopwatch.stop()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def serve(cfg: EdgeConfig) -> None:
+    process.prioritise_loop(asyncio.get_running_loop())  # drafting and checks below the serving loop
     daemon = await EdgeDaemon(cfg).start()
     print(f"GRPC {daemon.grpc_port}", flush=True)
     print(f"HTTP {daemon.http_port}", flush=True)

@@ -182,6 +182,27 @@ async def _read_body(request: Request, timeout_s: float) -> bytes | JSONResponse
     return b"".join(chunks)
 
 
+def lone_surrogate(obj: object) -> str | None:
+    """The path (``messages[0].content``) of the first string or key in parsed JSON holding an unpaired
+    surrogate (``"\\ud800"``), or None. Iterative: the parser already bounded the depth."""
+    stack: list[tuple[object, str]] = [(obj, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    return path or "body"
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                stack.append((k, path or "body"))
+                stack.append((v, f"{path}.{k}" if path else str(k)))
+        elif isinstance(value, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(value))
+    return None
+
+
 def create_app(core: EdgeCore) -> FastAPI:
     app = FastAPI(title="coinfer edge", docs_url=None, redoc_url=None)
 
@@ -189,8 +210,16 @@ def create_app(core: EdgeCore) -> FastAPI:
         raw = await _read_body(request, core.cfg.http_body_timeout_s)
         if isinstance(raw, JSONResponse):
             return raw
+        def load() -> _Base | JSONResponse:
+            obj = json.loads(raw)
+            if (where := lone_surrogate(obj)) is not None:  # JSON may escape half a UTF-16 pair; UTF-8 cannot hold it
+                return _error(400, f"{where}: invalid Unicode (an unpaired surrogate escape)", where)
+            return cls.model_validate(obj)
+
         try:  # a 1 MiB body takes milliseconds to parse and validate: in a worker thread, not on the loop
-            body = await asyncio.to_thread(lambda: cls.model_validate(json.loads(raw)))
+            body = await asyncio.to_thread(load)
+            if isinstance(body, JSONResponse):
+                return body
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return _error(400, f"body: not valid JSON ({exc})", "body")
         except RecursionError:

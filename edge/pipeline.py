@@ -77,6 +77,15 @@ def replayable(exc: BaseException) -> bool:
     return isinstance(exc, ConnectionError)  # the stream ended without a summary
 
 
+def follow_advice(s: Sampling, advice: t.RetryAdvice) -> Sampling:
+    """The next round's sampling: the cloud's exploration knobs (hotter, more penalised, more drafts),
+    the user's own limits (token budget, stop strings, seed) kept."""
+    a = advice.sampling
+    return dataclasses.replace(s, n=advice.num_drafts, temperature=a.temperature, top_p=a.top_p,
+                               presence_penalty=a.presence_penalty, frequency_penalty=a.frequency_penalty,
+                               max_new_tokens=min(s.max_new_tokens, a.max_new_tokens))
+
+
 class CloudFailed(ConnectionError):
     """The cloud failed a request and no edge model is loaded to answer it locally."""
 
@@ -319,9 +328,7 @@ class EdgePipeline:
                     result.verdicts[ev.draft_index] = ev
                 elif isinstance(ev, t.RetryAdvice):
                     await writer
-                    advised = dataclasses.replace(s, n=ev.num_drafts, **{
-                        f.name: getattr(ev.sampling, f.name) for f in dataclasses.fields(t.SamplingParams)
-                        if f.name != "seed"})
+                    advised = follow_advice(s, ev)
                     result.rounds += 1
                     writer = asyncio.create_task(round_(advised, len(result.drafts)))
                 elif isinstance(ev, t.Summary):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -23,19 +24,23 @@ def result_to_pb(done: Done) -> epb.SolveResult:
     return msg
 
 
+def solve_request(request: epb.SolveRequest) -> SolveRequest:
+    p = request.problem
+    return SolveRequest(
+        prompt=p.prompt, task=p.task, rules=[convert.rule_from_pb(r) for r in p.rules],
+        sampling=convert.from_pb(request.sampling, t.SamplingParams) if request.HasField("sampling") else None,
+        num_drafts=request.num_drafts, plan=request.plan or "auto", deadline_ms=request.deadline_ms,
+        request_id=request.request_id, messages=[ChatMessage(m.role, m.content) for m in p.messages],
+        extraction=convert.extraction_from_pb(p.extraction))
+
+
 class EdgeServicer(epb_grpc.CoinferEdgeServicer):
     def __init__(self, core: EdgeCore) -> None:
         self.core = core
 
     async def Solve(self, request: epb.SolveRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[epb.SolveEvent]:
         try:
-            p = request.problem
-            req = SolveRequest(
-                prompt=p.prompt, task=p.task, rules=[convert.rule_from_pb(r) for r in p.rules],
-                sampling=convert.from_pb(request.sampling, t.SamplingParams) if request.HasField("sampling") else None,
-                num_drafts=request.num_drafts, plan=request.plan or "auto", deadline_ms=request.deadline_ms,
-                request_id=request.request_id, messages=[ChatMessage(m.role, m.content) for m in p.messages],
-                extraction=convert.extraction_from_pb(p.extraction))
+            req = await asyncio.to_thread(solve_request, request)  # rule params: up to MiBs of Struct, off the loop
             async for ev in self.core.solve(req):
                 if isinstance(ev, Done):
                     yield epb.SolveEvent(result=result_to_pb(ev))

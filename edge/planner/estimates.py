@@ -77,6 +77,8 @@ class Estimates:
     notes: list[str] = field(default_factory=list)
     path: Path | None = None
     alpha: float = 0.3
+    _logged: set[str] = field(default_factory=set, repr=False)
+    """Caveats already logged: ``choose`` re-derives its defaults per request, the log says each once."""
 
     def observe(self, key: str, value: float | None, replace: bool = False) -> bool:
         """Fold one measurement in (EWMA; ``replace`` for a fresh probe). False if refused."""
@@ -118,7 +120,9 @@ class Estimates:
             self.forget(key, keep=text)
         if text not in self.notes:
             self.notes.append(text)
-            log.info("planner: %s", text)
+            if text not in self._logged and len(self._logged) < 10_000:
+                self._logged.add(text)
+                log.info("planner: %s", text)
 
     def forget(self, fragment: str, keep: str = "") -> None:
         """Drop the caveats that contain ``fragment`` (except ``keep``)."""

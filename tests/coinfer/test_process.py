@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import psutil
@@ -54,3 +55,20 @@ def test_the_hook_does_nothing_in_a_process_that_is_not_being_spawned():
     process.watch_parent_if_spawned()
     assert "die-with-parent" not in before and "die-with-parent" not in {
         t.name for t in __import__("threading").enumerate()}
+
+
+def test_worker_threads_run_below_the_loop():
+    import asyncio
+
+    from coinfer.process import WORKER_NICE, prioritise_loop
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    async def main() -> tuple[int, int]:
+        prioritise_loop(asyncio.get_running_loop(), workers=1)
+        return nice(), await asyncio.to_thread(nice)
+
+    loop_nice, worker_nice = asyncio.run(main())
+    assert worker_nice == min(19, loop_nice + WORKER_NICE)
+    assert nice() == loop_nice  # the calling thread is untouched

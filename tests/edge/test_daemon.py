@@ -122,6 +122,8 @@ async def test_openai_sdk_streams_a_completion_and_a_chat(daemon):
      "messages[0].role"),
     ("/v1/chat/completions", {"model": "coinfer-edge", "messages": [{"role": "user", "content": "hi"}],
                               "coinfer": {"extraction": "poetry"}}, 400, "coinfer.extraction"),
+    ("/v1/chat/completions", b'{"model": "coinfer-edge", "messages": [{"role": "user", "content": "hi \\ud800"}]}',
+     400, "messages[0].content"),  # half a UTF-16 pair: valid JSON, not a string UTF-8 can carry
 ])
 async def test_bad_http_input_is_4xx_naming_the_field_and_the_daemon_keeps_serving(daemon, path, body, status, param):
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{daemon.http_port}", timeout=60) as http:

@@ -1,0 +1,57 @@
+"""Client patterns: refused before a slow compile, matched within a budget, with the GIL released."""
+
+import threading
+import time
+
+import pytest
+import regex
+
+from coinfer import userregex
+from coinfer.userregex import MAX_EXPANDED, expanded_size
+
+
+@pytest.mark.parametrize("pattern, size", [
+    ("a{1000000}", 1_000_000),
+    ("(a{1000}){1000}", 1_000_000),  # nested repeats multiply
+    ("(ab){5000}", 10_000),
+    (r"\w{1,60000}", 1),  # the maximum is not expanded (compiles as fast as \w)
+    ("[a-z]{3}", 3),  # a set is one element
+    ("[]a{}]{4}", 4),  # a ] first in a set is literal; braces inside a set are not repeats
+    ("[[:alpha:]]{5}", 5),
+    (r"\p{L}{3}", 3),  # braces of an escape are not a repeat
+    (r"\{1000000}", 9),  # an escaped brace is literal
+    ("x{1000000", 9),  # so is an unclosed one
+    ("ab|cd", 5),  # every alternative is compiled
+])
+def test_expanded_size(pattern, size):
+    assert expanded_size(pattern) == size
+
+
+def test_a_pattern_that_expands_past_the_limit_is_refused_before_compiling():
+    t0 = time.perf_counter()
+    with pytest.raises(regex.error, match=f"expands to about 1000000 elements.*limit is {MAX_EXPANDED}"):
+        userregex.compile("(a{1000}){1000}")  # regex.compile: ~0.4 s
+    assert time.perf_counter() - t0 < 0.1
+    assert userregex.compile("(?P<answer>-?\\d{1,12})").search("x = 42")["answer"] == "42"
+
+
+def test_a_match_over_budget_stops_and_leaves_the_gil_to_other_threads():
+    rx = userregex.compile("(a|aa)+$")
+    stop, spins = threading.Event(), [0]
+
+    def spin() -> None:
+        while not stop.is_set():
+            spins[0] += 1
+
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(userregex.RegexTimeout, match="took over 20 ms"):
+            userregex.search(rx, "a" * 40 + "b")
+        elapsed = time.perf_counter() - t0
+        assert spins[0] > 0  # the other thread ran during the match (with the GIL held it got 0)
+    finally:
+        stop.set()
+        t.join()
+    assert elapsed < 1.0

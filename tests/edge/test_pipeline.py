@@ -1,0 +1,25 @@
+"""Pure logic of the edge pipeline (the pipeline itself runs against real engines in tests/integration)."""
+
+import grpc
+
+from coinfer import types as t
+from edge.pipeline import cloud_failed, follow_advice, request_fault
+from edge.sampling import Sampling
+
+
+def test_retry_advice_changes_exploration_and_keeps_the_users_limits():
+    mine = Sampling(temperature=0.0, max_new_tokens=24, seed=7, stop=("\n\n",), n=3)
+    advice = t.RetryAdvice(1, 6, t.SamplingParams(temperature=0.6, top_p=0.9, presence_penalty=0.4,
+                                                  frequency_penalty=0.2, max_new_tokens=256), "regex_failed x3")
+    nxt = follow_advice(mine, advice)
+    assert (nxt.n, nxt.temperature, nxt.top_p, nxt.presence_penalty, nxt.frequency_penalty) == (6, 0.6, 0.9, 0.4, 0.2)
+    assert (nxt.max_new_tokens, nxt.seed, nxt.stop) == (24, 7, ("\n\n",))  # the user's budget, seed and stops
+    roomy = follow_advice(Sampling(max_new_tokens=1000, n=3), advice)
+    assert roomy.max_new_tokens == 256  # and never more than the cloud advises
+
+
+def test_capacity_and_deadlines_do_not_count_against_the_cloud():
+    assert not cloud_failed("RESOURCE_EXHAUSTED: sessions: 64 active, limit 64")
+    assert not cloud_failed("DEADLINE_EXCEEDED: the cloud did not answer within the request's deadline")
+    assert cloud_failed("UNAVAILABLE: engine: stopped")
+    assert request_fault(grpc.StatusCode.INVALID_ARGUMENT, "request_id: at most 128 chars")
