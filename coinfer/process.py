@@ -107,8 +107,8 @@ def _lower_priority(delta: int = WORKER_NICE) -> None:
         pass
 
 
-def prioritise_loop(loop: asyncio.AbstractEventLoop, workers: int | None = None) -> None:
-    """Give ``loop`` a default executor whose threads run ``WORKER_NICE`` below it.
+def prioritise_loop(loop: asyncio.AbstractEventLoop, workers: int | None = None, nice: int = WORKER_NICE) -> None:
+    """Give ``loop`` a default executor whose threads run ``nice`` below it (0: as it is).
 
     The daemons move CPU work off their event loop (drafting with ONNX Runtime, client rules,
     parsing), but on a box with few cores those threads still take the cores from the loop: the
@@ -116,5 +116,6 @@ def prioritise_loop(loop: asyncio.AbstractEventLoop, workers: int | None = None)
     that. Below the loop's priority, work still gets every idle core, and a woken loop thread gets
     a core at once. (Nice only orders the threads of this machine against each other; it never
     lends priority the user did not have.)"""
-    loop.set_default_executor(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="worker",
-                                                 initializer=_lower_priority))
+    if nice > 0:
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="worker",
+                                                     initializer=_lower_priority, initargs=(nice,)))

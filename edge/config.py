@@ -23,6 +23,9 @@ class EdgeConfig:
     """Comma-separated ONNX Runtime providers; empty = CUDA when present, else CPU."""
     threads: int = 0
     """ORT intra-op threads; 0 = all cores."""
+    worker_nice: int = 5
+    """How far below the serving event loop drafting and checks run (nice values, 0..19; 0 = the same).
+    On a CPU box the drafting threads otherwise take every core from the loop (/healthz waited 95 ms)."""
     warm: bool = True
     """Pre-warm at start (session + one token); False = lazy, loaded on the first request."""
     cloud: str = ""
@@ -88,6 +91,8 @@ class EdgeConfig:
         for name in ("http_header_timeout_s", "http_body_timeout_s"):
             if not 0 < getattr(self, name) <= 3600:
                 raise ValueError(f"{name}: must be in (0, 3600], got {getattr(self, name)}")
+        if not 0 <= self.worker_nice <= 19:
+            raise ValueError(f"worker_nice: must be in 0..19, got {self.worker_nice}")
         if self.http_max_connections < 0:
             raise ValueError(f"http_max_connections: must be >= 0, got {self.http_max_connections}")
         if not 0 <= self.replays <= 5:

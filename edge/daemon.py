@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def serve(cfg: EdgeConfig) -> None:
-    process.prioritise_loop(asyncio.get_running_loop())  # drafting and checks below the serving loop
+    process.prioritise_loop(asyncio.get_running_loop(), nice=cfg.worker_nice)  # drafting below the serving loop
     daemon = await EdgeDaemon(cfg).start()
     print(f"GRPC {daemon.grpc_port}", flush=True)
     print(f"HTTP {daemon.http_port}", flush=True)
