@@ -1,0 +1,26 @@
+"""Hostile inputs, generated (issue 14): a hypothesis-driven fuzz campaign against every RPC and
+endpoint of a real cloud (vLLM) and a real edge daemon (ONNX Runtime drafts, gRPC + HTTP).
+
+    .venv/bin/python -m benchmarks.hostile [--examples 10000] [--seed 0] [--out docs/faults/hostile.json]
+
+The campaign and its report are described in ``campaign``. The modules, each importing only those
+above it:
+
+- ``strategies``: what is sent (hypothesis strategies over messages, wire bytes, HTTP bodies);
+- ``targets``: where it goes and what each answer means (senders, classification, ``run_target``);
+- ``liveness``: the probes every 20 ms from their own process, and ``alive`` after the campaign;
+- ``servers``: the cloud and the edge as subprocesses, their stderr in ``cloud.log`` / ``edge.log``;
+- ``stalls``: the event-loop stalls the servers logged (``coinfer.loopwatch``), per target;
+- ``campaign``: ``campaign()``, ``summary()``, ``main()``.
+"""
+
+from benchmarks.hostile.campaign import campaign, main, run, summary
+from benchmarks.hostile.liveness import Prober, alive, probe_report
+from benchmarks.hostile.servers import Servers
+from benchmarks.hostile.stalls import parse_stalls, stall_report
+from benchmarks.hostile.strategies import GrpcCall, HttpCall
+from benchmarks.hostile.targets import Clients, Endpoints, Outcome, Tally, Target, run_target, targets, verdict
+
+__all__ = ["Clients", "Endpoints", "GrpcCall", "HttpCall", "Outcome", "Prober", "Servers", "Tally", "Target", "alive",
+           "campaign", "main", "parse_stalls", "probe_report", "run", "run_target", "stall_report", "summary", "targets",
+           "verdict"]
