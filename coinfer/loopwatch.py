@@ -11,8 +11,9 @@ schedule the process. ``LoopWatch`` looks from inside:
   takes the loop thread's Python stack at that moment, so the warning names the code holding the
   loop (or shows the loop idle in ``select``: then the process was not scheduled, or a native call
   held the GIL);
-- each warning also gives the loop thread's own CPU time over the late beat: near the lag, code on
-  the loop ran that long; far below it, the loop was waiting (for the GIL or for a core).
+- each warning also splits the late beat by what the loop thread did (Linux's per-thread schedstat):
+  on the CPU (code on the loop ran that long), waiting for a core (the machine was busy), or
+  neither, i.e. blocked: waiting for the GIL a native call in another thread held, or in a system call.
 
 The thread wakes every ``period_s`` and reads one clock: the cost is far under 0.1% of a core.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import threading
 import time
@@ -40,6 +42,8 @@ class LoopWatch:
         self.worst_s = 0.0
         self._beat = time.monotonic()
         self._cpu = 0.0  # the loop thread's CPU time at the last beat
+        self._wait = 0.0  # its time runnable but waiting for a core, at the last beat
+        self._schedstat: int | None = None  # /proc/thread-self/schedstat of the loop thread
         self._stack: str | None = None  # the loop thread's stack, taken while the current beat was overdue
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -51,7 +55,11 @@ class LoopWatch:
         """Watch the running loop (call from a coroutine on it)."""
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        self._beat, self._cpu = time.monotonic(), time.thread_time()
+        try:  # opened here, on the loop thread: the descriptor stays bound to this thread
+            self._schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:  # not Linux: the warning leaves the split out
+            self._schedstat = None
+        self._beat, self._cpu, self._wait = time.monotonic(), time.thread_time(), self._runqueue()
         self._handle = self._loop.call_later(self.period_s, self._tick)
         self._thread = threading.Thread(target=self._watch, name="loopwatch", daemon=True)
         self._thread.start()
@@ -63,21 +71,35 @@ class LoopWatch:
             self._handle.cancel()
         if self._thread is not None:
             self._thread.join(timeout=1.0)
+        if self._schedstat is not None:
+            os.close(self._schedstat)
+            self._schedstat = None
+
+    def _runqueue(self) -> float:
+        """Seconds the loop thread has spent runnable but not running (0 where unknown)."""
+        if self._schedstat is None:
+            return 0.0
+        try:
+            return int(os.pread(self._schedstat, 128, 0).split()[1]) / 1e9  # "<on cpu ns> <waiting ns> <slices>"
+        except (OSError, ValueError, IndexError):
+            return 0.0
 
     def _tick(self) -> None:
-        now, cpu = time.monotonic(), time.thread_time()
+        now, cpu, wait = time.monotonic(), time.thread_time(), self._runqueue()
         lag = max(0.0, now - self._beat - self.period_s)
-        busy = cpu - self._cpu
+        busy, queued = cpu - self._cpu, wait - self._wait
         stack, self._stack = self._stack, None
-        self._beat, self._cpu = now, cpu
+        self._beat, self._cpu, self._wait = now, cpu, wait
         if self.observe is not None:
             self.observe(lag)
         if lag > self.threshold_s:
             self.stalls += 1
             self.worst_s = max(self.worst_s, lag)
-            where = stack or "  (no Python frame held it: the process was not scheduled, or native code held the GIL)\n"
-            log.warning("event loop held %.0f ms (threshold %.0f ms), %.0f ms of it on CPU; the loop thread was in:"
-                        "\n%s", lag * 1e3, self.threshold_s * 1e3, busy * 1e3, where.rstrip())
+            where = stack or "  (no Python frame was seen: the watchdog did not run either, so the process was not " \
+                             "scheduled or a native call in another thread held the GIL)\n"
+            split = "" if self._schedstat is None else f", {queued * 1e3:.0f} ms waiting for a core"
+            log.warning("event loop held %.0f ms (threshold %.0f ms), %.0f ms of it on CPU%s; the loop thread was "
+                        "in:\n%s", lag * 1e3, self.threshold_s * 1e3, busy * 1e3, split, where.rstrip())
         if not self._stop.is_set():
             self._handle = self._loop.call_later(self.period_s, self._tick)
 

@@ -23,7 +23,9 @@ STACKS_KEPT = 3
 
 STAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
 STALL = re.compile(r"(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) WARNING coinfer\.loop: event loop held "
-                   r"(?P<held>[\d.]+) ms \(threshold (?P<threshold>[\d.]+) ms\), (?P<cpu>[\d.]+) ms of it on CPU")
+                   r"(?P<held>[\d.]+) ms \(threshold (?P<threshold>[\d.]+) ms\), (?P<cpu>[\d.]+) ms of it on CPU"
+                   r"(?:, (?P<queued>[\d.]+) ms waiting for a core)?")
+SUPPRESSED = re.compile(r"\[(\d+) similar lines suppressed")
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,8 @@ class Stall:
     """The same as wall-clock time (seconds since the epoch; the log writes local time)."""
     held_ms: float
     on_cpu_ms: float
+    queued_ms: float
+    """Time runnable but without a core (0 where the server's platform does not tell)."""
     threshold_ms: float
     stack: str
     """The loop thread's stack under the line (the innermost frame last), or its "no Python frame" note."""
@@ -55,13 +59,17 @@ def parse_stalls(log: str) -> list[Stall]:
                 break
             stack.append(nxt)
         t = datetime.strptime(m["at"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-        stalls.append(Stall(m["at"], t, float(m["held"]), float(m["cpu"]), float(m["threshold"]), "\n".join(stack)))
+        stalls.append(Stall(m["at"], t, float(m["held"]), float(m["cpu"]), float(m["queued"] or 0),
+                            float(m["threshold"]), "\n".join(stack)))
     return stalls
 
 
 def stall_stats(stalls: list[Stall]) -> dict:
     return {"stalls": len(stalls), "max_held_ms": max((s.held_ms for s in stalls), default=0.0),
             "max_on_cpu_ms": max((s.on_cpu_ms for s in stalls), default=0.0),
+            "max_queued_ms": max((s.queued_ms for s in stalls), default=0.0),
+            # the servers' logs are rate-limited per call site: a stall flood shows as a count on the next line
+            "suppressed": sum(int(n) for s in stalls for n in SUPPRESSED.findall(s.stack)),
             "on_cpu_over_50ms": sum(s.on_cpu_ms > ON_CPU_MS for s in stalls)}
 
 
