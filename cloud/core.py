@@ -18,6 +18,7 @@ from cloud.learning import WeightLearner
 from cloud.load import DraftCountController
 from cloud.metrics import CloudMetrics
 from cloud.session import EdgeItem, Session
+from coinfer import logs
 from coinfer import types as t
 from coinfer.chat import validate_messages
 from coinfer.errors import InvalidArgument, ResourceExhausted, Unavailable, require
@@ -166,7 +167,7 @@ class CloudCore:
                 self._idle.set()
             self.metrics.active.dec()
             self.metrics.sessions.labels(outcome).inc()
-            log.info("session %s from %s %s in %.0f ms", req.request_id, edge or "?", outcome,
+            log.info("session %s from %s %s in %.0f ms", logs.quoted(req.request_id), edge or "?", outcome,
                      (time.perf_counter() - t0) * 1e3)
 
     async def generate(self, req: t.OpenRequest, edge: str = "") -> AsyncIterator[t.CloudEvent]:

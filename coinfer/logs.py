@@ -48,3 +48,10 @@ def setup(level: int = logging.INFO, burst: int = 20, period_s: float = 10.0) ->
     limit = RateLimit(burst, period_s)
     for handler in logging.getLogger().handlers:
         handler.addFilter(limit)
+
+
+def quoted(text: str, limit: int = 128) -> str:
+    """Client text fit for a log line: control characters, line breaks and other unprintables escaped
+    (a request id of ``"ok\\n2026-... ERROR ..."`` cannot forge a line), at most ``limit`` chars."""
+    text = text[:limit]
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")

@@ -20,3 +20,12 @@ def test_a_flood_from_one_site_is_limited_and_counted():
     assert limit.filter(r)
     assert "[997 similar lines suppressed in the last 10 s]" in r.getMessage()
     assert sum(limit.filter(_record("socket.accept() out of system resource")) for _ in range(100)) == 2
+
+
+def test_client_text_cannot_forge_a_log_line():
+    from coinfer.logs import quoted
+
+    forged = "abc\n2026-11-30 21:00:00,000 ERROR cloud.server: engine dead\x1b[2J"
+    assert "\n" not in quoted(forged) and "\x1b" not in quoted(forged)
+    assert quoted(forged).startswith("abc\\n2026")
+    assert quoted("ÝìiÝ 42") == "ÝìiÝ 42" and len(quoted("x" * 1000)) == 128
