@@ -107,6 +107,7 @@ class CloudServer:
                 log.exception("engine restart failed; next try in %.0f s", delay)
                 await asyncio.sleep(delay)
                 delay = min(60.0, delay * 2)
+        process.freeze_heap()  # the new engine's objects out of the collector's walks, the old one's collected
         await self.attach_engine(engine)
         log.info("engine restarted: %s", "SERVING" if not self.core.draining else "draining")
 
@@ -166,8 +167,10 @@ async def serve(cfg: CloudConfig, ready: asyncio.Event | None = None) -> None:
     log.info("listening on %s:%d (NOT_SERVING while the engine loads)", cfg.host, srv.port)
     print(f"PORT {srv.port}", flush=True)  # for wrappers that started us with port 0
     srv.engine_factory = lambda: VllmEngine(cfg.engine).start()
-    await srv.attach_engine(await srv.engine_factory())
-    log.info("engine ready: SERVING")
+    engine = await srv.engine_factory()
+    frozen = process.freeze_heap()  # before SERVING: the engine's objects out of the garbage collector's walks
+    await srv.attach_engine(engine)
+    log.info("engine ready: SERVING (%d objects frozen out of the garbage collector's walks)", frozen)
     if ready:
         ready.set()
     stop = asyncio.Event()

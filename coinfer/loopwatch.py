@@ -13,7 +13,13 @@ schedule the process. ``LoopWatch`` looks from inside:
   held the GIL);
 - each warning also splits the late beat by what the loop thread did (Linux's per-thread schedstat):
   on the CPU (code on the loop ran that long), waiting for a core (the machine was busy), or
-  neither, i.e. blocked: waiting for the GIL a native call in another thread held, or in a system call.
+  neither, i.e. blocked: waiting for the GIL a native call in another thread held, or in a system call;
+  and the part of it spent in Python's garbage collector (it stops every thread: a full collection
+  over the millions of objects vLLM and torch allocate took over 500 ms).
+
+``coinfer.process.freeze_heap`` is the fix for the last one: called once a daemon has loaded its models, it moves
+every object alive then out of the collector's sight (``gc.freeze``), so later collections only
+walk what requests allocate.
 
 The thread wakes every ``period_s`` and reads one clock: the cost is far under 0.1% of a core.
 """
@@ -21,6 +27,7 @@ The thread wakes every ``period_s`` and reads one clock: the cost is far under 0
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import sys
@@ -44,6 +51,9 @@ class LoopWatch:
         self._cpu = 0.0  # the loop thread's CPU time at the last beat
         self._wait = 0.0  # its time runnable but waiting for a core, at the last beat
         self._schedstat: int | None = None  # /proc/thread-self/schedstat of the loop thread
+        self._gc_s = 0.0  # seconds in the garbage collector since start (any thread: it stops them all)
+        self._gc_at_beat = 0.0
+        self._gc_started = 0.0
         self._stack: str | None = None  # the loop thread's stack, taken while the current beat was overdue
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -60,12 +70,21 @@ class LoopWatch:
         except OSError:  # not Linux: the warning leaves the split out
             self._schedstat = None
         self._beat, self._cpu, self._wait = time.monotonic(), time.thread_time(), self._runqueue()
+        gc.callbacks.append(self._on_gc)
         self._handle = self._loop.call_later(self.period_s, self._tick)
         self._thread = threading.Thread(target=self._watch, name="loopwatch", daemon=True)
         self._thread.start()
         return self
 
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        elif self._gc_started:
+            self._gc_s += time.perf_counter() - self._gc_started
+
     def stop(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
         self._stop.set()
         if self._handle is not None:
             self._handle.cancel()
@@ -87,9 +106,9 @@ class LoopWatch:
     def _tick(self) -> None:
         now, cpu, wait = time.monotonic(), time.thread_time(), self._runqueue()
         lag = max(0.0, now - self._beat - self.period_s)
-        busy, queued = cpu - self._cpu, wait - self._wait
+        busy, queued, collecting = cpu - self._cpu, wait - self._wait, self._gc_s - self._gc_at_beat
         stack, self._stack = self._stack, None
-        self._beat, self._cpu, self._wait = now, cpu, wait
+        self._beat, self._cpu, self._wait, self._gc_at_beat = now, cpu, wait, self._gc_s
         if self.observe is not None:
             self.observe(lag)
         if lag > self.threshold_s:
@@ -98,6 +117,7 @@ class LoopWatch:
             where = stack or "  (no Python frame was seen: the watchdog did not run either, so the process was not " \
                              "scheduled or a native call in another thread held the GIL)\n"
             split = "" if self._schedstat is None else f", {queued * 1e3:.0f} ms waiting for a core"
+            split += f", {collecting * 1e3:.0f} ms collecting garbage"
             log.warning("event loop held %.0f ms (threshold %.0f ms), %.0f ms of it on CPU%s; the loop thread was "
                         "in:\n%s", lag * 1e3, self.threshold_s * 1e3, busy * 1e3, split, where.rstrip())
         if not self._stop.is_set():
@@ -118,3 +138,4 @@ def lag_histogram(registry) -> Callable[[float], None]:
 
     return Histogram("coinfer_event_loop_lag_seconds", "How late the serving event loop ran a 10 ms heartbeat "
                      "(time the loop was held)", buckets=LAG_BUCKETS, registry=registry).observe
+

@@ -112,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
 async def serve(cfg: EdgeConfig) -> None:
     process.prioritise_loop(asyncio.get_running_loop(), nice=cfg.worker_nice)  # drafting below the serving loop
     daemon = await EdgeDaemon(cfg).start()
+    if cfg.warm:  # the model is loaded: its objects out of the garbage collector's walks (lazy: not yet)
+        log.info("%d objects frozen out of the garbage collector's walks", process.freeze_heap())
     print(f"GRPC {daemon.grpc_port}", flush=True)
     print(f"HTTP {daemon.http_port}", flush=True)
     stop = asyncio.Event()

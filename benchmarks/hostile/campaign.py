@@ -105,6 +105,7 @@ def _stall_lines(stalls: dict) -> list[str]:
     for name, s in stalls.items():
         lines.append(f"  {name:<6} stalls {s['stalls']:>5}  max held {s['max_held_ms']:6.0f} ms  max on CPU "
                      f"{s['max_on_cpu_ms']:6.0f} ms  max waiting for a core {s.get('max_queued_ms', 0):6.0f} ms  "
+                     f"max in GC {s.get('max_gc_ms', 0):6.0f} ms  "
                      f"on CPU > {ON_CPU_MS:.0f} ms {s['on_cpu_over_50ms']:>4}  (log lines suppressed: "
                      f"{s.get('suppressed', 0)})")
     lines.append(f"  while each target ran, stalls / on CPU > {ON_CPU_MS:.0f} ms of " + ", ".join(stalls) + ":")

@@ -1,5 +1,5 @@
 """The servers under test: a real cloud (vLLM) and a real edge daemon as subprocesses, each writing its stderr
-to the campaign's log directory (``cloud.log``, ``edge.log``)."""
+to the campaign's log directory (``cloud.log``, ``edge.log``) and its stdout beside it (``*.out``)."""
 
 from __future__ import annotations
 
@@ -18,15 +18,17 @@ from coinfer.v1 import coinfer_pb2 as pb
 
 # ---- servers (subprocesses: a crash is an exit code, and each has its own event loop) ------------------
 
-def _port(proc: subprocess.Popen, prefix: str, timeout_s: float) -> int:
-    """The port a server prints as ``<prefix> <port>`` on stdout."""
+def _port(proc: subprocess.Popen, out: Path, prefix: str, timeout_s: float) -> int:
+    """The port a server prints as ``<prefix> <port>`` on its stdout (``out``, a file: a pipe nobody reads
+    after the port line fills up with vLLM's log lines, and the server blocks writing the next one)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"server exited ({proc.poll()}) before printing {prefix!r}")
-        if line.startswith(prefix + " "):
-            return int(line.split()[1])
+        for line in out.read_text(errors="replace").splitlines():
+            if line.startswith(prefix + " "):
+                return int(line.split()[1])
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited ({proc.returncode}) before printing {prefix!r}")
+        time.sleep(0.1)
     raise RuntimeError(f"no {prefix!r} line within {timeout_s:.0f} s")
 
 
@@ -70,19 +72,20 @@ class Servers:
         env = os.environ | {"PYTHONUNBUFFERED": "1"}
         procs: list[subprocess.Popen] = []
 
-        def spawn(args: list[str], log: str) -> subprocess.Popen:
-            procs.append(subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.PIPE, text=True, env=env,
-                                          stderr=open(logs / log, "w")))
+        def spawn(args: list[str], name: str) -> subprocess.Popen:
+            # stdout (ports, and vLLM's log lines) and stderr (our logs) to files the servers never wait on
+            procs.append(subprocess.Popen([sys.executable, "-m", *args], stdout=open(logs / f"{name}.out", "w"),
+                                          text=True, env=env, stderr=open(logs / f"{name}.log", "w")))
             return procs[-1]
 
         try:
-            cloud = spawn(["cloud.server", "--model", str(target), "--port", "0"], "cloud.log")
-            cport = await asyncio.to_thread(_port, cloud, "PORT", 120)
+            cloud = spawn(["cloud.server", "--model", str(target), "--port", "0"], "cloud")
+            cport = await asyncio.to_thread(_port, cloud, logs / "cloud.out", "PORT", 120)
             await _serving(Endpoints(f"127.0.0.1:{cport}", "", ""))
             edge = spawn(["edge.daemon", "--model", str(draft), "--cloud", f"127.0.0.1:{cport}", "--grpc-port", "0",
-                          "--http-port", "0"], "edge.log")
-            gport = await asyncio.to_thread(_port, edge, "GRPC", 300)
-            hport = await asyncio.to_thread(_port, edge, "HTTP", 30)
+                          "--http-port", "0"], "edge")
+            gport = await asyncio.to_thread(_port, edge, logs / "edge.out", "GRPC", 300)
+            hport = await asyncio.to_thread(_port, edge, logs / "edge.out", "HTTP", 30)
         except BaseException:
             _stop(procs)
             raise

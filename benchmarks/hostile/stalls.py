@@ -24,7 +24,7 @@ STACKS_KEPT = 3
 STAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
 STALL = re.compile(r"(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) WARNING coinfer\.loop: event loop held "
                    r"(?P<held>[\d.]+) ms \(threshold (?P<threshold>[\d.]+) ms\), (?P<cpu>[\d.]+) ms of it on CPU"
-                   r"(?:, (?P<queued>[\d.]+) ms waiting for a core)?")
+                   r"(?:, (?P<queued>[\d.]+) ms waiting for a core)?(?:, (?P<gc>[\d.]+) ms collecting garbage)?")
 SUPPRESSED = re.compile(r"\[(\d+) similar lines suppressed")
 
 
@@ -38,6 +38,8 @@ class Stall:
     on_cpu_ms: float
     queued_ms: float
     """Time runnable but without a core (0 where the server's platform does not tell)."""
+    gc_ms: float
+    """Time in Python's garbage collector (0 in older servers' lines)."""
     threshold_ms: float
     stack: str
     """The loop thread's stack under the line (the innermost frame last), or its "no Python frame" note."""
@@ -59,7 +61,7 @@ def parse_stalls(log: str) -> list[Stall]:
                 break
             stack.append(nxt)
         t = datetime.strptime(m["at"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-        stalls.append(Stall(m["at"], t, float(m["held"]), float(m["cpu"]), float(m["queued"] or 0),
+        stalls.append(Stall(m["at"], t, float(m["held"]), float(m["cpu"]), float(m["queued"] or 0), float(m["gc"] or 0),
                             float(m["threshold"]), "\n".join(stack)))
     return stalls
 
@@ -68,6 +70,7 @@ def stall_stats(stalls: list[Stall]) -> dict:
     return {"stalls": len(stalls), "max_held_ms": max((s.held_ms for s in stalls), default=0.0),
             "max_on_cpu_ms": max((s.on_cpu_ms for s in stalls), default=0.0),
             "max_queued_ms": max((s.queued_ms for s in stalls), default=0.0),
+            "max_gc_ms": max((s.gc_ms for s in stalls), default=0.0),
             # the servers' logs are rate-limited per call site: a stall flood shows as a count on the next line
             "suppressed": sum(int(n) for s in stalls for n in SUPPRESSED.findall(s.stack)),
             "on_cpu_over_50ms": sum(s.on_cpu_ms > ON_CPU_MS for s in stalls)}

@@ -11,7 +11,7 @@ LOG = """\
 2026-11-30 21:10:05,500 WARNING coinfer.loop: event loop held 900 ms (threshold 50 ms), 850 ms of it on CPU; the loop thread was in:
   File "/x/cloud/server.py", line 10, in start
     load_model()
-2026-11-30 21:13:15,190 WARNING coinfer.loop: event loop held 63 ms (threshold 50 ms), 7 ms of it on CPU, 50 ms waiting for a core; the loop thread was in:
+2026-11-30 21:13:15,190 WARNING coinfer.loop: event loop held 63 ms (threshold 50 ms), 7 ms of it on CPU, 50 ms waiting for a core, 4 ms collecting garbage; the loop thread was in:
   (no Python frame was seen: the watchdog did not run either) [3 similar lines suppressed in the last 10 s]
 2026-11-30 21:13:16,000 WARNING edge.link: cloud slow
 2026-11-30 21:13:20,250 WARNING coinfer.loop: event loop held 310 ms (threshold 50 ms), 290 ms of it on CPU; the loop thread was in:
@@ -42,7 +42,7 @@ def test_the_log_is_parsed_with_each_stall_s_stack():
                                                           (80, 70), (5000, 4000)]
     assert stalls[0].at == "2026-11-30 21:10:05,500" and stalls[0].t == at("21:10:05.5")
     assert stalls[1].stack.strip().startswith("(no Python frame was seen")
-    assert [s.queued_ms for s in stalls[:3]] == [0, 50, 0]  # the split is in newer servers' lines only
+    assert [(s.queued_ms, s.gc_ms) for s in stalls[:3]] == [(0, 0), (50, 4), (0, 0)]  # the split is in newer servers' lines only
     # the stack ends at the next unindented line (here another process' output), not only at a timestamp
     assert stalls[2].stack.splitlines() == LOG.split("loop thread was in:\n")[3].splitlines()[:4]
     assert "EngineCore" not in stalls[2].stack and all(s.threshold_ms == 50 for s in stalls)
@@ -54,9 +54,9 @@ def test_only_stalls_while_the_targets_ran_count_per_target_too():
     # the startup stall (21:10:05) and the one at shutdown (21:20:00) are outside the campaign
     assert (r["stalls"], r["max_held_ms"], r["max_on_cpu_ms"], r["on_cpu_over_50ms"]) == (5, 310, 290, 4)
     assert r["by_target"] == {
-        "edge.Status": {"stalls": 1, "max_held_ms": 63, "max_on_cpu_ms": 7, "max_queued_ms": 50, "suppressed": 3,
+        "edge.Status": {"stalls": 1, "max_held_ms": 63, "max_on_cpu_ms": 7, "max_queued_ms": 50, "max_gc_ms": 4, "suppressed": 3,
                         "on_cpu_over_50ms": 0},
-        "http.chat": {"stalls": 4, "max_held_ms": 310, "max_on_cpu_ms": 290, "max_queued_ms": 0, "suppressed": 0,
+        "http.chat": {"stalls": 4, "max_held_ms": 310, "max_on_cpu_ms": 290, "max_queued_ms": 0, "max_gc_ms": 0, "suppressed": 0,
                       "on_cpu_over_50ms": 4}}
     kept = r["on_cpu_stacks"]
     assert [(k["at"], k["target"], k["on_cpu_ms"]) for k in kept] == [

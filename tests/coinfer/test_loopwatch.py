@@ -60,3 +60,40 @@ def test_the_warning_tells_code_on_the_loop_from_a_waiting_loop(caplog):
     assert "_spin" in busy
     if sys.platform == "linux":  # the rest of the stall split: not on CPU, not queued (asleep: blocked)
         assert float(sleeping.split("CPU, ")[1].split(" ms waiting for a core")[0]) < 100, sleeping
+
+
+def test_time_in_the_garbage_collector_is_told_apart(caplog):
+    import gc
+
+    keep = [[] for _ in range(1_000_000)]  # a heap a full collection must walk
+
+    async def main() -> float:
+        watch = LoopWatch(threshold_s=0.005, period_s=0.005).start()
+        try:
+            await asyncio.sleep(0.05)
+            t0 = time.perf_counter()
+            gc.collect()
+            took = time.perf_counter() - t0
+            await asyncio.sleep(0.05)
+        finally:
+            watch.stop()
+        return took
+
+    with caplog.at_level(logging.WARNING, logger="coinfer.loop"):
+        took = asyncio.run(main())
+    assert keep
+    collecting = [float(m.split(" ms collecting garbage")[0].rsplit(", ", 1)[1])
+                  for m in (r.getMessage() for r in caplog.records) if "collecting garbage" in m]
+    assert max(collecting) >= 0.5 * took * 1e3, (collecting, took)  # the collection is named as the cause
+
+
+def test_freezing_the_heap_hides_the_loaded_objects_from_later_collections():
+    import gc
+
+    from coinfer.process import freeze_heap
+
+    keep = [[] for _ in range(100_000)]
+    try:
+        assert freeze_heap() >= len(keep)
+    finally:
+        gc.unfreeze()
