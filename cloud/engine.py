@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from cloud.config import EngineConfig
+from coinfer import logs
 from coinfer.chat import ChatFormat, ChatMessage
 from coinfer.errors import Unavailable
 
@@ -128,6 +129,15 @@ class TargetEngine(ABC):
         pass
 
 
+VLLM_MIN_TEMPERATURE = 0.01
+"""vLLM raises a temperature in (0, 0.01) to 0.01 (smaller ones overflow) and logs a warning for each
+request; a client sending 1e-45 would fill the log. We raise it ourselves, silently."""
+
+
+def vllm_temperature(t: float) -> float:
+    return t if t == 0 or t >= VLLM_MIN_TEMPERATURE else VLLM_MIN_TEMPERATURE
+
+
 class VllmEngine(TargetEngine):
     """vLLM AsyncLLM (v1 engine). Create inside a running event loop via ``start``."""
 
@@ -178,6 +188,7 @@ class VllmEngine(TargetEngine):
         # engine start is blocking (spawns the engine-core process, loads weights)
         self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args,
                                             stat_loggers=[self._stat_logger_factory()])
+        logs.limit_handlers("vllm")  # its own stdout handler: per-request warnings are client-driven
         from transformers import AutoTokenizer
 
         self._tok = AutoTokenizer.from_pretrained(self.cfg.model)
@@ -215,7 +226,7 @@ class VllmEngine(TargetEngine):
         from vllm.sampling_params import RequestOutputKind
 
         return SamplingParams(
-            max_tokens=min(p.max_tokens, room), temperature=p.temperature, top_p=p.top_p, seed=p.seed,
+            max_tokens=min(p.max_tokens, room), temperature=vllm_temperature(p.temperature), top_p=p.top_p, seed=p.seed,
             presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty, stop=list(p.stop) or None,
             output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY, **extra,
         )

@@ -42,12 +42,25 @@ class RateLimit(logging.Filter):
             return False
 
 
+_limit: RateLimit | None = None
+
+
 def setup(level: int = logging.INFO, burst: int = 20, period_s: float = 10.0) -> None:
     """The daemons' root logging: ``FORMAT`` on stderr, every handler rate-limited per call site."""
+    global _limit
     logging.basicConfig(level=level, format=FORMAT)
-    limit = RateLimit(burst, period_s)
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(limit)
+    _limit = RateLimit(burst, period_s)
+    limit_handlers("")
+
+
+def limit_handlers(name: str) -> None:
+    """Rate-limit the handlers a library installed on its own logger (vLLM logs to stdout through its
+    own handler, one warning per request for some client inputs). Nothing before ``setup``."""
+    if _limit is None:
+        return
+    for handler in logging.getLogger(name).handlers:
+        if _limit not in handler.filters:
+            handler.addFilter(_limit)
 
 
 def quoted(text: str, limit: int = 128) -> str:

@@ -96,3 +96,4 @@ async def test_a_hung_engine_is_restarted_and_the_replica_serves_again():
     assert srv.core.engine is fresh and await _status(srv.port) == health_pb2.HealthCheckResponse.SERVING
     assert srv.core.metrics.restarts.labels("hung")._value.get() == 1
     await srv.stop(grace=0.1)
+

@@ -29,3 +29,18 @@ def test_client_text_cannot_forge_a_log_line():
     assert "\n" not in quoted(forged) and "\x1b" not in quoted(forged)
     assert quoted(forged).startswith("abc\\n2026")
     assert quoted("ÝìiÝ 42") == "ÝìiÝ 42" and len(quoted("x" * 1000)) == 128
+
+
+def test_a_librarys_own_handler_is_limited_too():
+    from coinfer import logs
+
+    lib = logging.getLogger("some_engine")
+    handler = logging.StreamHandler()
+    lib.addHandler(handler)
+    try:
+        logs.setup()
+        logs.limit_handlers("some_engine")
+        logs.limit_handlers("some_engine")  # idempotent
+        assert handler.filters == [logs._limit]
+    finally:
+        lib.removeHandler(handler)
