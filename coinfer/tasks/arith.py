@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import random
 import re
+import threading
 from typing import Any
 
 from coinfer.errors import InvalidArgument
@@ -52,12 +53,19 @@ _OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Pow: "^"}
 _MAX_ABS = 10**12  # evaluation guard: a hostile "9^9^9" must not hang the verifier
 
 
+_AST_LOCK = threading.Lock()
+"""CPython 3.11 keeps ``ast.parse``'s recursion depth per interpreter, not per thread: two threads
+parsing while a garbage collection runs Python callbacks raise ``SystemError: AST constructor
+recursion depth mismatch`` (seen when the servers parsed problems in worker threads)."""
+
+
 def _tree(expr: str) -> ast.expr:
     ops = sum(expr.count(c) for c in "+-*^")
     if ops > MAX_OPERATORS or expr.count("(") > MAX_OPERATORS:
         raise ValueError(f"too long: {ops} operators, {expr.count('(')} parentheses (at most {MAX_OPERATORS} each)")
     try:
-        node = ast.parse(expr.replace("^", "**"), mode="eval").body
+        with _AST_LOCK:
+            node = ast.parse(expr.replace("^", "**"), mode="eval").body
     except (SyntaxError, RecursionError, MemoryError) as exc:
         raise ValueError(f"not an expression: {expr[:80]!r}") from exc
     return node

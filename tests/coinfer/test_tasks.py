@@ -155,3 +155,40 @@ def test_verified_prefix_stops_at_the_first_wrong_step():
     assert SELECT.verified_prefix(sspec, "AB 7:7; AC 5:11; AD 9:12; answer A,D") == ["AB 7:7", "AC 5:11"]
     assert SELECT.verified_prefix(sspec, "BD 9>8; CD 7:13; answer C,D") == ["BD 9>8", "CD 7:13"]
     assert SELECT.verified_prefix(sspec, "") == []
+
+
+def test_problems_parse_in_parallel_threads_while_the_collector_runs_python():
+    """CPython 3.11's ast.parse is not thread-safe when a collection runs Python callbacks (the servers
+    parse problems in worker threads; the loop watch has a gc callback): SystemError without the lock."""
+    import gc
+    import threading
+    import time
+
+    from coinfer.tasks.arith import _tree
+
+    errors: list[str] = []
+
+    def work() -> None:
+        for _ in range(1500):
+            try:
+                _tree("-" * 60 + "x")
+                _tree("+".join(["x"] * 60))
+            except SystemError as exc:
+                errors.append(str(exc))
+
+    def callback(phase: str, info: dict) -> None:
+        time.perf_counter()
+
+    old = gc.get_threshold()
+    gc.callbacks.append(callback)
+    gc.set_threshold(50)
+    try:
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        gc.callbacks.remove(callback)
+        gc.set_threshold(*old)
+    assert errors == []
