@@ -8,6 +8,7 @@ Anything else is a bug or a dead engine and maps to INTERNAL / UNAVAILABLE.
 from __future__ import annotations
 
 import logging
+import uuid
 
 import grpc
 
@@ -55,14 +56,21 @@ def field_of(message: str) -> str:
 
 
 async def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
-    """End an RPC for ``exc``: its own status and message for a CoinferError, else INTERNAL
-    naming only the exception type (the traceback goes to the log, not the client)."""
+    """End an RPC for ``exc``: its own status and message for a CoinferError, else INTERNAL with
+    ``internal_error``'s message (the traceback goes to the log, not the client)."""
     if isinstance(exc, grpc.aio.AbortError):  # already ended (an undecodable message): keep its status
         raise exc
     if isinstance(exc, CoinferError):
         await context.abort(exc.code, exc.message)
-    log.error("internal error", exc_info=exc)
-    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+    await context.abort(grpc.StatusCode.INTERNAL, internal_error(exc))
+
+
+def internal_error(exc: BaseException) -> str:
+    """Log a bug's traceback under a short id and return the client's message: the id, never the
+    exception's class, text or paths (they describe the server, and may echo another client's data)."""
+    ref = uuid.uuid4().hex[:8]
+    log.error("internal error [%s]", ref, exc_info=exc)
+    return f"internal error [{ref}]; the server's log has the details"
 
 
 def require(cond: bool, field: str, message: str) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from typing import Any, Literal
@@ -38,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from coinfer import types as t
 from coinfer.chat import ChatMessage
-from coinfer.errors import CoinferError, ResourceExhausted, Unavailable, field_of
+from coinfer.errors import CoinferError, DeadlineExceeded, ResourceExhausted, Unavailable, field_of, internal_error
 from coinfer.extract import KINDS, Extraction
 from coinfer.rules import Rule
 from edge.service import Done, EdgeCore, SolveRequest
@@ -182,6 +183,25 @@ async def _read_body(request: Request, timeout_s: float) -> bytes | JSONResponse
     return b"".join(chunks)
 
 
+_FIELD = re.compile(r"[A-Za-z_][\w.\[\]]{0,80}")
+
+
+def failure(exc: BaseException) -> tuple[int, str, str | None, str]:
+    """(HTTP status, message, param, OpenAI error type) of a failed request: the one mapping, for an
+    answer before the stream starts and for the error event that ends a stream already begun."""
+    if isinstance(exc, ResourceExhausted):
+        return 413, exc.message, field_of(exc.message), "invalid_request_error"
+    if isinstance(exc, (Unavailable, DeadlineExceeded)):  # the server's state, or a deadline: not bad input
+        return (503 if isinstance(exc, Unavailable) else 504), exc.message, None, "server_error"
+    if isinstance(exc, CoinferError) and type(exc) is not CoinferError:
+        return 400, exc.message, field_of(exc.message), "invalid_request_error"
+    if isinstance(exc, (ValueError, RecursionError)) and not isinstance(exc, UnicodeError):
+        msg = str(exc) or "not valid"  # a parser's refusal: "<field>: ..." where it names one
+        return (400, msg, field_of(msg), "invalid_request_error") if _FIELD.fullmatch(field_of(msg)) else \
+            (400, f"request: {msg}", "request", "invalid_request_error")
+    return 500, internal_error(exc), None, "server_error"
+
+
 def lone_surrogate(obj: object) -> str | None:
     """The path (``messages[0].content``) of the first string or key in parsed JSON holding an unpaired
     surrogate (``"\\ud800"``), or None. Iterative: the parser already bounded the depth."""
@@ -241,14 +261,11 @@ def create_app(core: EdgeCore) -> FastAPI:
             req = _request(body, prompt, messages or [])
             events = core.solve(req)
             first = await anext(events)  # validation happens before the first event: errors are still 4xx
-        except ResourceExhausted as exc:
-            return _error(413, exc.message, field_of(exc.message))
-        except Unavailable as exc:  # the server's fault (its model): not counted as a bad request
-            return _error(503, exc.message, None, "server_error")
-        except (CoinferError, ValueError) as exc:
-            msg = exc.message if isinstance(exc, CoinferError) else str(exc)
-            core.metrics.bad_request(field_of(msg))
-            return _error(400, msg, field_of(msg))
+        except Exception as exc:  # noqa: BLE001 - every failure gets its status, a bug too (500, no details)
+            status, message, param, kind = failure(exc)
+            if kind == "invalid_request_error":
+                core.metrics.bad_request(param or "request")
+            return _error(status, message, param, kind)
         rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{req.request_id}", int(time.time())
         obj = "chat.completion" if chat else "text_completion"
 
@@ -258,7 +275,11 @@ def create_app(core: EdgeCore) -> FastAPI:
                 yield ev
 
         if not body.stream:
-            done = [ev async for ev in all_events() if isinstance(ev, Done)][-1]
+            try:
+                done = [ev async for ev in all_events() if isinstance(ev, Done)][-1]
+            except Exception as exc:  # noqa: BLE001 - after validation: the server's (or the cloud's) failure
+                status, message, param, kind = failure(exc)
+                return _error(status, message, param, kind)
             text = done.result.answer
             choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
                       if chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"})
@@ -283,6 +304,15 @@ def create_app(core: EdgeCore) -> FastAPI:
                         "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]}
                 yield f"data: {json.dumps(role)}\n\n"
             pieces: list[str] = []
+            try:
+                async for ev in stream_events(pieces):
+                    yield ev
+            except Exception as exc:  # noqa: BLE001 - the stream has begun: end it with an error event, not a cut
+                _, message, param, kind = failure(exc)
+                yield f"data: {json.dumps({'error': {'message': message, 'type': kind, 'param': param, 'code': None}})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        async def stream_events(pieces: list[str]):
             async for ev in all_events():
                 if isinstance(ev, t.Draft):
                     yield chunk(None, None, {"event": "draft", "draft": _draft_info(ev)})
@@ -299,7 +329,6 @@ def create_app(core: EdgeCore) -> FastAPI:
                         yield chunk(piece)
                     info = _info(ev) | {"usage": core.usage(req, ev), "answer": answer}
                     yield chunk(None, "stop", info)
-            yield "data: [DONE]\n\n"
 
         return StreamingResponse(sse(), media_type="text/event-stream")
 

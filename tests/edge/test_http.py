@@ -1,0 +1,57 @@
+"""The edge HTTP API's pure helpers (the API itself runs against real engines in tests/edge/test_daemon.py)."""
+
+import json
+
+from coinfer.errors import CoinferError, DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
+from edge.http import failure, lone_surrogate
+
+
+def test_one_mapping_of_failures_to_statuses_with_no_class_names():
+    assert failure(InvalidArgument("temperature: must be in [0, 2]")) == (
+        400, "temperature: must be in [0, 2]", "temperature", "invalid_request_error")
+    assert failure(ResourceExhausted("prompt: 5000 chars > limit 4096"))[:3] == (413, "prompt: 5000 chars > limit 4096",
+                                                                               "prompt")
+    assert failure(Unavailable("model: failed to load"))[::3] == (503, "server_error")
+    assert failure(DeadlineExceeded("deadline"))[::3] == (504, "server_error")
+    assert failure(ValueError("messages[0].role: unknown"))[2] == "messages[0].role"
+    status, message, param, kind = failure(ValueError("Exceeds the limit (4300 digits) for integer string conversion"))
+    assert (status, param) == (400, "request") and message.startswith("request: Exceeds")
+    for bug in (SystemError("AST constructor recursion depth mismatch"), CoinferError("x"), KeyError("/etc/x")):
+        status, message, param, kind = failure(bug)
+        assert (status, param, kind) == (500, None, "server_error")
+        assert type(bug).__name__ not in message and "/etc" not in message and message.startswith("internal error [")
+
+
+def test_unpaired_surrogates_are_found_with_their_path():
+    body = json.loads('{"messages": [{"role": "user", "content": "hi \\ud800"}], "x": "\\ud83d\\ude00"}')
+    assert lone_surrogate(body) == "messages[0].content"
+    assert lone_surrogate(json.loads('{"a": "\\ud83d\\ude00", "b": ["ok"]}')) is None
+    assert lone_surrogate(json.loads('{"\\udc00": 1}')) == "body"
+
+
+async def test_a_failure_after_the_stream_began_ends_it_with_an_error_event(monkeypatch, tmp_path):
+    import httpx
+
+    from coinfer import types as t
+    from edge.config import EdgeConfig
+    from edge.http import create_app
+    from edge.service import EdgeCore
+
+    core = EdgeCore(EdgeConfig(model=str(tmp_path), warm=False))  # lazy: never loaded here
+
+    async def solve(req):  # stands in for the pipeline: one draft, then a bug
+        yield t.Draft(index=0, text="3+5=8", num_tokens=3)
+        raise SystemError("AST constructor recursion depth mismatch")
+
+    monkeypatch.setattr(core, "solve", solve)
+    transport = httpx.ASGITransport(app=create_app(core))
+    async with httpx.AsyncClient(transport=transport, base_url="http://edge") as http:
+        body = {"model": core.cfg.model_name, "prompt": "If x=3 and y=5, compute x+y.", "stream": True}
+        r = await http.post("/v1/completions", json=body)
+        events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+        assert r.status_code == 200 and events[-1] == "[DONE]"
+        error = json.loads(events[-2])["error"]
+        assert error["type"] == "server_error" and error["message"].startswith("internal error [")
+        assert "SystemError" not in r.text
+        r = await http.post("/v1/completions", json=body | {"stream": False})
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error" and "SystemError" not in r.text
