@@ -26,12 +26,23 @@ from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
 MAX_PROBE_BYTES = 16 << 20
 _NOISE = os.urandom(1 << 20)
 """A Probe answer repeats this random MiB: incompressible within any compressor's window we may
-meet (gzip: 32 KiB), and copied in ~10 ms for 16 MiB, where ``os.urandom(16 MiB)`` holds the GIL for
-~60 ms (in a worker thread too: that stalled the event loop)."""
+meet (gzip: 32 KiB), where ``os.urandom(16 MiB)`` held the GIL for ~60 ms (in a worker thread too:
+that stalled the event loop)."""
 
 
-def noise(n: int) -> bytes:
-    return _NOISE * (n // len(_NOISE)) + _NOISE[:n % len(_NOISE)]
+def probe_answer(n: int, received: int) -> bytes:
+    """A serialised ``ProbeResponse`` with ``n`` payload bytes, written by hand: the payload is copied
+    once (a join of the noise), where building the message and serialising it copied 16 MiB three
+    times, each copy a native call holding the GIL (the loop waited on them). Protobuf parses fields
+    in any order: the payload field first, then the small ones protobuf serialises."""
+    head, length = bytearray(b"\x0a"), n  # field 1 (payload), wire type 2: tag, varint length, bytes
+    while length > 0x7F:
+        head.append(length & 0x7F | 0x80)
+        length >>= 7
+    head.append(length)
+    tail = pb.ProbeResponse(received_bytes=received, server_time_ns=time.time_ns()).SerializeToString()
+    whole, rest = divmod(n, len(_NOISE))
+    return b"".join([bytes(head), *([_NOISE] * whole), _NOISE[:rest], tail])
 
 
 class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
@@ -94,11 +105,7 @@ class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
         if request.response_bytes > MAX_PROBE_BYTES:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"response_bytes: {request.response_bytes} > limit {MAX_PROBE_BYTES}")
-        def answer() -> pb.ProbeResponse:
-            return pb.ProbeResponse(payload=noise(request.response_bytes), received_bytes=len(request.payload),
-                                    server_time_ns=time.time_ns())
-
-        if request.response_bytes <= 65536:
-            return answer()
-        # up to 16 MiB: made and serialised off the loop (copies of tens of ms); DecodeGuard sends the bytes
-        return await asyncio.to_thread(lambda: answer().SerializeToString())
+        n, received = request.response_bytes, len(request.payload)
+        if n <= 65536:
+            return probe_answer(n, received)
+        return await asyncio.to_thread(probe_answer, n, received)  # MiBs: off the loop; DecodeGuard sends bytes

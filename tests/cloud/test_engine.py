@@ -6,3 +6,14 @@ def test_tiny_temperatures_are_raised_to_vllms_floor_without_its_per_request_war
 
     assert vllm_temperature(0.0) == 0.0 and vllm_temperature(0.7) == 0.7
     assert vllm_temperature(1e-45) == vllm_temperature(0.005) == VLLM_MIN_TEMPERATURE
+
+
+def test_a_hand_serialised_probe_answer_is_the_message_protobuf_would_write():
+    from cloud.servicer import probe_answer
+    from coinfer.v1 import coinfer_pb2 as pb
+
+    for n in (0, 1, 127, 128, 65536, (1 << 20) + 3, 16 << 20):
+        msg = pb.ProbeResponse.FromString(probe_answer(n, received=4096))
+        assert len(msg.payload) == n and msg.received_bytes == 4096 and msg.server_time_ns > 0
+    big = pb.ProbeResponse.FromString(probe_answer(3 << 20, 0)).payload
+    assert big[:1 << 20] == big[1 << 20:2 << 20] and len(set(big[:4096])) > 200  # repeated random MiBs
