@@ -269,8 +269,8 @@ class Session:
             answer, source = text, t.AnswerSource.CLOUD
             refine_note = (f"no valid draft after retries: cloud answered alone from {len(prefix_steps)} verified steps"
                            + ("" if valid else " (its answer failed verification)"))
-        if self.cfg.policy.learn_every:  # grading every draft only feeds the learner
-            self._outcome(ranked, answer)
+        if self.cfg.policy.learn_every:  # grading every draft only feeds the learner; parses client text: off the loop
+            await asyncio.to_thread(self._outcome, ranked, answer)
         rank_of = {j.draft.index: r for j, r, _ in ranked}
         scores = [t.DraftScore(i, j.verdict.valid, j.verdict.score, rank_of.get(i, 0.0))
                   for i, j in sorted(self.judged.items())]
