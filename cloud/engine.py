@@ -209,10 +209,12 @@ class VllmEngine(TargetEngine):
     def max_model_len(self) -> int:
         return self._max_len
 
-    async def _off_loop(self, fn, text: str, *args):
-        """Tokenize long texts in a worker thread (the tokenizer releases the GIL): ~1 ms per KiB, and
-        a prompt, its drafts and a continuation reach tens of KiB (66 ms on the loop was seen)."""
-        return fn(text, *args) if len(text) <= OFF_LOOP_CHARS else await asyncio.to_thread(fn, text, *args)
+    @staticmethod
+    async def _off_loop(chars: int, fn, *args):
+        """``fn(*args)``, in a worker thread when it tokenizes over ``OFF_LOOP_CHARS`` characters (the
+        tokenizer releases the GIL): ~1 ms per KiB, and a prompt, its drafts and a continuation reach tens
+        of KiB (66 ms on the loop was seen)."""
+        return fn(*args) if chars <= OFF_LOOP_CHARS else await asyncio.to_thread(fn, *args)
 
     def _ids(self, text: str) -> list[int]:
         # a chat template writes the BOS itself: adding special tokens would double it
@@ -260,7 +262,7 @@ class VllmEngine(TargetEngine):
             self._running -= 1
 
     async def generate(self, prompt: str, params: GenParams, request_id: str) -> AsyncIterator[Chunk]:
-        ids = await self._off_loop(self._ids, prompt)
+        ids = await self._off_loop(len(prompt), self._ids, prompt)
         room = self.max_model_len - len(ids)
         if room < 1:
             return
@@ -271,7 +273,7 @@ class VllmEngine(TargetEngine):
 
     async def sample(self, prompt: str, params: GenParams, n: int, request_id: str, **extra) -> list[Chunk]:
         """``extra``: more vLLM SamplingParams (structured outputs for the judge)."""
-        ids = await self._off_loop(self._ids, prompt)
+        ids = await self._off_loop(len(prompt), self._ids, prompt)
         room = self.max_model_len - len(ids)
         if room < 1:
             return []
@@ -280,7 +282,7 @@ class VllmEngine(TargetEngine):
         return [Chunk(c.text, len(c.token_ids)) for c in outs[-1].outputs] if outs else []
 
     async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str) -> list[float]:
-        ids, start = await self._off_loop(lambda text: self.span_ids(prompt, continuation), prompt + continuation)
+        ids, start = await self._off_loop(len(prompt) + len(continuation), self.span_ids, prompt, continuation)
         ids = (ids + [self._tok.eos_token_id])[: self.max_model_len - 1]
         if len(ids) <= start or start == 0:
             return []

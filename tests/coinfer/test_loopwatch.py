@@ -12,13 +12,14 @@ def _hold_the_loop(seconds: float) -> None:
     time.sleep(seconds)  # stands for a CPU-bound check run on the loop by mistake
 
 
-async def _run(caplog) -> tuple[LoopWatch, list[float]]:
+async def _watched(hold, seconds: float, settle_s: float = 0.1) -> tuple[LoopWatch, list[float]]:
+    """Run ``hold(seconds)`` on a watched loop between two quiet ``settle_s`` periods."""
     lags: list[float] = []
     watch = LoopWatch(threshold_s=0.05, period_s=0.01, observe=lags.append).start()
     try:
-        await asyncio.sleep(0.1)
-        _hold_the_loop(0.3)
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(settle_s)
+        hold(seconds)
+        await asyncio.sleep(settle_s)
     finally:
         watch.stop()
     return watch, lags
@@ -26,7 +27,7 @@ async def _run(caplog) -> tuple[LoopWatch, list[float]]:
 
 def test_a_held_loop_is_measured_and_the_holder_named(caplog):
     with caplog.at_level(logging.WARNING, logger="coinfer.loop"):
-        watch, lags = asyncio.run(_run(caplog))
+        watch, lags = asyncio.run(_watched(_hold_the_loop, 0.3))
     assert watch.stalls == 1 and 0.25 < watch.worst_s < 1.0
     assert len(lags) >= 10 and sorted(lags)[len(lags) // 2] < 0.05  # the other beats were on time
     [record] = [r for r in caplog.records if "event loop held" in r.getMessage()]
@@ -39,21 +40,10 @@ def _spin(seconds: float) -> None:
         pass
 
 
-async def _busy() -> LoopWatch:
-    watch = LoopWatch(threshold_s=0.05, period_s=0.01).start()
-    try:
-        await asyncio.sleep(0.05)
-        _spin(0.2)
-        await asyncio.sleep(0.05)
-    finally:
-        watch.stop()
-    return watch
-
-
 def test_the_warning_tells_code_on_the_loop_from_a_waiting_loop(caplog):
     with caplog.at_level(logging.WARNING, logger="coinfer.loop"):
-        asyncio.run(_busy())
-        asyncio.run(_run(caplog))
+        asyncio.run(_watched(_spin, 0.2, settle_s=0.05))
+        asyncio.run(_watched(_hold_the_loop, 0.3))
     busy, sleeping = [r.getMessage() for r in caplog.records if "event loop held" in r.getMessage()]
     cpu = [float(m.split("), ")[1].split(" ms")[0]) for m in (busy, sleeping)]
     assert cpu[0] > 100 and cpu[1] < 50, (busy, sleeping)  # spinning is on CPU, sleeping is not
