@@ -1,12 +1,13 @@
 # coinfer: one command to install and run the demo, one to install and run the tests.
-#   make demo   - install (CPU), build the demo models (cached), run the end-to-end demo
+#   make demo   - install (CPU), build the demo's ONNX/INT8 artefacts (cached), run the end-to-end demo
+#   make models - retrain the shipped demo pair from its recipe (~70 min)
 #   make test   - install (CPU), run the test suite (what CI runs)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.coinfer-installed
 
-.PHONY: setup protos models demo test lint clean
+.PHONY: setup protos models artifacts demo test lint clean
 
 setup: $(STAMP) protos
 
@@ -26,14 +27,21 @@ protos: $(STAMP) coinfer/v1/coinfer_pb2.py
 coinfer/v1/coinfer_pb2.py: $(wildcard protos/coinfer/v1/*.proto) protos/build_stubs.py
 	$(PY) protos/build_stubs.py
 
+# retrain the shipped demo pair (demo/weights) from its recipe: ~65 min on 2 cores; commit the result.
+# jemalloc where installed (Debian: libjemalloc2): glibc's heap fragments under training's varying shapes
+JEMALLOC := $(wildcard /usr/lib/*/libjemalloc.so.2)
 models: setup
-	$(PY) -m demo.train
+	LD_PRELOAD=$(JEMALLOC) $(PY) -m demo.train
 
-demo: models
+# the draft's ONNX and INT8 models, built from the shipped weights (minutes, cached by their inputs)
+artifacts: setup
+	$(PY) -m demo.artifacts
+
+demo: artifacts
 	$(PY) -m demo.run
 
-# models first, outside pytest: a fresh machine builds them here (~9 min, cached after)
-test: models
+# artefacts first, outside pytest: a fresh machine builds them here (cached after)
+test: artifacts
 	$(PY) -m pytest -q -ra tests
 
 lint: setup

@@ -1,20 +1,24 @@
-"""Open requests end to end: accuracy and cloud decode cost of split vs the target alone.
+"""What co-inference buys, end to end: accuracy and cloud decode cost of split vs the target alone.
 
 Usage::
 
-    .venv/bin/python -m benchmarks.open_accuracy                  # 200 held-out word problems
-    .venv/bin/python -m benchmarks.open_accuracy --problems 40 --json out.json
+    .venv/bin/python -m benchmarks.open_accuracy                  # 100 held-out problems per task
+    .venv/bin/python -m benchmarks.open_accuracy --problems 40 --tasks words --json out.json
     .venv/bin/python -m benchmarks.open_accuracy --dtype-check     # + target accuracy float32 vs auto
 
 One run, one machine: the cloud service (vLLM, the demo target) on 127.0.0.1 and the edge's
-INT8 draft on ONNX Runtime, over gRPC. Each held-out word problem of the demo's open task is
-sent as an *open request* (no task grammar; extraction ``marker``, rules ``arithmetic`` +
-a numeric answer), graded here only. Printed, all measured in this run:
+INT8 draft on ONNX Runtime, over gRPC. Three kinds of held-out problem: the presets ``arith``
+and ``select`` (sent with their task name: the task's own rules) and the demo's word problems,
+sent as *open requests* (no task grammar; extraction ``marker``, rules ``arithmetic`` + a numeric
+answer); all graded here only. Printed per task, all measured in this run:
 
 - split accuracy (5 drafts -> verify -> refine from candidates) vs the edge's first draft
   alone vs the target alone (greedy, plain vLLM on the same engine) vs the target's best-of-5
   (5 samples, majority vote on the extracted answer);
-- the cloud's decode tokens per answer of each (goal: split <= 0.25x of target best-of-5);
+- the cloud's decode tokens per answer of each (goals: split <= 0.25x of target best-of-5 and
+  <= 1.5x of its greedy answer);
+- how the split answers were built: a verified draft accepted as is, a verified prefix continued,
+  a refinement of candidates (together: "from drafts", goal >= 50%), or the cloud alone;
 - the likelihood verifier: mean per-token logprob under the target of correct vs wrong drafts,
   and the accuracy of thresholds around the configured one (how the default was chosen);
 - with ``--dtype-check``: the target's greedy held-out accuracy under float32 and under vLLM's
@@ -33,10 +37,13 @@ import statistics
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 
 import grpc
 
 log = logging.getLogger(__name__)
+WORDS = "words"  # demo.wordprob.TASK, spelled here so that --help needs no torch import
+KINDS = ("arith", "select", WORDS)
 RULES = [{"kind": "arithmetic"}, {"kind": "numeric_bounds", "params": {"field": "answer", "min": -1e6, "max": 1e6}}]
 
 
@@ -46,11 +53,55 @@ def _rules():
     return [Rule(r["kind"], r.get("params", {})) for r in RULES]
 
 
-async def _target_alone(engine, prompt: str, answer: int, n: int, key: str) -> dict:
+@dataclass(frozen=True)
+class Case:
+    """One held-out problem as the benchmark sends and grades it."""
+
+    kind: str  # "arith", "select" or "words"
+    prompt: str
+    item: object  # demo.train.Item: the truth and the grader
+
+    @property
+    def task(self) -> str:
+        return "" if self.kind == WORDS else self.kind  # word problems are open requests
+
+    def rules(self) -> list:
+        return _rules() if self.kind == WORDS else []
+
+    def extraction(self):
+        from coinfer.extract import Extraction
+
+        return Extraction("marker") if self.kind == WORDS else Extraction()
+
+    def grade(self, text: str) -> bool:
+        from demo.train import grade
+
+        return grade(self.item, text)
+
+    def vote_key(self, text: str) -> object:
+        """What best-of-n votes on: the extracted answer (None: nothing extractable)."""
+        from coinfer.extract import Extraction, answer_key
+        from coinfer.tasks import TASKS
+
+        parsed = Extraction("marker")(text) if self.kind == WORDS else TASKS[self.kind].parse_answer(text)
+        return answer_key(parsed) if parsed.ok else None
+
+
+def cases(kinds: tuple[str, ...], per_kind: int, seed: int) -> list[Case]:
+    from demo.train import sample_item
+
+    rng = random.Random(seed)
+    out = []
+    for kind in kinds:
+        for _ in range(per_kind):
+            it = sample_item(rng, kind, held_out=True)
+            out.append(Case(kind, it.question, it))
+    return out
+
+
+async def _target_alone(engine, prompt: str, case: Case, n: int, key: str) -> dict:
     """Greedy and best-of-n of the target on the plain conversation (no drafts)."""
     from cloud.engine import GenParams
-    from coinfer.extract import Extraction
-    from demo.wordprob import grade
 
     t0 = time.perf_counter()
     text, toks = "", 0
@@ -59,11 +110,11 @@ async def _target_alone(engine, prompt: str, answer: int, n: int, key: str) -> d
         toks += c.tokens
     greedy_ms = (time.perf_counter() - t0) * 1e3
     samples = await engine.sample(prompt, GenParams(max_tokens=256, temperature=0.7, seed=7), n, f"{key}-s")
-    marker = Extraction("marker")
-    votes = Counter(p.fields["answer"] for s in samples if (p := marker(s.text)).ok)
-    vote = votes.most_common(1)[0][0] if votes else None
-    return {"greedy_ok": grade(text, answer), "greedy_tokens": toks, "greedy_ms": greedy_ms,
-            "bo5_ok": vote == answer, "bo5_tokens": sum(s.tokens for s in samples),
+    votes = Counter(k for s in samples if (k := case.vote_key(s.text)) is not None)
+    winner = votes.most_common(1)[0][0] if votes else None
+    best = next((s.text for s in samples if winner is not None and case.vote_key(s.text) == winner), "")
+    return {"greedy_ok": case.grade(text), "greedy_tokens": toks, "greedy_ms": greedy_ms,
+            "bo5_ok": bool(best) and case.grade(best), "bo5_tokens": sum(s.tokens for s in samples),
             "bo5_steps": max((s.tokens for s in samples), default=0)}
 
 
@@ -81,76 +132,53 @@ def _threshold_table(rows: list[dict], configured: float) -> list[dict]:
     return out
 
 
-async def run(n_problems: int, drafts: int, seed: int, dtype_check: bool, concurrency: int) -> dict:
-    from cloud.config import CloudConfig, EngineConfig, Limits
-    from cloud.engine import VllmEngine
-    from cloud.server import create_server
+FROM_DRAFTS = {"accepted", "prefix", "candidates"}
+"""Refine modes whose answer is built from the drafts (the cloud-alone path is "alone")."""
+
+
+async def _one(pipe, engine, case: Case, i: int, drafts: int, seed: int) -> dict:
+    """One problem: split through the real edge -> cloud path, then the target alone."""
     from coinfer.chat import ChatMessage
-    from coinfer.extract import Extraction
-    from demo.artifacts import ensure_artifacts
-    from demo.wordprob import grade, problems
-    from edge.draft_engine import OrtDraftEngine
-    from edge.pipeline import EdgePipeline, Plan
+    from edge.pipeline import Plan
     from edge.sampling import Sampling
 
-    art = ensure_artifacts()
-    cfg = CloudConfig(engine=EngineConfig(model=str(art.target)), limits=Limits(max_sessions=64))
-    srv = await create_server(cfg)
-    engine = await VllmEngine(cfg.engine).start()
-    await srv.attach_engine(engine)
-    edge = OrtDraftEngine(art.draft_int8)
-    edge.warm_up()
-    rng = random.Random(seed)
-    stream = problems(rng, held_out=True)
-    probs = [next(stream) for _ in range(n_problems)]
-    floor = cfg.policy.min_mean_logprob
-    sem = asyncio.Semaphore(concurrency)
-    rows: list[dict] = []
-    t_start = time.perf_counter()
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as channel:
-        pipe = EdgePipeline(edge, channel)
+    t0 = time.perf_counter()
+    res = await pipe.solve(case.task, case.prompt, case.rules(),
+                           Sampling(n=drafts, seed=seed + i, presence_penalty=0.0, frequency_penalty=0.0),
+                           Plan.SPLIT, 120.0, f"b{i}", extraction=case.extraction())
+    split_ms = (time.perf_counter() - t0) * 1e3
+    alone = await _target_alone(engine, engine.render([ChatMessage("user", case.prompt)]), case, drafts, f"b{i}")
+    scores = {s.draft_index: s for s in (res.summary.scores if res.summary else [])}
+    d_rows = []
+    for d in res.drafts:
+        v = res.verdicts.get(d.index)
+        sc = scores.get(d.index)
+        score = (v.score if v else 0.0) or (sc.score if sc else 0.0)
+        d_rows.append({"index": d.index, "correct": case.grade(d.text),
+                       "rules_ok": bool(v and (v.valid or v.failed_rule == "likelihood")),
+                       "mean_lp": math.log(score) if score > 0 else -math.inf, "valid": bool(v and v.valid)})
+    tm = res.summary.timings if res.summary else None
+    return {"i": i, "kind": case.kind, "split_ok": case.grade(res.answer), "source": res.source,
+            "refine_mode": res.refine_mode, "from_drafts": res.refine_mode in FROM_DRAFTS, "rounds": res.rounds,
+            "split_ms": split_ms, "split_decode_steps": tm.decode_steps if tm else 0,
+            "split_decode_tokens": tm.decode_tokens if tm else 0,
+            "first_draft_ok": bool(d_rows and d_rows[0]["correct"]),
+            "any_draft_ok": any(d["correct"] for d in d_rows if d["index"] < drafts),
+            "drafts": d_rows, **alone}
 
-        async def one(i: int, p) -> None:
-            async with sem:
-                t0 = time.perf_counter()
-                res = await pipe.solve("", p.prompt, _rules(), Sampling(n=drafts, seed=seed + i, presence_penalty=0.0,
-                                                                         frequency_penalty=0.0),
-                                       Plan.SPLIT, 120.0, f"b{i}", extraction=Extraction("marker"))
-                split_ms = (time.perf_counter() - t0) * 1e3
-                prompt = engine.render([ChatMessage("user", p.prompt)])
-                alone = await _target_alone(engine, prompt, p.answer, drafts, f"b{i}")
-            scores = {s.draft_index: s for s in (res.summary.scores if res.summary else [])}
-            d_rows = []
-            for d in res.drafts:
-                v = res.verdicts.get(d.index)
-                sc = scores.get(d.index)
-                score = (v.score if v else 0.0) or (sc.score if sc else 0.0)
-                d_rows.append({"index": d.index, "correct": grade(d.text, p.answer),
-                               "rules_ok": bool(v and (v.valid or v.failed_rule == "likelihood")),
-                               "mean_lp": math.log(score) if score > 0 else -math.inf, "valid": bool(v and v.valid)})
-            tm = res.summary.timings if res.summary else None
-            rows.append({"i": i, "answer": p.answer, "split_ok": grade(res.answer, p.answer), "source": res.source,
-                         "refine_mode": res.refine_mode, "rounds": res.rounds, "split_ms": split_ms,
-                         "split_decode_steps": tm.decode_steps if tm else 0,
-                         "split_decode_tokens": tm.decode_tokens if tm else 0,
-                         "first_draft_ok": bool(d_rows and d_rows[0]["correct"]),
-                         "any_draft_ok": any(d["correct"] for d in d_rows if d["index"] < drafts),
-                         "drafts": d_rows, **alone})
 
-        await asyncio.gather(*(one(i, p) for i, p in enumerate(probs)))
-    wall = time.perf_counter() - t_start
-    n = len(rows)
+def summarize(rows: list[dict]) -> dict:
+    """Accuracy, cloud tokens, answer sources and latency of a set of rows, with the goals' ratios."""
+    n = max(1, len(rows))
 
     def acc(k: str) -> float:
         return round(sum(r[k] for r in rows) / n, 3)
 
     def mean(k: str) -> float:
-        return round(statistics.mean(r[k] for r in rows), 1)
+        return round(statistics.mean(r[k] for r in rows), 1) if rows else 0.0
 
-    good = [d["mean_lp"] for r in rows for d in r["drafts"] if d["rules_ok"] and d["correct"]]
-    bad = [d["mean_lp"] for r in rows for d in r["drafts"] if d["rules_ok"] and not d["correct"]]
-    report = {
-        "problems": n, "drafts": drafts, "wall_s": round(wall, 1), "dtype": cfg.engine.dtype,
+    out = {
+        "problems": len(rows),
         "accuracy": {"split": acc("split_ok"), "edge_first_draft": acc("first_draft_ok"),
                      "target_greedy": acc("greedy_ok"), "target_best_of_5": acc("bo5_ok"),
                      "any_first_round_draft": acc("any_draft_ok")},
@@ -160,24 +188,68 @@ async def run(n_problems: int, drafts: int, seed: int, dtype_check: bool, concur
         # the critical path: tokens decoded one after another (best-of-5 is one batched request)
         "cloud_decode_steps_per_answer": {"split": mean("split_decode_steps"), "target_greedy": mean("greedy_tokens"),
                                           "target_best_of_5": mean("bo5_steps")},
-        "sources": dict(Counter(r["source"] for r in rows)), "refine_modes": dict(Counter(r["refine_mode"] for r in rows)),
-        "median_ms": {"split": round(statistics.median(r["split_ms"] for r in rows)),
-                      "target_greedy": round(statistics.median(r["greedy_ms"] for r in rows))},
-        "verifier": {"configured_min_mean_logprob": floor,
-                     "median_mean_logprob_correct": round(statistics.median(good), 3) if good else None,
-                     "median_mean_logprob_wrong": round(statistics.median(bad), 3) if bad else None,
-                     "drafts_correct": len(good), "drafts_wrong": len(bad),
-                     "thresholds": _threshold_table(rows, floor)},
+        "from_drafts": acc("from_drafts"),
+        "sources": dict(Counter(str(r["source"]) for r in rows)),
+        "refine_modes": dict(Counter(r["refine_mode"] for r in rows)),
+        "median_ms": {"split": round(statistics.median(r["split_ms"] for r in rows)) if rows else 0,
+                      "target_greedy": round(statistics.median(r["greedy_ms"] for r in rows)) if rows else 0},
     }
-    a = report["accuracy"]
-    report["gaps_points"] = {"split_minus_target_greedy": round(100 * (a["split"] - a["target_greedy"]), 1),
-                             "split_minus_edge_first_draft": round(100 * (a["split"] - a["edge_first_draft"]), 1)}
-    t = report["cloud_decode_tokens_per_answer"]
-    report["split_over_best_of_5_tokens"] = round(t["split"] / max(t["target_best_of_5"], 1e-9), 3)
+    a, tk = out["accuracy"], out["cloud_decode_tokens_per_answer"]
+    out["gaps_points"] = {"split_minus_target_greedy": round(100 * (a["split"] - a["target_greedy"]), 1),
+                          "split_minus_edge_first_draft": round(100 * (a["split"] - a["edge_first_draft"]), 1)}
+    out["split_tokens_over"] = {"target_best_of_5": round(tk["split"] / max(tk["target_best_of_5"], 1e-9), 3),
+                                "target_greedy": round(tk["split"] / max(tk["target_greedy"], 1e-9), 3)}
+    out["goals"] = {"split >= target greedy + 5 pts": out["gaps_points"]["split_minus_target_greedy"] >= 5,
+                    "split >= edge first draft + 20 pts": out["gaps_points"]["split_minus_edge_first_draft"] >= 20,
+                    "split tokens <= 0.25x best-of-5": out["split_tokens_over"]["target_best_of_5"] <= 0.25,
+                    "split tokens <= 1.5x greedy": out["split_tokens_over"]["target_greedy"] <= 1.5,
+                    ">= 50% of answers from drafts": out["from_drafts"] >= 0.5}
+    return out
+
+
+def _verifier(rows: list[dict], floor: float) -> dict:
+    good = [d["mean_lp"] for r in rows for d in r["drafts"] if d["rules_ok"] and d["correct"]]
+    bad = [d["mean_lp"] for r in rows for d in r["drafts"] if d["rules_ok"] and not d["correct"]]
+    return {"configured_min_mean_logprob": floor,
+            "median_mean_logprob_correct": round(statistics.median(good), 3) if good else None,
+            "median_mean_logprob_wrong": round(statistics.median(bad), 3) if bad else None,
+            "drafts_correct": len(good), "drafts_wrong": len(bad), "thresholds": _threshold_table(rows, floor)}
+
+
+async def run(n_problems: int, drafts: int, seed: int, dtype_check: bool, concurrency: int,
+              kinds: tuple[str, ...] = KINDS) -> dict:
+    from cloud.config import CloudConfig, EngineConfig, Limits
+    from cloud.engine import VllmEngine
+    from cloud.server import create_server
+    from demo.artifacts import ensure_artifacts
+    from edge.draft_engine import OrtDraftEngine
+    from edge.pipeline import EdgePipeline
+
+    art = ensure_artifacts()
+    cfg = CloudConfig(engine=EngineConfig(model=str(art.target)), limits=Limits(max_sessions=64))
+    srv = await create_server(cfg)
+    engine = await VllmEngine(cfg.engine).start()
+    await srv.attach_engine(engine)
+    edge = OrtDraftEngine(art.draft_int8)
+    edge.warm_up()
+    probs = cases(kinds, n_problems, seed)
+    sem = asyncio.Semaphore(concurrency)
+    t_start = time.perf_counter()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as channel:
+        pipe = EdgePipeline(edge, channel)
+
+        async def one(i: int, case: Case) -> dict:
+            async with sem:
+                return await _one(pipe, engine, case, i, drafts, seed)
+
+        rows = await asyncio.gather(*(one(i, c) for i, c in enumerate(probs)))
+    report = {"problems_per_task": n_problems, "drafts": drafts, "wall_s": round(time.perf_counter() - t_start, 1),
+              "dtype": cfg.engine.dtype, "tasks": {k: summarize([r for r in rows if r["kind"] == k]) for k in kinds},
+              "verifier": _verifier([r for r in rows if r["kind"] == WORDS], cfg.policy.min_mean_logprob)}
     await srv.stop(grace=1.0)
     await engine.close()
     if dtype_check:
-        report["dtype_check"] = await _dtype_check(str(art.target), probs[: min(n, 100)])
+        report["dtype_check"] = await _dtype_check(str(art.target), [c for c in probs if c.kind == WORDS][:100])
     return report
 
 
@@ -186,7 +258,6 @@ async def _dtype_check(model: str, probs) -> dict:
     from cloud.config import EngineConfig
     from cloud.engine import GenParams, VllmEngine
     from coinfer.chat import ChatMessage
-    from demo.wordprob import grade
 
     out = {}
     for dtype in ("float32", "auto"):
@@ -197,7 +268,7 @@ async def _dtype_check(model: str, probs) -> dict:
             text = "".join([c.text async for c in eng.generate(eng.render([ChatMessage("user", p.prompt)]),
                                                                  GenParams(max_tokens=256), f"dt{dtype}{i}")])
             times.append((time.perf_counter() - t0) * 1e3)
-            ok += grade(text, p.answer)
+            ok += p.grade(text)
         await eng.close()
         out[dtype] = {"accuracy": round(ok / len(probs), 3), "p50_ms": round(statistics.median(times), 1)}
     return out
@@ -205,7 +276,8 @@ async def _dtype_check(model: str, probs) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--problems", type=int, default=200, help="held-out word problems")
+    ap.add_argument("--problems", type=int, default=100, help="held-out problems per task")
+    ap.add_argument("--tasks", default=",".join(KINDS), help="comma-separated, among " + ", ".join(KINDS))
     ap.add_argument("--drafts", type=int, default=5, help="drafts per problem")
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--concurrency", type=int, default=4, help="problems in flight")
@@ -213,7 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the report here")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    report = asyncio.run(run(args.problems, args.drafts, args.seed, args.dtype_check, args.concurrency))
+    kinds = tuple(k.strip() for k in args.tasks.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        ap.error(f"--tasks: unknown {', '.join(unknown)} (known: {', '.join(KINDS)})")
+    report = asyncio.run(run(args.problems, args.drafts, args.seed, args.dtype_check, args.concurrency, kinds))
     print(json.dumps(report, indent=2))
     if args.json:
         with open(args.json, "w") as f:

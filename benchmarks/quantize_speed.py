@@ -20,7 +20,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from demo.train import cache_root
+from demo.models import cache_root
 from quantize import bench
 from quantize.artifact import staged
 from quantize.build import BuildOptions, int8_dir

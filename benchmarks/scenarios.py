@@ -195,7 +195,9 @@ class Runner:
                 break
         ms = (time.perf_counter() - t0) * 1e3
         eligible = {k for k, b in choice.breakdowns.items() if b.quality >= self.quality_floor}
-        return ms, {k: b.total_ms for k, b in choice.breakdowns.items()}, choice.plan, eligible
+        # a forced plan never escalates: its prediction is the plan's own run (attempt_ms), not auto's
+        # expectation for it (total_ms: an edge answer failing the rules escalates to a split under auto)
+        return ms, {k: b.attempt_ms for k, b in choice.breakdowns.items()}, choice.plan, eligible
 
     async def scenario(self, sc: Scenario) -> dict:
         import multiprocessing as mp

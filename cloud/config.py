@@ -103,6 +103,16 @@ class PolicyConfig:
     """...but only when the best draft's verifier score reaches this (see session.py)."""
     context_drafts: int = 2
     """Best valid drafts used as refinement context."""
+    accept_min_score: float = 0.9
+    """Accept the best verified draft as the answer, with no refinement (no cloud decode tokens),
+    when its verifier score reaches this, ``accept_min_agreement`` of the valid drafts share its
+    answer and its least likely token's logprob under the target is at least
+    ``accept_min_token_logprob``; > 1 disables. Tuned on train-side problems
+    (``benchmarks/policy_tune.py``); see docs/measurements.md."""
+    accept_min_agreement: float = 0.5
+    accept_min_token_logprob: float = -3.0
+    """A single wrong number in a long draft barely moves its mean logprob but is a token the
+    target finds very unlikely: the minimum catches it."""
     max_retries: int = 2
     """Retry rounds advised to the edge before the cloud drafts itself."""
     refine_temperature: float = 0.0

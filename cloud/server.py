@@ -33,9 +33,9 @@ from cloud.core import CloudCore
 from cloud.engine import TargetEngine, VllmEngine
 from cloud.servicer import CoinferCloudServicer
 from coinfer import logs, process
-from coinfer.loopwatch import LoopWatch, lag_histogram
 from coinfer.decode_guard import DecodeGuard
 from coinfer.errors import Unavailable
+from coinfer.loopwatch import LoopWatch, lag_histogram
 from coinfer.v1 import coinfer_pb2, coinfer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,9 @@ class CloudServer:
         self.metrics_port: int | None = None
         self._watch: asyncio.Task | None = None
         self._load: asyncio.Task | None = None
-        self.loopwatch = LoopWatch(observe=lag_histogram(core.metrics.registry)).start()
+        # importing vLLM and torch and loading the engine hold the loop for seconds before any session can
+        # arrive: start-up's, summed in one line when the first engine is attached (``attach_engine``)
+        self.loopwatch = LoopWatch(observe=lag_histogram(core.metrics.registry), armed=False).start()
         self.engine_factory: Callable[[], Awaitable[TargetEngine]] | None = None
         """Starts a replacement engine when the heartbeat fails (None: stay NOT_SERVING)."""
 
@@ -63,6 +65,7 @@ class CloudServer:
 
     async def attach_engine(self, engine: TargetEngine) -> None:
         self.core.engine = engine
+        self.loopwatch.arm()  # serving from here: stalls are warned with their stacks (a restart's too)
         await self.set_serving(not self.core.draining)
         if self._watch is None:
             self._watch = asyncio.create_task(self._watch_engine())

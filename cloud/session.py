@@ -87,6 +87,8 @@ class Session:
     """Engine load at open: raises the latency weight."""
     outcome: list[tuple[float, float, float, float]] = field(default_factory=list)
     """(score, agreement, latency_s, label) per ranked draft once finished: the learner's input."""
+    min_logprob: dict[int, float] = field(default_factory=dict)
+    """Per verified draft: its least likely token's logprob under the target (likelihood verifier)."""
 
     def _ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1e3
@@ -113,6 +115,8 @@ class Session:
             if key in pending:  # a duplicate: counted as support, not verified twice
                 orig = await asyncio.shield(pending[key])
                 self.judged[orig.draft_index].support += 1
+                if orig.draft_index in self.min_logprob:
+                    self.min_logprob[d.index] = self.min_logprob[orig.draft_index]
                 v = dataclasses.replace(orig, draft_index=d.index, verify_ms=0.0, duplicate_of=orig.draft_index + 1)
             else:
                 fut: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -137,6 +141,8 @@ class Session:
                              failed_rule="" if valid else "judge", rules_passed=passed + (["judge"] if valid else []))
         lps = await self.engine.continuation_logprobs(self.prompt_text, text, f"{self.key}-v{index}")
         mean = mean_logprob(lps)
+        if index >= 0 and lps:
+            self.min_logprob[index] = min(lps)
         floor = self.cfg.policy.min_mean_logprob
         if self._thresholded and mean < floor:
             return t.Verdict(draft_index=index, valid=False, score=likelihood_score(lps), failed_rule="likelihood",
@@ -204,6 +210,16 @@ class Session:
                 return False, v.error, parsed
         return True, "", parsed
 
+    def _accept_as_is(self, ranked: list[tuple[_Judged, float, float]]) -> bool:
+        """The best verified draft is the answer as it stands: the target finds it likely (mean and
+        least likely token) and the drafts agree on its answer. Refining it would spend cloud decode
+        tokens to write what the draft already says."""
+        p = self.cfg.policy
+        best, _, agree = ranked[0]
+        min_lp = self.min_logprob.get(best.draft.index, 0.0 if p.verifier == "judge" else -float("inf"))
+        return (best.verdict.score >= p.accept_min_score and agree >= p.accept_min_agreement
+                and min_lp >= p.accept_min_token_logprob)
+
     def _refine_plan(self, ranked: list[tuple[_Judged, float, float]]) -> tuple[str, str, str, list[_Judged]]:
         """(mode, model prompt, forced prefix, drafts used): continue a verified step prefix where
         the best draft is one the target itself finds likely, else the best drafts as candidates."""
@@ -228,7 +244,13 @@ class Session:
         ranked = self._ranked()
         p = self.cfg.policy
         t_ref = time.perf_counter()
-        if ranked:
+        if ranked and self._accept_as_is(ranked):
+            best = ranked[0][0]
+            mode, chosen, ttft, steps, generated = "accepted", [best], 0.0, 0, 0
+            answer, source, valid, parsed = best.draft.text, t.AnswerSource.DRAFT, True, best.parsed
+            await out.put(t.AnswerChunk(answer))
+            refine_note = f"best draft accepted as is (score {best.verdict.score:.2f}, agreement {ranked[0][2]:.2f})"
+        elif ranked:
             best = ranked[0][0]
             mode, prompt, prefix, chosen = self._refine_plan(ranked)
             # latency-aware budget (seed 4.4), but never shorter than twice the longest draft used

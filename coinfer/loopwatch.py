@@ -17,9 +17,16 @@ schedule the process. ``LoopWatch`` looks from inside:
   and the part of it spent in Python's garbage collector (it stops every thread: a full collection
   over the millions of objects vLLM and torch allocate took over 500 ms).
 
-``coinfer.process.freeze_heap`` is the fix for the last one: called once a daemon has loaded its models, it moves
-every object alive then out of the collector's sight (``gc.freeze``), so later collections only
-walk what requests allocate.
+A daemon's start holds its loop by design, before any request can arrive: importing torch and vLLM
+held the cloud's for 2.7 s; loading models and the first full collection hold it too. A watch made
+with ``armed=False`` counts every beat before ``arm()`` (called once the daemon serves) as start-up's:
+it logs each such stall at DEBUG without a stack, keeps it out of ``observe`` (the histogram is the
+serving loop's: one start-up sample would sit in its top bucket for the process's life), and
+``arm()`` sums them in one INFO line.
+
+``coinfer.process.freeze_heap`` is the fix for the garbage collector's part: called once a daemon has
+loaded its models, it moves every object alive then out of the collector's sight (``gc.freeze``), so
+later collections only walk what requests allocate.
 
 The thread wakes every ``period_s`` and reads one clock: the cost is far under 0.1% of a core.
 """
@@ -43,10 +50,13 @@ LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 
 class LoopWatch:
     def __init__(self, threshold_s: float = 0.05, period_s: float = 0.01,
-                 observe: Callable[[float], None] | None = None, frames: int = 12) -> None:
+                 observe: Callable[[float], None] | None = None, frames: int = 12, armed: bool = True) -> None:
         self.threshold_s, self.period_s, self.observe, self.frames = threshold_s, period_s, observe, frames
-        self.stalls = 0  # beats later than threshold_s
+        self.armed = armed  # False: the daemon is starting; stalls are start-up's until ``arm()``
+        self.stalls = 0  # beats later than threshold_s while armed
         self.worst_s = 0.0
+        self.startup_stalls = 0  # the same before ``arm()``
+        self.startup_worst_s = 0.0
         self._beat = time.monotonic()
         self._cpu = 0.0  # the loop thread's CPU time at the last beat
         self._wait = 0.0  # its time runnable but waiting for a core, at the last beat
@@ -76,6 +86,18 @@ class LoopWatch:
         self._thread.start()
         return self
 
+    def arm(self) -> None:
+        """The daemon serves from now on: report stalls as warnings with the holder's stack and feed
+        ``observe``. Call on the loop thread; a second call does nothing."""
+        if self.armed:
+            return
+        if self._loop is not None:  # the beat in progress spans start-up's last work: close it as start-up's
+            self._startup(self._next_beat()[0])
+        self.armed = True
+        if self.startup_stalls:
+            log.info("start-up held the event loop %d time(s), worst %.0f ms (imports, model loading); the watch "
+                     "reports stalls from now on", self.startup_stalls, self.startup_worst_s * 1e3)
+
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
             self._gc_started = time.perf_counter()
@@ -103,30 +125,49 @@ class LoopWatch:
         except (OSError, ValueError, IndexError):
             return 0.0
 
-    def _tick(self) -> None:
+    def _next_beat(self) -> tuple[float, float, float, float, str | None]:
+        """Stamp a beat; (lag, seconds on CPU, queued for a core, collecting garbage, the stack taken
+        while it was overdue) since the last one."""
         now, cpu, wait = time.monotonic(), time.thread_time(), self._runqueue()
         lag = max(0.0, now - self._beat - self.period_s)
         busy, queued, collecting = cpu - self._cpu, wait - self._wait, self._gc_s - self._gc_at_beat
         stack, self._stack = self._stack, None
         self._beat, self._cpu, self._wait, self._gc_at_beat = now, cpu, wait, self._gc_s
-        if self.observe is not None:
-            self.observe(lag)
+        return lag, busy, queued, collecting, stack
+
+    def _startup(self, lag: float) -> None:
         if lag > self.threshold_s:
-            self.stalls += 1
-            self.worst_s = max(self.worst_s, lag)
-            where = stack or "  (no Python frame was seen: the watchdog did not run either, so the process was not " \
-                             "scheduled or a native call in another thread held the GIL)\n"
-            split = "" if self._schedstat is None else f", {queued * 1e3:.0f} ms waiting for a core"
-            split += f", {collecting * 1e3:.0f} ms collecting garbage"
-            log.warning("event loop held %.0f ms (threshold %.0f ms), %.0f ms of it on CPU%s; the loop thread was "
-                        "in:\n%s", lag * 1e3, self.threshold_s * 1e3, busy * 1e3, split, where.rstrip())
+            self.startup_stalls += 1
+            self.startup_worst_s = max(self.startup_worst_s, lag)
+            log.debug("start-up held the event loop %.0f ms", lag * 1e3)
+
+    def _tick(self) -> None:
+        lag, busy, queued, collecting, stack = self._next_beat()
+        if not self.armed:
+            self._startup(lag)
+        else:
+            if self.observe is not None:
+                self.observe(lag)
+            if lag > self.threshold_s:
+                self._warn(lag, busy, queued, collecting, stack)
         if not self._stop.is_set():
             self._handle = self._loop.call_later(self.period_s, self._tick)
+
+    def _warn(self, lag: float, busy: float, queued: float, collecting: float, stack: str | None) -> None:
+        self.stalls += 1
+        self.worst_s = max(self.worst_s, lag)
+        where = stack or "  (no Python frame was seen: the watchdog did not run either, so the process was not " \
+                         "scheduled or a native call in another thread held the GIL)\n"
+        split = "" if self._schedstat is None else f", {queued * 1e3:.0f} ms waiting for a core"
+        split += f", {collecting * 1e3:.0f} ms collecting garbage"
+        log.warning("event loop held %.0f ms (threshold %.0f ms), %.0f ms of it on CPU%s; the loop thread was "
+                    "in:\n%s", lag * 1e3, self.threshold_s * 1e3, busy * 1e3, split, where.rstrip())
 
     def _watch(self) -> None:
         while not self._stop.wait(self.period_s):
             overdue = time.monotonic() - self._beat - self.period_s
-            if overdue > self.threshold_s and self._stack is None:
+            # start-up's stalls are expected and logged without a stack: take none
+            if overdue > self.threshold_s and self._stack is None and self.armed:
                 frame = sys._current_frames().get(self._loop_thread)
                 if frame is not None:
                     self._stack = "".join(traceback.format_stack(frame, limit=self.frames))

@@ -1,7 +1,7 @@
-"""Build-once artefacts of the demo: the trained models and the draft's ONNX export.
+"""Build-once artefacts of the demo (``python -m demo.artifacts`` builds them): the trained models and the draft's ONNX export.
 
-Everything lives under the recipe-keyed cache directory of ``demo.train``, so
-the demo, the tests and CI share one build.
+The models are the shipped pair (``demo.models``); what is built from them lives in the cache
+directory keyed by the weights' digests, so the demo, the tests and CI share one build.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from demo.train import DemoModels, Recipe, ensure_models
+from demo.models import DemoModels, ensure_models
 
 log = logging.getLogger(__name__)
 
@@ -107,23 +107,8 @@ def _drop_stale(root: Path, prefix: str, keep: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-DECLARED_TASKS = ["arith", "select"]
-"""The built-in tasks the demo draft was trained on (its word problems are open requests): declared in
-its config.json, so the quantize CLI gates its task accuracy on them by default."""
-
-
-def declare_tasks(model_dir: Path) -> None:
-    """Add ``coinfer_tasks`` to a model's config.json (once; models built before it lack the key)."""
-    path = model_dir / "config.json"
-    cfg = json.loads(path.read_text())
-    if cfg.get("coinfer_tasks") != DECLARED_TASKS:
-        cfg["coinfer_tasks"] = DECLARED_TASKS
-        path.write_text(json.dumps(cfg, indent=2) + "\n")
-
-
-def ensure_artifacts(recipe: Recipe | None = None) -> DemoArtifacts:
-    models = ensure_models(recipe)
-    declare_tasks(models.draft)
+def ensure_artifacts() -> DemoArtifacts:
+    models = ensure_models()
     onnx_dir = models.root / f"draft-onnx-fp32-{artifact_key(EXPORT_SOURCES)}"
     if not (onnx_dir / "manifest.json").exists():
         _drop_stale(models.root, "draft-onnx-fp32", onnx_dir)
@@ -134,3 +119,17 @@ def ensure_artifacts(recipe: Recipe | None = None) -> DemoArtifacts:
         log.info("exporting the draft model to ONNX: %s", onnx_dir)
         export_dir(models.draft, onnx_dir, parity_prompt=parity_prompt(models.draft))
     return DemoArtifacts(models, onnx_dir)
+
+
+def main() -> int:
+    """Build (or reuse) the draft's ONNX export and INT8 model from the shipped pair; print their paths."""
+    import sys
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    art = ensure_artifacts()
+    print(f"draft ONNX: {art.draft_onnx}\ndraft INT8: {art.draft_int8}\ntarget: {art.target}", file=sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

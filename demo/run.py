@@ -5,14 +5,17 @@ Usage::
     python -m demo.run                      # 4 held-out problems of each task
     python -m demo.run --per-task 8 --json  # more problems, machine-readable report
 
-Starts the cloud gRPC service (vLLM with the target model) on 127.0.0.1 with a
-free port, loads the edge's INT8 draft (the quantize CLI's artefact) on ONNX Runtime,
-and solves held-out problems end to end over gRPC: edge drafts -> cloud verifies each
-as it arrives -> cloud refines from the best drafts -> answer streamed back. Three
-kinds: the built-in presets ``arith`` and ``select``, and English word problems sent as
-open requests (no task grammar: extraction ``marker``, the ``arithmetic`` rule; graded
-only here). Prints, per problem, the drafts, each draft's verdict, the final answer,
-whether it is correct, and the stage timings.
+Loads the edge's INT8 draft (the quantize CLI's artefact) on ONNX Runtime, starts the cloud
+gRPC service (vLLM with the target model) on 127.0.0.1 with a free port, and solves held-out
+problems end to end over gRPC: edge drafts -> cloud verifies each as it arrives -> cloud
+refines from the best drafts -> answer streamed back. Three kinds: the built-in presets
+``arith`` and ``select``, and English word problems sent as open requests (no task grammar:
+extraction ``marker``, the ``arithmetic`` rule; graded only here). Prints, per problem, the
+drafts, each draft's verdict, the final answer, whether it is correct, and the stage timings;
+then the same problem answered by the target alone (greedy, no drafts, on the same vLLM engine).
+
+Ends with a table per kind, all from this run: the final (split) accuracy vs the edge's first
+draft alone vs the target alone, and the target tokens the cloud decoded per answer for each.
 """
 
 from __future__ import annotations
@@ -25,16 +28,79 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import islice
+from typing import TYPE_CHECKING
 
 import grpc
 
 from coinfer import types as t
 from coinfer.tasks import TASKS, problems
+from demo import wordprob
 from demo.artifacts import ensure_artifacts
 
+if TYPE_CHECKING:  # the engines import ONNX Runtime, vLLM and torch: only when the demo runs, not for --help
+    from cloud.engine import VllmEngine
+    from cloud.server import CloudServer
+    from edge.draft_engine import OrtDraftEngine
+    from edge.pipeline import EdgePipeline, EdgeResult
+    from edge.sampling import Sampling
+
 log = logging.getLogger(__name__)
-KINDS = (*TASKS, "words")
+KINDS = (*TASKS, wordprob.TASK)
 """The built-in presets, then the open word problems (``demo.wordprob.TASK``)."""
+STAGES = ("first_draft_ms", "drafting_ms", "verify_ms", "refine_ttft_ms", "refine_ms", "total_ms")
+"""The split's stage timings of each problem (ms), summarised as medians per kind."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One held-out problem as the demo sends it and grades it (the grade is the demo's only)."""
+
+    kind: str
+    """A built-in preset, or ``wordprob.TASK`` (sent as an open request)."""
+    index: int
+    """Position among its kind's problems: the drafts' seed offset."""
+    prompt: str
+    grade: Callable[[str], bool]
+    """Whether an answer text is correct."""
+
+    @property
+    def is_open(self) -> bool:
+        return self.kind == wordprob.TASK
+
+
+@dataclass(frozen=True)
+class Drafting:
+    """How the edge samples its drafts."""
+
+    n: int
+    seed: int
+    temperature: float = 0.3
+    presence: float = 0.0
+    frequency: float = 0.0
+
+    def sampling(self, case: Case) -> Sampling:
+        from edge.sampling import Sampling
+
+        return Sampling(n=self.n, seed=self.seed + case.index, temperature=self.temperature,
+                        presence_penalty=self.presence, frequency_penalty=self.frequency)
+
+
+def cases(rng: random.Random, per_task: int) -> list[Case]:
+    """``per_task`` held-out problems of each kind, drawn in ``KINDS`` order from one ``rng``."""
+    out: list[Case] = []
+    for kind in KINDS:
+        if kind == wordprob.TASK:
+            for k, p in enumerate(islice(wordprob.problems(rng, held_out=True), per_task)):
+                out.append(Case(kind, k, p.prompt, lambda text, answer=p.answer: wordprob.grade(text, answer)))
+        else:
+            task = TASKS[kind]
+            for k, p in enumerate(islice(problems(rng, (kind,), held_out=True), per_task)):
+                out.append(Case(kind, k, p.prompt,
+                                lambda text, spec=p.spec, task=task: task.grade(spec, task.parse_answer(text))))
+    return out
 
 
 def _printer(quiet: bool):
@@ -53,87 +119,171 @@ def _printer(quiet: bool):
     return on_event
 
 
-async def run_demo(per_task: int, seed: int, quiet: bool, n_drafts: int, temperature: float = 0.3,
-                   presence: float = 0.0, frequency: float = 0.0) -> dict:
+async def _split(pipe: EdgePipeline, case: Case, drafting: Drafting, quiet: bool) -> EdgeResult:
+    """The co-inference answer: the edge's drafts, verified and refined by the cloud."""
+    from coinfer.extract import Extraction
+    from coinfer.rules import Rule
+
+    sampling = drafting.sampling(case)
+    if case.is_open:  # an open request: no task grammar
+        return await pipe.solve("", case.prompt, [Rule("arithmetic")], sampling, on_event=_printer(quiet),
+                                extraction=Extraction("marker"))
+    return await pipe.solve(case.kind, case.prompt, sampling=sampling, on_event=_printer(quiet))
+
+
+async def _target_alone(target: VllmEngine, case: Case, max_tokens: int) -> dict:
+    """The cloud's model answering the same conversation by itself: greedy, no drafts, on the engine
+    the service runs (the baseline co-inference has to match in accuracy and beat in cloud tokens)."""
+    from cloud.engine import GenParams
+    from coinfer.chat import ChatMessage
+
+    prompt = target.render([ChatMessage("user", case.prompt)])
+    t0 = time.perf_counter()
+    text, tokens = "", 0
+    async for chunk in target.generate(prompt, GenParams(max_tokens=max_tokens), f"alone-{case.kind}-{case.index}"):
+        text += chunk.text
+        tokens += chunk.tokens
+    return {"target_answer": text, "target_correct": case.grade(text), "target_tokens": tokens,
+            "target_ms": (time.perf_counter() - t0) * 1e3}
+
+
+def _row(case: Case, res: EdgeResult, alone: dict, n_drafts: int) -> dict:
+    """One problem's line of the report: the split's answer, its drafts graded, its timings, the target alone."""
+    first_round = {d.index: case.grade(d.text) for d in res.drafts if d.index < n_drafts}  # retries sample hotter
+    tm = res.summary.timings if res.summary else t.Timings()
+    return {
+        "task": case.kind, "prompt": case.prompt, "answer": res.answer, "source": res.source,
+        "refine_mode": res.refine_mode, "correct": case.grade(res.answer), "drafts": len(first_round),
+        "drafts_correct": sum(first_round.values()), "first_draft_correct": first_round.get(0, False),
+        "rounds": res.rounds, "cloud_tokens": tm.decode_tokens,
+        "first_draft_ms": res.timings.get("first_draft", 0.0), "drafting_ms": res.timings.get("drafting", 0.0),
+        "verify_ms": tm.verify_ms, "refine_ttft_ms": tm.refine_ttft_ms, "refine_ms": tm.refine_ms,
+        "cloud_total_ms": tm.total_ms, "total_ms": res.timings.get("total", 0.0), **alone,
+    }
+
+
+def _yes(ok: bool) -> str:
+    return "YES" if ok else "no"
+
+
+def _print_row(row: dict, fields: dict) -> None:
+    print(f"  => answer: {row['answer']!r} fields={fields}\n     source={row['source']} "
+          f"refine={row['refine_mode'] or '-'} correct={_yes(row['correct'])} "
+          f"(first-round drafts correct {row['drafts_correct']}/{row['drafts']}, {row['rounds']} round(s)); "
+          f"cloud decoded {row['cloud_tokens']} tokens")
+    print(f"     timings ms: first draft {row['first_draft_ms']:.0f}, drafting {row['drafting_ms']:.0f}, "
+          f"verify (cloud, from open) {row['verify_ms']:.0f}, refine TTFT {row['refine_ttft_ms']:.0f}, "
+          f"refine {row['refine_ms']:.0f}, total {row['total_ms']:.0f}")
+    print(f"     target alone: correct={_yes(row['target_correct'])}, {row['target_tokens']} tokens, "
+          f"{row['target_ms']:.0f} ms")
+
+
+async def _start(art) -> tuple[CloudServer, VllmEngine, OrtDraftEngine, dict]:
+    """(cloud server, its vLLM engine, the edge's draft engine, start-up figures)."""
     from cloud.config import CloudConfig, EngineConfig
     from cloud.engine import VllmEngine
     from cloud.server import create_server
-    from coinfer.extract import Extraction
-    from coinfer.rules import Rule
-    from demo import wordprob
     from edge.draft_engine import OrtDraftEngine
-    from edge.pipeline import EdgePipeline
-    from edge.sampling import Sampling
 
-    art = ensure_artifacts()
     t0 = time.perf_counter()
     cfg = CloudConfig(engine=EngineConfig(model=str(art.target)))
     srv = await create_server(cfg)
-    await srv.attach_engine(await VllmEngine(cfg.engine).start())
+    target = await VllmEngine(cfg.engine).start()
+    await srv.attach_engine(target)
     cloud_start = time.perf_counter() - t0
+    # off the loop, as the edge daemon loads it: the cloud server on this loop is serving (its loop watch armed)
     t1 = time.perf_counter()
-    engine = OrtDraftEngine(art.draft_int8)
+    edge = await asyncio.to_thread(OrtDraftEngine, art.draft_int8)
     edge_load_ms = (time.perf_counter() - t1) * 1e3
-    warm_ms = engine.warm_up()
+    warm_ms = await asyncio.to_thread(edge.warm_up)
     print(f"cloud up on 127.0.0.1:{srv.port} in {cloud_start:.1f} s; edge model loaded in {edge_load_ms:.0f} ms "
-          f"(+{warm_ms:.0f} ms warm-up) on {engine.providers[0]}")
+          f"(+{warm_ms:.0f} ms warm-up) on {edge.providers[0]}")
+    return srv, target, edge, {"cloud_start_s": round(cloud_start, 1), "edge_load_ms": round(edge_load_ms, 1)}
+
+
+async def run_demo(per_task: int, seed: int, quiet: bool, n_drafts: int, temperature: float = 0.3,
+                   presence: float = 0.0, frequency: float = 0.0) -> dict:
+    from edge.pipeline import EdgePipeline
+
+    drafting = Drafting(n_drafts, seed, temperature, presence, frequency)
+    srv, target, edge, startup = await _start(ensure_artifacts())
+    max_tokens = srv.cfg.policy.refine_max_tokens  # the budget the cloud gives itself when it answers alone
     rows = []
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as channel:
-        pipe = EdgePipeline(engine, channel)
-        rng = random.Random(seed)
-        for task_name in KINDS:
-            if task_name == wordprob.TASK:
-                stream = wordprob.problems(rng, held_out=True)
-            else:
-                stream = problems(rng, (task_name,), held_out=True)
-            for k in range(per_task):
-                p = next(stream)
-                print(f"\n[{task_name} {k + 1}/{per_task}] {p.prompt}")
-                sampling = Sampling(n=n_drafts, seed=seed + k, temperature=temperature, presence_penalty=presence,
-                                    frequency_penalty=frequency)
-                if task_name == wordprob.TASK:  # an open request: no task grammar
-                    res = await pipe.solve("", p.prompt, [Rule("arithmetic")], sampling, on_event=_printer(quiet),
-                                           extraction=Extraction("marker"))
-
-                    def grade(text: str, p=p) -> bool:
-                        return wordprob.grade(text, p.answer)
-                else:
-                    res = await pipe.solve(task_name, p.prompt, sampling=sampling, on_event=_printer(quiet))
-                    task = TASKS[task_name]
-
-                    def grade(text: str, p=p, task=task) -> bool:
-                        return task.grade(p.spec, task.parse_answer(text))
-                correct = grade(res.answer)
-                # first-round drafts only: retry rounds sample hotter on purpose
-                drafts_correct = [grade(d.text) for d in res.drafts if d.index < n_drafts]
-                tm = res.summary.timings if res.summary else t.Timings()
-                row = {
-                    "task": task_name, "prompt": p.prompt, "answer": res.answer, "source": res.source,
-                    "correct": correct, "drafts": len(drafts_correct), "drafts_correct": sum(drafts_correct),
-                    "rounds": res.rounds, "first_draft_ms": res.timings.get("first_draft", 0.0),
-                    "drafting_ms": res.timings.get("drafting", 0.0), "verify_ms": tm.verify_ms,
-                    "refine_ttft_ms": tm.refine_ttft_ms, "refine_ms": tm.refine_ms,
-                    "cloud_total_ms": tm.total_ms, "total_ms": res.timings.get("total", 0.0),
-                }
-                rows.append(row)
-                print(f"  => answer: {res.answer!r} fields={res.fields}\n     source={res.source} "
-                      f"refine={res.refine_mode or '-'} correct={'YES' if correct else 'no'} "
-                      f"(first-round drafts correct {row['drafts_correct']}/{row['drafts']}, {res.rounds} round(s))")
-                print(f"     timings ms: first draft {row['first_draft_ms']:.0f}, drafting {row['drafting_ms']:.0f}, "
-                      f"verify (cloud, from open) {row['verify_ms']:.0f}, refine TTFT {row['refine_ttft_ms']:.0f}, "
-                      f"refine {row['refine_ms']:.0f}, total {row['total_ms']:.0f}")
-    await srv.stop(grace=1.0)
-    report = {"problems": rows, "cloud_start_s": round(cloud_start, 1), "edge_load_ms": round(edge_load_ms, 1)}
-    for task_name in KINDS:
-        mine = [r for r in rows if r["task"] == task_name]
-        if mine:
-            report[task_name] = {
-                "accuracy": sum(r["correct"] for r in mine) / len(mine),
-                "draft_accuracy": sum(r["drafts_correct"] for r in mine) / max(1, sum(r["drafts"] for r in mine)),
-                **{f"median_{k}": statistics.median(r[k] for r in mine)
-                   for k in ("first_draft_ms", "drafting_ms", "verify_ms", "refine_ttft_ms", "refine_ms", "total_ms")},
-            }
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as channel:
+            pipe = EdgePipeline(edge, channel)
+            for case in cases(random.Random(seed), per_task):
+                print(f"\n[{case.kind} {case.index + 1}/{per_task}] {case.prompt}")
+                res = await _split(pipe, case, drafting, quiet)
+                # after the split: the target alone may find the prompt's prefill cached (a bias in its favour)
+                rows.append(_row(case, res, await _target_alone(target, case, max_tokens), n_drafts))
+                _print_row(rows[-1], res.fields)
+    finally:
+        await srv.stop(grace=1.0)
+    report = {"problems": rows, **startup}
+    report.update(summarize(rows))
     return report
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def summarize(rows: list[dict]) -> dict[str, dict]:
+    """Per kind with problems: accuracy of the split, of the edge's first draft alone (draft #0), of every
+    first-round draft (``draft_accuracy``) and of the target alone; target tokens decoded per answer
+    (``cloud_tokens_per_answer``); median stage timings (``median_<stage>``)."""
+    out = {}
+    for kind in KINDS:
+        mine = [r for r in rows if r["task"] == kind]
+        if not mine:
+            continue
+        out[kind] = {
+            "problems": len(mine),
+            "accuracy": _mean([r["correct"] for r in mine]),
+            "first_draft_accuracy": _mean([r["first_draft_correct"] for r in mine]),
+            "target_alone_accuracy": _mean([r["target_correct"] for r in mine]),
+            "draft_accuracy": sum(r["drafts_correct"] for r in mine) / max(1, sum(r["drafts"] for r in mine)),
+            "cloud_tokens_per_answer": {"split": _mean([r["cloud_tokens"] for r in mine]),
+                                        "target_alone": _mean([r["target_tokens"] for r in mine])},
+            **{f"median_{k}": statistics.median(r[k] for r in mine) for k in (*STAGES, "target_ms")},
+        }
+    return out
+
+
+COLUMNS = ("task", "n", "split acc", "first draft acc", "target acc", "split tok", "target tok", "split ms",
+           "target ms")
+LEGEND = ("acc: share correct of the split answer, of the edge's first draft alone, of the target alone "
+          "(greedy, no drafts)",
+          "tok: target tokens the cloud decoded per answer (verifying a draft is a prefill: not counted)",
+          "ms: median time per answer")
+
+
+def summary_table(report: dict) -> list[str]:
+    """The report's per-kind summary as aligned text lines, the header first (``COLUMNS``, ``LEGEND``)."""
+    lines = [COLUMNS]
+    for kind in KINDS:
+        s = report.get(kind)
+        if s:
+            tok = s["cloud_tokens_per_answer"]
+            lines.append((kind, str(s["problems"]), f"{s['accuracy']:.0%}", f"{s['first_draft_accuracy']:.0%}",
+                          f"{s['target_alone_accuracy']:.0%}", f"{tok['split']:.1f}", f"{tok['target_alone']:.1f}",
+                          f"{s['median_total_ms']:.0f}", f"{s['median_target_ms']:.0f}"))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS))]
+    return ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))).rstrip()
+            for line in lines]
+
+
+def print_summary(report: dict) -> None:
+    print("\nsummary (all from this run):")
+    for line in (*summary_table(report), *LEGEND):
+        print(f"  {line}")
+    for kind in KINDS:
+        s = report.get(kind)
+        if s:
+            print(f"  {kind}: every first-round draft {s['draft_accuracy']:.0%} correct; split median ms: first draft "
+                  f"{s['median_first_draft_ms']:.0f}, drafting {s['median_drafting_ms']:.0f}, verify "
+                  f"{s['median_verify_ms']:.0f}, refine {s['median_refine_ms']:.0f}, total {s['median_total_ms']:.0f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,13 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     report = asyncio.run(run_demo(args.per_task, args.seed, args.quiet, args.drafts, args.temperature,
                                   args.presence_penalty, args.frequency_penalty))
-    print("\nsummary:")
-    for task_name in KINDS:
-        s = report.get(task_name)
-        if s:
-            print(f"  {task_name}: final accuracy {s['accuracy']:.0%} (first-round single drafts {s['draft_accuracy']:.0%}); "
-                  f"median ms: first draft {s['median_first_draft_ms']:.0f}, drafting {s['median_drafting_ms']:.0f}, "
-                  f"verify {s['median_verify_ms']:.0f}, refine {s['median_refine_ms']:.0f}, total {s['median_total_ms']:.0f}")
+    print_summary(report)
     if args.json:
         print(json.dumps(report, indent=2))
     return 0

@@ -24,8 +24,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from coinfer import logs, process
-from coinfer.loopwatch import LoopWatch, lag_histogram
 from coinfer.decode_guard import DecodeGuard
+from coinfer.loopwatch import LoopWatch, lag_histogram
 from coinfer.manifest import ManifestError
 from coinfer.v1 import edge_pb2, edge_pb2_grpc
 from edge import http_guard
@@ -49,9 +49,26 @@ class EdgeDaemon:
         self.grpc_port = self.http_port = -1
         self.loopwatch: LoopWatch | None = None
 
-    async def start(self) -> EdgeDaemon:
-        await self.core.start()
-        self.loopwatch = LoopWatch(observe=lag_histogram(self.core.metrics.registry)).start()
+    async def start(self, freeze_heap: bool = False) -> EdgeDaemon:
+        """Load (per the config), open the front ends, then watch the loop as a serving one. ``freeze_heap``:
+        move the objects alive once both are up out of the garbage collector's walks (``process.freeze_heap``;
+        a daemon's own process, whose model lives as long as it does)."""
+        # loading the model and importing the HTTP stack hold the loop before any request can arrive:
+        # start-up's, summed in one line when the watch is armed below
+        self.loopwatch = LoopWatch(observe=lag_histogram(self.core.metrics.registry), armed=False).start()
+        try:
+            await self.core.start()
+            await self._start_grpc()
+            await self._start_http()
+        except BaseException:  # a refused model or a taken port: the caller gets no daemon to stop
+            self.loopwatch.stop()
+            raise
+        if freeze_heap:
+            log.info("%d objects frozen out of the garbage collector's walks", process.freeze_heap())
+        self.loopwatch.arm()
+        return self
+
+    async def _start_grpc(self) -> None:
         c = self.cfg
         if c.grpc_port >= 0:
             self.grpc_server = grpc.aio.server(interceptors=[DecodeGuard()])
@@ -64,6 +81,9 @@ class EdgeDaemon:
             await self.grpc_server.start()
             for name in ("", SERVICE):
                 await hs.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def _start_http(self) -> None:
+        c = self.cfg
         if c.http_port >= 0:
             import uvicorn
 
@@ -83,7 +103,6 @@ class EdgeDaemon:
                     raise RuntimeError("HTTP server exited before starting")
                 await asyncio.sleep(0.02)
             self.http_port = self.http_server.servers[0].sockets[0].getsockname()[1]
-        return self
 
     async def stop(self, grace: float = 5.0) -> None:
         if self.http_server is not None:
@@ -111,9 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def serve(cfg: EdgeConfig) -> None:
     process.prioritise_loop(asyncio.get_running_loop(), nice=cfg.worker_nice)  # drafting below the serving loop
-    daemon = await EdgeDaemon(cfg).start()
-    if cfg.warm:  # the model is loaded: its objects out of the garbage collector's walks (lazy: not yet)
-        log.info("%d objects frozen out of the garbage collector's walks", process.freeze_heap())
+    # the model is loaded: its objects out of the garbage collector's walks (lazy: not loaded yet)
+    daemon = await EdgeDaemon(cfg).start(freeze_heap=cfg.warm)
     print(f"GRPC {daemon.grpc_port}", flush=True)
     print(f"HTTP {daemon.http_port}", flush=True)
     stop = asyncio.Event()

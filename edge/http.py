@@ -18,7 +18,10 @@ Streaming carries only the final answer's text: the cloud re-verifies its refine
 return the best draft instead, so content is sent once the answer is decided. Until then the
 stream carries progress chunks with an empty delta and a ``coinfer`` object (each draft and
 each verdict as it happens). The last chunk's ``coinfer`` holds the result (source, validity,
-extracted ``fields``, timings).
+extracted ``fields``, timings), as does a whole answer's ``coinfer`` object: among them ``plan`` (the
+plan that produced the answer), ``plans`` (every plan that ran, in order: ``["edge", "split"]`` when
+auto's edge answer failed the rules and was escalated) and ``cloud_tokens`` (``{"generated": N,
+"prompt": M}``, the cloud's target-model tokens for the request; zeros when it was not used).
 Errors: 400 with an OpenAI-style error body naming the field (``param``), 413 over a limit, 408 for a
 body that does not arrive within ``http_body_timeout_s`` (a slow head is closed by ``edge/http_guard.py``).
 """

@@ -110,9 +110,11 @@ class EdgeResult:
     rounds: int = 0
     fallback_reason: str = ""
     timings: dict[str, float] = field(default_factory=dict)
-    """ms: first_draft, drafting (all rounds), total."""
+    """ms: first_draft, drafting (all rounds), total; after an escalation also ``escalation`` (the
+    split's own time; drafting and total then cover the edge attempt and the split)."""
     predicted: dict[str, float] = field(default_factory=dict)
-    """The planner's predicted breakdown (ms) for the plan that ran."""
+    """The planner's predicted breakdown (ms) for the plan it chose: ``total_ms`` its expectation
+    (auto's edge plan: ``attempt_ms`` plus ``escalation_ms``, the escalation's chance times its cost)."""
     plan_reason: str = ""
     task: str = ""
     """The task preset that ran ("" = open request)."""
@@ -313,7 +315,9 @@ class EdgePipeline:
                     await write(pb.EdgeMessage(draft=convert.to_pb(d, pb.Draft)))
             else:
                 drafts = await self._draft_round(task_prompt, sampling, start, t0, send)
-            drafting_ms += (time.perf_counter() - t_r) * 1e3
+                # drafted rounds only: sending drafts that exist waits for the session's acceptance (a
+                # round trip the planner's transfer term holds), which is no drafting
+                drafting_ms += (time.perf_counter() - t_r) * 1e3
             await write(pb.EdgeMessage(done=pb.DraftsDone(count=len(drafts))))
 
         result.rounds = 1

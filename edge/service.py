@@ -29,7 +29,7 @@ from edge.metrics import EdgeMetrics
 from edge.onnx_lm import ACCELERATORS, default_providers, model_files
 from edge.pipeline import CloudFailed, EdgePipeline, EdgeResult, Plan, cloud_failed
 from edge.planner import probes
-from edge.planner.cost import cold_start_ms
+from edge.planner.cost import Choice, cold_start_ms
 from edge.planner.estimates import Estimates
 from edge.planner.planner import EdgeState, Planner
 from edge.sampling import Sampling
@@ -62,21 +62,58 @@ class SolveRequest:
         return question_of(conversation(self.prompt, self.messages))
 
 
+@dataclass(frozen=True)
+class CloudTokens:
+    """The cloud's target-model tokens for one request, as its Summary counts them (the rendered
+    conversation's tokens, and every token generated: refinement and fallback candidates), summed
+    over the request's cloud sessions that reached a summary (an escalation's split; a replayed
+    session that failed before its summary reported none). 0 when the cloud was not used."""
+
+    generated: int = 0
+    prompt: int = 0
+
+    @classmethod
+    def of(cls, results: list[EdgeResult]) -> CloudTokens:
+        summaries = [r.summary for r in results if r.summary is not None]
+        return cls(generated=sum(x.timings.decode_tokens for x in summaries),
+                   prompt=sum(x.prompt_tokens for x in summaries))
+
+
+@dataclass
+class Ran:
+    """One plan that ran for a request: auto's edge plan, then its escalation to a split when the
+    edge's answer failed the rules; otherwise just the plan chosen."""
+
+    plan: Plan
+    result: EdgeResult
+    """Its own result and stage times (what the planner learns from)."""
+    ms: float
+    """Measured wall time: from the request's start for the first plan (waiting for a cold model
+    counts, as in its prediction), from its own start for an escalation."""
+
+
 @dataclass
 class Done:
     """The last event of a request."""
 
     result: EdgeResult
     plan: str
+    """The plan that produced the answer: the last of ``plans`` ("split" after an escalation)."""
+    plans: list[str] = field(default_factory=list)
+    """The plans that ran, in order: the planner's choice first (["edge", "split"]: auto's edge
+    answer failed the rules and a split refined its drafts)."""
+    cloud_tokens: CloudTokens = field(default_factory=CloudTokens)
 
     def info(self) -> dict:
         """What both APIs report about a finished request besides its answer (gRPC SolveResult
         field names)."""
         r = self.result
-        return {"source": r.source, "valid": r.valid, "plan": self.plan, "rounds": r.rounds,
-                "fallback_reason": r.fallback_reason, "timings_ms": r.timings, "predicted_ms": r.predicted,
-                "plan_reason": r.plan_reason, "fields": r.fields, "refine_mode": r.refine_mode, "task": r.task,
-                "replays": list(r.replays), "replica": r.summary.replica if r.summary is not None else ""}
+        return {"source": r.source, "valid": r.valid, "plan": self.plan, "plans": list(self.plans or [self.plan]),
+                "rounds": r.rounds, "fallback_reason": r.fallback_reason, "timings_ms": r.timings,
+                "predicted_ms": r.predicted, "plan_reason": r.plan_reason, "fields": r.fields,
+                "refine_mode": r.refine_mode, "task": r.task, "replays": list(r.replays),
+                "replica": r.summary.replica if r.summary is not None else "",
+                "cloud_tokens": dataclasses.asdict(self.cloud_tokens)}
 
 
 def infer_task(prompt: str) -> str:
@@ -272,25 +309,101 @@ class EdgeCore:
             return Plan.EDGE, f"cloud circuit {self.link.breaker.state}", why, edge, choice
         return (Plan.CLOUD if asked == "cloud" else Plan.SPLIT), "", why, edge, choice
 
+    async def _engine_for(self, plan: Plan) -> OrtDraftEngine | None:
+        """The engine ``plan`` needs; None for a cloud plan on a cold edge, which is then served from
+        the cloud while the edge model warms in the background."""
+        if plan is Plan.CLOUD and self.engine is None:
+            if self._warming is None or self._warming.done():
+                self._warming = asyncio.create_task(self.ensure_engine())
+                self._warming.add_done_callback(_log_load_failure)
+            return None
+        return await self._engine_for_request()
+
+    async def _run(self, req: SolveRequest, s: Sampling, plan: Plan, engine: OrtDraftEngine | None, auto: bool,
+                   deadline_s: float, t0: float, on_event) -> list[Ran]:
+        """Run ``plan``; under auto, a rule-failing edge answer escalates to a split with its drafts.
+        Each plan that ran comes back with its own result."""
+        # the user's sampling reaches the refinement too (OpenAI fidelity); unset: the cloud's defaults
+        kw = {"messages": req.messages, "extraction": req.extraction, "refine": req.refine or req.sampling}
+
+        def left() -> float:
+            return max(0.1, deadline_s - (time.perf_counter() - t0))
+
+        pipe = EdgePipeline(engine, self.link.channel if plan is not Plan.EDGE else None, self.cfg.replays)
+        try:
+            r = await pipe.solve(req.task, req.prompt, req.rules, s, plan, deadline_s, req.request_id, on_event, **kw)
+        except CloudFailed as exc:  # cloud plan while the edge was cold: load it and answer locally
+            local = EdgePipeline(await self._engine_for_request(), None)
+            r = await local.solve(req.task, req.prompt, req.rules, s, Plan.EDGE, left(), req.request_id, on_event,
+                                  **kw)
+            r.fallback_reason = str(exc)
+        runs = [Ran(plan=plan, result=r, ms=(time.perf_counter() - t0) * 1e3)]
+        if (plan is Plan.EDGE and auto and not r.valid and r.drafts and not r.fallback_reason
+                and self.link.enabled and self.link.breaker.allow()):
+            # auto chose the edge, but its answer failed the rules: a healthy cloud verifies and
+            # refines the same drafts (sent as they are: no drafting twice)
+            t1 = time.perf_counter()
+            up = EdgePipeline(self.engine, self.link.channel, self.cfg.replays)
+            r2 = await up.solve(req.task, req.prompt, req.rules, s, Plan.SPLIT, left(), req.request_id, on_event,
+                                drafts=r.drafts, **kw)
+            r2.plan_reason = "edge answer failed the rules: escalated to split with its drafts"
+            runs.append(Ran(plan=Plan.SPLIT, result=r2, ms=(time.perf_counter() - t1) * 1e3))
+        return runs
+
+    def _learn(self, runs: list[Ran], choice: Choice | None, skipped: str, task: str, size: tuple[int, int], n: int,
+               edge_was: EdgeState) -> None:
+        """Each plan that ran, with its own outcome: its measured / predicted latency (the edge attempt
+        against the edge's own prediction, an escalation against the escalation's) and the planner's
+        estimates (an escalation as a split observation of its own)."""
+        for i, ran in enumerate(runs):
+            r = ran.result
+            if choice is not None and runs[0].plan.value in choice.breakdowns and not r.fallback_reason \
+                    and not skipped:
+                b = choice.breakdowns[runs[0].plan.value]
+                predicted = b.attempt_ms if i == 0 else b.escalation_cost_ms
+                if predicted > 0:
+                    self.metrics.plan_ratio.labels(ran.plan.value).observe(ran.ms / predicted)
+            # before the skip reason is attached: an edge plan run because the cloud was skipped
+            # is still a clean measurement of the edge plan
+            self.planner.observe(ran.plan.value, task, *size, n, r, edge_was, escalated=i > 0)
+
+    @staticmethod
+    def _merge(runs: list[Ran]) -> EdgeResult:
+        """The request's result: the last plan's answer, with the stage times of every plan that ran
+        (``escalation``: the split's own time after the edge attempt)."""
+        final = runs[-1].result
+        if len(runs) > 1:
+            first = runs[0].result.timings
+            own = final.timings
+            final.timings = own | {"drafting": first.get("drafting", 0.0) + own.get("drafting", 0.0),
+                                   "total": first.get("total", 0.0) + own.get("total", 0.0),
+                                   "escalation": own.get("total", 0.0)}
+        return final
+
+    def _after_cloud(self, runs: list[Ran]) -> None:
+        """The circuit breaker and the draft count from the cloud's part of a request (an escalation's
+        too: its session is a cloud call like any other)."""
+        last = runs[-1]
+        if last.plan is not Plan.EDGE:
+            reason = last.result.fallback_reason
+            if reason and cloud_failed(reason):
+                self.link.breaker.failure(reason)
+            else:
+                self.link.breaker.success()
+        summary = last.result.summary
+        if summary is not None and summary.recommended_drafts:
+            self.link.recommended_drafts = summary.recommended_drafts  # adopt the cloud's count
+
     async def solve(self, req: SolveRequest) -> AsyncIterator[object]:
         """Events: t.Draft, t.Verdict, t.AnswerChunk ..., then one Done."""
         s, deadline_s = await asyncio.to_thread(self._validate, req)  # parses and compiles client data
         t0 = time.perf_counter()  # the user's clock: waiting for a cold model counts
         size = self.planner.prompt_size("\n".join(m.content for m in conversation(req.prompt, req.messages)))
-        planner_task = req.task or "open"
         plan, skipped, why, edge_was, choice = self._plan(req, s.n, size)
         self._maybe_reprobe()
-        if plan is Plan.CLOUD and self.engine is None:
-            # serve this request from the cloud while the edge model warms in the background
-            if self._warming is None or self._warming.done():
-                self._warming = asyncio.create_task(self.ensure_engine())
-                self._warming.add_done_callback(_log_load_failure)
-            engine = None
-        else:
-            engine = await self._engine_for_request()
+        engine = await self._engine_for(plan)
         self.metrics.plans.labels(plan.value).inc()
         q: asyncio.Queue = asyncio.Queue()
-        pipe = EdgePipeline(engine, self.link.channel if plan is not Plan.EDGE else None, self.cfg.replays)
         waited_ms = (time.perf_counter() - t0) * 1e3
         first: list[float] = []
         streamed: list[bool] = []  # answer chunks the user holds (withdrawn by an AnswerReset)
@@ -309,79 +422,47 @@ class EdgeCore:
 
         self.active += 1
         self.metrics.active.inc()
-        # the user's sampling reaches the refinement too (OpenAI fidelity); unset: the cloud's defaults
-        refine = req.refine or req.sampling
-        kw = {"messages": req.messages, "extraction": req.extraction, "refine": refine}
-
-        def left() -> float:
-            return max(0.1, deadline_s - (time.perf_counter() - t0))
-
-        async def run() -> EdgeResult:
-            try:
-                r = await pipe.solve(req.task, req.prompt, req.rules, s, plan, deadline_s, req.request_id, on_event, **kw)
-            except CloudFailed as exc:  # cloud plan while the edge was cold: load it and answer locally
-                local = EdgePipeline(await self._engine_for_request(), None)
-                r = await local.solve(req.task, req.prompt, req.rules, s, Plan.EDGE, left(), req.request_id, on_event,
-                                      **kw)
-                r.fallback_reason = str(exc)
-                return r
-            if (plan is Plan.EDGE and choice is not None and not r.valid and r.drafts
-                    and self.link.enabled and self.link.breaker.allow()):
-                # auto chose the edge, but its answer failed the rules: a healthy cloud verifies and
-                # refines the same drafts (sent as they are: no drafting twice)
-                up = EdgePipeline(self.engine, self.link.channel, self.cfg.replays)
-                r2 = await up.solve(req.task, req.prompt, req.rules, s, Plan.SPLIT, left(), req.request_id, on_event,
-                                    drafts=r.drafts, **kw)
-                r2.plan_reason = "edge answer failed the rules: escalated to split with its drafts"
-                r2.timings["drafting"] = r.timings.get("drafting", 0.0)
-                return r2
-            return r
-
-        job = asyncio.create_task(run())
+        job = asyncio.create_task(self._run(req, s, plan, engine, choice is not None, deadline_s, t0, on_event))
         job.add_done_callback(lambda _: q.put_nowait(None))
         try:
             while (ev := await q.get()) is not None:
                 if not isinstance(ev, t.Summary):
                     yield ev
-            result = job.result()
-            if plan is not Plan.EDGE:
-                if result.fallback_reason and cloud_failed(result.fallback_reason):
-                    self.link.breaker.failure(result.fallback_reason)
-                else:
-                    self.link.breaker.success()
-            if result.summary is not None and result.summary.recommended_drafts:
-                self.link.recommended_drafts = result.summary.recommended_drafts  # adopt the cloud's count
+            runs = job.result()
+            self._after_cloud(runs)
+            self._learn(runs, choice, skipped, req.task or "open", size, s.n, edge_was)
+            result = self._merge(runs)
             result.plan_reason = why if not result.plan_reason else f"{why}; {result.plan_reason}"
             # the request as the user saw it; "cold_start": waiting for the edge model to load
             result.timings.update(request=(time.perf_counter() - t0) * 1e3, cold_start=waited_ms)
             if choice is not None and plan.value in choice.breakdowns:
-                b = choice.breakdowns[plan.value]
+                b = choice.breakdowns[plan.value]  # the choice's expectation (an escalation's share included)
                 result.predicted = {k: v for k, v in b.as_dict().items() if k.endswith("_ms")}
-                if b.total_ms > 0 and not result.fallback_reason and not skipped:
-                    self.metrics.plan_ratio.labels(plan.value).observe(result.timings["request"] / b.total_ms)
-            # before the skip reason is attached: an edge plan run because the cloud was skipped
-            # is still a clean measurement of the edge plan
-            self.planner.observe(plan.value, planner_task, *size, s.n, result, edge_was)
             result.fallback_reason = result.fallback_reason or skipped
-            if result.fallback_reason:
-                self.metrics.fallbacks.labels(field_of(result.fallback_reason)[:40]).inc()
             if not first:
                 first.append(time.perf_counter() - t0)
             if not streamed:
                 yield t.AnswerChunk(result.answer)  # a local answer arrives whole
-            if result.replays:
-                self.metrics.replays.inc(len(result.replays))
-            self.metrics.ttft.observe(first[0])
-            self.metrics.latency.observe(time.perf_counter() - t0)
-            self.metrics.requests.labels(plan.value, result.source).inc()
-            self.metrics.circuit.set(1 if self.link.breaker.state == "open" else 0)
-            self.metrics.replicas(self.link.replicas.values())
-            yield Done(result, plan.value)
+            self._count(result, runs[-1].plan, first[0], t0)
+            yield Done(result=result, plan=runs[-1].plan.value, plans=[r.plan.value for r in runs],
+                       cloud_tokens=CloudTokens.of([r.result for r in runs]))
         finally:
             if not job.done():
                 job.cancel()
             self.active -= 1
             self.metrics.active.dec()
+
+    def _count(self, result: EdgeResult, plan: Plan, ttft_s: float, t0: float) -> None:
+        """A finished request's metrics, by the plan that produced its answer."""
+        if result.fallback_reason:
+            self.metrics.fallbacks.labels(field_of(result.fallback_reason)[:40]).inc()
+        if result.replays:
+            self.metrics.replays.inc(len(result.replays))
+        self.metrics.ttft.observe(ttft_s)
+        self.metrics.latency.observe(time.perf_counter() - t0)
+        self.metrics.requests.labels(plan.value, result.source).inc()
+        self.metrics.circuit.set(1 if self.link.breaker.state == "open" else 0)
+        self.metrics.replicas(self.link.replicas.values())
 
     async def close(self) -> None:
         if self._warming is not None and not self._warming.done():

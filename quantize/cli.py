@@ -2,6 +2,7 @@
 
 Usage::
 
+    python -m quantize import FILE.gguf OUT_DIR                    # GGUF -> Hugging Face directory (float32)
     python -m quantize export MODEL_DIR OUT_DIR [--dtype fp16]     # ONNX with KV cache + parity vs torch
     python -m quantize int8 ONNX_DIR OUT_DIR --scheme dynamic|static|weight-only
     python -m quantize check DIR [--providers CUDAExecutionProvider] [--reference FP32_DIR]
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from quantize.artifact import MODEL_FILE, ArtifactError, load_checked, model_file
 from quantize.gates import GateConfig
+from quantize.gguf_import import GGUF_ARCHITECTURES
 from quantize.int8 import SCHEMES, QuantConfig
 from quantize.prompts import PromptFileError
 
@@ -39,6 +41,16 @@ def _out(args: argparse.Namespace, data: dict, text: str) -> None:
 
 def _gate_config(args: argparse.Namespace) -> GateConfig:
     return GateConfig(**{f.name: getattr(args, f.name) for f in fields(GateConfig)})
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from quantize.gguf_import import import_gguf
+
+    report = import_gguf(args.gguf, args.out)
+    _out(args, report, f"imported {args.gguf.name} ({report['source']['architecture']}, {report['parameters'] / 1e6:.0f}M "
+                       f"parameters, float32) to {args.out} in {report['seconds']['total']:.0f} s; end of turn "
+                       f"{report['end_of_turn']!r}, eos ids {report['eos_token_id']}")
+    return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -147,28 +159,37 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
     d = GateConfig()
     g = p.add_argument_group("accuracy gates (against the FP32 reference, on held-out prompts)")
     g.add_argument("--min-top1-agreement", type=float, default=d.min_top1_agreement,
-                   help="min fraction of KV-path positions whose argmax matches FP32")
-    g.add_argument("--min-greedy-match", type=float, default=d.min_greedy_match,
-                   help="min fraction of prompts whose greedy continuation is identical")
-    g.add_argument("--max-accuracy-drop", type=float, default=d.max_accuracy_drop,
-                   help="max drop in task accuracy of sampled drafts (absolute fraction)")
+                   help="min fraction of KV-path positions (teacher-forced on FP32's greedy continuations) whose "
+                        "argmax matches FP32")
     g.add_argument("--max-nll-delta", type=float, default=d.max_nll_delta,
-                   help="most the reference continuations' NLL may rise under the candidate (nats/token)")
+                   help="most the reference continuations' NLL may rise under the candidate (nats/token; "
+                        "perplexity ratio = e^delta)")
+    g.add_argument("--max-kl-divergence", type=float, default=d.max_kl_divergence,
+                   help="most mean KL(FP32 || candidate) of the next-token distributions (nats/position)")
+    g.add_argument("--max-accuracy-drop", type=float, default=d.max_accuracy_drop,
+                   help="max drop in task accuracy of sampled drafts (absolute fraction; prompts of a declared task)")
     g.add_argument("--prompts", type=int, default=d.prompts, help="most prompts gated")
-    g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
-    g.add_argument("--drafts", type=int, default=d.drafts, help="sampled drafts per prompt")
-    g.add_argument("--temperature", type=float, default=d.temperature)
-    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens,
+                   help="length of FP32's greedy continuation the measures run over, per prompt")
+    g.add_argument("--drafts", type=int, default=d.drafts, help="sampled drafts per prompt (accuracy drop)")
+    g.add_argument("--temperature", type=float, default=d.temperature, help="sampling temperature of those drafts")
+    g.add_argument("--seed", type=int, default=d.seed, help="sampling seed of those drafts")
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m quantize", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("import", help="GGUF file -> Hugging Face directory (float32 safetensors, tokenizer, chat "
+                                      "template), ready for export and for vLLM")
+    p.add_argument("gguf", type=Path, help=f"GGUF file (architectures: {', '.join(GGUF_ARCHITECTURES)})")
+    p.add_argument("out", type=Path, help="output directory (must not exist)")
+    p.set_defaults(func=cmd_import)
+
     p = sub.add_parser("export", help="HF causal LM dir -> ONNX with KV cache (FP32 or FP16)")
     p.add_argument("model", type=Path, help="Hugging Face model directory (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2)")
     p.add_argument("out", type=Path, help="output directory (must not exist)")
-    p.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32")
+    p.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32", help="precision of weights, cache and logits")
     p.add_argument("--parity-steps", type=int, default=16, help="decode steps compared with torch (0 = skip)")
     p.add_argument("--keep-failed", action="store_true",
                    help="publish even if parity fails (the manifest records it; the edge refuses such a model)")
@@ -217,11 +238,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="cold start, ms/token at batch 1 and N, RSS, size; first dir = baseline")
     p.add_argument("dirs", type=Path, nargs="+", help="model directories (FP32 first)")
-    p.add_argument("--batch", type=int, default=5)
-    p.add_argument("--prompt-tokens", type=int, default=32)
-    p.add_argument("--decode-steps", type=int, default=32)
+    p.add_argument("--batch", type=int, default=5, help="second batch size measured (the edge drafts 5 at once)")
+    p.add_argument("--prompt-tokens", type=int, default=32, help="prompt length prefilled before decoding")
+    p.add_argument("--decode-steps", type=int, default=32, help="decode steps timed per run")
     p.add_argument("--threads", type=int, default=0, help="ORT intra-op threads (0 = all cores)")
-    p.add_argument("--providers", nargs="+", default=["CPUExecutionProvider"], metavar="EP")
+    p.add_argument("--providers", nargs="+", default=["CPUExecutionProvider"], metavar="EP",
+                   help="ONNX Runtime execution providers, in order of preference")
     p.set_defaults(func=cmd_bench)
     for sp in sub.choices.values():
         sp.add_argument("--json", action="store_true", help="machine-readable output")

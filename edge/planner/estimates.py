@@ -27,6 +27,9 @@ DEFAULTS: dict[str, float] = {
     "verify_ms": 100.0, "refine_ttft_ms": 200.0, "refine_ms_per_token": 20.0, "setup_ms": 50.0,
     "draft_tokens": 48.0, "answer_tokens": 48.0, "rounds": 1.5, "decode_steps.split": 64.0, "decode_steps.cloud": 128.0,
     "quality.edge": 0.35, "quality.split": 0.6, "quality.cloud": 0.6,
+    # an escalated split (auto's edge answer failed the rules): its first round is known bad, so the
+    # cloud retries or answers alone; kept apart from splits chosen up front (``rounds.escalated.<task>``)
+    "rounds.escalated": 2.0, "decode_steps.escalated": 128.0, "quality.escalated": 0.6,
 }
 # Outcomes — how many tokens, rounds and decode steps a task's request takes, how often its
 # answer is valid, how much slower a fresh session's first request drafts — are draws from a distribution whose mean is what the cost model wants: a

@@ -1,6 +1,6 @@
 """The planner: estimates -> profiles -> the cost model's choice; measured requests -> estimates.
 
-Online updates (each finished request):
+Online updates (each plan that ran, with its own result and times):
   drafting      step_ms.<n>           (drafting - prompt * prefill) / longest draft's tokens
   split, cloud  refine_ttft_ms, refine_ms_per_token from the cloud's summary (its decode steps
                 and generation time); decode_steps.<plan>.<task>, the answer's length in steps
@@ -8,6 +8,13 @@ Online updates (each finished request):
   cloud         setup_ms = what the request took beyond generation, the transfer model and queue
   every plan    draft / answer sizes per task, quality.<plan>.<task> (rule-valid answers); a split
                 also measures quality.edge (was any first-round draft rule-valid)
+  escalation    auto's edge answer failed the rules and a split refined its drafts: two runs,
+                observed apart. The edge attempt is an edge observation with the edge's own
+                validity (so quality.edge, whose complement is the chance of escalating, learns
+                from the edge's answers, never from the cloud's verdict on the split); the split is
+                a split observation with ``escalated``: the cloud's speeds as any split, its
+                outcomes (rounds, decode steps, quality) under ``*.escalated.<task>`` because its
+                first round is known bad (kept out of the estimates of splits chosen up front)
 """
 
 from __future__ import annotations
@@ -21,11 +28,13 @@ from edge.planner.cost import (
     Choice,
     CloudProfile,
     EdgeProfile,
+    Escalation,
     NetProfile,
     RequestShape,
     choose,
     drafting_ms,
     predict,
+    predict_escalation,
 )
 from edge.planner.estimates import Estimates
 
@@ -72,96 +81,135 @@ class Planner:
 
     def net_profile(self) -> NetProfile:
         e = self.est
-        return NetProfile(e.get("rtt_ms"), e.get("up_bps"), e.get("down_bps"))
+        return NetProfile(rtt_ms=e.get("rtt_ms"), up_bps=e.get("up_bps"), down_bps=e.get("down_bps"))
 
     def cloud_profile(self) -> CloudProfile:
         e = self.est
-        return CloudProfile(e.get("queue_ms"), e.get("verify_ms"), e.get("refine_ttft_ms"),
-                            e.get("refine_ms_per_token"), e.get("setup_ms"))
+        return CloudProfile(queue_ms=e.get("queue_ms"), verify_ms=e.get("verify_ms"),
+                            refine_ttft_ms=e.get("refine_ttft_ms"), refine_ms_per_token=e.get("refine_ms_per_token"),
+                            setup_ms=e.get("setup_ms"))
 
     def shape(self, task: str, prompt_tokens: int, prompt_bytes: int, n: int) -> RequestShape:
         e = self.est
         dt, at = e.get(f"draft_tokens.{task}"), e.get(f"answer_tokens.{task}")
         bpt = self.bytes_per_token
-        return RequestShape(prompt_tokens, round(dt), n, round(at), prompt_bytes, round(dt * bpt), round(at * bpt),
+        return RequestShape(prompt_tokens=prompt_tokens, draft_tokens=round(dt), n_drafts=n, answer_tokens=round(at),
+                            prompt_bytes=prompt_bytes, draft_bytes=round(dt * bpt), answer_bytes=round(at * bpt),
                             rounds=e.get(f"rounds.{task}"), split_steps=e.get(f"decode_steps.split.{task}"),
                             cloud_steps=e.get(f"decode_steps.cloud.{task}"))
+
+    def escalation(self, task: str, shape: RequestShape) -> Escalation:
+        """Auto's edge plan escalating a rule-failing answer: the split's shape and quality from
+        escalations' own history."""
+        e = self.est
+        x = dataclasses.replace(shape, rounds=e.get(f"rounds.escalated.{task}"),
+                                split_steps=e.get(f"decode_steps.escalated.{task}"))
+        return Escalation(shape=x, quality=e.get(f"quality.escalated.{task}"))
 
     def quality(self, task: str) -> dict[str, float]:
         return {p: self.est.get(f"quality.{p}.{task}") for p in PLANS}
 
     def choose(self, task: str, prompt_tokens: int, prompt_bytes: int, n: int, edge: EdgeState,
                cloud_available: bool) -> Choice:
+        """Auto's choice. With a cloud, the edge plan is predicted with its escalation (the service
+        sends a rule-failing edge answer to a split while the cloud is healthy)."""
         # "default used" caveats are re-derived per choice; probe / refusal caveats stay
         self.est.forget("not measured yet")
         try:
             shape = self.shape(task, prompt_tokens, prompt_bytes, n)
             net, cloud = (self.net_profile(), self.cloud_profile()) if cloud_available else (None, None)
-            c = choose(shape, self.edge_profile(edge), net, cloud, self.quality(task), self.quality_floor)
+            esc = self.escalation(task, shape) if cloud_available else None
+            c = choose(shape, self.edge_profile(edge), net, cloud, self.quality(task), self.quality_floor, esc)
         except (ValueError, ZeroDivisionError) as exc:  # never let the planner fail a request
             self.est.note(f"cost model failed ({exc}); falling back to split", key="cost model failed")
-            return Choice("split" if cloud_available else "edge", {}, "fallback: cost model failed",
-                          tuple(self.est.notes))
-        return Choice(c.plan, c.breakdowns, c.reason, tuple(self.est.notes))
+            return Choice(plan="split" if cloud_available else "edge", breakdowns={},
+                          reason="fallback: cost model failed", notes=tuple(self.est.notes))
+        return Choice(plan=c.plan, breakdowns=c.breakdowns, reason=c.reason, notes=tuple(self.est.notes))
 
     # ---- online updates ------------------------------------------------------------
     def observe(self, plan: str, task: str, prompt_tokens: int, prompt_bytes: int, n: int, result,
-                edge_was: EdgeState) -> None:
-        """Fold one finished request's measured stage times into the estimates."""
+                edge_was: EdgeState, escalated: bool = False) -> None:
+        """Fold one plan's run (its own result and stage times) into the estimates. ``escalated``:
+        the split that followed auto's rule-failing edge answer, whose drafts the edge attempt's
+        own observation already measured."""
         e = self.est
-        t = result.timings
-        drafts = result.drafts
-        if drafts:
-            longest = max(d.num_tokens for d in drafts)
-            if longest:
-                e.observe(f"draft_tokens.{task}", float(longest))
-                nbytes = sum(len(d.text.encode()) for d in drafts)
-                ntok = sum(d.num_tokens for d in drafts)
-                if ntok:
-                    e.observe("bytes_per_token", max(nbytes / ntok, 0.25))
-            # one round only: a retry round drafts at another batch size (the cloud's advice)
-            if "drafting" in t and longest and result.rounds <= 1:
-                if not edge_was.first_run:
-                    step = (t["drafting"] - prompt_tokens * e.get("prefill_ms_per_token")) / longest
-                    if step > 0:
-                        e.observe(f"step_ms.{n}", step)
-                else:  # the first request on a fresh session: what it drafted beyond a warm one
-                    warm = drafting_ms(self.edge_profile(EdgeState(edge_was.model_bytes, "warm", gpu=edge_was.gpu)),
-                                       dataclasses.replace(self.shape(task, prompt_tokens, prompt_bytes, n),
-                                                           draft_tokens=longest))
-                    e.observe("first_run_ms", max(0.0, t["drafting"] - warm))
+        if not escalated:
+            self._observe_drafts(task, prompt_tokens, prompt_bytes, n, result, edge_was)
         if result.answer and not result.fallback_reason:  # a fallback's answer is a local draft
             e.observe(f"answer_tokens.{task}", max(1.0, len(result.answer.encode()) / self.bytes_per_token))
         if not result.fallback_reason:
-            e.observe(f"quality.{plan}.{task}", 1.0 if result.valid else 0.0)
-            if plan == "split":
-                # what edge-only would have answered: valid iff a first-round draft passed the rules
-                # (the cloud checks the same rule set; the judge verifier may also reject) — so a
-                # floor that keeps requests off the edge plan does not freeze its quality estimate
-                first = [v for i, v in result.verdicts.items() if i < n]
-                if first:
-                    e.observe(f"quality.edge.{task}", 1.0 if any(v.valid for v in first) else 0.0)
-        s = result.summary
-        if s is not None and not result.fallback_reason and plan in ("split", "cloud"):
-            tm = s.timings
-            # the cloud's generation: its speed (fast-tracked) apart from this answer's length (averaged)
-            if tm.decode_steps > 0:
-                e.observe(f"decode_steps.{plan}.{task}", float(tm.decode_steps))
-                if tm.refine_ttft_ms > 0:
-                    # net of the queue wait the Status RPC reported: the cost model adds that itself
-                    e.observe("refine_ttft_ms", max(0.0, tm.refine_ttft_ms - e.get("queue_ms")))
-                    if tm.refine_ms > tm.refine_ttft_ms:
-                        e.observe("refine_ms_per_token", (tm.refine_ms - tm.refine_ttft_ms) / tm.decode_steps)
-            # the cost model's own transfer term, with the rounds this request really took
-            shape = dataclasses.replace(self.shape(task, prompt_tokens, prompt_bytes, n),
-                                        rounds=float(max(1, result.rounds)))
+            self._observe_quality(plan, task, n, result, escalated)
+        if result.summary is not None and not result.fallback_reason and plan in ("split", "cloud"):
+            self._observe_cloud(plan, task, prompt_tokens, prompt_bytes, n, result, edge_was, escalated)
+        e.save()
+
+    def _observe_drafts(self, task: str, prompt_tokens: int, prompt_bytes: int, n: int, result,
+                        edge_was: EdgeState) -> None:
+        e = self.est
+        t = result.timings
+        drafts = result.drafts
+        if not drafts:
+            return
+        longest = max(d.num_tokens for d in drafts)
+        if not longest:
+            return
+        e.observe(f"draft_tokens.{task}", float(longest))
+        nbytes = sum(len(d.text.encode()) for d in drafts)
+        ntok = sum(d.num_tokens for d in drafts)
+        if ntok:
+            e.observe("bytes_per_token", max(nbytes / ntok, 0.25))
+        # one round only: a retry round drafts at another batch size (the cloud's advice)
+        if "drafting" not in t or result.rounds > 1:
+            return
+        if not edge_was.first_run:
+            step = (t["drafting"] - prompt_tokens * e.get("prefill_ms_per_token")) / longest
+            if step > 0:
+                e.observe(f"step_ms.{n}", step)
+        else:  # the first request on a fresh session: what it drafted beyond a warm one
+            warm = drafting_ms(self.edge_profile(EdgeState(edge_was.model_bytes, "warm", gpu=edge_was.gpu)),
+                               dataclasses.replace(self.shape(task, prompt_tokens, prompt_bytes, n),
+                                                   draft_tokens=longest))
+            e.observe("first_run_ms", max(0.0, t["drafting"] - warm))
+
+    def _observe_quality(self, plan: str, task: str, n: int, result, escalated: bool) -> None:
+        e = self.est
+        e.observe(f"quality.{'escalated' if escalated else plan}.{task}", 1.0 if result.valid else 0.0)
+        if plan == "split" and not escalated:
+            # what edge-only would have answered: valid iff a first-round draft passed the rules
+            # (the cloud checks the same rule set; the judge verifier may also reject) — so a
+            # floor that keeps requests off the edge plan does not freeze its quality estimate.
+            # Not for an escalation: its edge attempt was observed with the edge's own verdict.
+            first = [v for i, v in result.verdicts.items() if i < n]
+            if first:
+                e.observe(f"quality.edge.{task}", 1.0 if any(v.valid for v in first) else 0.0)
+
+    def _observe_cloud(self, plan: str, task: str, prompt_tokens: int, prompt_bytes: int, n: int, result,
+                       edge_was: EdgeState, escalated: bool) -> None:
+        e = self.est
+        t, tm = result.timings, result.summary.timings
+        kind = "escalated" if escalated else plan
+        # the cloud's generation: its speed (fast-tracked) apart from this answer's length (averaged)
+        # 0 steps is an answer too: the cloud accepted a verified draft as it stands
+        e.observe(f"decode_steps.{kind}.{task}", float(tm.decode_steps))
+        if tm.decode_steps > 0:
+            if tm.refine_ttft_ms > 0:
+                # net of the queue wait the Status RPC reported: the cost model adds that itself
+                e.observe("refine_ttft_ms", max(0.0, tm.refine_ttft_ms - e.get("queue_ms")))
+                if tm.refine_ms > tm.refine_ttft_ms:
+                    e.observe("refine_ms_per_token", (tm.refine_ms - tm.refine_ttft_ms) / tm.decode_steps)
+        # the cost model's own transfer term, with the rounds this request really took
+        shape = dataclasses.replace(self.shape(task, prompt_tokens, prompt_bytes, n),
+                                    rounds=float(max(1, result.rounds)))
+        if escalated:
+            transfer = predict_escalation(shape, self.edge_profile(edge_was), self.net_profile(), self.cloud_profile(),
+                                          0.0).transfer_ms
+        else:
             transfer = predict(plan, shape, self.edge_profile(edge_was), self.net_profile(), self.cloud_profile(),
                                0.0).transfer_ms
-            rest = t.get("total", 0.0) - tm.refine_ms - transfer - e.get("queue_ms")
-            if plan == "cloud":
-                e.observe("setup_ms", max(0.0, rest))
-            else:
-                e.observe(f"rounds.{task}", shape.rounds)
-                if edge_was.state == "warm":
-                    e.observe("verify_ms", max(0.0, (rest - t.get("drafting", 0.0)) / shape.rounds))
-        e.save()
+        rest = t.get("total", 0.0) - tm.refine_ms - transfer - e.get("queue_ms")
+        if plan == "cloud":
+            e.observe("setup_ms", max(0.0, rest))
+            return
+        e.observe(f"rounds.{task}" if not escalated else f"rounds.escalated.{task}", shape.rounds)
+        if edge_was.state == "warm" or escalated:  # an escalation's edge is warm: it just drafted
+            e.observe("verify_ms", max(0.0, (rest - t.get("drafting", 0.0)) / shape.rounds))

@@ -34,6 +34,57 @@ def test_a_held_loop_is_measured_and_the_holder_named(caplog):
     assert "_hold_the_loop" in record.getMessage()  # the stack taken while the loop was held
 
 
+def test_start_up_stalls_are_summed_in_one_line_and_serving_ones_warned(caplog):
+    """Before ``arm()`` (the daemon loading: imports, weights) a stall is start-up's: no warning, no stack, not
+    in the histogram; once armed, the watch reports as before."""
+    lags: list[float] = []
+
+    async def main() -> LoopWatch:
+        watch = LoopWatch(threshold_s=0.1, period_s=0.01, observe=lags.append, armed=False).start()
+        try:
+            await asyncio.sleep(0.05)
+            _hold_the_loop(0.2)  # an import on the loop, between two beats
+            await asyncio.sleep(0.05)
+            _hold_the_loop(0.15)  # the last start-up work: its beat is still open when the daemon arms
+            watch.arm()
+            watch.arm()  # idempotent
+            await asyncio.sleep(0.1)
+            _hold_the_loop(0.3)  # serving: a real stall
+            await asyncio.sleep(0.1)
+        finally:
+            watch.stop()
+        return watch
+
+    with caplog.at_level(logging.DEBUG, logger="coinfer.loop"):
+        watch = asyncio.run(main())
+    assert watch.startup_stalls == 2 and 0.15 < watch.startup_worst_s < 0.5, (watch.startup_stalls, watch.startup_worst_s)
+    assert watch.stalls == 1 and 0.25 < watch.worst_s < 1.0
+    assert sum(lag > 0.12 for lag in lags) == 1 and max(lags) > 0.25  # only the serving stall reached the histogram
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "_hold_the_loop" in warnings[0].getMessage()
+    [summary] = [r for r in caplog.records if r.levelno == logging.INFO]
+    assert "start-up held the event loop 2 time(s)" in summary.getMessage() and "\n" not in summary.getMessage()
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert len(debug) == 2 and all("\n" not in m for m in debug)  # one line each, no stack
+
+
+def test_an_armed_watch_with_a_quiet_start_says_nothing(caplog):
+    async def main() -> LoopWatch:
+        watch = LoopWatch(threshold_s=0.5, period_s=0.01, armed=False).start()  # far above a busy machine's hiccups
+        try:
+            await asyncio.sleep(0.05)
+            watch.arm()
+            await asyncio.sleep(0.05)
+        finally:
+            watch.stop()
+        return watch
+
+    with caplog.at_level(logging.DEBUG, logger="coinfer.loop"):
+        watch = asyncio.run(main())
+    assert watch.armed and watch.startup_stalls == 0 and watch.stalls == 0
+    assert not caplog.records
+
+
 def _spin(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:

@@ -49,6 +49,7 @@ async def test_split_plan_over_the_edge_service(daemon):
     res = events[-1].result
     assert res.plan == "split" and res.source in ("refined", "draft", "cloud") and not res.fallback_reason
     assert res.answer and res.timings_ms["total"] > 0
+    assert list(res.plans) == ["split"] and res.cloud_tokens.prompt > 0  # the cloud's cost, its own count
     st = daemon.core.status()
     assert st["model_state"] == "warm" and st["cloud_circuit"] == "closed" and st["cloud_serving"]
     assert st["recommended_drafts"] in (3, 5)  # adopted from the cloud's summary
@@ -57,6 +58,7 @@ async def test_split_plan_over_the_edge_service(daemon):
 async def test_edge_and_cloud_plans(daemon):
     edge = (await solve(daemon.grpc_port, plan="edge"))[-1].result
     assert edge.source == "edge_only" and edge.plan == "edge"
+    assert list(edge.plans) == ["edge"] and (edge.cloud_tokens.generated, edge.cloud_tokens.prompt) == (0, 0)
     cloud = (await solve(daemon.grpc_port, plan="cloud"))[-1].result
     assert cloud.source == "cloud" and cloud.plan == "cloud"
 
@@ -312,9 +314,10 @@ async def test_auto_never_returns_a_rule_failing_edge_answer_while_the_cloud_is_
         req = epb.SolveRequest(problem=pb.Problem(prompt=FREE, rules=rules), num_drafts=3)
         events = [ev async for ev in epb_grpc.CoinferEdgeStub(ch).Solve(req, timeout=120)]
     res = events[-1].result
-    assert res.source != "edge_only" and res.plan in ("edge", "split", "cloud")
-    if res.plan == "edge":
-        assert "escalated" in res.plan_reason
+    assert res.source != "edge_only" and res.plan in ("split", "cloud")  # the plan that produced the answer
+    if res.plans[0] == "edge":  # escalated: both plans reported, the split's cloud cost too
+        assert list(res.plans) == ["edge", "split"] and res.plan == "split" and "escalated" in res.plan_reason
+        assert res.cloud_tokens.prompt > 0 and res.timings_ms["escalation"] > 0
     first_round = [e.draft.index for e in events if e.WhichOneof("kind") == "draft" and e.draft.index < 3]
     assert sorted(first_round) == [0, 1, 2]
 

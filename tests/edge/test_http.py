@@ -55,3 +55,35 @@ async def test_a_failure_after_the_stream_began_ends_it_with_an_error_event(monk
         assert "SystemError" not in r.text
         r = await http.post("/v1/completions", json=body | {"stream": False})
         assert r.status_code == 500 and r.json()["error"]["type"] == "server_error" and "SystemError" not in r.text
+
+
+async def test_the_coinfer_block_carries_the_plans_that_ran_and_the_clouds_tokens(monkeypatch, tmp_path):
+    import httpx
+
+    from coinfer import types as t
+    from edge.config import EdgeConfig
+    from edge.http import create_app
+    from edge.pipeline import EdgeResult
+    from edge.service import CloudTokens, Done, EdgeCore
+
+    core = EdgeCore(EdgeConfig(model=str(tmp_path), warm=False))  # lazy: never loaded here
+    result = EdgeResult(answer="x+y = 8", source="refined", valid=True, task="arith", rounds=2)
+
+    async def solve(req):  # stands in for an escalated auto request: the edge's answer failed, a split refined it
+        yield t.AnswerChunk("x+y = 8")
+        yield Done(result=result, plan="split", plans=["edge", "split"],
+                   cloud_tokens=CloudTokens(generated=42, prompt=17))
+
+    monkeypatch.setattr(core, "solve", solve)
+    monkeypatch.setattr(core, "usage", lambda req, done: {"prompt_tokens": 1, "completion_tokens": 1,
+                                                          "total_tokens": 2, "draft_tokens": 0})
+    transport = httpx.ASGITransport(app=create_app(core))
+    async with httpx.AsyncClient(transport=transport, base_url="http://edge") as http:
+        body = {"model": core.cfg.model_name, "prompt": "If x=3 and y=5, compute x+y."}
+        info = (await http.post("/v1/completions", json=body)).json()["coinfer"]
+        assert info["plan"] == "split" and info["plans"] == ["edge", "split"]
+        assert info["cloud_tokens"] == {"generated": 42, "prompt": 17}
+        r = await http.post("/v1/completions", json=body | {"stream": True})
+        events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+        last = events[-1]["coinfer"]
+        assert last["plans"] == ["edge", "split"] and last["cloud_tokens"] == {"generated": 42, "prompt": 17}

@@ -44,7 +44,7 @@ async def test_split_plan_end_to_end(task_name, draft_engine, channel):
         assert res.valid == RuleSet([], task, p.spec).check(res.answer)[0].valid
         tm = res.summary.timings
         assert tm.total_ms >= tm.refine_ms > 0
-        assert res.summary.refine_mode in ("prefix", "candidates", "alone")
+        assert res.summary.refine_mode in ("accepted", "prefix", "candidates", "alone")
 
 
 async def test_cloud_only_plan(draft_engine, channel):

@@ -45,7 +45,8 @@ def test_each_scheme_is_per_channel_smaller_and_passes_its_gates(built, artifact
     assert (d / "model.onnx").stat().st_size <= 0.45 * fp32
     assert manifest["scheme"] == scheme and manifest["checks"]["passed"] is True
     gates = {g["name"]: g for g in manifest["checks"]["gates"]["gates"]}
-    assert set(gates) == {"top1_agreement", "greedy_match", "nll_delta", "accuracy_drop"}
+    assert set(gates) == {"top1_agreement", "nll_delta", "kl_divergence", "greedy_match", "accuracy_drop"}
+    assert gates["greedy_match"]["threshold"] is None and gates["kl_divergence"]["passed"]  # greedy match: reported
     assert gates["top1_agreement"]["value"] >= 0.95, gates["top1_agreement"]["message"]
     assert gates["nll_delta"]["value"] <= 0.05, gates["nll_delta"]["message"]  # measured 0.005 (static)
     assert manifest["providers"] and manifest["source"]["sha256"] and manifest["tokenizer_sha256"]
@@ -121,7 +122,7 @@ def test_gates_fail_a_broken_model_and_say_which_by_how_much(artifacts, tmp_path
 
 def test_failed_gate_publishes_nothing_unless_kept_and_the_edge_refuses_it(artifacts, tmp_path, capsys):
     out = tmp_path / "strict"
-    args = ["int8", str(artifacts.draft_onnx), str(out), "--min-top1-agreement", "1.0", "--min-greedy-match", "1.0",
+    args = ["int8", str(artifacts.draft_onnx), str(out), "--min-top1-agreement", "1.0", "--max-kl-divergence", "0.0",
             "--prompts", "16", "--quiet"]
     assert main(args) == 1
     assert "NOT published" in capsys.readouterr().out and not out.exists()

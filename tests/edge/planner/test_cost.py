@@ -6,7 +6,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.planner.cost import CloudProfile, EdgeProfile, NetProfile, RequestShape, choose, cold_start_ms, predict
+from edge.planner.cost import (
+    CloudProfile,
+    EdgeProfile,
+    Escalation,
+    NetProfile,
+    RequestShape,
+    choose,
+    cold_start_ms,
+    predict,
+)
 
 EDGE = EdgeProfile(model_bytes=200_000_000, disk_read_bps=500e6, pcie_h2d_bps=None, session_ms=400, warmup_ms=30,
                    prefill_ms_per_token=0.2, step_ms={1: 5.0, 5: 7.0})
@@ -99,3 +108,62 @@ def test_first_run_penalty_counts_only_before_the_model_is_warm():
 def test_noisy_step_times_never_make_bigger_batches_cheaper():
     e = dataclasses.replace(EDGE, step_ms={1: 5.0, 5: 9.0, 8: 7.0})
     assert e.step(20) == 7.0 and e.step(8) == 7.0
+
+
+# ---- auto's edge plan and its escalation ---------------------------------------------------------
+# an escalation's own history: its first round is known bad, so it retries once more on average
+ESC = Escalation(shape=dataclasses.replace(REQ, rounds=2.0, split_steps=120), quality=0.8)
+
+
+def test_an_edge_plan_whose_answers_usually_fail_is_predicted_with_the_escalations_cost():
+    alone = predict("edge", REQ, EDGE, NET, CLOUD, 0.1)
+    b = predict("edge", REQ, EDGE, NET, CLOUD, 0.1, ESC)
+    # X = (R_x - 1) * E + R_x * RTT + (Bp + n * Bd)/up + Ba/down + queue + R_x * verify + ttft + S_x * ms/token
+    e = 40 * 0.2 + 48 * 7.0  # prefill + 48 steps at batch 5
+    up = (40 + 5 * 48) / 10e6 * 1e3
+    x = e + 2 * 20 + up + 40 / 10e6 * 1e3 + 0 + 2 * 15 + 20 + 120 * 4
+    assert b.escalation_p == pytest.approx(0.9) and b.escalation_cost_ms == pytest.approx(x)
+    assert b.attempt_ms == pytest.approx(alone.total_ms)  # the edge's own run is unchanged
+    assert b.total_ms == pytest.approx(alone.total_ms + 0.9 * x) and b.total_ms > 2 * alone.total_ms
+    assert b.quality == pytest.approx(0.1 + 0.9 * 0.8)  # an edge answer is returned only when it passed
+    assert b.as_dict()["escalation_ms"] == pytest.approx(0.9 * x)
+    assert predict("edge", REQ, EDGE, None, None, 0.1, ESC) == alone  # no cloud: nothing to escalate to
+    # an edge whose answers always pass never escalates: its prediction is the edge's own
+    assert predict("edge", REQ, EDGE, NET, CLOUD, 1.0, ESC).total_ms == pytest.approx(alone.total_ms)
+
+
+def test_the_issue_20_measurement_is_predicted_within_its_bounds():
+    """98 of 120 edge answers escalated; median latency 652 ms against 83 ms predicted. With the
+    escalation in the prediction the edge plan's expectation is the mix of both kinds of request."""
+    edge = dataclasses.replace(EDGE, step_ms={5: (83 - 40 * 0.2) / 48})
+    esc = Escalation(shape=dataclasses.replace(REQ, rounds=1.0, split_steps=140), quality=0.9)
+    b = predict("edge", REQ, edge, NET, CLOUD, 22 / 120, esc)
+    assert b.attempt_ms == pytest.approx(83)
+    measured = (22 * 83 + 98 * (83 + b.escalation_cost_ms)) / 120  # what the 120 requests took on average
+    assert b.total_ms == pytest.approx(measured)
+    assert b.total_ms / b.attempt_ms > 5  # the old prediction (the attempt alone) was off by that much
+
+
+def test_choose_weighs_the_edge_by_its_escalation():
+    q = {"edge": 0.1, "split": 0.7, "cloud": 0.6}
+    # a fast edge whose answers nearly always fail: auto's edge is an edge attempt plus a split nearly
+    # every time, slower than splitting at once
+    fast = dataclasses.replace(EDGE, step_ms={5: 2.0})
+    c = choose(REQ, fast, NET, CLOUD, q, 0.0, ESC)
+    assert c.plan != "edge" and c.breakdowns["edge"].total_ms > c.breakdowns["split"].total_ms
+    assert choose(REQ, fast, NET, CLOUD, q, 0.0).plan == "edge"  # without the term it looked fastest
+    # an edge whose answers usually pass: fastest, and its escalations lift it over the quality floor
+    good = choose(REQ, fast, NET, CLOUD, q | {"edge": 0.9}, 0.95, ESC)
+    assert good.plan == "edge" and good.breakdowns["edge"].quality == pytest.approx(0.9 + 0.1 * 0.8)
+    assert "fastest" in good.reason and good.breakdowns["edge"].total_ms < good.breakdowns["split"].total_ms
+    assert "10% of answers escalated to split" in good.reason
+    assert choose(REQ, EDGE, None, None, q, 0.0, ESC).plan == "edge"
+
+
+@given(p_q=st.floats(min_value=0.0, max_value=1.0), extra=pos)
+def test_a_costlier_escalation_never_makes_the_edge_cheaper(p_q, extra):
+    slow = Escalation(shape=dataclasses.replace(ESC.shape, split_steps=ESC.shape.split_steps + extra),
+                      quality=ESC.quality)
+    a = predict("edge", REQ, EDGE, NET, CLOUD, p_q, ESC).total_ms
+    b = predict("edge", REQ, EDGE, NET, CLOUD, p_q, slow).total_ms
+    assert b >= a >= predict("edge", REQ, EDGE, NET, CLOUD, p_q).total_ms

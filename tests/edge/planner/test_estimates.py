@@ -85,6 +85,44 @@ def test_online_updates_from_measured_stage_times():
     assert p.est.get("quality.split.arith") == 1.0 and p.est.get("quality.edge.arith") == 0.75
 
 
+def test_an_escalated_request_teaches_the_edge_and_the_split_apart():
+    """Auto's edge answer failed the rules and a split refined its drafts: the edge attempt is learnt
+    from the edge's own verdict (its failure rate is the chance of escalating), the split as a split of
+    its own (the cloud's speeds as any split; its outcomes apart from splits chosen up front)."""
+    from coinfer import types as t
+
+    p = Planner(Estimates())
+    p.est.observe("prefill_ms_per_token", 0.0)
+    warm = EdgeState(1_000_000, "warm")
+    for _ in range(3):  # the edge's answers have passed the rules so far: it never escalates
+        p.observe("edge", "arith", 10, 40, 5, _result(1, 50.0, 50.0), warm)
+    assert p.choose("arith", 10, 40, 5, warm, cloud_available=True).breakdowns["edge"].escalation_p == 0.0
+    edge = dataclasses.replace(_result(1, 50.0, 50.0), valid=False, source="edge_only")
+    p.observe("edge", "arith", 10, 40, 5, edge, warm)
+    summary = t.Summary(answer="3+5=8; answer 8", source=t.AnswerSource.REFINED, answer_valid=True,
+                        timings=t.Timings(verify_ms=30.0, refine_ttft_ms=20.0, refine_ms=220.0, total_ms=600.0,
+                                          decode_steps=40, decode_tokens=40))
+    # the cloud rejected the same five drafts, advised a retry round, then refined
+    split = dataclasses.replace(_result(2, 60.0, 700.0, summary), verdicts={i: t.Verdict(i, False) for i in range(5)})
+    p.observe("split", "arith", 10, 40, 5, split, warm, escalated=True)
+    est = p.est
+    # the edge plan: 3 valid answers and 1 invalid; the split's first-round verdicts are not counted again
+    assert est.get("quality.edge.arith") == 0.75 and est.counts["quality.edge.arith"] == 4
+    assert est.counts["draft_tokens.arith"] == 4  # the drafts were measured once, with the edge attempt
+    # the escalation: its own outcomes
+    assert est.get("quality.escalated.arith") == 1.0 and est.get("rounds.escalated.arith") == 2.0
+    assert est.get("decode_steps.escalated.arith") == 40.0
+    assert not any(est.has(k) for k in ("quality.split.arith", "rounds.arith", "decode_steps.split.arith"))
+    # the cloud's speeds: learnt from any split
+    assert est.get("refine_ms_per_token") == 5.0 and est.get("refine_ttft_ms") == 20.0 and est.has("verify_ms")
+    after = p.choose("arith", 10, 40, 5, warm, cloud_available=True).breakdowns["edge"]
+    assert after.escalation_p == 0.25 and after.escalation_cost_ms > 0
+    assert after.total_ms == after.attempt_ms + 0.25 * after.escalation_cost_ms
+    assert after.quality == 0.75 + 0.25 * 1.0
+    # without a cloud there is nothing to escalate to
+    assert p.choose("arith", 10, 40, 5, warm, cloud_available=False).breakdowns["edge"].escalation_p == 0.0
+
+
 async def test_failed_probes_fall_back_and_say_so(tmp_path):
     import grpc
 

@@ -1,0 +1,41 @@
+"""The cloud server's start, around a stand-in engine: the loop watch counts the engine's load as start-up
+(no warning, no stack) and reports stalls once an engine is attached and the server serves."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from cloud.config import CloudConfig, EngineConfig
+from cloud.server import create_server
+from tests.cloud.test_heartbeat import StandIn
+
+
+def _import_vllm() -> None:
+    time.sleep(0.3)  # stands for importing torch and vLLM on the loop (2.7 s seen)
+
+
+def _check_on_the_loop() -> None:
+    time.sleep(0.3)  # stands for a CPU-bound check run on the loop by mistake
+
+
+async def test_the_engine_load_is_start_up_and_serving_stalls_are_warned(caplog):
+    with caplog.at_level(logging.INFO, logger="coinfer.loop"):
+        srv = await create_server(CloudConfig(engine=EngineConfig(model="/unused"), port=0))
+        try:
+            assert not srv.loopwatch.armed
+            _import_vllm()
+            await srv.attach_engine(StandIn())
+            assert srv.loopwatch.armed and srv.loopwatch.startup_stalls >= 1 and srv.loopwatch.stalls == 0
+            _check_on_the_loop()
+            for _ in range(50):  # the next beat reports it
+                if srv.loopwatch.stalls:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            await srv.stop(grace=0.1)
+    assert srv.loopwatch.stalls == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "_check_on_the_loop" in warnings[0] and "_import_vllm" not in warnings[0]
+    assert any("start-up held the event loop" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)

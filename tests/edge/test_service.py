@@ -1,0 +1,112 @@
+"""EdgeCore.solve around its pipeline (a fake one: no model, no cloud): auto's edge plan escalating
+a rule-failing answer reports both plans, learns each with its own outcome, and the cloud's tokens."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from coinfer import types as t
+from edge.config import EdgeConfig
+from edge.pipeline import EdgeResult, Plan
+from edge.service import CloudTokens, Done, EdgeCore, SolveRequest
+from edge.servicer import result_to_pb
+
+ARITH = "If x=3 and y=5, compute x+y."
+
+
+def _summary(generated: int, prompt: int) -> t.Summary:
+    return t.Summary(answer="3+5=8; answer 8", source=t.AnswerSource.REFINED, answer_valid=True, replica="10.0.0.7:50051",
+                     timings=t.Timings(verify_ms=20.0, refine_ttft_ms=10.0, refine_ms=90.0, total_ms=150.0,
+                                       decode_steps=generated, decode_tokens=generated), prompt_tokens=prompt)
+
+
+class FakePipeline:
+    """Stands in for EdgePipeline: the edge's drafts all fail the rules; a split refines them."""
+
+    calls: list[tuple[Plan, int]] = []
+
+    def __init__(self, engine, channel, replays: int = 2) -> None:
+        pass
+
+    async def solve(self, task, prompt, rules, s, plan, deadline_s, request_id, on_event, *, drafts=None, **kw):
+        FakePipeline.calls.append((plan, len(drafts or [])))
+        if plan is Plan.EDGE:
+            out = [t.Draft(index=i, text="3+5=9; answer 9", num_tokens=10) for i in range(3)]
+            for d in out:
+                on_event(d)
+            return EdgeResult(answer=out[0].text, source="edge_only", valid=False, drafts=out, rounds=1,
+                              timings={"drafting": 40.0, "total": 41.0})
+        result = EdgeResult(answer="", source="", valid=False, drafts=list(drafts or []), rounds=2,
+                            verdicts={i: t.Verdict(draft_index=i, valid=False) for i in range(3)},
+                            timings={"drafting": 30.0, "total": 400.0})
+        result.take(_summary(generated=42, prompt=17))
+        return result
+
+
+@pytest.fixture
+def core(tmp_path, monkeypatch) -> EdgeCore:
+    monkeypatch.setattr("edge.service.EdgePipeline", FakePipeline)
+    FakePipeline.calls = []
+    c = EdgeCore(EdgeConfig(model=str(tmp_path), warm=False, cloud="127.0.0.1:1", probe_on_start=False))
+    c.engine, c.model_state = SimpleNamespace(providers=["CPUExecutionProvider"], runs=1), "warm"  # no model here
+    est = c.planner.est
+    est.observe("rtt_ms", 5.0)  # fresh: no background re-probe of a cloud that is not there
+    for _ in range(9):  # the edge's answers have passed so far: auto picks it
+        est.observe("quality.edge.arith", 1.0)
+    est.observe("step_ms.5", 1.0)
+    return c
+
+
+async def _done(core: EdgeCore, req: SolveRequest) -> tuple[list, Done]:
+    events = [ev async for ev in core.solve(req)]
+    assert isinstance(events[-1], Done)
+    return events, events[-1]
+
+
+def _ratio_count(core: EdgeCore, plan: str) -> float:
+    return core.metrics.registry.get_sample_value("coinfer_edge_plan_latency_ratio_count", {"plan": plan}) or 0.0
+
+
+async def test_auto_reports_the_plans_that_ran_and_learns_each_with_its_own_outcome(core):
+    _, done = await _done(core, SolveRequest(prompt=ARITH, num_drafts=3))
+    assert FakePipeline.calls == [(Plan.EDGE, 0), (Plan.SPLIT, 3)]  # escalated with the same drafts
+    assert done.plan == "split" and done.plans == ["edge", "split"] and done.result.source == "refined"
+    assert "escalated" in done.result.plan_reason
+    timings = done.result.timings
+    assert timings["escalation"] == 400.0 and timings["total"] == 441.0 and timings["drafting"] == 70.0
+    info = done.info()
+    assert info["plan"] == "split" and info["plans"] == ["edge", "split"]
+    assert info["cloud_tokens"] == {"generated": 42, "prompt": 17}
+    assert info["predicted_ms"]["total_ms"] == pytest.approx(info["predicted_ms"]["attempt_ms"])  # p was 0
+    est = core.planner.est
+    # the edge plan learnt from the edge's own verdict (9 passes, 1 failure), not from the cloud's answer
+    assert est.get("quality.edge.arith") == pytest.approx(0.9) and est.counts["quality.edge.arith"] == 10
+    assert est.get("quality.escalated.arith") == 1.0 and not est.has("quality.split.arith")
+    assert _ratio_count(core, "edge") == 1 and _ratio_count(core, "split") == 1  # each against its own prediction
+    assert core.metrics.registry.get_sample_value("coinfer_edge_requests_total",
+                                                  {"plan": "split", "source": "refined"}) == 1
+    # the next choice sees the escalation coming
+    nxt = core.planner.choose("arith", 10, 30, 3, core._edge_state(), cloud_available=True).breakdowns["edge"]
+    assert nxt.escalation_p == pytest.approx(0.1) and nxt.escalation_cost_ms > 0
+
+
+async def test_a_plan_asked_for_runs_alone_and_the_cloud_costs_nothing_when_unused(core):
+    _, done = await _done(core, SolveRequest(prompt=ARITH, num_drafts=3, plan="edge"))
+    assert FakePipeline.calls == [(Plan.EDGE, 0)]  # no escalation outside auto
+    info = done.info()
+    assert info["plans"] == ["edge"] and info["plan"] == "edge" and not info["valid"]
+    assert info["cloud_tokens"] == {"generated": 0, "prompt": 0}
+
+
+def test_the_grpc_result_carries_the_plans_and_the_cloud_tokens():
+    r = EdgeResult(answer="8", source="refined", valid=True, task="arith")
+    r.take(_summary(generated=42, prompt=17))
+    edge = EdgeResult(answer="9", source="edge_only", valid=False)
+    done = Done(result=r, plan="split", plans=["edge", "split"], cloud_tokens=CloudTokens.of([edge, r, r]))
+    msg = result_to_pb(done)
+    assert list(msg.plans) == ["edge", "split"] and msg.plan == "split" and msg.replica == "10.0.0.7:50051"
+    assert (msg.cloud_tokens.generated, msg.cloud_tokens.prompt) == (84, 34)  # summed over sessions
+    alone = result_to_pb(Done(result=edge, plan="edge"))  # no list given: the plan that ran
+    assert list(alone.plans) == ["edge"] and (alone.cloud_tokens.generated, alone.cloud_tokens.prompt) == (0, 0)
