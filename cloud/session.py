@@ -199,12 +199,15 @@ class Session:
                 await out.put(t.AnswerChunk(delta.text))
         return text, ttft, tokens
 
-    async def _accept(self, text: str) -> tuple[bool, str, Parsed]:
-        """Re-verify a refined answer as a draft: extraction + rules, then the verifier's threshold."""
+    async def _accept(self, text: str, likelihood: bool = True) -> tuple[bool, str, Parsed]:
+        """Re-verify a refined answer as a draft: extraction + rules, then the verifier's threshold.
+        ``likelihood=False`` for the target's own answers: its greedy answer *is* its most likely one,
+        and a threshold set for drafts of free prose would refuse it (then sample candidates, refuse
+        those too, and run into the request's deadline)."""
         res, parsed = await asyncio.to_thread(self.rules.check, text)
         if not res.valid:
             return False, f"{res.failed_rule}: {res.error}", parsed
-        if self._thresholded and self.cfg.policy.verifier == "likelihood":
+        if likelihood and self._thresholded and self.cfg.policy.verifier == "likelihood":
             v = await self._llm_verdict(-1, text, res.passed)
             if not v.valid:
                 return False, v.error, parsed
@@ -274,9 +277,9 @@ class Session:
             prefix = _join_steps(prefix_steps)
             text, ttft, steps = await self._generate(self.prompt_text, prefix, p.refine_max_tokens, "cloud", out)
             generated = steps
-            valid, _, parsed = await self._accept(text)
+            valid, _, parsed = await self._accept(text, likelihood=False)
             if not valid and p.cloud_candidates > 0:
-                # the greedy answer failed: sample candidates in one batched request, keep the first that passes
+                # the greedy answer failed a rule: sample candidates in one batched request, keep the first that passes
                 cands = await self.engine.sample(
                     self.prompt_text + prefix,
                     dataclasses.replace(self._params(p.refine_max_tokens), temperature=p.cloud_temperature, seed=None),
@@ -284,7 +287,7 @@ class Session:
                 steps += max((c.tokens for c in cands), default=0)  # one batched request: the longest
                 generated += sum(c.tokens for c in cands)
                 for cand in cands:
-                    cand_ok, _, cand_parsed = await self._accept(prefix + cand.text)
+                    cand_ok, _, cand_parsed = await self._accept(prefix + cand.text, likelihood=False)
                     if cand_ok:
                         text, valid, parsed = prefix + cand.text, True, cand_parsed
                         break
