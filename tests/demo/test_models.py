@@ -18,6 +18,23 @@ def test_shipped_pair_matches_the_recipe_and_its_digests():
     assert {"draft/model.safetensors", "target/model.safetensors"} <= models.report["files"].keys()
 
 
+def test_shipped_pair_meets_its_goals_measured_here(artifacts):
+    """Held-out greedy accuracy re-measured on this machine (transformers, float32, 300 problems, as
+    `python -m demo.evaluate`). Shipped (report.json): draft 0.21 / 0.21 / 0.11, target 0.85 / 0.57 /
+    0.92 (arith / select / words): every goal below holds there by at least 16 points, so CPU rounding
+    (AVX2 vs AVX512 kernels flip a few greedy tokens) cannot decide it; the re-measurement must also
+    stay within 0.08 of what was shipped (the same weights everywhere)."""
+    from demo.evaluate import accuracy
+    from demo.train import Recipe
+
+    recipe, shipped = Recipe(), artifacts.models.report["eval"]
+    draft, target = accuracy(artifacts.models.draft, recipe), accuracy(artifacts.models.target, recipe)
+    for task in recipe.tasks:
+        assert target[task] >= draft[task] + 0.20, (task, draft, target)
+        assert abs(draft[task] - shipped["draft"][task]) <= 0.08 and abs(target[task] - shipped["target"][task]) <= 0.08
+    assert target["words"] >= 0.60 and draft["words"] <= 0.60, (draft, target)
+
+
 def test_a_changed_weight_file_is_refused(tmp_path):
     import shutil
 
