@@ -35,9 +35,9 @@ async def test_the_engine_load_is_start_up_and_serving_stalls_are_warned(caplog)
                 await asyncio.sleep(0.01)
         finally:
             await srv.stop(grace=0.1)
-    # the test session's loop is shared (other servers, vLLM): it may stall elsewhere too, so the
-    # assertions are about who was named, not how many stalls there were
-    assert srv.loopwatch.stalls >= 1
+    # the test session's loop is shared with other tests' servers, whose own (armed) watches may warn
+    # about these sleeps too: the assertions are about this server's watch and who was named
+    assert srv.loopwatch.startup_worst_s >= 0.25 and srv.loopwatch.worst_s >= 0.25
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert any("_check_on_the_loop" in w for w in warnings) and not any("_import_vllm" in w for w in warnings)
+    assert any("_check_on_the_loop" in w for w in warnings)
     assert any("start-up held the event loop" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)

@@ -29,6 +29,7 @@ async def test_the_start_is_start_up_and_the_watch_is_armed_once_serving(caplog,
             assert d.loopwatch.armed and d.loopwatch.startup_stalls >= 1
         finally:
             await d.stop(grace=0.1)
-    # the start's holder is never warned (the shared test loop may stall elsewhere after arming)
-    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "_load_model" in r.getMessage()]
+    # the load counted as start-up's (other tests' armed watches on the shared
+    # test loop may still warn about it: the assertion is about this daemon's watch)
+    assert d.loopwatch.startup_worst_s >= 0.25
     assert any("start-up held the event loop" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
