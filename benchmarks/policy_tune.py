@@ -105,8 +105,11 @@ def simulate_one(rec: dict, accept_score: float, accept_agree: float, accept_min
     return rec["refined"]["correct"], rec["refined"]["tokens"], "candidates"
 
 
-def simulate(path: Path) -> list[dict]:
-    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def load(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def simulate(recs: list[dict]) -> list[dict]:
     out = []
     grid = itertools.product((0.0, 0.8, 0.9, 0.95, 0.98, 1.01), (0.0, 0.4, 0.6, 0.8), (-99.0, -8.0, -5.0, -3.0, -2.0))
     for score, agree, min_lp in grid:
@@ -121,8 +124,7 @@ def simulate(path: Path) -> list[dict]:
     return out
 
 
-def baselines(path: Path) -> dict:
-    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def baselines(recs: list[dict]) -> dict:
     out = {}
     for kind in KINDS:
         rs = [r for r in recs if r["kind"] == kind]
@@ -145,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.collect:
         asyncio.run(collect(args.collect, args.seed, args.out))
     if args.simulate:
-        print(json.dumps({"baselines": baselines(args.simulate), "grid": simulate(args.simulate)}))
+        recs = load(args.simulate)  # read once for both
+        print(json.dumps({"baselines": baselines(recs), "grid": simulate(recs)}))
     return 0
 
 

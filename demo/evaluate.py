@@ -116,7 +116,6 @@ def goals(ev: dict) -> dict[str, bool]:
 
 
 def evaluate_pair(draft: Path, target: Path, recipe: Recipe) -> dict:
-    torch.set_num_threads(torch.get_num_threads())
     ev = {"draft": accuracy(draft, recipe), "target": accuracy(target, recipe)}
     if recipe.refine_eval:
         ev["refine"] = refine_accuracy(draft, target, recipe)
