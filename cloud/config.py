@@ -130,6 +130,13 @@ class PolicyConfig:
     drafts that passed the rules): correct drafts median -0.12, wrong ones -0.57..-0.59; at -0.5
     99.3% of correct drafts are kept and 64-67% of wrong ones rejected (-1.0 rejected none; -0.3
     keeps 91%, rejects 89-94%; two runs). -inf disables."""
+    refine_override_nats: float = 0.2
+    """A refinement whose answer disagrees with what every verified draft says (>= 2 drafts, same
+    extracted answer, or the same text when nothing is extracted) is refused, and the best draft
+    returned, unless the target's mean per-token logprob of the refinement (as an answer to the
+    plain conversation) beats the best draft's by at least this: the target must clearly prefer
+    the change. Measured on the real model: refinement turned "The capital of France is Paris."
+    (two drafts) into "Luxembourg"."""
     refine_max_tokens: int = 512
     cloud_candidates: int = 4
     """When the cloud answers itself and its greedy answer fails the rules: sampled

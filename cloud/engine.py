@@ -40,6 +40,8 @@ class Chunk:
 
     text: str
     tokens: int
+    finish_reason: str | None = None
+    """On the last chunk: "stop" or "length" (vLLM's; "abort" when cancelled); None before it."""
 
 
 @dataclass
@@ -268,8 +270,8 @@ class VllmEngine(TargetEngine):
             return
         async for out in self._run(ids, self._params(params, room), request_id):
             c = out.outputs[0]
-            if c.text or c.token_ids:
-                yield Chunk(c.text, len(c.token_ids))
+            if c.text or c.token_ids or c.finish_reason:
+                yield Chunk(c.text, len(c.token_ids), c.finish_reason)
 
     async def sample(self, prompt: str, params: GenParams, n: int, request_id: str, **extra) -> list[Chunk]:
         """``extra``: more vLLM SamplingParams (structured outputs for the judge)."""
@@ -279,7 +281,7 @@ class VllmEngine(TargetEngine):
             return []
         sp = self._params(params, room, delta=False, n=n, **extra)
         outs = [out async for out in self._run(ids, sp, request_id)]
-        return [Chunk(c.text, len(c.token_ids)) for c in outs[-1].outputs] if outs else []
+        return [Chunk(c.text, len(c.token_ids), c.finish_reason) for c in outs[-1].outputs] if outs else []
 
     async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str) -> list[float]:
         ids, start = await self._off_loop(len(prompt) + len(continuation), self.span_ids, prompt, continuation)

@@ -55,6 +55,32 @@ def _join_steps(steps: list[str]) -> str:
     return "; ".join(steps) + "; " if steps else ""
 
 
+def _finish_reason(engine_reason: str | None, current: str = "stop") -> str:
+    """The OpenAI finish reason of a generation from the engine's: "length" when it hit its budget."""
+    return "length" if engine_reason == "length" else current if engine_reason is None else "stop"
+
+
+def _scaffolding_error(text: str, template: str) -> str:
+    """An answer that contains the refinement template's own words (its lines of >= 12 chars
+    between placeholders) copied the prompt instead of answering."""
+    for part in template.replace("{question}", "\0").replace("{candidates}", "\0").split("\0"):
+        for line in part.split("\n"):
+            if len(line.strip()) >= 12 and line.strip() in text:
+                return f"scaffolding: the refinement copies the prompt's {line.strip()!r}"
+    return ""
+
+
+def _strip_candidate_label(text: str, candidate_format: str, n: int) -> str:
+    """``text`` without a leading candidate label ("(1) ") copied from the refinement prompt."""
+    head = candidate_format.split("{text}", 1)[0]
+    stripped = text.lstrip()
+    for i in range(1, n + 1):
+        label = head.format(n=i)
+        if label.strip() and stripped.startswith(label):
+            return stripped[len(label):]
+    return text
+
+
 @dataclass
 class _Judged:
     draft: t.Draft
@@ -89,6 +115,8 @@ class Session:
     """(score, agreement, latency_s, label) per ranked draft once finished: the learner's input."""
     min_logprob: dict[int, float] = field(default_factory=dict)
     """Per verified draft: its least likely token's logprob under the target (likelihood verifier)."""
+    mean_lp: dict[int, float] = field(default_factory=dict)
+    """Per verified draft: its mean per-token logprob under the target (likelihood verifier)."""
 
     def _ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1e3
@@ -117,6 +145,7 @@ class Session:
                 self.judged[orig.draft_index].support += 1
                 if orig.draft_index in self.min_logprob:
                     self.min_logprob[d.index] = self.min_logprob[orig.draft_index]
+                    self.mean_lp[d.index] = self.mean_lp[orig.draft_index]
                 v = dataclasses.replace(orig, draft_index=d.index, verify_ms=0.0, duplicate_of=orig.draft_index + 1)
             else:
                 fut: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -142,7 +171,7 @@ class Session:
         lps = await self.engine.continuation_logprobs(self.prompt_text, text, f"{self.key}-v{index}")
         mean = mean_logprob(lps)
         if index >= 0 and lps:
-            self.min_logprob[index] = min(lps)
+            self.min_logprob[index], self.mean_lp[index] = min(lps), mean
         floor = self.cfg.policy.min_mean_logprob
         if self._thresholded and mean < floor:
             return t.Verdict(draft_index=index, valid=False, score=likelihood_score(lps), failed_rule="likelihood",
@@ -184,20 +213,22 @@ class Session:
                          stop=sp.stop)
 
     async def _generate(self, prompt: str, prefix: str, max_tokens: int, tag: str,
-                        out: asyncio.Queue) -> tuple[str, float, int]:
-        """Stream the target's answer to ``prompt`` after ``prefix``; returns (text, TTFT ms, tokens)."""
+                        out: asyncio.Queue) -> tuple[str, float, int, str]:
+        """Stream the target's answer to ``prompt`` after ``prefix``; returns (text, TTFT ms, tokens,
+        finish reason: "stop" or "length")."""
         t_start, ttft = time.perf_counter(), 0.0
         if prefix:
             await out.put(t.AnswerChunk(prefix))
-        text, tokens = prefix, 0
+        text, tokens, finish = prefix, 0, "stop"
         async for delta in self.engine.generate(prompt + prefix, self._params(max_tokens), f"{self.key}-{tag}"):
             if not ttft:
                 ttft = (time.perf_counter() - t_start) * 1e3
             tokens += delta.tokens
+            finish = _finish_reason(delta.finish_reason, finish)
             if delta.text:
                 text += delta.text
                 await out.put(t.AnswerChunk(delta.text))
-        return text, ttft, tokens
+        return text, ttft, tokens, finish
 
     async def _accept(self, text: str, likelihood: bool = True) -> tuple[bool, str, Parsed]:
         """Re-verify a refined answer as a draft: extraction + rules, then the verifier's threshold.
@@ -212,6 +243,34 @@ class Session:
             if not v.valid:
                 return False, v.error, parsed
         return True, "", parsed
+
+    def _agreement_key(self, text: str, parsed: Parsed | None) -> object:
+        """What two answers must share to agree: the extracted answer, else the text (whitespace aside)."""
+        key = self.task.answer_key(parsed) if parsed is not None and parsed.ok else None
+        return key if key is not None else " ".join(text.split())
+
+    def _consensus(self, ranked: list[tuple[_Judged, float, float]]) -> object | None:
+        """The answer every verified draft gives, when >= 2 drafts (duplicates count) give it; else None."""
+        keys = {self._agreement_key(j.draft.text, j.parsed) for j, _, _ in ranked}
+        return keys.pop() if len(keys) == 1 and sum(j.support for j, _, _ in ranked) >= 2 else None
+
+    async def _refinement_error(self, ranked: list[tuple[_Judged, float, float]], text: str, parsed: Parsed) -> str:
+        """Why a refinement that passed the rules must still not replace the drafts: it contradicts
+        what the drafts agree on and the target does not clearly prefer it
+        (``PolicyConfig.refine_override_nats``)."""
+        p = self.cfg.policy
+        agreed = self._consensus(ranked)
+        if agreed is None or self._agreement_key(text, parsed) == agreed:
+            return ""
+        best = ranked[0][0]
+        if p.verifier == "likelihood" and best.draft.index in self.mean_lp:
+            lps = await self.engine.continuation_logprobs(self.prompt_text, text, f"{self.key}-o{self.attempt}")
+            mean, floor = mean_logprob(lps), self.mean_lp[best.draft.index] + p.refine_override_nats
+            if lps and mean >= floor:
+                return ""
+            return (f"contradicts: the drafts agree and the target prefers them (refinement mean logprob "
+                    f"{mean:.2f} < {floor:.2f} per token)")
+        return "contradicts: the drafts agree on another answer"
 
     def _accept_as_is(self, ranked: list[tuple[_Judged, float, float]]) -> bool:
         """The best verified draft is the answer as it stands: the target finds it likely (mean and
@@ -251,6 +310,7 @@ class Session:
             best = ranked[0][0]
             mode, chosen, ttft, steps, generated = "accepted", [best], 0.0, 0, 0
             answer, source, valid, parsed = best.draft.text, t.AnswerSource.DRAFT, True, best.parsed
+            finish = "length" if best.draft.truncated else "stop"
             await out.put(t.AnswerChunk(answer))
             refine_note = f"best draft accepted as is (score {best.verdict.score:.2f}, agreement {ranked[0][2]:.2f})"
         elif ranked:
@@ -259,13 +319,21 @@ class Session:
             # latency-aware budget (seed 4.4), but never shorter than twice the longest draft used
             max_tokens = max(refine_max_tokens(best.verdict.score, p.refine_max_tokens),
                              min(p.refine_max_tokens, 2 * max(j.draft.num_tokens for j in chosen) + 16))
-            text, ttft, steps = await self._generate(prompt, prefix, max_tokens, f"r{self.attempt}", out)
+            text, ttft, steps, finish = await self._generate(prompt, prefix, max_tokens, f"r{self.attempt}", out)
             generated = steps
-            ok, why, parsed = await self._accept(text)
+            if mode == "candidates":
+                text = _strip_candidate_label(text, p.candidate_format, len(chosen))
+            if why := _scaffolding_error(text, p.refine_template):
+                ok, parsed = False, None
+            else:
+                ok, why, parsed = await self._accept(text)
+            if ok and (why := await self._refinement_error(ranked, text, parsed)):
+                ok = False
             if ok:
                 answer, source, valid = text, t.AnswerSource.REFINED, True
             else:  # never worse than the best valid draft
                 answer, source, valid, parsed = best.draft.text, t.AnswerSource.DRAFT, True, best.parsed
+                finish = "length" if best.draft.truncated else "stop"
             refine_note = f"refined from {len(chosen)} draft(s) as {mode}" + (
                 "" if ok else f"; refinement rejected ({why}), best draft returned")
         else:
@@ -275,7 +343,7 @@ class Session:
             verified = [self.task.verified_prefix(self.spec, j.draft.text) for j in self.judged.values()]
             prefix_steps = consensus_prefix([v for v in verified if v], 1)
             prefix = _join_steps(prefix_steps)
-            text, ttft, steps = await self._generate(self.prompt_text, prefix, p.refine_max_tokens, "cloud", out)
+            text, ttft, steps, finish = await self._generate(self.prompt_text, prefix, p.refine_max_tokens, "cloud", out)
             generated = steps
             valid, _, parsed = await self._accept(text, likelihood=False)
             if not valid and p.cloud_candidates > 0:
@@ -290,27 +358,48 @@ class Session:
                     cand_ok, _, cand_parsed = await self._accept(prefix + cand.text, likelihood=False)
                     if cand_ok:
                         text, valid, parsed = prefix + cand.text, True, cand_parsed
+                        finish = _finish_reason(cand.finish_reason)
                         break
             answer, source = text, t.AnswerSource.CLOUD
             refine_note = (f"no valid draft after retries: cloud answered alone from {len(prefix_steps)} verified steps"
                            + ("" if valid else " (its answer failed verification)"))
         if self.cfg.policy.learn_every:  # grading every draft only feeds the learner; parses client text: off the loop
             await asyncio.to_thread(self._outcome, ranked, answer)
+        await out.put(self._summary(
+            ranked, answer, source, valid, parsed, chosen, mode, finish, refine_note,
+            t.Timings(verify_ms, ttft, (time.perf_counter() - t_ref) * 1e3, self._ms(), steps, generated)))
+
+    def _summary(self, ranked: list[tuple[_Judged, float, float]], answer: str, source: t.AnswerSource, valid: bool,
+                 parsed: Parsed | None, chosen: list[_Judged], mode: str, finish: str, note: str,
+                 timings: t.Timings) -> t.Summary:
         rank_of = {j.draft.index: r for j, r, _ in ranked}
         scores = [t.DraftScore(i, j.verdict.valid, j.verdict.score, rank_of.get(i, 0.0))
                   for i, j in sorted(self.judged.items())]
         trace = "; ".join(
             f"Draft#{j.draft.index} " + (f"scored {j.verdict.score:.2f}, passed {','.join(j.verdict.rules_passed)}"
                                          if j.verdict.valid else f"failed {j.verdict.failed_rule}: {j.verdict.error}")
-            for j in self.judged.values()) + f" | {refine_note}"
-        await out.put(t.Summary(
+            for j in self.judged.values()) + f" | {note}"
+        return t.Summary(
             answer=answer, source=source, chosen_drafts=[j.draft.index for j in chosen], scores=scores,
-            timings=t.Timings(verify_ms, ttft, (time.perf_counter() - t_ref) * 1e3, self._ms(), steps, generated),
-            trace=f"[THINKING_TRACE: {trace}]", answer_valid=valid,
+            timings=timings, trace=f"[THINKING_TRACE: {trace}]", answer_valid=valid,
             recommended_drafts=self.recommended_drafts, request_id=self.req.request_id, refine_mode=mode,
-            fields=dict(parsed.fields) if parsed.ok else {},
+            fields=dict(parsed.fields) if parsed is not None and parsed.ok else {},
             prompt_tokens=self.engine.count_tokens(self.prompt_text), answer_tokens=self.engine.count_tokens(answer),
-        ))
+            finish_reason=finish,
+        )
+
+    def _at_deadline(self) -> t.Summary | None:
+        """The best answer the session has when its deadline expires mid-work (refinement, retries,
+        candidates): the best verified draft, as is; None when no draft was verified valid. The
+        deadline bounds the wait: an answer before it, never a better one after."""
+        ranked = self._ranked()
+        if not ranked:
+            return None
+        best = ranked[0][0]
+        return self._summary(ranked, best.draft.text, t.AnswerSource.DRAFT, True, best.parsed, [best], "deadline",
+                             "length" if best.draft.truncated else "stop",
+                             "deadline reached: the best verified draft returned as is",
+                             t.Timings(total_ms=self._ms()))
 
     def _advice(self) -> t.RetryAdvice:
         errors: dict[str, int] = {}
@@ -387,7 +476,11 @@ class Session:
                     await self._consume(inbox, out)
                 await out.put(_END)
             except TimeoutError:
-                await out.put(DeadlineExceeded(f"deadline_ms: session exceeded its {self.deadline_s * 1e3:.0f} ms deadline"))
+                best = self._at_deadline()
+                await out.put(best if best is not None else DeadlineExceeded(
+                    f"deadline_ms: session exceeded its {self.deadline_s * 1e3:.0f} ms deadline with no verified draft"))
+                if best is not None:
+                    await out.put(_END)
             except BaseException as exc:  # hand every failure to the reader below
                 await out.put(exc)
                 if isinstance(exc, asyncio.CancelledError):

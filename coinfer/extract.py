@@ -94,6 +94,23 @@ def number(text: str) -> int | float | None:
     return int(raw) if len(raw) - i <= MAX_DIGITS else None
 
 
+PLACEHOLDERS = frozenset({"n", "x", "?", "...", "\u2026", "answer", "your answer", "the answer", "number", "value"})
+"""Answers that are an instruction's placeholder (compared lower-case): "Answer: N" copied from a
+template is not the value N. A single letter other than N/X stays an answer (multiple choice)."""
+
+
+def is_placeholder(value: Any) -> bool:
+    """``value`` (an extracted answer) is a placeholder: one of ``PLACEHOLDERS``, or a word wrapped
+    in <...>, [...] or {...} ("<int>", "[answer]")."""
+    if not isinstance(value, str):
+        return False
+    v = value.strip()
+    if v.lower() in PLACEHOLDERS:
+        return True
+    return len(v) <= 40 and len(v) >= 3 and v[0] + v[-1] in ("<>", "[]", "{}") and \
+        v[1:-1].replace("_", " ").replace("-", " ").replace(" ", "").isalpha()
+
+
 def _answer(text: str) -> dict[str, Any]:
     text = text.strip()
     num = number(text)
@@ -199,7 +216,14 @@ class Extraction:
         return rx
 
     def __call__(self, text: str) -> Parsed:
-        """Text -> Parsed. Never raises: dirty text gives ``Parsed(error=...)``."""
+        """Text -> Parsed. Never raises: dirty text gives ``Parsed(error=...)``. An ``answer`` that is
+        a placeholder copied from an instruction ("Answer: N", "<answer>") is no answer."""
+        parsed = self._extract(text)
+        if parsed.ok and is_placeholder(parsed.fields.get("answer_text", parsed.fields.get("answer"))):
+            return Parsed({}, f"parse_error: the answer {parsed.fields['answer']!r} is a placeholder, not a value")
+        return parsed
+
+    def _extract(self, text: str) -> Parsed:
         clean = normalize(text)
         kind = self.kind or "none"
         if kind == "none":

@@ -48,6 +48,7 @@ from coinfer import userregex
 from coinfer.arithmetic import first_wrong_equation
 from coinfer.errors import InvalidArgument, require
 from coinfer.extract import MAX_DIGITS, Extraction, Parsed, json_shape, long_number
+from coinfer.repetition import repetition_error
 
 if TYPE_CHECKING:
     from coinfer.tasks.base import Task
@@ -337,8 +338,11 @@ class RuleSet:
         return [c.rule.label for c in self.rules]
 
     def check(self, text: str, parsed: Parsed | None = None) -> tuple[RuleResult, Parsed]:
-        """Parse (unless given) and run every rule in order; stop at the first failure."""
+        """Degenerate repetition first (``coinfer.repetition``: built in, every request), then parse
+        (unless given) and run every rule in order; stop at the first failure."""
         parsed = parsed if parsed is not None else self.parse(text)
+        if loop := repetition_error(text):
+            return RuleResult(False, loop, "repetition"), parsed
         if not parsed.ok:
             return RuleResult(False, parsed.error, "parse"), parsed
         passed = ["parse"]

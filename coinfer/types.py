@@ -80,6 +80,8 @@ class Draft:
     num_tokens: int = 0
     mean_logprob: float = 0.0
     edge_ms: float = 0.0
+    truncated: bool = False
+    """It hit its token budget before ending (an incomplete answer)."""
 
 
 @dataclass
@@ -154,6 +156,8 @@ class Summary:
     answer_tokens: int = 0
     replica: str = ""
     """Which cloud replica answered (host:port)."""
+    finish_reason: str = ""
+    """"stop" or "length" (the answer hit its token budget); "" = "stop"."""
 
 
 @dataclass

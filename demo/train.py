@@ -2,7 +2,8 @@
 
 Usage::
 
-    python -m demo.train                  # retrain both into demo/weights/ (the shipped pair), ~70 min on 2 cores
+    python -m demo.train                  # retrain both into demo/weights/ (the shipped pair), ~2 h on 2 cores
+    python -m demo.train --stage2         # only stage 2 (the target refining the draft's samples), ~30 min
     python -m demo.train --out DIR        # retrain into another directory
     python -m demo.train --check          # does the shipped pair match this recipe? (exit 1 if not)
     python -m demo.train --eval [--json]  # held-out accuracies of the shipped pair (demo.evaluate)
@@ -24,7 +25,10 @@ with the loss on the answer and its closing ``<|im_end|>`` only. Tasks: ``arith`
 ``words``). Some conversations carry a system message or an earlier exchange. The target
 also learns the refinement prompt (``coinfer.chat.refine_question``): the question plus
 1-2 candidate solutions, some with a small model's typical mistakes; it answers with the
-correct solution.
+correct solution. Stage 2 (``demo.refine_tune``, ~30 min) then fine-tunes the target on
+refinement prompts whose candidates are the trained draft's own samples; ``pair_key`` (the
+recorded key) extends stage 1's ``recipe_key`` by it, and ``--stage2`` reruns stage 2 alone on a
+pair whose stage 1 matches.
 
 Held-out problems: a problem whose prompt hashes to 0 mod 10 is never trained on;
 accuracies are measured on those.
@@ -323,6 +327,14 @@ def recipe_key(recipe: Recipe | None = None) -> str:
     return h.hexdigest()[:16]
 
 
+def pair_key(recipe: Recipe | None = None) -> str:
+    """The key the shipped pair records: stage 1 (``recipe_key``) extended by stage 2
+    (``demo.refine_tune``: the target refining the trained draft's own samples)."""
+    from demo.refine_tune import RefineTune, stage2_key
+
+    return stage2_key(recipe_key(recipe), RefineTune())
+
+
 # ---------------------------------------------------------------------------------- the pair
 
 DRAFT_TASKS = ["arith", "select"]
@@ -346,8 +358,8 @@ def train_pair(out: Path, recipe: Recipe | None = None) -> dict:
     try:
         t0 = time.perf_counter()
         torch.set_num_threads(os.cpu_count() or 1)
-        report: dict = {"key": recipe_key(recipe), "recipe": asdict(recipe), "bf16_autocast": BF16_FAST,
-                        "torch": torch.__version__}
+        report: dict = {"key": pair_key(recipe), "stage1_key": recipe_key(recipe), "recipe": asdict(recipe),
+                        "bf16_autocast": BF16_FAST, "torch": torch.__version__}
         report["tokenizer"] = {"bos": bpe.BOS_ID, "eos": bpe.EOS_ID, "im_start": bpe.IM_START_ID, "pad": bpe.PAD_ID}
         for name in ("draft", "target"):
             spec = getattr(recipe, name)
@@ -356,16 +368,56 @@ def train_pair(out: Path, recipe: Recipe | None = None) -> dict:
             report["tokenizer"][f"vocab_{name}"] = len(tok)
             report[name] = train_one(name, spec, recipe, tmp / name, tok_dir)
             shutil.rmtree(tok_dir, ignore_errors=True)
+        report["refine_tune"] = _stage2(tmp, recipe)
         cfg_path = tmp / "draft" / "config.json"
         cfg = json.loads(cfg_path.read_text())
         cfg["coinfer_tasks"] = DRAFT_TASKS
         cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
         report["train_total_s"] = round(time.perf_counter() - t0, 1)
-        report["files"] = file_digests(tmp)
-        (tmp / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+        _publish(tmp, out, report)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return report
+
+
+def _publish(tmp: Path, out: Path, report: dict) -> None:
+    """Record the files' digests in ``tmp/report.json`` and put ``tmp`` in ``out``'s place."""
+    report["files"] = file_digests(tmp)
+    (tmp / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+
+
+def _stage2(pair: Path, recipe: Recipe) -> dict:
+    from demo.refine_tune import RefineTune, tune_target
+
+    tune = RefineTune()
+    return {"config": asdict(tune), **tune_target(pair / "target", pair / "draft", recipe, tune)}
+
+
+def stage2_only(pair: Path, recipe: Recipe | None = None) -> dict:
+    """Run stage 2 alone on a pair whose stage 1 matches the current recipe (its report's
+    ``stage1_key``, or ``key`` for a pair from before stage 2): what a full ``train_pair`` would do
+    after its stage 1, without repeating the stage-1 hour. Rewritten in place via a temp copy."""
+    recipe = recipe or Recipe()
+    pair = pair.resolve()
+    report = json.loads((pair / "report.json").read_text())
+    recorded = report.get("stage1_key", report["key"])
+    if recorded != recipe_key(recipe):
+        raise SystemExit(f"{pair}: stage 1 was trained under {recorded}, the recipe's stage 1 is {recipe_key(recipe)}: "
+                         "retrain both stages (python -m demo.train)")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{pair.name}-", dir=pair.parent))
+    try:
+        shutil.copytree(pair, tmp, dirs_exist_ok=True)
+        torch.set_num_threads(os.cpu_count() or 1)
+        report.pop("eval", None)
+        report.update({"key": pair_key(recipe), "stage1_key": recipe_key(recipe)})
+        report["refine_tune"] = _stage2(tmp, recipe)
+        report["train_total_s"] = round(report["train_total_s"] + report["refine_tune"]["pool_s"]
+                                        + report["refine_tune"]["train_s"], 1)
+        _publish(tmp, pair, report)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -382,19 +434,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="only check that the pair at --out matches this recipe")
     ap.add_argument("--eval", action="store_true", help="only evaluate the pair at --out on held-out problems")
     ap.add_argument("--no-eval", action="store_true", help="train without evaluating afterwards")
+    ap.add_argument("--stage2", action="store_true",
+                    help="only run stage 2 (demo.refine_tune) on the pair at --out, whose stage 1 must match the recipe")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.check:
-        recorded = json.loads((args.out / "report.json").read_text())["key"]
-        ok = recorded == recipe_key()
-        print(f"{args.out}: recorded key {recorded}, recipe key {recipe_key()}: {'match' if ok else 'RETRAIN NEEDED'}")
+        recorded, key = json.loads((args.out / "report.json").read_text())["key"], pair_key()
+        ok = recorded == key
+        print(f"{args.out}: recorded key {recorded}, recipe key {key}: {'match' if ok else 'RETRAIN NEEDED'}")
         return 0 if ok else 1
     from demo import evaluate
 
     if args.eval:
         return evaluate.main(["--models", str(args.out)] + (["--json"] if args.json else []))
-    report = train_pair(args.out)
+    report = stage2_only(args.out) if args.stage2 else train_pair(args.out)
     if not args.no_eval:
         report["eval"] = evaluate.evaluate_pair(args.out / "draft", args.out / "target", Recipe())
         (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -153,7 +153,7 @@ def _request(body: _Base, prompt: str, messages: list[ChatMessage]) -> SolveRequ
 
 def _draft_info(d: t.Draft) -> dict:
     return {"index": d.index, "text": d.text, "num_tokens": d.num_tokens, "mean_logprob": round(d.mean_logprob, 4),
-            "edge_ms": round(d.edge_ms, 1)}
+            "edge_ms": round(d.edge_ms, 1), "truncated": d.truncated}
 
 
 def _verdict_info(v: t.Verdict) -> dict:
@@ -284,8 +284,9 @@ def create_app(core: EdgeCore) -> FastAPI:
                 status, message, param, kind = failure(exc)
                 return _error(status, message, param, kind)
             text = done.result.answer
-            choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
-                      if chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"})
+            finish = done.result.finish_reason  # "length": the answer hit its token budget (incomplete)
+            choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+                      if chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish})
             return JSONResponse({"id": rid, "object": obj, "created": created, "model": body.model,
                                  "choices": [choice], "usage": core.usage(req, done), "coinfer": _info(done)})
 
@@ -331,7 +332,7 @@ def create_app(core: EdgeCore) -> FastAPI:
                     for piece in (pieces if "".join(pieces) == answer else [answer]):
                         yield chunk(piece)
                     info = _info(ev) | {"usage": core.usage(req, ev), "answer": answer}
-                    yield chunk(None, "stop", info)
+                    yield chunk(None, ev.result.finish_reason, info)
 
         return StreamingResponse(sse(), media_type="text/event-stream")
 

@@ -53,6 +53,9 @@ def cloud_failed(reason: str) -> bool:
     return not reason.startswith(("RESOURCE_EXHAUSTED: sessions:", "DEADLINE_EXCEEDED"))
 
 
+CLOUD_MARGIN_S = 0.3
+"""The cloud's deadline is this much (at most a tenth of the request's) shorter than the edge's: the
+cloud's best answer at its deadline travels back before the edge stops waiting."""
 REPLAYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED,
               grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
 """Cloud failures a session survives by replaying on another replica: killed or draining (UNAVAILABLE),
@@ -124,12 +127,15 @@ class EdgeResult:
     """How the cloud's refinement used the drafts (candidates | prefix | alone); "" = none."""
     replays: list[str] = field(default_factory=list)
     """Why each replay on another replica happened (a session that failed before its summary)."""
+    finish_reason: str = "stop"
+    """"length" when the answer hit its token budget (incomplete), else "stop"."""
 
     def take(self, summary: t.Summary) -> None:
         """The cloud's answer: adopt its summary."""
         self.summary, self.answer, self.valid = summary, summary.answer, summary.answer_valid
         self.source = t.AnswerSource(summary.source).name.lower()
         self.fields, self.refine_mode = dict(summary.fields), summary.refine_mode
+        self.finish_reason = summary.finish_reason or "stop"
 
 
 Event = t.Draft | t.CloudEvent
@@ -175,7 +181,8 @@ class EdgePipeline:
         out: list[t.Draft] = []
         try:
             while (r := await q.get()) is not None:
-                d = t.Draft(start + r.index, r.text, r.num_tokens, r.mean_logprob, (time.perf_counter() - t0) * 1e3)
+                d = t.Draft(start + r.index, r.text, r.num_tokens, r.mean_logprob, (time.perf_counter() - t0) * 1e3,
+                            truncated=r.finish_reason == "length")
                 out.append(d)
                 res = emit(d)
                 if res is not None:
@@ -186,39 +193,47 @@ class EdgePipeline:
         return out
 
     @staticmethod
-    def local_answer(rules: RuleSet, drafts: list[t.Draft]) -> tuple[str, bool, dict]:
-        """Best draft by (passes the rules, agreement on the extracted answer, mean logprob):
-        (text, valid, extracted fields). The best invalid one if none is valid."""
+    def local_answer(rules: RuleSet, drafts: list[t.Draft]) -> tuple[t.Draft | None, bool, dict]:
+        """Best draft by (passes the rules -- degenerate repetition included --, agreement on the
+        extracted answer, finished before its token budget, mean logprob): (draft, valid, extracted
+        fields). The best invalid one if none is valid. A truncated draft loses to a finished one
+        of any score: its higher mean logprob is that of an answer that never reached its end."""
         if not drafts:
-            return "", False, {}
+            return None, False, {}
         checked = [rules.check(d.text) for d in drafts]
         keys = [rules.task.answer_key(parsed) if res.valid else None for res, parsed in checked]
         agree = {k: keys.count(k) for k in keys if k is not None}
         best = max(range(len(drafts)), key=lambda i: (checked[i][0].valid, agree.get(keys[i], 0),
-                                                      drafts[i].mean_logprob))
+                                                      not drafts[i].truncated, drafts[i].mean_logprob))
         res, parsed = checked[best]
-        return drafts[best].text, res.valid, dict(parsed.fields) if parsed.ok else {}
+        return drafts[best], res.valid, dict(parsed.fields) if parsed.ok else {}
 
     async def _finish_local(self, result: EdgeResult, ruleset: RuleSet) -> None:
         # the request's rules over every draft: off the loop
-        result.answer, result.valid, result.fields = await asyncio.to_thread(self.local_answer, ruleset,
-                                                                             result.drafts)
+        best, result.valid, result.fields = await asyncio.to_thread(self.local_answer, ruleset, result.drafts)
+        result.answer = best.text if best is not None else ""
+        result.finish_reason = "length" if best is not None and best.truncated else "stop"
 
     async def solve(self, task_name: str, prompt: str, rules: list[Rule] | None = None, sampling: Sampling | None = None,
                     plan: Plan = Plan.SPLIT, deadline_s: float = 60.0, request_id: str = "",
                     on_event: OnEvent | None = None, *, messages: list[ChatMessage] | None = None,
                     extraction: Extraction | None = None, refine: t.SamplingParams | None = None,
-                    drafts: list[t.Draft] | None = None) -> EdgeResult:
+                    drafts: list[t.Draft] | None = None, local_reserve_s: float = 0.0) -> EdgeResult:
         """Answer ``prompt`` (one user turn) or ``messages`` (a conversation) under ``plan``.
 
         ``task_name`` "" is an open request; ``extraction`` and ``rules`` say how answers are
         checked; ``refine`` is the cloud refinement's sampling (None: the cloud's defaults);
         ``drafts``: drafts already written for this request (an edge answer escalated to the
-        cloud sends them as its first round instead of drafting again)."""
+        cloud sends them as its first round instead of drafting again). ``local_reserve_s``: under
+        the cloud plan, local drafts start this long before the deadline (a hedge, cancelled when
+        the cloud answers), so that a cloud that misses it leaves an answer ready at the deadline
+        rather than one drafted after it. The cloud is given a deadline ``CLOUD_MARGIN_S`` shorter
+        than the edge's, so that its best answer by then arrives before the edge stops waiting."""
         t0 = time.perf_counter()
         task = get_task(task_name)
+        cloud_deadline_ms = int(max(0.05, deadline_s - min(CLOUD_MARGIN_S, 0.1 * deadline_s)) * 1e3)
         req = t.OpenRequest(request_id=request_id, task=task_name, prompt="" if messages else prompt,
-                            rules=list(rules or []), refine=refine, deadline_ms=int(deadline_s * 1e3),
+                            rules=list(rules or []), refine=refine, deadline_ms=cloud_deadline_ms,
                             messages=list(messages or []), extraction=extraction or Extraction())
         ruleset = await asyncio.to_thread(
             lambda: RuleSet(rules or [], task, task.parse_problem(req.question), extraction=req.extraction))
@@ -234,6 +249,28 @@ class EdgePipeline:
             result.rounds = 1
             result.timings = {"drafting": (time.perf_counter() - t0) * 1e3, "total": (time.perf_counter() - t0) * 1e3}
             return result
+        hedge: asyncio.Task | None = None  # the cloud plan's local answer, started before the deadline
+        hedging: list[bool] = []
+        if plan is Plan.CLOUD and self.engine is not None and not drafts and local_reserve_s > 0:
+            async def draft_early() -> list[t.Draft]:
+                await asyncio.sleep(max(0.0, deadline_s - local_reserve_s))
+                hedging.append(True)
+                return await self._draft_round(model_prompt, s, 0, t0, lambda d: None)
+
+            hedge = asyncio.create_task(draft_early())
+        try:
+            return await self._solve_remote(req, ruleset, model_prompt, s, plan, deadline_s, t0, emit, result,
+                                            drafts, lambda: hedge if hedging else None)
+        finally:
+            if hedge is not None and not hedge.done():
+                hedge.cancel()  # the cloud answered (or failed early): no local drafts from it
+                await asyncio.gather(hedge, return_exceptions=True)
+
+    async def _solve_remote(self, req: t.OpenRequest, ruleset: RuleSet, model_prompt: str, s: Sampling, plan: Plan,
+                            deadline_s: float, t0: float, emit: OnEvent, result: EdgeResult,
+                            drafts: list[t.Draft] | None, hedge: Callable[[], asyncio.Task | None]) -> EdgeResult:
+        """The split or cloud plan, with replays on other replicas and the local fallback (``hedge()``:
+        the local drafts already under way, if any)."""
         answered: list[bool] = []
 
         def emit_cloud(ev: Event) -> None:
@@ -275,8 +312,9 @@ class EdgePipeline:
             if answered:
                 emit(t.AnswerReset(reason))
             if not result.drafts:  # drafts already written (escalated, or before a replay) are not written again
-                result.drafts = list(drafts) if drafts else await self._draft_round(model_prompt, s, 0, t0,
-                                                                                     lambda d: None)
+                early = hedge()
+                result.drafts = (list(drafts) if drafts else await early if early is not None
+                                 else await self._draft_round(model_prompt, s, 0, t0, lambda d: None))
             await self._finish_local(result, ruleset)
             result.source, result.fallback_reason, result.summary = "edge_only", reason, None
             result.refine_mode = ""

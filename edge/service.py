@@ -113,7 +113,13 @@ class Done:
                 "predicted_ms": r.predicted, "plan_reason": r.plan_reason, "fields": r.fields,
                 "refine_mode": r.refine_mode, "task": r.task, "replays": list(r.replays),
                 "replica": r.summary.replica if r.summary is not None else "",
-                "cloud_tokens": dataclasses.asdict(self.cloud_tokens)}
+                "cloud_tokens": dataclasses.asdict(self.cloud_tokens), "finish_reason": r.finish_reason}
+
+
+LOCAL_RESERVE_FACTOR = 1.5
+LOCAL_RESERVE_MIN_S = 0.25
+"""A cloud plan's local fallback starts 1.5x its predicted drafting time + 0.25 s before the deadline
+(the prediction is a mean; the margin covers the rules and the answer's trip to the client)."""
 
 
 def infer_task(prompt: str) -> str:
@@ -325,6 +331,11 @@ class EdgeCore:
         Each plan that ran comes back with its own result."""
         # the user's sampling reaches the refinement too (OpenAI fidelity); unset: the cloud's defaults
         kw = {"messages": req.messages, "extraction": req.extraction, "refine": req.refine or req.sampling}
+        if plan is Plan.CLOUD:
+            # the local answer a cloud plan falls back to is started this long before the deadline
+            size = self.planner.prompt_size("\n".join(m.content for m in conversation(req.prompt, req.messages)))
+            predicted = self.planner.local_ms(req.task or "open", *size, s.n, self._edge_state())
+            kw["local_reserve_s"] = LOCAL_RESERVE_FACTOR * predicted / 1e3 + LOCAL_RESERVE_MIN_S
 
         def left() -> float:
             return max(0.1, deadline_s - (time.perf_counter() - t0))

@@ -89,7 +89,7 @@ def int8_dir(src_dir: Path, out_dir: Path, cfg: QuantConfig = QuantConfig(), opt
                                        cfg.calib_decode_steps, on_prompt=bar.update)
 
         info = quantize_model(src, tmp / MODEL_FILE, cfg, calibration=reader)
-        checked, problems = check_structure(tmp / MODEL_FILE)
+        checked, problems = check_structure(tmp / MODEL_FILE, cfg.keep_float)
         report: dict = {"scheme": cfg.scheme, "params": cfg.params() | info,
                         "bytes": model_bytes(tmp / MODEL_FILE), "source_bytes": model_bytes(src),
                         "structure": {"weights_checked": checked, "problems": problems,

@@ -39,6 +39,16 @@ def float_weight_matmuls(model: onnx.ModelProto) -> list[str]:
     return out
 
 
+def _manifest_keep_float(model_path: Path) -> tuple[str, ...]:
+    import json
+
+    try:
+        manifest = json.loads((model_path.parent / "manifest.json").read_text())
+        return tuple(manifest.get("params", {}).get("keep_float", ()))
+    except (OSError, ValueError, AttributeError):
+        return ()
+
+
 def quantized_weights(model_path: Path) -> list[str]:
     """Names of the quantized weight tensors (the manifest lists them)."""
     model = onnx.load(str(model_path), load_external_data=False)
@@ -53,11 +63,16 @@ def quantized_weights(model_path: Path) -> list[str]:
     return out
 
 
-def check_structure(model_path: Path) -> tuple[int, list[str]]:
-    """(quantized weights checked, problems). No problems = the structure is right."""
+def check_structure(model_path: Path, keep_float: tuple[str, ...] | None = None) -> tuple[int, list[str]]:
+    """(quantized weights checked, problems). No problems = the structure is right. ``keep_float``:
+    weight names (substrings) meant to stay float (``QuantConfig.keep_float``); None = what the
+    model's manifest records."""
     model = onnx.load(str(model_path), load_external_data=False)
     inits = {i.name: i for i in model.graph.initializer}
-    problems: list[str] = [f"MatMul {m}: weight stayed float (not quantized)" for m in float_weight_matmuls(model)]
+    if keep_float is None:
+        keep_float = _manifest_keep_float(model_path)
+    problems: list[str] = [f"MatMul {m}: weight stayed float (not quantized)" for m in float_weight_matmuls(model)
+                           if not any(k in m.split("(weight ", 1)[-1] for k in keep_float)]
     checked = 0
     for node in model.graph.node:
         if node.op_type == "MatMulNBits":

@@ -88,7 +88,8 @@ def cmd_int8(args: argparse.Namespace) -> int:
     from quantize.build import BuildOptions, CheckFailed, int8_dir
 
     cfg = QuantConfig(scheme=args.scheme, calib_prompts=args.calib_prompts, calib_decode_steps=args.calib_decode_steps,
-                      block_size=args.block_size, reduce_range=args.reduce_range)
+                      block_size=args.block_size, reduce_range=args.reduce_range, accuracy_level=args.accuracy_level,
+                      keep_float=tuple(args.keep_float))
     opts = BuildOptions(gates=None if args.no_gates else _gate_config(args), calibration_file=args.calibration,
                         gate_prompts=args.prompts_file,
                         keep_failed=args.keep_failed, progress=not (args.quiet or args.json))
@@ -218,6 +219,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="static: decode steps recorded per calibration prompt")
     p.add_argument("--block-size", type=int, default=q.block_size,
                    help="weight-only: K-block (power of 2 >= 16; 0 = one block over K)")
+    p.add_argument("--accuracy-level", type=int, choices=(0, 1, 2, 3, 4), default=q.accuracy_level,
+                   help="weight-only: MatMulNBits compute type on CPU (4 = int8 activations per block, fast; "
+                        "0/1 = float, exact but slow)")
+    p.add_argument("--keep-float", nargs="+", default=list(q.keep_float), metavar="NAME",
+                   help="leave MatMuls whose weight name contains NAME in float (e.g. down_proj)")
     p.add_argument("--reduce-range", choices=("auto", "on", "off"), default=q.reduce_range,
                    help="dynamic/static: 7-bit weights (auto: on where the CPU lacks VNNI, whose u8s8 kernels saturate)")
     p.add_argument("--no-gates", action="store_true", help="skip the accuracy gates (structure is always checked)")

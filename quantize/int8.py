@@ -54,6 +54,9 @@ class QuantConfig:
     embeddings: str = "fp16"
     """Embedding tables stay float (never int8: per-tensor int8 embeddings broke a test model); "fp16"
     halves their bytes at no speed cost (a Gather reads one row per token) and casts the row to fp32."""
+    keep_float: tuple[str, ...] = ()
+    """MatMuls left in float: those whose weight's name contains one of these (e.g. "down_proj", whose
+    inputs carry a real model's activation outliers; "lm_head"). Recorded in the manifest."""
     reduce_range: str = "auto"
     """dynamic / static: "on" = 7-bit weights, "off" = 8-bit, "auto" = on unless this CPU has VNNI.
     Without VNNI, x86 u8s8 kernels (vpmaddubsw) saturate int16 sums of 8-bit products; measured on
@@ -88,12 +91,17 @@ class QuantConfig:
                 "weight-only": ("block_size", "accuracy_level")}
         out = {"per_channel": self.per_channel, "ops": ["MatMul"], "embeddings": self.embeddings,
                **{k: d[k] for k in keep[self.scheme]}}
+        if self.keep_float:
+            out["keep_float"] = list(self.keep_float)
         if self.scheme != "weight-only":
             out["reduce_range"] = self.reduced()
         out.update({"dynamic": {"weight_type": "int8", "activations": "dynamic uint8"},
                     "static": {"weight_type": "int8", "activation_type": "uint8", "format": "QDQ",
                                "calibration": "minmax"},
-                    "weight-only": {"weight_type": "uint8 (8-bit MatMulNBits)", "activations": "float"}}[self.scheme])
+                    "weight-only": {"weight_type": "uint8 (8-bit MatMulNBits)",
+                                    # accuracy level 4: the CPU kernel quantizes activations to int8 per K-block
+                                    "activations": "int8 per block (CPU)" if self.accuracy_level == 4 else "float"},
+                    }[self.scheme])
         return out
 
 
@@ -106,10 +114,12 @@ def cpu_has_vnni() -> bool:
     return "avx512_vnni" in flags or "avx_vnni" in flags
 
 
-def weight_matmuls(model: onnx.ModelProto) -> list[str]:
-    """Names of the MatMul nodes whose B input is a constant initializer (the weights)."""
+def weight_matmuls(model: onnx.ModelProto, keep_float: tuple[str, ...] = ()) -> list[str]:
+    """Names of the MatMul nodes whose B input is a constant initializer (the weights), except those
+    whose weight's name contains one of ``keep_float``."""
     inits = {i.name for i in model.graph.initializer}
-    return [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits]
+    return [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits
+            and not any(k in n.input[1] for k in keep_float)]
 
 
 def _named(src: Path, dst: Path) -> onnx.ModelProto:
@@ -139,12 +149,15 @@ def quantize_model(src: Path, dst: Path, cfg: QuantConfig, calibration: Callable
     scratch.mkdir(exist_ok=True)
     named = scratch / dst.name
     model = _named(src, named)
+    info: dict = {}
     external = has_external_data(src)
-    nodes = weight_matmuls(model)
+    nodes = weight_matmuls(model, cfg.keep_float)
+    if cfg.keep_float:
+        info["kept_float"] = len(weight_matmuls(model)) - len(nodes)
     if not nodes:
         shutil.rmtree(scratch)
         raise ValueError(f"{src}: no MatMul with a constant weight: nothing to quantize")
-    info: dict = {"weights": len(nodes), "external_data": external}
+    info.update({"weights": len(nodes), "external_data": external})
     try:
         if cfg.scheme == "dynamic":
             quantize_dynamic(str(named), str(dst), per_channel=cfg.per_channel, weight_type=QuantType.QInt8,

@@ -106,6 +106,15 @@ class Planner:
                                 split_steps=e.get(f"decode_steps.escalated.{task}"))
         return Escalation(shape=x, quality=e.get(f"quality.escalated.{task}"))
 
+    def local_ms(self, task: str, prompt_tokens: int, prompt_bytes: int, n: int, edge: EdgeState) -> float:
+        """Predicted time to draft this request locally on a warm edge model: how long before a
+        cloud plan's deadline the edge starts its local answer (``EdgePipeline``'s hedge)."""
+        try:
+            warm = self.edge_profile(dataclasses.replace(edge, state="warm"))
+            return drafting_ms(warm, self.shape(task, prompt_tokens, prompt_bytes, n))
+        except (ValueError, ZeroDivisionError):
+            return 0.0
+
     def quality(self, task: str) -> dict[str, float]:
         return {p: self.est.get(f"quality.{p}.{task}") for p in PLANS}
 

@@ -1,6 +1,7 @@
 """The session's answer policy around a scripted engine (logic only; the real vLLM path is tested in
-test_service.py): a verified draft accepted as is, refinement when the target doubts a token, and
-the cloud's own answer never refused by the likelihood threshold."""
+test_service.py): a verified draft accepted as is, refinement when the target doubts a token, the
+cloud's own answer never refused by the likelihood threshold, a refinement that never makes an
+agreed answer worse, and the finish reason of whichever text is the answer."""
 
 from __future__ import annotations
 
@@ -21,16 +22,19 @@ WRONG = "Tom buys 3 * 4 = 12 apples.\nNow he has 4 + 12 = 16 apples.\nAnswer: 16
 class ScriptedEngine(TargetEngine):
     """Logprobs per continuation from a table; every generation answers ``reply``."""
 
-    def __init__(self, logprobs: dict[str, list[float]], reply: str) -> None:
-        self.logprobs, self.reply, self.generated = logprobs, reply, 0
+    def __init__(self, logprobs: dict[str, list[float]], reply: str, finish: str = "stop", delay_s: float = 0.0) -> None:
+        self.logprobs, self.reply, self.generated, self.finish = logprobs, reply, 0, finish
+        self.delay_s = delay_s  # per generated word: a slow refinement
 
     def count_tokens(self, text: str) -> int:
         return len(text.split())
 
     async def generate(self, prompt: str, params: GenParams, request_id: str):
-        for word in self.reply.split(" "):
+        words = self.reply.split(" ")
+        for i, word in enumerate(words):
+            await asyncio.sleep(self.delay_s)
             self.generated += 1
-            yield Chunk(word + " ", 1)
+            yield Chunk(word + (" " if i + 1 < len(words) else ""), 1, self.finish if i + 1 == len(words) else None)
 
     async def sample(self, prompt: str, params: GenParams, n: int, request_id: str) -> list[Chunk]:
         self.generated += n
@@ -63,10 +67,10 @@ def _session(engine: TargetEngine) -> Session:
     return Session(CloudConfig(), engine, req, OPEN, {}, rules, recommended_drafts=5, deadline_s=10.0)
 
 
-async def _run(session: Session, drafts: list[str]) -> list:
+async def _run(session: Session, drafts: list[str], truncated: bool = False) -> list:
     async def inbox():
         for i, text in enumerate(drafts):
-            yield t.Draft(i, text, 12, -0.1, 1.0)
+            yield t.Draft(i, text, 12, -0.1, 1.0, truncated=truncated)
         yield DraftsDone(len(drafts))
 
     return [ev async for ev in session.run(inbox())]
@@ -97,3 +101,66 @@ def test_the_clouds_own_answer_is_not_refused_by_the_likelihood_threshold():
     summary = asyncio.run(_run(session, ["Tom buys 3 * 4 = 13 apples.\nAnswer: 13"]))[-1]
     assert summary.refine_mode == "alone" and summary.answer_valid
     assert engine.generated == len(RIGHT.split(" "))  # greedy only: no candidates were sampled
+
+
+def _refining(engine: ScriptedEngine) -> Session:
+    session = _session(engine)
+    session.cfg.policy.accept_min_score = 2.0  # never accept as is: always refine
+    return session
+
+
+def test_a_refinement_that_contradicts_agreeing_drafts_is_refused():
+    # two drafts agree on 17; the refinement says 16 and the target finds it less likely than them
+    right2 = RIGHT.replace("Tom", "Tom then")
+    engine = ScriptedEngine({RIGHT: [-0.1] * 12, right2: [-0.1] * 12, WRONG: [-0.3] * 12}, reply=WRONG)
+    summary = asyncio.run(_run(_refining(engine), [RIGHT, right2]))[-1]
+    assert summary.answer in (RIGHT, right2)
+    assert summary.source == t.AnswerSource.DRAFT and summary.fields["answer"] == 17
+    assert "contradicts" in summary.trace
+
+
+def test_a_refinement_the_target_clearly_prefers_overrides_agreeing_drafts():
+    wrong2 = WRONG.replace("Tom", "Tom then")
+    engine = ScriptedEngine({WRONG: [-0.45] * 12, wrong2: [-0.45] * 12, RIGHT: [-0.05] * 12}, reply=RIGHT)
+    summary = asyncio.run(_run(_refining(engine), [WRONG, wrong2]))[-1]
+    assert summary.source == t.AnswerSource.REFINED and summary.fields["answer"] == 17
+
+
+def test_a_refinement_agreeing_with_the_drafts_needs_no_override():
+    right2, refined = RIGHT.replace("Tom", "Tom then"), RIGHT.replace("Tom", "So Tom")
+    engine = ScriptedEngine({RIGHT: [-0.1] * 12, right2: [-0.1] * 12, refined: [-0.2] * 12}, reply=refined)
+    summary = asyncio.run(_run(_refining(engine), [RIGHT, right2]))[-1]
+    assert summary.source == t.AnswerSource.REFINED
+
+
+def test_the_refinement_drops_a_copied_candidate_label_and_refuses_copied_scaffolding():
+    engine = ScriptedEngine({RIGHT: [-0.1] * 12}, reply="(1) " + RIGHT)
+    summary = asyncio.run(_run(_refining(engine), [RIGHT]))[-1]
+    assert summary.source == t.AnswerSource.REFINED and summary.answer == RIGHT
+
+    leak = "Candidate solutions (they may contain mistakes):\n" + RIGHT
+    engine = ScriptedEngine({RIGHT: [-0.1] * 12}, reply=leak)
+    summary = asyncio.run(_run(_refining(engine), [RIGHT]))[-1]
+    assert summary.source == t.AnswerSource.DRAFT and "scaffolding" in summary.trace
+
+
+def test_finish_reason_is_that_of_the_text_returned():
+    # a refinement cut at its budget: "length"
+    engine = ScriptedEngine({RIGHT: [-0.1] * 12}, reply=RIGHT, finish="length")
+    assert asyncio.run(_run(_refining(engine), [RIGHT]))[-1].finish_reason == "length"
+    # a truncated draft accepted as is: "length"; a finished one: "stop"
+    engine = ScriptedEngine({RIGHT: [-0.05] * 12}, reply="unused")
+    assert asyncio.run(_run(_session(engine), [RIGHT, RIGHT + " "], truncated=True))[-1].finish_reason == "length"
+    assert asyncio.run(_run(_session(engine), [RIGHT, RIGHT + " "]))[-1].finish_reason == "stop"
+
+
+def test_the_deadline_returns_the_best_verified_draft_instead_of_an_error():
+    import time
+
+    engine = ScriptedEngine({RIGHT: [-0.1] * 12}, reply=RIGHT, delay_s=1.0)  # a refinement of ~12 s
+    session = _refining(engine)
+    session.deadline_s = 0.8
+    t0 = time.perf_counter()
+    summary = asyncio.run(_run(session, [RIGHT]))[-1]
+    assert time.perf_counter() - t0 < 3.0  # bounded by the deadline, not by the refinement
+    assert summary.refine_mode == "deadline" and summary.answer == RIGHT and summary.source == t.AnswerSource.DRAFT

@@ -95,3 +95,15 @@ def test_presets_use_the_same_mechanism_and_extraction_overrides_their_parser():
     assert res.valid and parsed.fields["answer"] == 8
     with pytest.raises(InvalidArgument, match=r"problem.rules\[0\].params.check"):
         RuleSet([Rule("task_check", {"check": "arith_steps"})], OPEN, {})  # an open request has no checkers
+
+
+@pytest.mark.parametrize("text", ["Tom has 3 + 12 = 15 apples | Answer: N", "Answer: <int>", "Answer: [answer]",
+                                  "Answer: ...", "Answer: your answer"])
+def test_a_placeholder_copied_from_an_instruction_is_no_answer(text):
+    parsed = Extraction("marker")(text)
+    assert not parsed.ok and "placeholder" in parsed.error
+
+
+@pytest.mark.parametrize("text,answer", [("Answer: 15", 15), ("Answer: B", "B"), ("Answer: Paris", "Paris")])
+def test_real_answers_are_not_placeholders(text, answer):
+    assert Extraction("marker")(text).fields["answer"] == answer

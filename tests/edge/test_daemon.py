@@ -111,6 +111,27 @@ async def test_openai_sdk_streams_a_completion_and_a_chat(daemon):
     assert plain.choices[0].text and plain.model_extra["coinfer"]["source"] == "edge_only"
 
 
+@pytest.mark.parametrize("plan", ["edge", "split", "cloud"])
+async def test_finish_reason_is_length_exactly_when_the_answer_hit_its_budget(daemon, plan):
+    """OpenAI clients read "length" as "this answer is incomplete": a 3-token budget cuts every
+    draft and the cloud's own answer; a budget the answer fits in ends with "stop"."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": ARITH}]
+    cut = await client.chat.completions.create(model="coinfer-edge", messages=messages, max_tokens=3,
+                                               extra_body={"coinfer": {"plan": plan}})
+    assert cut.choices[0].finish_reason == "length", cut.model_extra["coinfer"]
+    stream = await client.chat.completions.create(model="coinfer-edge", messages=messages, max_tokens=3, stream=True,
+                                                  extra_body={"coinfer": {"plan": plan}})
+    assert [c.choices[0].finish_reason async for c in stream if c.choices[0].finish_reason] == ["length"]
+    whole = await client.chat.completions.create(model="coinfer-edge", messages=messages, max_tokens=256,
+                                                 extra_body={"coinfer": {"plan": plan}})
+    assert whole.choices[0].finish_reason == "stop" and whole.model_extra["coinfer"]["finish_reason"] == "stop"
+    res = (await solve(daemon.grpc_port, plan=plan, sampling=pb.SamplingParams(max_new_tokens=3)))[-1].result
+    assert res.finish_reason == "length"
+
+
 @pytest.mark.parametrize("path,body,status,param", [
     ("/v1/completions", b"{not json", 400, "body"),
     ("/v1/completions", {"model": "coinfer-edge", "prompt": ARITH, "temperature": 7}, 400, "temperature"),

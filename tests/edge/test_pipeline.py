@@ -23,3 +23,18 @@ def test_capacity_and_deadlines_do_not_count_against_the_cloud():
     assert not cloud_failed("DEADLINE_EXCEEDED: the cloud did not answer within the request's deadline")
     assert cloud_failed("UNAVAILABLE: engine: stopped")
     assert request_fault(grpc.StatusCode.INVALID_ARGUMENT, "request_id: at most 128 chars")
+
+
+def test_a_finished_draft_beats_a_truncated_one_with_a_better_score():
+    from coinfer import types as t
+    from coinfer.rules import RuleSet
+    from coinfer.tasks import OPEN
+    from edge.pipeline import EdgePipeline
+
+    cut = t.Draft(0, "Autumn wind, the leaves", 256, -0.649, truncated=True)
+    done = t.Draft(1, "Autumn wind carries\nleaves across the quiet road\nthe year lets them go", 192, -0.668)
+    best, valid, _ = EdgePipeline.local_answer(RuleSet([], OPEN, {}), [cut, done])
+    assert best is done and valid
+    loop = t.Draft(2, "a leaf's fate is determined " * 60, 512, -0.147)
+    best, _, _ = EdgePipeline.local_answer(RuleSet([], OPEN, {}), [loop, cut])
+    assert best is cut  # the loop fails the built-in repetition check
