@@ -338,13 +338,13 @@ class RuleSet:
         return [c.rule.label for c in self.rules]
 
     def check(self, text: str, parsed: Parsed | None = None) -> tuple[RuleResult, Parsed]:
-        """Degenerate repetition first (``coinfer.repetition``: built in, every request), then parse
-        (unless given) and run every rule in order; stop at the first failure."""
+        """Parse (unless given), reject degenerate repetition (``coinfer.repetition``: built in, every
+        request), then run every rule in order; stop at the first failure."""
         parsed = parsed if parsed is not None else self.parse(text)
-        if loop := repetition_error(text):
-            return RuleResult(False, loop, "repetition"), parsed
         if not parsed.ok:
             return RuleResult(False, parsed.error, "parse"), parsed
+        if loop := repetition_error(text):
+            return RuleResult(False, loop, "repetition", ["parse"]), parsed
         passed = ["parse"]
         for c in self.rules:
             err = c(text, parsed)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -25,6 +25,8 @@ from quantize.int8 import PROVIDERS, QuantConfig, quantize_model
 from quantize.prompts import TaskPrompt, default_prompts, halves, read_prompt_file
 
 log = logging.getLogger(__name__)
+OUTLIER_PROMPTS = 16
+"""Prompts the ``keep_float=("auto",)`` outlier pass runs (prefill + 2 decode steps each)."""
 
 
 @dataclass
@@ -88,7 +90,16 @@ def int8_dir(src_dir: Path, out_dir: Path, cfg: QuantConfig = QuantConfig(), opt
             return KvCalibrationReader(src, Tokenizer.from_file(str(src_dir / "tokenizer.json")), prompts,
                                        cfg.calib_decode_steps, on_prompt=bar.update)
 
+        outliers = None
+        if "auto" in cfg.keep_float:  # measured on train-side prompts: the gates' stay held out
+            from quantize.outliers import activation_outliers, outlier_modules
+
+            outliers = activation_outliers(src, default_prompts(src_dir, OUTLIER_PROMPTS, held_out=False, seed=2))
+            cfg = replace(cfg, keep_float=tuple(k for k in cfg.keep_float if k != "auto")
+                          + tuple(outlier_modules(outliers)))
         info = quantize_model(src, tmp / MODEL_FILE, cfg, calibration=reader)
+        if outliers is not None:  # the reason each kept MatMul stayed float, and the next ones
+            info["outliers"] = dict(sorted(outliers.items(), key=lambda kv: -kv[1]["ratio"])[:6])
         checked, problems = check_structure(tmp / MODEL_FILE, cfg.keep_float)
         report: dict = {"scheme": cfg.scheme, "params": cfg.params() | info,
                         "bytes": model_bytes(tmp / MODEL_FILE), "source_bytes": model_bytes(src),

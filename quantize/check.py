@@ -22,16 +22,18 @@ from onnx import TensorProto
 _INT8 = (TensorProto.INT8, TensorProto.UINT8)
 
 
-def float_weight_matmuls(model: onnx.ModelProto) -> list[str]:
+def float_weight_matmuls(model: onnx.ModelProto, keep_float: tuple[str, ...] = ()) -> list[str]:
     """MatMuls that still multiply by a float constant: a weight initializer, or a Transpose of
     one (how a head tied to the embedding table is exported). In an INT8 model each is a weight
-    the quantizer missed."""
+    the quantizer missed, unless ``keep_float`` names it (``quantize.int8.kept_float``)."""
+    from quantize.int8 import kept_float
+
     inits = {i.name: i for i in model.graph.initializer}
     transposed = {n.output[0]: n.input[0] for n in model.graph.node
                   if n.op_type == "Transpose" and n.input[0] in inits}
     out = []
     for n in model.graph.node:
-        if n.op_type != "MatMul" or len(n.input) < 2:
+        if n.op_type != "MatMul" or len(n.input) < 2 or kept_float(n, keep_float):
             continue
         w = inits.get(n.input[1]) or inits.get(transposed.get(n.input[1], ""))
         if w is not None and w.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16):
@@ -71,8 +73,8 @@ def check_structure(model_path: Path, keep_float: tuple[str, ...] | None = None)
     inits = {i.name: i for i in model.graph.initializer}
     if keep_float is None:
         keep_float = _manifest_keep_float(model_path)
-    problems: list[str] = [f"MatMul {m}: weight stayed float (not quantized)" for m in float_weight_matmuls(model)
-                           if not any(k in m.split("(weight ", 1)[-1] for k in keep_float)]
+    problems: list[str] = [f"MatMul {m}: weight stayed float (not quantized)"
+                           for m in float_weight_matmuls(model, keep_float)]
     checked = 0
     for node in model.graph.node:
         if node.op_type == "MatMulNBits":

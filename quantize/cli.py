@@ -4,7 +4,7 @@ Usage::
 
     python -m quantize import FILE.gguf OUT_DIR                    # GGUF -> Hugging Face directory (float32)
     python -m quantize export MODEL_DIR OUT_DIR [--dtype fp16]     # ONNX with KV cache + parity vs torch
-    python -m quantize int8 ONNX_DIR OUT_DIR --scheme dynamic|static|weight-only
+    python -m quantize int8 ONNX_DIR OUT_DIR [--scheme weight-only|dynamic|static] [--keep-float auto]
     python -m quantize check DIR [--providers CUDAExecutionProvider] [--reference FP32_DIR]
     python -m quantize bench FP32_DIR INT8_DIR... [--batch 5]
     (every command takes --json for machine output and --quiet to hide progress bars)
@@ -209,9 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("int8", help="exported ONNX dir -> checked INT8 per-channel artefact")
     p.add_argument("onnx_dir", type=Path, help="directory with model.onnx (from `export`)")
     p.add_argument("out", type=Path, help="output directory (must not exist)")
-    p.add_argument("--scheme", choices=SCHEMES, default="dynamic",
-                   help="dynamic: int8 weights, dynamic activations (CPU); static: QDQ calibrated on task prompts "
-                        "(TensorRT / CPU); weight-only: 8-bit MatMulNBits (CUDA)")
+    p.add_argument("--scheme", choices=SCHEMES, default=q.scheme,
+                   help="weight-only (default): 8-bit MatMulNBits, int8 activations per token and K-block on CPU "
+                        "(keeps a real model's answers); dynamic: int8 weights, per-tensor dynamic activations (CPU); "
+                        "static: QDQ calibrated on task prompts (TensorRT / CPU)")
     p.add_argument("--calibration", type=Path, help='static: JSONL file of {"prompt": ..., "task": optional} lines (default: the shipped generic '
                         "prompts, or the tasks the model declares in config.json coinfer_tasks)")
     p.add_argument("--calib-prompts", type=int, default=q.calib_prompts, help="static: most calibration prompts")

@@ -238,3 +238,39 @@ def test_gates_on_the_users_own_prompts(artifacts, int8_draft, tmp_path, capsys)
     assert "3 prompts" in gates["top1_agreement"]["detail"]
     assert gates["accuracy_drop"]["value"] is None and "not applicable" in gates["accuracy_drop"]["message"]
     assert rc == (0 if report["gates"]["passed"] else 1)
+
+
+def test_keep_float_leaves_the_named_matmuls_float_and_auto_keeps_none_of_the_demo_draft(artifacts, tmp_path):
+    """A named module stays float (recorded, and the structure check accepts exactly it); the
+    outlier pass finds no massive-activation input in the demo draft, so ``auto`` quantizes all."""
+    named = tmp_path / "named"
+    assert main(["int8", str(artifacts.draft_onnx), str(named), "--keep-float", "layers.0.mlp.down_proj",
+                 "--no-gates", "--quiet"]) == 0
+    manifest = json.loads((named / "manifest.json").read_text())
+    assert manifest["params"]["keep_float"] == ["layers.0.mlp.down_proj"] and manifest["params"]["kept_float"] == 1
+    graph = onnx.load(str(named / "model.onnx"), load_external_data=False).graph
+    assert sum(n.op_type == "MatMulNBits" for n in graph.node) == manifest["params"]["weights"]
+    assert check_structure(named / "model.onnx") == (manifest["params"]["weights"], [])  # the manifest's list
+    assert check_structure(named / "model.onnx", ())[1]  # without it: the float MatMul is a problem
+
+    auto = tmp_path / "auto"
+    assert main(["int8", str(artifacts.draft_onnx), str(auto), "--keep-float", "auto", "--no-gates", "--quiet"]) == 0
+    params = json.loads((auto / "manifest.json").read_text())["params"]
+    assert params["keep_float"] == [] and params["kept_float"] == 0
+    assert all(s["ratio"] < 100 for s in params["outliers"].values()) and len(params["outliers"]) == 6
+
+
+@pytest.mark.parametrize("name,keep,kept", [
+    ("model.layers.11.mlp.down_proj", ("layers.11.mlp.down_proj",), True),
+    ("model.layers.11.mlp.down_proj", ("layers.1.mlp.down_proj",), False),  # a dotted name is a whole suffix
+    ("model.layers.11.mlp.down_proj", ("down_proj",), True),
+    ("model.layers.11.mlp.up_proj", ("down_proj",), False),
+])
+def test_keep_float_names_match_whole_module_suffixes(name, keep, kept):
+    from onnx import helper
+
+    from quantize.int8 import kept_float
+
+    node = helper.make_node("MatMul", ["x", "w"], ["y"], name="node_linear_7")
+    node.metadata_props.add(key="pkg.torch.onnx.name_scopes", value=f"['', '{name}', 'linear_7']")
+    assert kept_float(node, keep) is kept
