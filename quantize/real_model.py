@@ -155,6 +155,33 @@ def imported_dir(model: RealModel = SMOLLM2, root: Path | None = None) -> Path:
     return out
 
 
+REAL_INT8_SOURCES = ("quantize/*.py", "edge/onnx_lm.py", "edge/draft_engine.py", "edge/sampling.py", "coinfer/manifest.py")
+
+
+def edge_dir(model: RealModel = SMOLLM2, root: Path | None = None) -> Path:
+    """The model as the edge runs it: ``quantize export`` then ``quantize int8`` with the defaults
+    (the CLI's default scheme, its gates), built once per imported model and per build code."""
+    from quantize.artifact import EXPORT_SOURCES, source_key
+    from quantize.build import BuildOptions, int8_dir
+    from quantize.export import export_dir
+    from quantize.int8 import QuantConfig
+
+    hf = imported_dir(model, root)
+    root = root or cache_dir()
+    with _locked(root):
+        onnx_dir = hf.parent / f"{hf.name}-onnx-fp32-{source_key(EXPORT_SOURCES)}"
+        if not (onnx_dir / "manifest.json").is_file():
+            for stale in hf.parent.glob(f"{hf.name}-onnx-fp32-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            export_dir(hf, onnx_dir, parity_prompt=None, parity_steps=0)
+        out = hf.parent / f"{hf.name}-int8-{source_key(REAL_INT8_SOURCES)}"
+        if not (out / "manifest.json").is_file():
+            for stale in hf.parent.glob(f"{hf.name}-int8-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            int8_dir(onnx_dir, out, QuantConfig(), BuildOptions(progress=False))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m quantize.real_model", description=__doc__.split("\n\n")[0])
     ap.add_argument("--gguf", action="store_true", help="print the GGUF file's path (no import)")

