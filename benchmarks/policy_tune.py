@@ -30,11 +30,11 @@ from pathlib import Path
 from benchmarks.open_accuracy import KINDS, Case
 
 
-def train_cases(kinds: tuple[str, ...], per_kind: int, seed: int) -> list[Case]:
+def train_cases(kinds: tuple[str, ...], per_kind: int, seed: int, held_out: bool = False) -> list[Case]:
     from demo.train import sample_item
 
     rng = random.Random(seed)
-    return [Case(k, (it := sample_item(rng, k, held_out=False)).question, it) for k in kinds for _ in range(per_kind)]
+    return [Case(k, (it := sample_item(rng, k, held_out=held_out)).question, it) for k in kinds for _ in range(per_kind)]
 
 
 async def _record(case: Case, edge, engine, i: int) -> dict:
@@ -55,7 +55,8 @@ async def _record(case: Case, edge, engine, i: int) -> dict:
         lps = await engine.continuation_logprobs(prompt, d.text, f"p{i}-{d.index}") if res.valid else []
         rows.append({"text": d.text, "valid": res.valid, "correct": case.grade(d.text), "tokens": d.num_tokens,
                      "key": str(task.answer_key(parsed)) if res.valid else None,
-                     "mean_lp": sum(lps) / len(lps) if lps else None, "min_lp": min(lps) if lps else None})
+                     "mean_lp": sum(lps) / len(lps) if lps else None, "min_lp": min(lps) if lps else None,
+                     "own_lp": d.mean_logprob})
 
     async def gen(p: str, tag: str) -> tuple[str, int]:
         text, toks = "", 0
@@ -69,12 +70,16 @@ async def _record(case: Case, edge, engine, i: int) -> dict:
     if ranked:
         q = refine_question(case.prompt, [r["text"] for r in ranked[:2]])
         text, toks = await gen(engine.render(with_question(conv, q)), "r")
-        refined = {"correct": case.grade(text), "tokens": toks}
+        res, parsed = rules.check(text)
+        lps = await engine.continuation_logprobs(prompt, text, f"p{i}-rl")
+        refined = {"correct": case.grade(text), "tokens": toks, "valid": res.valid,
+                   "key": str(task.answer_key(parsed)) if res.valid else None,
+                   "mean_lp": sum(lps) / len(lps) if lps else None}
     return {"kind": case.kind, "drafts": rows, "greedy": {"correct": case.grade(greedy), "tokens": greedy_toks},
             "refined": refined}
 
 
-async def collect(per_kind: int, seed: int, out: Path) -> None:
+async def collect(per_kind: int, seed: int, out: Path, held_out: bool = False) -> None:
     from cloud.config import EngineConfig
     from cloud.engine import VllmEngine
     from demo.artifacts import ensure_artifacts
@@ -85,7 +90,7 @@ async def collect(per_kind: int, seed: int, out: Path) -> None:
     edge = OrtDraftEngine(art.draft_int8)
     try:
         with out.open("w") as f:
-            for i, case in enumerate(train_cases(KINDS, per_kind, seed)):
+            for i, case in enumerate(train_cases(KINDS, per_kind, seed, held_out)):
                 f.write(json.dumps(await _record(case, edge, engine, i)) + "\n")
                 f.flush()
     finally:
@@ -124,6 +129,43 @@ def simulate(recs: list[dict]) -> list[dict]:
     return out
 
 
+def refinement_guard(recs: list[dict], override_nats: float = 0.2) -> dict:
+    """Issue 24's measure: where >= 2 valid drafts agree on one answer, how often the refinement turns
+    a correct agreed answer wrong (and fixes a wrong one), without the guard and with it (the session
+    keeps the drafts' answer when the refinement disagrees and its mean logprob does not beat the best
+    draft's by ``override_nats``: ``PolicyConfig.refine_override_nats``)."""
+    agreed = broke = fixed = broke_after = fixed_after = 0
+    for r in recs:
+        valid = [d for d in r["drafts"] if d["valid"]]
+        if len(valid) < 2 or len({d["key"] for d in valid}) != 1 or r["refined"] is None:
+            continue
+        agreed += 1
+        ref, drafts_right = r["refined"], valid[0]["correct"]
+        best = max(d["mean_lp"] for d in valid)
+        kept = ref.get("key") == valid[0]["key"] or (ref.get("mean_lp") is not None
+                                                     and ref["mean_lp"] >= best + override_nats)
+        after = ref["correct"] if kept and ref.get("valid", True) else drafts_right
+        broke += drafts_right and not ref["correct"]
+        fixed += not drafts_right and ref["correct"]
+        broke_after += drafts_right and not after
+        fixed_after += not drafts_right and after
+    return {"agreed": agreed, "broke_correct_before": broke, "broke_correct_after": broke_after,
+            "fixed_wrong_before": fixed, "fixed_wrong_after": fixed_after}
+
+
+def own_likelihood(recs: list[dict]) -> dict:
+    """The likelihood verifier's inputs on the recorded valid drafts: the target's mean logprob
+    (``mean_lp``) and the draft model's own (``own_lp``), for correct and wrong drafts."""
+    out = {}
+    for label in (True, False):
+        ds = [d for r in recs for d in r["drafts"] if d["valid"] and d["correct"] is label and d.get("own_lp") is not None]
+        if ds:
+            med = sorted(ds, key=lambda d: d["mean_lp"])[len(ds) // 2]
+            out["correct" if label else "wrong"] = {"n": len(ds), "median_target": round(med["mean_lp"], 3),
+                                                    "median_own": round(sorted(d["own_lp"] for d in ds)[len(ds) // 2], 3)}
+    return out
+
+
 def baselines(recs: list[dict]) -> dict:
     out = {}
     for kind in KINDS:
@@ -143,12 +185,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("policy.jsonl"))
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--simulate", type=Path, help="replay a recording under a grid of policies")
+    ap.add_argument("--held-out", action="store_true",
+                    help="record held-out problems (to measure, never to tune: the grid is for train-side recordings)")
+    ap.add_argument("--json", action="store_true", help="print the whole report (the grid too) as JSON")
     args = ap.parse_args(argv)
     if args.collect:
-        asyncio.run(collect(args.collect, args.seed, args.out))
+        asyncio.run(collect(args.collect, args.seed, args.out, args.held_out))
     if args.simulate:
         recs = load(args.simulate)  # read once for both
-        print(json.dumps({"baselines": baselines(recs), "grid": simulate(recs)}))
+        report = {"baselines": baselines(recs), "refinement_guard": refinement_guard(recs),
+                  "likelihood": own_likelihood(recs), "grid": simulate(recs)}
+        print(json.dumps(report) if args.json else json.dumps({k: v for k, v in report.items() if k != "grid"}, indent=1))
     return 0
 
 

@@ -151,7 +151,7 @@ class Session:
                 fut: asyncio.Future = asyncio.get_running_loop().create_future()
                 pending[key] = fut
                 try:
-                    v = await self._llm_verdict(d.index, d.text, res.passed)
+                    v = await self._llm_verdict(d.index, d.text, res.passed, own=d.mean_logprob)
                 except BaseException as exc:
                     fut.set_exception(exc)
                     fut.exception()  # mark retrieved
@@ -161,7 +161,18 @@ class Session:
         self.judged[d.index] = _Judged(d, v, support=0 if v.duplicate_of else 1, parsed=parsed)
         return v
 
-    async def _llm_verdict(self, index: int, text: str, passed: list[str]) -> t.Verdict:
+    def _floor(self, own: float | None) -> float:
+        """The likelihood threshold for a draft whose model gave it mean logprob ``own`` (None: the
+        absolute one). Relative to the draft model's own confidence, so that free prose (a real
+        model's drafts score -0.6..-2 per token: natural text is not formulaic) passes where the
+        target agrees with the draft model, and text the target finds far less likely than the draft
+        model did fails; never stricter than ``min_mean_logprob``, never looser than its floor."""
+        p = self.cfg.policy
+        if own is None or not own < 0.0 or p.relative_margin is None:  # proto3: 0 = not reported
+            return p.min_mean_logprob
+        return max(p.min_mean_logprob_floor, min(p.min_mean_logprob, own - p.relative_margin))
+
+    async def _llm_verdict(self, index: int, text: str, passed: list[str], own: float | None = None) -> t.Verdict:
         if self.cfg.policy.verifier == "judge":
             out = await self.engine.judge(judge_prompt(self.req.question, text), JUDGE_SCHEMA, JUDGE_MAX_TOKENS,
                                           f"{self.key}-j{index}")
@@ -172,7 +183,7 @@ class Session:
         mean = mean_logprob(lps)
         if index >= 0 and lps:
             self.min_logprob[index], self.mean_lp[index] = min(lps), mean
-        floor = self.cfg.policy.min_mean_logprob
+        floor = self._floor(own)
         if self._thresholded and mean < floor:
             return t.Verdict(draft_index=index, valid=False, score=likelihood_score(lps), failed_rule="likelihood",
                              error=f"low_likelihood: mean logprob {mean:.2f} < {floor:.2f} per token",

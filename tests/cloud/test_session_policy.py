@@ -164,3 +164,26 @@ def test_the_deadline_returns_the_best_verified_draft_instead_of_an_error():
     summary = asyncio.run(_run(session, [RIGHT]))[-1]
     assert time.perf_counter() - t0 < 3.0  # bounded by the deadline, not by the refinement
     assert summary.refine_mode == "deadline" and summary.answer == RIGHT and summary.source == t.AnswerSource.DRAFT
+
+
+def test_the_likelihood_threshold_is_relative_to_the_draft_models_own_confidence():
+    """Free prose scores far below a formulaic answer: a draft the target finds as likely as the draft
+    model did passes at -1.1; one it finds far less likely fails; the floor bounds a claimed own value."""
+    prose = "Autumn wind carries leaves across the quiet road; the year lets them go. Answer: 17"
+    engine = ScriptedEngine({prose: [-1.1] * 12}, reply="unused")
+    session = _session(engine)
+    assert session._floor(None) == -0.5 and session._floor(0.0) == -0.5  # not reported: absolute
+    assert session._floor(-0.9) == -1.4 and session._floor(-0.05) == -0.55 and session._floor(-50.0) == -3.0
+
+    async def one(own: float) -> t.Verdict:
+        async def inbox():
+            yield t.Draft(0, prose, 12, own, 1.0)
+            yield DraftsDone(1)
+
+        s = _session(engine)
+        s.cfg.policy.max_retries = 0
+        return [ev async for ev in s.run(inbox()) if isinstance(ev, t.Verdict)][0]
+
+    assert asyncio.run(one(-0.9)).valid  # the draft model was about as sure: natural text
+    bad = asyncio.run(one(-0.1))  # the draft model was sure, the target is not
+    assert not bad.valid and bad.error.startswith("low_likelihood")
