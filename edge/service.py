@@ -326,16 +326,13 @@ class EdgeCore:
         return await self._engine_for_request()
 
     async def _run(self, req: SolveRequest, s: Sampling, plan: Plan, engine: OrtDraftEngine | None, auto: bool,
-                   deadline_s: float, t0: float, on_event) -> list[Ran]:
+                   deadline_s: float, t0: float, on_event, local_reserve_s: float = 0.0) -> list[Ran]:
         """Run ``plan``; under auto, a rule-failing edge answer escalates to a split with its drafts.
         Each plan that ran comes back with its own result."""
         # the user's sampling reaches the refinement too (OpenAI fidelity); unset: the cloud's defaults
         kw = {"messages": req.messages, "extraction": req.extraction, "refine": req.refine or req.sampling}
-        if plan is Plan.CLOUD:
-            # the local answer a cloud plan falls back to is started this long before the deadline
-            size = self.planner.prompt_size("\n".join(m.content for m in conversation(req.prompt, req.messages)))
-            predicted = self.planner.local_ms(req.task or "open", *size, s.n, self._edge_state())
-            kw["local_reserve_s"] = LOCAL_RESERVE_FACTOR * predicted / 1e3 + LOCAL_RESERVE_MIN_S
+        if local_reserve_s:
+            kw["local_reserve_s"] = local_reserve_s
 
         def left() -> float:
             return max(0.1, deadline_s - (time.perf_counter() - t0))
@@ -433,7 +430,12 @@ class EdgeCore:
 
         self.active += 1
         self.metrics.active.inc()
-        job = asyncio.create_task(self._run(req, s, plan, engine, choice is not None, deadline_s, t0, on_event))
+        reserve = 0.0
+        if plan is Plan.CLOUD:  # the local answer a cloud plan falls back to starts this long before the deadline
+            predicted = self.planner.local_ms(req.task or "open", *size, s.n, edge_was)
+            reserve = LOCAL_RESERVE_FACTOR * predicted / 1e3 + LOCAL_RESERVE_MIN_S
+        job = asyncio.create_task(self._run(req, s, plan, engine, choice is not None, deadline_s, t0, on_event,
+                                            reserve))
         job.add_done_callback(lambda _: q.put_nowait(None))
         try:
             while (ev := await q.get()) is not None:

@@ -54,12 +54,13 @@ def activation_outliers(src: Path, prompts: Sequence[TaskPrompt], decode_steps: 
         del model
         sess = ort.InferenceSession(str(probe), providers=["CPUExecutionProvider"])
         names = list(nodes)
+        inputs = {i.name for i in sess.get_inputs()}
         reader = KvCalibrationReader(src, Tokenizer.from_file(str(src.parent / "tokenizer.json")), prompts,
                                      decode_steps)
         peak = dict.fromkeys(names, 0.0)
         p999 = dict.fromkeys(names, 0.0)
         while (feed := reader.get_next()) is not None:
-            feed = {k: v for k, v in feed.items() if k in {i.name for i in sess.get_inputs()}}
+            feed = {k: v for k, v in feed.items() if k in inputs}
             for name, x in zip(names, sess.run(names, feed)):
                 a = np.abs(x.astype(np.float32, copy=False)).ravel()
                 peak[name] = max(peak[name], float(a.max(initial=0.0)))
