@@ -445,8 +445,11 @@ class Campaign:
         left = _alive(procs)
         await asyncio.sleep(self.sizes.load_s / 3)
         await load.stop()
+        # a normal drain is not an error: no "ERROR ... output_handler failed ... EngineDeadError"
+        log = (self.replica.log_dir / f"cloud-{self.replica.port}-{self.replica.starts}.log").read_text(errors="replace")
         return {"exit_after_sigterm_s": round(exit_s, 1), "grace_s": self.replica.grace_s,
                 "exit_code": self.replica.proc.returncode, "processes_left_2s_after_exit": len(left),
+                "engine_dead_errors_logged": log.count("output_handler failed") + log.count("EngineDeadError"),
                 **load.summary(start)}
 
     async def run(self, hostile_examples: int = 0) -> dict:

@@ -87,14 +87,14 @@ class Case:
         return answer_key(parsed) if parsed.ok else None
 
 
-def cases(kinds: tuple[str, ...], per_kind: int, seed: int) -> list[Case]:
+def cases(kinds: tuple[str, ...], per_kind: int, seed: int, held_out: bool = True) -> list[Case]:
     from demo.train import sample_item
 
     rng = random.Random(seed)
     out = []
     for kind in kinds:
         for _ in range(per_kind):
-            it = sample_item(rng, kind, held_out=True)
+            it = sample_item(rng, kind, held_out=held_out)
             out.append(Case(kind, it.question, it))
     return out
 
@@ -159,6 +159,7 @@ async def _one(pipe, engine, case: Case, i: int, drafts: int, seed: int) -> dict
                        "mean_lp": math.log(score) if score > 0 else -math.inf, "valid": bool(v and v.valid)})
     tm = res.summary.timings if res.summary else None
     return {"i": i, "kind": case.kind, "split_ok": case.grade(res.answer), "source": res.source,
+            "answer": res.answer, "trace": res.summary.trace if res.summary else "", "prompt": case.prompt,
             "refine_mode": res.refine_mode, "from_drafts": res.refine_mode in FROM_DRAFTS, "rounds": res.rounds,
             "split_ms": split_ms, "split_decode_steps": tm.decode_steps if tm else 0,
             "split_decode_tokens": tm.decode_tokens if tm else 0,
@@ -191,6 +192,10 @@ def summarize(rows: list[dict]) -> dict:
         "from_drafts": acc("from_drafts"),
         "sources": dict(Counter(str(r["source"]) for r in rows)),
         "refine_modes": dict(Counter(r["refine_mode"] for r in rows)),
+        # where split loses to the target alone: accuracy of each way an answer was built
+        "accuracy_by_mode": {m: round(sum(r["split_ok"] for r in rows if r["refine_mode"] == m)
+                                      / sum(r["refine_mode"] == m for r in rows), 3)
+                             for m in sorted({r["refine_mode"] for r in rows})},
         "median_ms": {"split": round(statistics.median(r["split_ms"] for r in rows)) if rows else 0,
                       "target_greedy": round(statistics.median(r["greedy_ms"] for r in rows)) if rows else 0},
     }
@@ -216,8 +221,25 @@ def _verifier(rows: list[dict], floor: float) -> dict:
             "drafts_correct": len(good), "drafts_wrong": len(bad), "thresholds": _threshold_table(rows, floor)}
 
 
+def policy_overrides(pairs: list[str]) -> dict:
+    """``--policy name=value`` pairs as PolicyConfig fields, each value parsed as its field's type."""
+    import dataclasses
+
+    from cloud.config import PolicyConfig
+
+    types = {f.name: type(getattr(PolicyConfig(), f.name)) for f in dataclasses.fields(PolicyConfig)}
+    out = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        if name not in types:
+            raise ValueError(f"--policy: unknown field {name!r} (known: {', '.join(sorted(types))})")
+        kind = types[name]
+        out[name] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+    return out
+
+
 async def run(n_problems: int, drafts: int, seed: int, dtype_check: bool, concurrency: int,
-              kinds: tuple[str, ...] = KINDS) -> dict:
+              kinds: tuple[str, ...] = KINDS, policy: dict | None = None, held_out: bool = True) -> dict:
     from cloud.config import CloudConfig, EngineConfig, Limits
     from cloud.engine import VllmEngine
     from cloud.server import create_server
@@ -226,13 +248,16 @@ async def run(n_problems: int, drafts: int, seed: int, dtype_check: bool, concur
     from edge.pipeline import EdgePipeline
 
     art = ensure_artifacts()
+    import dataclasses
+
     cfg = CloudConfig(engine=EngineConfig(model=str(art.target)), limits=Limits(max_sessions=64))
+    cfg = dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, **(policy or {})))
     srv = await create_server(cfg)
     engine = await VllmEngine(cfg.engine).start()
     await srv.attach_engine(engine)
     edge = OrtDraftEngine(art.draft_int8)
     edge.warm_up()
-    probs = cases(kinds, n_problems, seed)
+    probs = cases(kinds, n_problems, seed, held_out)
     sem = asyncio.Semaphore(concurrency)
     t_start = time.perf_counter()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as channel:
@@ -243,9 +268,10 @@ async def run(n_problems: int, drafts: int, seed: int, dtype_check: bool, concur
                 return await _one(pipe, engine, case, i, drafts, seed)
 
         rows = await asyncio.gather(*(one(i, c) for i, c in enumerate(probs)))
-    report = {"problems_per_task": n_problems, "drafts": drafts, "wall_s": round(time.perf_counter() - t_start, 1),
+    report = {"problems_per_task": n_problems, "side": "held-out" if held_out else "train", "policy": policy or {}, "drafts": drafts, "wall_s": round(time.perf_counter() - t_start, 1),
               "dtype": cfg.engine.dtype, "tasks": {k: summarize([r for r in rows if r["kind"] == k]) for k in kinds},
-              "verifier": _verifier([r for r in rows if r["kind"] == WORDS], cfg.policy.min_mean_logprob)}
+              "verifier": _verifier([r for r in rows if r["kind"] == WORDS], cfg.policy.min_mean_logprob),
+              "rows": rows}
     await srv.stop(grace=1.0)
     await engine.close()
     if dtype_check:
@@ -283,17 +309,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=4, help="problems in flight")
     ap.add_argument("--dtype-check", action="store_true", help="also compare the target's float32 and auto dtype")
     ap.add_argument("--json", help="write the report here")
+    ap.add_argument("--policy", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a cloud PolicyConfig field (repeatable), e.g. --policy cloud_temperature=0.3")
+    ap.add_argument("--train-side", action="store_true",
+                    help="draw problems from the train side of the split (to tune --policy; report held-out)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     kinds = tuple(k.strip() for k in args.tasks.split(",") if k.strip())
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
         ap.error(f"--tasks: unknown {', '.join(unknown)} (known: {', '.join(KINDS)})")
-    report = asyncio.run(run(args.problems, args.drafts, args.seed, args.dtype_check, args.concurrency, kinds))
+    try:
+        policy = policy_overrides(args.policy)
+    except ValueError as exc:
+        ap.error(str(exc))
+    report = asyncio.run(run(args.problems, args.drafts, args.seed, args.dtype_check, args.concurrency, kinds,
+                             policy, not args.train_side))
+    rows = report.pop("rows")
     print(json.dumps(report, indent=2))
-    if args.json:
+    if args.json:  # the file also keeps every problem's answer and trace
         with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+            json.dump({**report, "rows": rows}, f, indent=2)
     return 0
 
 

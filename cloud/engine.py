@@ -330,4 +330,11 @@ class VllmEngine(TargetEngine):
             outputs = getattr(llm, "output_processor", None)
             if outputs is not None:
                 outputs.propagate_error(EngineDeadError())
+            # vLLM stops its engine core before it cancels the task that reads the core's outputs,
+            # which then logs "ERROR AsyncLLM output_handler failed ... EngineDeadError" on every
+            # normal drain: the reader is ours to stop first (it runs on this loop)
+            handler = getattr(llm, "output_handler", None)
+            if isinstance(handler, asyncio.Task) and not handler.done():
+                handler.cancel()
+                await asyncio.gather(handler, return_exceptions=True)
             await asyncio.to_thread(llm.shutdown)  # waits for the engine processes: off the loop

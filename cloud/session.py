@@ -51,8 +51,11 @@ _END = object()
 
 
 def _join_steps(steps: list[str]) -> str:
-    """Steps as an answer prefix the target continues: ``"a; b; "`` (empty for none)."""
-    return "; ".join(steps) + "; " if steps else ""
+    """Steps as an answer prefix the target continues: ``"a; b;"`` (empty for none). No trailing
+    space: byte-level BPEs merge a space into the next word (``" AC"`` is one token), so a prefix
+    ending in a lone space token is text the target never saw, and it continued select's steps
+    without their ids (``"AB 11>10; 14>10; ..."``)."""
+    return "; ".join(steps) + ";" if steps else ""
 
 
 def _finish_reason(engine_reason: str | None, current: str = "stop") -> str:
@@ -350,15 +353,20 @@ class Session:
         else:
             # no valid draft: the cloud answers itself, continuing from the steps the
             # drafts got right before their first mistake (most common path first)
-            mode, chosen = "alone", []
             verified = [self.task.verified_prefix(self.spec, j.draft.text) for j in self.judged.values()]
             prefix_steps = consensus_prefix([v for v in verified if v], 1)
             prefix = _join_steps(prefix_steps)
+            mode, chosen = ("prefix" if prefix_steps else "alone"), []  # a verified prefix is the drafts' work
             text, ttft, steps, finish = await self._generate(self.prompt_text, prefix, p.refine_max_tokens, "cloud", out)
             generated = steps
             valid, _, parsed = await self._accept(text, likelihood=False)
             if not valid and p.cloud_candidates > 0:
-                # the greedy answer failed a rule: sample candidates in one batched request, keep the first that passes
+                # the greedy answer failed a rule: sample candidates in one batched request, keep the
+                # first that passes; they continue from the greedy answer's own steps before its first
+                # mistake (right steps kept, fewer tokens decoded: select's candidates cost 0.6x)
+                own = self.task.verified_prefix(self.spec, text)
+                if len(own) > len(prefix_steps):
+                    prefix = _join_steps(own)
                 cands = await self.engine.sample(
                     self.prompt_text + prefix,
                     dataclasses.replace(self._params(p.refine_max_tokens), temperature=p.cloud_temperature, seed=None),

@@ -147,7 +147,10 @@ def steps_for(expr: str, env: dict[str, int]) -> list[tuple[str, int]]:
 
 class ArithTask(Task):
     name = "arith"
-    checkers = {"arith_steps": "every step recomputed; the answer equals the last step"}
+    checkers = {
+        "arith_steps": "every step recomputed; the answer equals the last step",
+        "arith_plan": "every step of the prompt's expression is among the written steps (a right sum of the wrong terms fails)",
+    }
 
     def _random_expr(self, rng: random.Random) -> str:
         expr = rng.choice(SHAPES)
@@ -200,8 +203,11 @@ class ArithTask(Task):
         return Parsed(fields)
 
     def check(self, checker: str, spec: dict[str, Any], parsed: Parsed) -> str:
+        if checker == "arith_plan":
+            return self._plan_error(spec, parsed)
         if checker != "arith_steps":
-            raise InvalidArgument(f"rules.params.check: unknown checker {checker!r} for arith (known: arith_steps)")
+            raise InvalidArgument(
+                f"rules.params.check: unknown checker {checker!r} for arith (known: {', '.join(self.checkers)})")
         steps = parsed.fields.get("steps", [])
         for lhs, value in steps:
             try:
@@ -214,14 +220,28 @@ class ArithTask(Task):
             return f"answer_mismatch: answer {parsed.fields.get('answer')} != last step {steps[-1][1]}"
         return ""
 
+    @staticmethod
+    def _plan_error(spec: dict[str, Any], parsed: Parsed) -> str:
+        """The first step of the expression (post-order) whose value no written step reaches. With
+        ``arith_steps`` (each written step right, the answer the last one) this checks the work is
+        the prompt's: drafts that misread ``x*y`` as ``x+y`` compute correctly and pass that rule
+        alone. Values, not text: a step may be written with the variables or in another order."""
+        written = {v for _, v in parsed.fields.get("steps", [])}
+        for lhs, value in steps_for(spec["expr"], spec["vars"]):
+            if value not in written:
+                return f"step_missing: no step computes {lhs}={value} of {spec['expr']}"
+        return ""
+
     def step_ok(self, spec: dict[str, Any], step: str) -> bool:
         m = _ONE_STEP_RE.fullmatch(" ".join(normalize(step).split()))
         if not m:
             return False
         try:
-            return evaluate(m.group(1).replace(" ", ""), spec["vars"]) == int(m.group(2))
+            right = evaluate(m.group(1).replace(" ", ""), spec["vars"]) == int(m.group(2))
         except ValueError:
             return False
+        # a right sum of the wrong terms is no safe prefix: the cloud would continue the misreading
+        return right and int(m.group(2)) in {v for _, v in steps_for(spec["expr"], spec["vars"])}
 
     def grade(self, spec: dict[str, Any], parsed: Parsed) -> bool:
         return parsed.ok and parsed.fields.get("answer") == evaluate(spec["expr"], spec["vars"])
@@ -229,6 +249,7 @@ class ArithTask(Task):
     def default_rules(self, spec: dict[str, Any]) -> list[Rule]:
         return [
             Rule("task_check", {"check": "arith_steps"}),
+            Rule("task_check", {"check": "arith_plan"}),
             Rule("numeric_bounds", {"field": "answer", "min": -1e9, "max": 1e9}),
             Rule("length", {"max": 512}),
         ]

@@ -48,6 +48,7 @@ class SelectTask(Task):
     checkers = {
         "select_steps": "every listed subset's cost and value recomputed",
         "select_budget": "total cost of the chosen ids within the budget",
+        "select_choice": "where steps are shown: every k-subset is listed and the answer is the best listed one",
     }
 
     def generate(self, rng: random.Random) -> Problem:
@@ -133,6 +134,8 @@ class SelectTask(Task):
                 if value is not None and value != totals[1]:
                     return f"step_wrong: {subset} value {value} (expected {totals[1]})"
             return ""
+        if checker == "select_choice":
+            return self._choice_error(spec, parsed)
         if checker == "select_budget":
             ids = parsed.fields.get("ids", [])
             totals = self._totals(spec, ids)
@@ -143,6 +146,25 @@ class SelectTask(Task):
                 return f"budget_exceeded: sum={totals[0]} > {budget}"
             return ""
         raise InvalidArgument(f"rules.params.check: unknown checker {checker!r} for select (known: {', '.join(self.checkers)})")
+
+    @staticmethod
+    def _choice_error(spec: dict[str, Any], parsed: Parsed) -> str:
+        """The answer must follow from the draft's own listed steps (as arith's answer must equal its
+        last step): every k-subset listed, and the chosen one the best of those listed as fitting. An
+        answer without steps (the JSON form) is left to the other rules."""
+        steps = parsed.fields.get("steps", [])
+        if not steps:
+            return ""
+        listed = {"".join(sorted(s)): (v if o is None else None) for s, _, v, o in steps}
+        for combo in itertools.combinations(sorted(spec["pool"]), spec["k"]):
+            if "".join(combo) not in listed:
+                return f"step_missing: subset {''.join(combo)} not listed"
+        fitting = {s: v for s, v in listed.items() if v is not None}
+        chosen = "".join(sorted(parsed.fields.get("ids", [])))
+        best = max(fitting, key=lambda s: fitting[s], default=None)
+        if best is not None and fitting.get(chosen, -1) < fitting[best]:
+            return f"answer_mismatch: answer {','.join(chosen)} but {best} is listed with the best value {fitting[best]}"
+        return ""
 
     def step_ok(self, spec: dict[str, Any], step: str) -> bool:
         m = _STEP_RE.fullmatch(normalize(step).strip())
@@ -166,6 +188,7 @@ class SelectTask(Task):
             Rule("membership", {"field": "ids", "values": list(spec["pool"])}),
             Rule("count", {"field": "ids", "min": k, "max": k, "unique": True}),
             Rule("task_check", {"check": "select_budget"}),
+            Rule("task_check", {"check": "select_choice"}),
         ]
 
     def structure_key(self, parsed: Parsed) -> tuple:

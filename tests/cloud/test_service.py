@@ -67,9 +67,9 @@ async def test_verdicts_rule_fast_fail_dedup_and_ordering(stub):
     assert verdicts[1].score == 0.0
     assert verdicts[4].failed_rule == "parse"
     assert verdicts[2].duplicate_of == 1 and verdicts[2].score == verdicts[0].score
-    # the target model's likelihood ranks the correct draft above the valid-but-wrong one
-    assert verdicts[0].valid and verdicts[3].valid
-    assert verdicts[0].score > verdicts[3].score
+    # right arithmetic on the wrong operation: the plan check names the step of the expression it lacks
+    assert verdicts[0].valid and not verdicts[3].valid and verdicts[3].failed_rule == "task_check:arith_plan"
+    assert verdicts[3].error == "step_missing: no step computes 64-15=49 of (x+y)^2-x*y"
     summary = events[-1]
     assert isinstance(summary, t.Summary) and summary.answer_valid
     assert summary.chosen_drafts[0] == 0

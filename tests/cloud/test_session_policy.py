@@ -187,3 +187,29 @@ def test_the_likelihood_threshold_is_relative_to_the_draft_models_own_confidence
     assert asyncio.run(one(-0.9)).valid  # the draft model was about as sure: natural text
     bad = asyncio.run(one(-0.1))  # the draft model was sure, the target is not
     assert not bad.valid and bad.error.startswith("low_likelihood")
+
+
+def test_cloud_candidates_continue_the_greedy_answers_own_right_steps():
+    # no draft is valid; the target's greedy answer slips at its last step: the candidates are sampled
+    # after the steps it got right (fewer tokens, right steps kept)
+    from coinfer.tasks import TASKS
+
+    arith = TASKS["arith"]
+    spec = arith.parse_problem("If x=3 and y=5, compute (x+y)^2-x*y.")
+
+    class Candidates(ScriptedEngine):
+        prompts: list[str] = []
+
+        async def sample(self, prompt: str, params: GenParams, n: int, request_id: str) -> list[Chunk]:
+            self.prompts.append(prompt)
+            return [Chunk(" 64-15=49; answer 49", 3) for _ in range(n)]
+
+    engine = Candidates({}, reply="3+5=8; 8^2=64; 3*5=15; 64-15=48; answer 48")
+    req = t.OpenRequest(request_id="r", task="arith", prompt="If x=3 and y=5, compute (x+y)^2-x*y.")
+    session = Session(CloudConfig(), engine, req, arith, spec, RuleSet([], arith, spec), recommended_drafts=5,
+                      deadline_s=10.0)
+    session.cfg.policy.max_retries = 0
+    summary = asyncio.run(_run(session, ["3+5=9; answer 9"]))[-1]
+    assert engine.prompts and engine.prompts[0].endswith("3+5=8; 8^2=64; 3*5=15;")
+    assert summary.answer == "3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 49" and summary.answer_valid
+    assert summary.refine_mode == "alone"  # no draft step was right: the drafts gave nothing

@@ -16,7 +16,8 @@ def check(rules, text, task=SELECT, spec=SPEC):
 
 def test_empty_rules_mean_task_defaults():
     rs = RuleSet([], SELECT, SPEC)
-    assert rs.labels == ["task_check:select_steps", "membership", "count", "task_check:select_budget"]
+    assert rs.labels == ["task_check:select_steps", "membership", "count", "task_check:select_budget",
+                         "task_check:select_choice"]
 
 
 @pytest.mark.parametrize("rule,text,error", [

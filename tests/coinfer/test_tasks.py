@@ -47,6 +47,18 @@ def test_arith_seed_example():
     assert not ARITH.grade(spec, parsed)
 
 
+def test_arith_plan_refuses_right_arithmetic_on_the_wrong_terms():
+    spec = ARITH.parse_problem(SEED_PROMPT)
+    rules = RuleSet([], ARITH, spec)
+    # every step is right and the answer is the last one, but x*y was read as x+y
+    res, _ = rules.check("3+5=8; 8^2=64; 3+5=8; 64-8=56; answer 56")
+    assert (res.error, res.failed_rule) == ("step_missing: no step computes 3*5=15 of (x+y)^2-x*y", "task_check:arith_plan")
+    assert rules.check("x*y=15; x+y=8; 8^2=64; 64-15=49; answer 49")[0].valid  # another order is fine
+    # a verified prefix (what the cloud continues) holds only steps of the expression
+    assert ARITH.verified_prefix(spec, "3+5=8; 8^2=64; 3*5=15; 64-16=48; answer 48") == ["3+5=8", "8^2=64", "3*5=15"]
+    assert ARITH.verified_prefix(spec, "3+5=8; 3-5=-2; 8^2=64; answer 64") == ["3+5=8"]
+
+
 def test_arith_negative_intermediate_parenthesised():
     spec = ARITH.parse_problem("If x=2 and y=5, compute (x-y)^2+x*y.")
     text = ARITH.solve(spec)
@@ -79,6 +91,11 @@ def test_select_errors_are_precise():
         "answer A,B,C": ("count_wrong: ids has 3 (expected 2..2)", "count"),
         "AB 7:8; answer A,B": ("step_wrong: AB value 8 (expected 7)", "task_check:select_steps"),
         "AD 9:12; answer A,D": ("step_wrong: AD cost 9 (expected 8)", "task_check:select_steps"),
+        # the answer must follow from the steps shown: all listed, the best of them chosen
+        "AB 7:7; AC 5:11; AD 8:12; BC 6:8; CD 7:13; answer C,D": ("step_missing: subset BD not listed",
+                                                                  "task_check:select_choice"),
+        "AB 7:7; AC 5:11; AD 8:12; BC 6:8; BD 9>8; CD 7:13; answer A,D": (
+            "answer_mismatch: answer A,D but CD is listed with the best value 13", "task_check:select_choice"),
     }
     for text, (error, rule) in cases.items():
         res, _ = rules.check(text)

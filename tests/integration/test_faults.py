@@ -51,3 +51,4 @@ async def test_fault_campaign(tmp_path):
 
     drain = report["drain"]
     assert drain["lost"] == 0 and drain["exit_code"] == 0 and drain["processes_left_2s_after_exit"] == 0
+    assert drain["engine_dead_errors_logged"] == 0, drain
