@@ -2,8 +2,8 @@
 
 Usage::
 
-    python -m demo.run                      # 4 held-out problems of each task
-    python -m demo.run --per-task 8 --json  # more problems, machine-readable report
+    python -m demo.run                      # 20 held-out problems of each task, 2 of them shown in full
+    python -m demo.run --per-task 40 --show 0 --json  # more problems, only the summary and a JSON report
 
 Loads the edge's INT8 draft (the quantize CLI's artefact) on ONNX Runtime, starts the cloud
 gRPC service (vLLM with the target model) on 127.0.0.1 with a free port, and solves held-out
@@ -13,6 +13,8 @@ refines from the best drafts -> answer streamed back. Three kinds: the built-in 
 extraction ``marker``, the ``arithmetic`` rule; graded only here). Prints, per problem, the
 drafts, each draft's verdict, the final answer, whether it is correct, and the stage timings;
 then the same problem answered by the target alone (greedy, no drafts, on the same vLLM engine).
+The first ``--show`` problems of each kind are printed in full; the rest as one line each (enough
+problems that the table below compares more than luck: at 4 per kind, 1 problem is 25 points).
 
 Ends with a table per kind, all from this run: the final (split) accuracy vs the edge's first
 draft alone vs the target alone, and the target tokens the cloud decoded per answer for each.
@@ -202,7 +204,8 @@ async def _start(art) -> tuple[CloudServer, VllmEngine, OrtDraftEngine, dict]:
 
 
 async def run_demo(per_task: int, seed: int, quiet: bool, n_drafts: int, temperature: float = 0.3,
-                   presence: float = 0.0, frequency: float = 0.0) -> dict:
+                   presence: float = 0.0, frequency: float = 0.0, show: int | None = None) -> dict:
+    """Solve ``per_task`` problems of each kind; print the first ``show`` of each in full (all if None)."""
     from edge.pipeline import EdgePipeline
 
     drafting = Drafting(n_drafts, seed, temperature, presence, frequency)
@@ -213,11 +216,19 @@ async def run_demo(per_task: int, seed: int, quiet: bool, n_drafts: int, tempera
         async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as channel:
             pipe = EdgePipeline(edge, channel)
             for case in cases(random.Random(seed), per_task):
-                print(f"\n[{case.kind} {case.index + 1}/{per_task}] {case.prompt}")
-                res = await _split(pipe, case, drafting, quiet)
+                full = show is None or case.index < show
+                if full:
+                    print(f"\n[{case.kind} {case.index + 1}/{per_task}] {case.prompt}")
+                res = await _split(pipe, case, drafting, quiet or not full)
                 # after the split: the target alone may find the prompt's prefill cached (a bias in its favour)
                 rows.append(_row(case, res, await _target_alone(target, case, max_tokens), n_drafts))
-                _print_row(rows[-1], res.fields)
+                if full:
+                    _print_row(rows[-1], res.fields)
+                else:
+                    r = rows[-1]
+                    print(f"[{case.kind} {case.index + 1}/{per_task}] split {_yes(r['correct'])} "
+                          f"({r['refine_mode'] or r['source']}, {r['cloud_tokens']} tok), "
+                          f"target alone {_yes(r['target_correct'])} ({r['target_tokens']} tok)")
     finally:
         await srv.stop(grace=1.0)
     report = {"problems": rows, **startup}
@@ -288,13 +299,14 @@ def print_summary(report: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--per-task", type=int, default=4, help="problems per built-in task")
+    ap.add_argument("--per-task", type=int, default=20, help="problems per kind")
+    ap.add_argument("--show", type=int, default=2, help="problems per kind printed in full (drafts, verdicts, timings)")
     ap.add_argument("--drafts", type=int, default=5, help="drafts per problem (edge batch size)")
     ap.add_argument("--seed", type=int, default=7, help="problem and sampling seed")
     ap.add_argument("--temperature", type=float, default=0.3, help="draft sampling temperature")
-    # The seed's penalties (presence 0.2, frequency 0.1) target word-level vocabularies;
-    # on the demo's character-level model they punish every repeated digit, ';' and
-    # space and halve draft accuracy, so the demo turns them off by default.
+    # The seed's penalties (presence 0.2, frequency 0.1) target word-level vocabularies; the demo's
+    # BPE splits numbers into digits, so they punish every repeated digit and ';' and halve draft
+    # accuracy: the demo turns them off by default.
     ap.add_argument("--presence-penalty", type=float, default=0.0, help="draft presence penalty")
     ap.add_argument("--frequency-penalty", type=float, default=0.0, help="draft frequency penalty")
     ap.add_argument("--quiet", action="store_true", help="only answers and the summary")
@@ -302,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     report = asyncio.run(run_demo(args.per_task, args.seed, args.quiet, args.drafts, args.temperature,
-                                  args.presence_penalty, args.frequency_penalty))
+                                  args.presence_penalty, args.frequency_penalty, args.show))
     print_summary(report)
     if args.json:
         print(json.dumps(report, indent=2))

@@ -15,6 +15,7 @@ import ast
 import random
 import re
 import threading
+from collections import Counter
 from typing import Any
 
 from coinfer.errors import InvalidArgument
@@ -225,11 +226,18 @@ class ArithTask(Task):
         """The first step of the expression (post-order) whose value no written step reaches. With
         ``arith_steps`` (each written step right, the answer the last one) this checks the work is
         the prompt's: drafts that misread ``x*y`` as ``x+y`` compute correctly and pass that rule
-        alone. Values, not text: a step may be written with the variables or in another order."""
-        written = {v for _, v in parsed.fields.get("steps", [])}
-        for lhs, value in steps_for(spec["expr"], spec["vars"]):
-            if value not in written:
+        alone. Values, not text: a step may be written with the variables or in another order; counted,
+        so that one ``1+1=2`` does not stand for both steps of ``x-(y+y)`` at x=4, y=1 (2, then 4-2=2);
+        and the last written step must be the expression's last (later steps would change the answer)."""
+        steps = parsed.fields.get("steps", [])
+        written = Counter(v for _, v in steps)
+        plan = steps_for(spec["expr"], spec["vars"])
+        for lhs, value in plan:
+            if written[value] <= 0:
                 return f"step_missing: no step computes {lhs}={value} of {spec['expr']}"
+            written[value] -= 1
+        if plan and steps[-1][1] != plan[-1][1]:
+            return f"step_extra: {steps[-1][0]}={steps[-1][1]} after the expression's last step {plan[-1][0]}"
         return ""
 
     def step_ok(self, spec: dict[str, Any], step: str) -> bool:

@@ -54,6 +54,12 @@ def test_arith_plan_refuses_right_arithmetic_on_the_wrong_terms():
     res, _ = rules.check("3+5=8; 8^2=64; 3+5=8; 64-8=56; answer 56")
     assert (res.error, res.failed_rule) == ("step_missing: no step computes 3*5=15 of (x+y)^2-x*y", "task_check:arith_plan")
     assert rules.check("x*y=15; x+y=8; 8^2=64; 64-15=49; answer 49")[0].valid  # another order is fine
+    # steps are counted: one 1+1=2 is not both steps of x-(y+y) at x=4, y=1; nothing after the last
+    twice = ARITH.parse_problem("If x=4 and y=1, compute x-(y+y).")
+    assert ARITH.check("arith_plan", twice, ARITH.parse_answer("1+1=2; 1+2=3; answer 3")) == (
+        "step_missing: no step computes 4-2=2 of x-(y+y)")
+    assert ARITH.check("arith_plan", twice, ARITH.parse_answer("1+1=2; 4-2=2; 2+1=3; answer 3")) == (
+        "step_extra: 2+1=3 after the expression's last step 4-2")
     # a verified prefix (what the cloud continues) holds only steps of the expression
     assert ARITH.verified_prefix(spec, "3+5=8; 8^2=64; 3*5=15; 64-16=48; answer 48") == ["3+5=8", "8^2=64", "3*5=15"]
     assert ARITH.verified_prefix(spec, "3+5=8; 3-5=-2; 8^2=64; answer 64") == ["3+5=8"]
