@@ -96,7 +96,18 @@ class Planner:
         return RequestShape(prompt_tokens=prompt_tokens, draft_tokens=round(dt), n_drafts=n, answer_tokens=round(at),
                             prompt_bytes=prompt_bytes, draft_bytes=round(dt * bpt), answer_bytes=round(at * bpt),
                             rounds=e.get(f"rounds.{task}"), split_steps=e.get(f"decode_steps.split.{task}"),
-                            cloud_steps=e.get(f"decode_steps.cloud.{task}"))
+                            cloud_steps=self._cloud_steps(task))
+
+    def _cloud_steps(self, task: str) -> float:
+        """The cloud plan's decode steps for ``task``: measured, else as long as the answers the
+        cloud wrote for the task in splits (``answer_tokens``), else the default. Without this,
+        a plan auto never ran kept its conservative default (128 steps: 786 ms predicted against
+        150 ms measured for a word problem) and auto never chose it, so never learned otherwise."""
+        e = self.est
+        key = f"decode_steps.cloud.{task}"
+        if not e.has(key) and e.has(f"answer_tokens.{task}"):
+            return e.get(f"answer_tokens.{task}")
+        return e.get(key)
 
     def escalation(self, task: str, shape: RequestShape) -> Escalation:
         """Auto's edge plan escalating a rule-failing answer: the split's shape and quality from

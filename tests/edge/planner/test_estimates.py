@@ -50,6 +50,18 @@ def test_planner_falls_back_to_defaults_and_says_so():
     assert p.choose("arith", 40, 40, 5, EdgeState(2_000_000, "cold"), cloud_available=False).plan == "edge"
 
 
+def test_a_cloud_plan_never_run_is_predicted_from_the_answers_the_task_gets():
+    # auto never ran the cloud plan for this task: its length is the task's answers', not the
+    # conservative 128-step default that kept auto off it forever (786 ms predicted, 150 measured)
+    e = Estimates()
+    p = Planner(e)
+    assert p.shape("words", 40, 40, 5).cloud_steps == DEFAULTS["decode_steps.cloud"]
+    e.observe("answer_tokens.words", 36.0)
+    assert p.shape("words", 40, 40, 5).cloud_steps == 36.0
+    e.observe("decode_steps.cloud.words", 41.0)  # measured: the measurement wins
+    assert p.shape("words", 40, 40, 5).cloud_steps == 41.0
+
+
 def _result(rounds: int, drafting: float, total: float, summary=None):
     from coinfer import types as t
     from edge.pipeline import EdgeResult

@@ -1,0 +1,156 @@
+"""``plan: auto`` against every single plan, through the OpenAI API, on the demo pair.
+
+Usage::
+
+    .venv/bin/python -m benchmarks.auto_plan                      # 60 words + 30 arith + 30 select
+    .venv/bin/python -m benchmarks.auto_plan --words 20 --arith 10 --select 10 --json out.json
+
+One run, one machine, real parts: the cloud service (vLLM, the demo target) and the edge daemon
+(the demo's INT8 draft on ONNX Runtime, its HTTP API) on 127.0.0.1; the official ``openai`` SDK
+sends each held-out problem once per plan, one request at a time (latency, not throughput). The
+presets' prompts go as plain chat messages (the daemon infers their task); word problems as open
+requests with the demo's rules (``arithmetic`` + a numeric answer, extraction ``marker``). The
+planner is warmed first with ``--warmup`` train-side problems under auto (a daemon that has served
+a while), then the plans run in the order auto, edge, split, cloud on the same problems.
+
+Printed per plan and task: accuracy, median and mean latency, the cloud's generated tokens per
+answer, and for auto which plans ran (``edge -> split``: an edge answer that failed the rules was
+escalated with its drafts) and its predictions: the ratio of mean measured to mean predicted
+latency (the planner predicts an expectation: an edge plan that may escalate is predicted as its
+attempt plus the escalation's chance times its cost), and per request the measured time of what
+ran over the prediction for that outcome (the attempt alone, or the attempt plus the escalation's
+cost). Goals (the demo-pair issue): auto's accuracy >= the best single plan's - 2 points at a
+median latency <= that plan's; measured / predicted within 1.3x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import statistics
+import sys
+import time
+from collections import Counter
+
+from benchmarks.open_accuracy import RULES, WORDS, Case, cases
+
+PLANS = ("auto", "edge", "split", "cloud")
+
+
+def _body(case: Case, plan: str) -> dict:
+    extra: dict = {"plan": plan}
+    if case.kind == WORDS:
+        extra.update(extraction="marker", rules=RULES)
+    return {"coinfer": extra}
+
+
+async def _ask(client, case: Case, plan: str) -> dict:
+    t0 = time.perf_counter()
+    r = await client.chat.completions.create(model="coinfer-edge", messages=[{"role": "user", "content": case.prompt}],
+                                             extra_body=_body(case, plan))
+    ms = (time.perf_counter() - t0) * 1e3
+    info = r.model_extra["coinfer"]
+    pred = info.get("predicted_ms") or {}
+    escalated = len(info["plans"]) > 1
+    # the prediction for the outcome that happened: the attempt, plus the escalation's cost if it came
+    outcome = pred.get("attempt_ms", 0.0) + (pred.get("escalation_cost_ms", 0.0) if escalated else 0.0)
+    return {"kind": case.kind, "plan": plan, "ran": " -> ".join(info["plans"]), "ok": case.grade(r.choices[0].message.content),
+            "ms": ms, "predicted_ms": pred.get("total_ms", 0.0), "outcome_predicted_ms": outcome,
+            "cloud_tokens": info["cloud_tokens"]["generated"], "source": info["source"],
+            "plan_reason": info["plan_reason"]}
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Accuracy, latency, cloud tokens and (where the planner predicted) measured / predicted."""
+    n = max(1, len(rows))
+    out = {"requests": len(rows), "accuracy": round(sum(r["ok"] for r in rows) / n, 3),
+           "median_ms": round(statistics.median(r["ms"] for r in rows), 1) if rows else 0.0,
+           "mean_ms": round(statistics.mean(r["ms"] for r in rows), 1) if rows else 0.0,
+           "cloud_tokens_per_answer": round(statistics.mean(r["cloud_tokens"] for r in rows), 1) if rows else 0.0,
+           "ran": dict(Counter(r["ran"] for r in rows))}
+    predicted = [r for r in rows if r["predicted_ms"] > 0]
+    if predicted:
+        out["mean_measured_over_mean_predicted"] = round(
+            statistics.mean(r["ms"] for r in predicted) / statistics.mean(r["predicted_ms"] for r in predicted), 3)
+        ratios = sorted(r["ms"] / r["outcome_predicted_ms"] for r in predicted if r["outcome_predicted_ms"] > 0)
+        if ratios:
+            out["outcome_ratio_median"] = round(statistics.median(ratios), 3)
+            out["outcome_ratio_within_1.3x"] = round(sum(1 / 1.3 <= x <= 1.3 for x in ratios) / len(ratios), 3)
+    return out
+
+
+def goals(report: dict) -> dict:
+    plans = report["all"]
+    single = {p: plans[p] for p in PLANS if p != "auto"}
+    best = max(single, key=lambda p: (single[p]["accuracy"], -single[p]["median_ms"]))
+    auto = plans["auto"]
+    ratio = auto.get("mean_measured_over_mean_predicted", 0.0)
+    return {"best_single_plan": best,
+            "auto accuracy >= best - 2 pts": auto["accuracy"] >= single[best]["accuracy"] - 0.02,
+            "auto median latency <= best's": auto["median_ms"] <= single[best]["median_ms"],
+            "auto measured / predicted within 1.3x": 1 / 1.3 <= ratio <= 1.3}
+
+
+async def run(counts: dict[str, int], warmup: int, seed: int) -> dict:
+    from openai import AsyncOpenAI
+
+    from cloud.config import CloudConfig, EngineConfig
+    from cloud.engine import VllmEngine
+    from cloud.server import create_server
+    from demo.artifacts import ensure_artifacts
+    from edge.config import EdgeConfig
+    from edge.daemon import EdgeDaemon
+
+    art = ensure_artifacts()
+    cfg = CloudConfig(engine=EngineConfig(model=str(art.target)))
+    srv = await create_server(cfg)
+    await srv.attach_engine(await VllmEngine(cfg.engine).start())
+    daemon = await EdgeDaemon(EdgeConfig(model=str(art.draft_int8), cloud=f"127.0.0.1:{srv.port}", grpc_port=0,
+                                         http_port=0)).start()
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0,
+                         timeout=120)
+    held_out = [c for kind, n in counts.items() if n for c in cases((kind,), n, seed)]
+    warm = [c for kind in counts for c in cases((kind,), warmup // len(counts), seed + 1, held_out=False)]
+    rows: list[dict] = []
+    t0 = time.perf_counter()
+    try:
+        for case in warm:
+            await _ask(client, case, "auto")
+        for plan in PLANS:
+            for case in held_out:
+                rows.append(await _ask(client, case, plan))
+    finally:
+        await daemon.stop()
+        await srv.stop(grace=1.0)
+    report = {"requests_per_plan": len(held_out), "warmup": len(warm), "wall_s": round(time.perf_counter() - t0, 1),
+              "all": {p: summarize([r for r in rows if r["plan"] == p]) for p in PLANS},
+              "by_task": {k: {p: summarize([r for r in rows if r["plan"] == p and r["kind"] == k]) for p in PLANS}
+                          for k, n in counts.items() if n}}
+    report["goals"] = goals(report)
+    report["rows"] = rows
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--words", type=int, default=60)
+    ap.add_argument("--arith", type=int, default=30)
+    ap.add_argument("--select", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=24, help="train-side problems under auto before measuring")
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--json", help="write the report here")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    report = asyncio.run(run({WORDS: args.words, "arith": args.arith, "select": args.select}, args.warmup, args.seed))
+    rows = report.pop("rows")
+    print(json.dumps(report, indent=2))
+    if args.json:  # the file also keeps every request's row
+        with open(args.json, "w") as f:
+            json.dump({**report, "rows": rows}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
