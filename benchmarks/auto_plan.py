@@ -19,7 +19,8 @@ escalated with its drafts) and its predictions: the ratio of mean measured to me
 latency (the planner predicts an expectation: an edge plan that may escalate is predicted as its
 attempt plus the escalation's chance times its cost), and per request the measured time of what
 ran over the prediction for that outcome (the attempt alone, or the attempt plus the escalation's
-cost). Goals (the demo-pair issue): auto's accuracy >= the best single plan's - 2 points at a
+cost). With ``--stream``, the time to the first content token of a streamed answer too (the edge
+holds the answer until the cloud has verified it: an OpenAI stream cannot withdraw text). Goals (the demo-pair issue): auto's accuracy >= the best single plan's - 2 points at a
 median latency <= that plan's; measured / predicted within 1.3x.
 """
 
@@ -46,18 +47,30 @@ def _body(case: Case, plan: str) -> dict:
     return {"coinfer": extra}
 
 
-async def _ask(client, case: Case, plan: str) -> dict:
+async def _ask(client, case: Case, plan: str, stream: bool = False) -> dict:
     t0 = time.perf_counter()
-    r = await client.chat.completions.create(model="coinfer-edge", messages=[{"role": "user", "content": case.prompt}],
-                                             extra_body=_body(case, plan))
+    messages = [{"role": "user", "content": case.prompt}]
+    ttft = 0.0
+    if stream:  # the stream holds the answer until the cloud has verified it: its first token is late
+        text, info, finish = "", {}, None
+        async for c in await client.chat.completions.create(model="coinfer-edge", messages=messages, stream=True,
+                                                            extra_body=_body(case, plan)):
+            delta = c.choices[0].delta.content if c.choices else None
+            if delta:
+                ttft = ttft or (time.perf_counter() - t0) * 1e3
+                text += delta
+            info = (c.model_extra or {}).get("coinfer", info) or info
+        content = text
+    else:
+        r = await client.chat.completions.create(model="coinfer-edge", messages=messages, extra_body=_body(case, plan))
+        info, content = r.model_extra["coinfer"], r.choices[0].message.content
     ms = (time.perf_counter() - t0) * 1e3
-    info = r.model_extra["coinfer"]
     pred = info.get("predicted_ms") or {}
     escalated = len(info["plans"]) > 1
     # the prediction for the outcome that happened: the attempt, plus the escalation's cost if it came
     outcome = pred.get("attempt_ms", 0.0) + (pred.get("escalation_cost_ms", 0.0) if escalated else 0.0)
-    return {"kind": case.kind, "plan": plan, "ran": " -> ".join(info["plans"]), "ok": case.grade(r.choices[0].message.content),
-            "ms": ms, "predicted_ms": pred.get("total_ms", 0.0), "outcome_predicted_ms": outcome,
+    return {"kind": case.kind, "plan": plan, "ran": " -> ".join(info["plans"]), "ok": case.grade(content),
+            "ms": ms, "ttft_ms": ttft, "predicted_ms": pred.get("total_ms", 0.0), "outcome_predicted_ms": outcome,
             "cloud_tokens": info["cloud_tokens"]["generated"], "source": info["source"],
             "plan_reason": info["plan_reason"]}
 
@@ -70,6 +83,8 @@ def summarize(rows: list[dict]) -> dict:
            "mean_ms": round(statistics.mean(r["ms"] for r in rows), 1) if rows else 0.0,
            "cloud_tokens_per_answer": round(statistics.mean(r["cloud_tokens"] for r in rows), 1) if rows else 0.0,
            "ran": dict(Counter(r["ran"] for r in rows))}
+    if rows and any(r.get("ttft_ms") for r in rows):
+        out["median_first_token_ms"] = round(statistics.median(r["ttft_ms"] for r in rows), 1)
     predicted = [r for r in rows if r["predicted_ms"] > 0]
     if predicted:
         out["mean_measured_over_mean_predicted"] = round(
@@ -93,7 +108,7 @@ def goals(report: dict) -> dict:
             "auto measured / predicted within 1.3x": 1 / 1.3 <= ratio <= 1.3}
 
 
-async def run(counts: dict[str, int], warmup: int, seed: int) -> dict:
+async def run(counts: dict[str, int], warmup: int, seed: int, stream: bool = False) -> dict:
     from openai import AsyncOpenAI
 
     from cloud.config import CloudConfig, EngineConfig
@@ -120,7 +135,7 @@ async def run(counts: dict[str, int], warmup: int, seed: int) -> dict:
             await _ask(client, case, "auto")
         for plan in PLANS:
             for case in held_out:
-                rows.append(await _ask(client, case, plan))
+                rows.append(await _ask(client, case, plan, stream))
     finally:
         await daemon.stop()
         await srv.stop(grace=1.0)
@@ -141,9 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=24, help="train-side problems under auto before measuring")
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--json", help="write the report here")
+    ap.add_argument("--stream", action="store_true", help="streamed requests: also the time to the first content token")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    report = asyncio.run(run({WORDS: args.words, "arith": args.arith, "select": args.select}, args.warmup, args.seed))
+    report = asyncio.run(run({WORDS: args.words, "arith": args.arith, "select": args.select}, args.warmup, args.seed, args.stream))
     rows = report.pop("rows")
     print(json.dumps(report, indent=2))
     if args.json:  # the file also keeps every request's row

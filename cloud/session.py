@@ -120,6 +120,8 @@ class Session:
     """Per verified draft: its least likely token's logprob under the target (likelihood verifier)."""
     mean_lp: dict[int, float] = field(default_factory=dict)
     """Per verified draft: its mean per-token logprob under the target (likelihood verifier)."""
+    shown: str = ""
+    """The answer text streamed so far (since the last reset): an answer other than it withdraws it first."""
 
     def _ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1e3
@@ -232,7 +234,7 @@ class Session:
         finish reason: "stop" or "length")."""
         t_start, ttft = time.perf_counter(), 0.0
         if prefix:
-            await out.put(t.AnswerChunk(prefix))
+            await self._chunk(out, prefix)
         text, tokens, finish = prefix, 0, "stop"
         async for delta in self.engine.generate(prompt + prefix, self._params(max_tokens), f"{self.key}-{tag}"):
             if not ttft:
@@ -241,7 +243,7 @@ class Session:
             finish = _finish_reason(delta.finish_reason, finish)
             if delta.text:
                 text += delta.text
-                await out.put(t.AnswerChunk(delta.text))
+                await self._chunk(out, delta.text)
         return text, ttft, tokens, finish
 
     async def _accept(self, text: str, likelihood: bool = True) -> tuple[bool, str, Parsed]:
@@ -325,7 +327,7 @@ class Session:
             mode, chosen, ttft, steps, generated = "accepted", [best], 0.0, 0, 0
             answer, source, valid, parsed = best.draft.text, t.AnswerSource.DRAFT, True, best.parsed
             finish = "length" if best.draft.truncated else "stop"
-            await out.put(t.AnswerChunk(answer))
+            await self._chunk(out, answer)
             refine_note = f"best draft accepted as is (score {best.verdict.score:.2f}, agreement {ranked[0][2]:.2f})"
         elif ranked:
             best = ranked[0][0]
@@ -345,9 +347,10 @@ class Session:
                 ok = False
             if ok:
                 answer, source, valid = text, t.AnswerSource.REFINED, True
-            else:  # never worse than the best valid draft
+            else:  # never worse than the best valid draft; the rejected text streamed is withdrawn
                 answer, source, valid, parsed = best.draft.text, t.AnswerSource.DRAFT, True, best.parsed
                 finish = "length" if best.draft.truncated else "stop"
+                await self._replace_streamed(out, answer, f"refinement rejected: {why}")
             refine_note = f"refined from {len(chosen)} draft(s) as {mode}" + (
                 "" if ok else f"; refinement rejected ({why}), best draft returned")
         else:
@@ -359,7 +362,7 @@ class Session:
             mode, chosen = ("prefix" if prefix_steps else "alone"), []  # a verified prefix is the drafts' work
             text, ttft, steps, finish = await self._generate(self.prompt_text, prefix, p.refine_max_tokens, "cloud", out)
             generated = steps
-            valid, _, parsed = await self._accept(text, likelihood=False)
+            valid, why, parsed = await self._accept(text, likelihood=False)
             if not valid and p.cloud_candidates > 0:
                 # the greedy answer failed a rule: sample candidates in one batched request, keep the
                 # first that passes; they continue from the greedy answer's own steps before its first
@@ -376,6 +379,8 @@ class Session:
                 for cand in cands:
                     cand_ok, _, cand_parsed = await self._accept(prefix + cand.text, likelihood=False)
                     if cand_ok:
+                        await self._replace_streamed(out, prefix + cand.text,
+                                                     f"the cloud's answer failed {why}; a candidate passed")
                         text, valid, parsed = prefix + cand.text, True, cand_parsed
                         finish = _finish_reason(cand.finish_reason)
                         break
@@ -387,6 +392,20 @@ class Session:
         await out.put(self._summary(
             ranked, answer, source, valid, parsed, chosen, mode, finish, refine_note,
             t.Timings(verify_ms, ttft, (time.perf_counter() - t_ref) * 1e3, self._ms(), steps, generated)))
+
+    async def _chunk(self, out: asyncio.Queue, text: str) -> None:
+        self.shown += text
+        await out.put(t.AnswerChunk(text))
+
+    async def _replace_streamed(self, out: asyncio.Queue, answer: str, reason: str) -> None:
+        """The answer is not the text streamed: withdraw it (``AnswerReset``) and stream the answer,
+        so that a client showing chunks as they come ends on the answer the Summary carries."""
+        if self.shown == answer:
+            return
+        if self.shown:
+            self.shown = ""
+            await out.put(t.AnswerReset(reason))
+        await self._chunk(out, answer)
 
     def _summary(self, ranked: list[tuple[_Judged, float, float]], answer: str, source: t.AnswerSource, valid: bool,
                  parsed: Parsed | None, chosen: list[_Judged], mode: str, finish: str, note: str,
@@ -496,6 +515,8 @@ class Session:
                 await out.put(_END)
             except TimeoutError:
                 best = self._at_deadline()
+                if best is not None:  # what was streamed of an unfinished refinement is not the answer
+                    await self._replace_streamed(out, best.answer, "deadline: the best verified draft, as is")
                 await out.put(best if best is not None else DeadlineExceeded(
                     f"deadline_ms: session exceeded its {self.deadline_s * 1e3:.0f} ms deadline with no verified draft"))
                 if best is not None:

@@ -26,7 +26,7 @@ from coinfer.v1 import coinfer_pb2 as pb
 T = TypeVar("T")
 
 _EVENT_FIELD = {t.SessionAccepted: "accepted", t.Verdict: "verdict", t.AnswerChunk: "chunk",
-                t.Summary: "summary", t.RetryAdvice: "retry"}
+                t.Summary: "summary", t.RetryAdvice: "retry", t.AnswerReset: "reset"}
 
 
 def to_pb(obj: Any, msg_cls: type) -> Any:

@@ -104,8 +104,9 @@ class AnswerChunk:
 
 @dataclass
 class AnswerReset:
-    """The answer streamed so far is withdrawn: its replica failed mid-answer and the session was
-    replayed on another, which streams its own (edge events only)."""
+    """The answer streamed so far is withdrawn; what follows is the answer: the cloud rejected the
+    text it streamed (verification), or its replica failed mid-answer and the session was replayed
+    on another, which streams its own."""
 
     reason: str
 

@@ -276,6 +276,8 @@ class EdgePipeline:
         def emit_cloud(ev: Event) -> None:
             if isinstance(ev, t.AnswerChunk) and ev.text:
                 answered.append(True)
+            elif isinstance(ev, t.AnswerReset):  # the cloud withdrew what it streamed (passed on as is)
+                answered.clear()
             emit(ev)
 
         try:

@@ -51,7 +51,7 @@ class EdgeServicer(epb_grpc.CoinferEdgeServicer):
                 elif isinstance(ev, t.AnswerChunk):
                     yield epb.SolveEvent(chunk=pb.AnswerChunk(text=ev.text))
                 elif isinstance(ev, t.AnswerReset):
-                    yield epb.SolveEvent(reset=epb.AnswerReset(reason=ev.reason))
+                    yield epb.SolveEvent(reset=pb.AnswerReset(reason=ev.reason))
         except Exception as exc:  # noqa: BLE001 - never crash the daemon
             if isinstance(exc, (InvalidArgument, ResourceExhausted)):  # the client's fault, by field
                 self.core.metrics.bad_request(field_of(exc.message))

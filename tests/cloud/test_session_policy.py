@@ -119,6 +119,30 @@ def test_a_refinement_that_contradicts_agreeing_drafts_is_refused():
     assert "contradicts" in summary.trace
 
 
+def _shown(events: list) -> str:
+    """What a client that shows chunks as they come ends on: the text after the last AnswerReset."""
+    text = ""
+    for ev in events:
+        if isinstance(ev, t.AnswerReset):
+            text = ""
+        elif isinstance(ev, t.AnswerChunk):
+            text += ev.text
+    return text
+
+
+def test_a_rejected_refinement_withdraws_what_it_streamed():
+    right2 = RIGHT.replace("Tom", "Tom then")
+    engine = ScriptedEngine({RIGHT: [-0.1] * 12, right2: [-0.1] * 12, WRONG: [-0.3] * 12}, reply=WRONG)
+    events = asyncio.run(_run(_refining(engine), [RIGHT, right2]))
+    resets = [e for e in events if isinstance(e, t.AnswerReset)]
+    assert len(resets) == 1 and resets[0].reason.startswith("refinement rejected: contradicts")
+    assert "".join(e.text for e in events[:events.index(resets[0])] if isinstance(e, t.AnswerChunk)) == WRONG
+    assert _shown(events) == events[-1].answer != WRONG
+    # an accepted refinement streams once, no reset
+    events = asyncio.run(_run(_refining(ScriptedEngine({RIGHT: [-0.1] * 12}, reply=RIGHT)), [RIGHT]))
+    assert not any(isinstance(e, t.AnswerReset) for e in events) and _shown(events) == events[-1].answer
+
+
 def test_a_refinement_the_target_clearly_prefers_overrides_agreeing_drafts():
     wrong2 = WRONG.replace("Tom", "Tom then")
     engine = ScriptedEngine({WRONG: [-0.45] * 12, wrong2: [-0.45] * 12, RIGHT: [-0.05] * 12}, reply=RIGHT)
@@ -161,9 +185,11 @@ def test_the_deadline_returns_the_best_verified_draft_instead_of_an_error():
     session = _refining(engine)
     session.deadline_s = 0.8
     t0 = time.perf_counter()
-    summary = asyncio.run(_run(session, [RIGHT]))[-1]
+    events = asyncio.run(_run(session, [RIGHT]))
+    summary = events[-1]
     assert time.perf_counter() - t0 < 3.0  # bounded by the deadline, not by the refinement
     assert summary.refine_mode == "deadline" and summary.answer == RIGHT and summary.source == t.AnswerSource.DRAFT
+    assert _shown(events) == RIGHT  # the unfinished refinement's words are withdrawn
 
 
 def test_the_likelihood_threshold_is_relative_to_the_draft_models_own_confidence():
@@ -209,7 +235,9 @@ def test_cloud_candidates_continue_the_greedy_answers_own_right_steps():
     session = Session(CloudConfig(), engine, req, arith, spec, RuleSet([], arith, spec), recommended_drafts=5,
                       deadline_s=10.0)
     session.cfg.policy.max_retries = 0
-    summary = asyncio.run(_run(session, ["3+5=9; answer 9"]))[-1]
+    events = asyncio.run(_run(session, ["3+5=9; answer 9"]))
+    summary = events[-1]
+    assert _shown(events) == summary.answer  # the greedy answer streamed first is withdrawn
     assert engine.prompts and engine.prompts[0].endswith("3+5=8; 8^2=64; 3*5=15;")
     assert summary.answer == "3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 49" and summary.answer_valid
     assert summary.refine_mode == "alone"  # no draft step was right: the drafts gave nothing

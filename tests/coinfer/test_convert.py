@@ -21,6 +21,7 @@ def test_every_cloud_event_round_trips():
         t.SessionAccepted("r", ["parse", "length"], 3),
         t.Verdict(2, False, 0.0, "step_wrong: 8^2=62 (expected 64)", "task_check:arith_steps", 1.5, ["parse"], 0),
         t.AnswerChunk("3+5"),
+        t.AnswerReset("refinement rejected: task_check:arith_steps"),
         t.Summary("answer 49", t.AnswerSource.DRAFT, [1, 0], [t.DraftScore(0, True, 0.25, 0.5)],
                   t.Timings(1.0, 2.0, 3.0, 4.0), "trace", True, 5, "r"),
         t.RetryAdvice(1, 7, t.SamplingParams(temperature=0.6, presence_penalty=0.4), "parse_error x3"),

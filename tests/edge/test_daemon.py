@@ -55,6 +55,28 @@ async def test_split_plan_over_the_edge_service(daemon):
     assert st["recommended_drafts"] in (3, 5)  # adopted from the cloud's summary
 
 
+async def test_the_streamed_text_after_the_last_reset_is_the_answer(daemon):
+    # a client showing chunks as they come (a foreign gRPC stack) must end on the result's answer:
+    # a refinement the cloud rejects, or a greedy answer a candidate replaces, is withdrawn by a reset
+    import random
+
+    from coinfer.tasks import TASKS
+
+    rng = random.Random(5)
+    for i in range(12):
+        task = ("arith", "select")[i % 2]
+        prompt = TASKS[task].generate(rng).prompt
+        events = await solve(daemon.grpc_port, task=task, prompt=prompt, plan=("split", "cloud")[i % 3 == 0])
+        shown = ""
+        for ev in events:
+            kind = ev.WhichOneof("kind")
+            if kind == "reset":
+                shown = ""
+            elif kind == "chunk":
+                shown += ev.chunk.text
+        assert shown == events[-1].result.answer, (prompt, [e.WhichOneof("kind") for e in events])
+
+
 async def test_edge_and_cloud_plans(daemon):
     edge = (await solve(daemon.grpc_port, plan="edge"))[-1].result
     assert edge.source == "edge_only" and edge.plan == "edge"
