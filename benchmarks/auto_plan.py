@@ -36,8 +36,9 @@ import time
 from collections import Counter
 
 from benchmarks.open_accuracy import RULES, WORDS, Case, cases
+from coinfer.types import PLAN_CHOICES
 
-PLANS = ("auto", "edge", "split", "cloud")
+PLANS = PLAN_CHOICES
 
 
 def _body(case: Case, plan: str) -> dict:
@@ -52,7 +53,7 @@ async def _ask(client, case: Case, plan: str, stream: bool = False) -> dict:
     messages = [{"role": "user", "content": case.prompt}]
     ttft = 0.0
     if stream:  # the stream holds the answer until the cloud has verified it: its first token is late
-        text, info, finish = "", {}, None
+        text, info = "", {}
         async for c in await client.chat.completions.create(model="coinfer-edge", messages=messages, stream=True,
                                                             extra_body=_body(case, plan)):
             delta = c.choices[0].delta.content if c.choices else None

@@ -132,13 +132,12 @@ def _threshold_table(rows: list[dict], configured: float) -> list[dict]:
     return out
 
 
-FROM_DRAFTS = {"accepted", "prefix", "candidates"}
-"""Refine modes whose answer is built from the drafts (the cloud-alone path is "alone")."""
 
 
 async def _one(pipe, engine, case: Case, i: int, drafts: int, seed: int) -> dict:
     """One problem: split through the real edge -> cloud path, then the target alone."""
     from coinfer.chat import ChatMessage
+    from coinfer.types import FROM_DRAFTS
     from edge.pipeline import Plan
     from edge.sampling import Sampling
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coinfer.chat import CANDIDATE_FORMAT, REFINE_TEMPLATE
+from coinfer.types import VerifierKind
 
 
 @dataclass
@@ -170,8 +171,8 @@ class PolicyConfig:
                 getattr(self, name).format(**{k: "" for k in keys})
             except (KeyError, IndexError, ValueError) as exc:
                 raise ValueError(f"policy.{name}: only {{{'}, {'.join(keys)}}} may be used: {exc}") from None
-        if self.verifier not in ("likelihood", "judge"):
-            raise ValueError(f"policy.verifier: must be likelihood|judge, got {self.verifier!r}")
+        if self.verifier not in tuple(VerifierKind):
+            raise ValueError(f"policy.verifier: must be {'|'.join(VerifierKind)}, got {self.verifier!r}")
         if self.learn_every < 0 or not 0.0 < self.learn_alpha <= 1.0:
             raise ValueError("policy.learn_every >= 0 and policy.learn_alpha in (0, 1] required")
         if self.relative_margin is not None and not 0.0 <= self.relative_margin <= 10.0:

@@ -178,22 +178,23 @@ class Session:
         return max(p.min_mean_logprob_floor, min(p.min_mean_logprob, own - p.relative_margin))
 
     async def _llm_verdict(self, index: int, text: str, passed: list[str], own: float | None = None) -> t.Verdict:
-        if self.cfg.policy.verifier == "judge":
+        if self.cfg.policy.verifier == t.VerifierKind.JUDGE:
             out = await self.engine.judge(judge_prompt(self.req.question, text), JUDGE_SCHEMA, JUDGE_MAX_TOKENS,
                                           f"{self.key}-j{index}")
             valid, score, error = parse_judge(out)
             return t.Verdict(draft_index=index, valid=valid, score=score, error=error,
-                             failed_rule="" if valid else "judge", rules_passed=passed + (["judge"] if valid else []))
+                             failed_rule="" if valid else t.VerifierKind.JUDGE.value,
+                             rules_passed=passed + ([t.VerifierKind.JUDGE.value] if valid else []))
         lps = await self.engine.continuation_logprobs(self.prompt_text, text, f"{self.key}-v{index}")
         mean = mean_logprob(lps)
         if index >= 0 and lps:
             self.min_logprob[index], self.mean_lp[index] = min(lps), mean
         floor = self._floor(own)
         if self._thresholded and mean < floor:
-            return t.Verdict(draft_index=index, valid=False, score=likelihood_score(lps), failed_rule="likelihood",
+            return t.Verdict(draft_index=index, valid=False, score=likelihood_score(lps), failed_rule=t.VerifierKind.LIKELIHOOD.value,
                              error=f"low_likelihood: mean logprob {mean:.2f} < {floor:.2f} per token",
                              rules_passed=passed)
-        return t.Verdict(draft_index=index, valid=True, score=likelihood_score(lps), rules_passed=passed + ["likelihood"])
+        return t.Verdict(draft_index=index, valid=True, score=likelihood_score(lps), rules_passed=passed + [t.VerifierKind.LIKELIHOOD.value])
 
     # ---- ranking ------------------------------------------------------------------
     def _ranked(self) -> list[tuple[_Judged, float, float]]:
@@ -254,7 +255,7 @@ class Session:
         res, parsed = await asyncio.to_thread(self.rules.check, text)
         if not res.valid:
             return False, f"{res.failed_rule}: {res.error}", parsed
-        if likelihood and self._thresholded and self.cfg.policy.verifier == "likelihood":
+        if likelihood and self._thresholded and self.cfg.policy.verifier == t.VerifierKind.LIKELIHOOD:
             v = await self._llm_verdict(-1, text, res.passed)
             if not v.valid:
                 return False, v.error, parsed
@@ -279,7 +280,7 @@ class Session:
         if agreed is None or self._agreement_key(text, parsed) == agreed:
             return ""
         best = ranked[0][0]
-        if p.verifier == "likelihood" and best.draft.index in self.mean_lp:
+        if p.verifier == t.VerifierKind.LIKELIHOOD and best.draft.index in self.mean_lp:
             lps = await self.engine.continuation_logprobs(self.prompt_text, text, f"{self.key}-o{self.attempt}")
             mean, floor = mean_logprob(lps), self.mean_lp[best.draft.index] + p.refine_override_nats
             if lps and mean >= floor:
@@ -294,7 +295,7 @@ class Session:
         tokens to write what the draft already says."""
         p = self.cfg.policy
         best, _, agree = ranked[0]
-        min_lp = self.min_logprob.get(best.draft.index, 0.0 if p.verifier == "judge" else -float("inf"))
+        min_lp = self.min_logprob.get(best.draft.index, 0.0 if p.verifier == t.VerifierKind.JUDGE else -float("inf"))
         return (best.verdict.score >= p.accept_min_score and agree >= p.accept_min_agreement
                 and min_lp >= p.accept_min_token_logprob)
 
@@ -311,12 +312,12 @@ class Session:
             steps = [split_steps(j.draft.text) for j, _, _ in ranked for _ in range(j.support)]
             prefix_steps = consensus_prefix(steps, min(p.min_support, len(steps)))
             if prefix_steps:
-                return "prefix", self.prompt_text, _join_steps(prefix_steps), [best]
+                return t.RefineMode.PREFIX, self.prompt_text, _join_steps(prefix_steps), [best]
         chosen = [j for j, _, _ in ranked[: p.context_drafts]]  # duplicates were merged at verification
         conv = self.req.conversation
         question = refine_question(self.req.question, [j.draft.text for j in chosen], p.refine_template,
                                    p.candidate_format)
-        return "candidates", self.engine.render(with_question(conv, question)), "", chosen
+        return t.RefineMode.CANDIDATES, self.engine.render(with_question(conv, question)), "", chosen
 
     async def _finish(self, out: asyncio.Queue, verify_ms: float) -> None:
         ranked = self._ranked()
@@ -324,7 +325,7 @@ class Session:
         t_ref = time.perf_counter()
         if ranked and self._accept_as_is(ranked):
             best = ranked[0][0]
-            mode, chosen, ttft, steps, generated = "accepted", [best], 0.0, 0, 0
+            mode, chosen, ttft, steps, generated = t.RefineMode.ACCEPTED, [best], 0.0, 0, 0
             answer, source, valid, parsed = best.draft.text, t.AnswerSource.DRAFT, True, best.parsed
             finish = "length" if best.draft.truncated else "stop"
             await self._chunk(out, answer)
@@ -337,7 +338,7 @@ class Session:
                              min(p.refine_max_tokens, 2 * max(j.draft.num_tokens for j in chosen) + 16))
             text, ttft, steps, finish = await self._generate(prompt, prefix, max_tokens, f"r{self.attempt}", out)
             generated = steps
-            if mode == "candidates":
+            if mode is t.RefineMode.CANDIDATES:
                 text = _strip_candidate_label(text, p.candidate_format, len(chosen))
             if why := _scaffolding_error(text, p.refine_template):
                 ok, parsed = False, None
@@ -359,7 +360,7 @@ class Session:
             verified = [self.task.verified_prefix(self.spec, j.draft.text) for j in self.judged.values()]
             prefix_steps = consensus_prefix([v for v in verified if v], 1)
             prefix = _join_steps(prefix_steps)
-            mode, chosen = ("prefix" if prefix_steps else "alone"), []  # a verified prefix is the drafts' work
+            mode, chosen = (t.RefineMode.PREFIX if prefix_steps else t.RefineMode.ALONE), []  # a verified prefix is the drafts' work
             text, ttft, steps, finish = await self._generate(self.prompt_text, prefix, p.refine_max_tokens, "cloud", out)
             generated = steps
             valid, why, parsed = await self._accept(text, likelihood=False)
@@ -434,7 +435,7 @@ class Session:
         if not ranked:
             return None
         best = ranked[0][0]
-        return self._summary(ranked, best.draft.text, t.AnswerSource.DRAFT, True, best.parsed, [best], "deadline",
+        return self._summary(ranked, best.draft.text, t.AnswerSource.DRAFT, True, best.parsed, [best], t.RefineMode.DEADLINE,
                              "length" if best.draft.truncated else "stop",
                              "deadline reached: the best verified draft returned as is",
                              t.Timings(total_ms=self._ms()))

@@ -55,6 +55,8 @@ def to_pb(obj: Any, msg_cls: type) -> Any:
                 el.CopyFrom(to_pb(item, type(el)))
         elif isinstance(v, list):
             getattr(msg, f.name).extend(v)
+        elif isinstance(v, enum.StrEnum):
+            setattr(msg, f.name, v.value)
         elif isinstance(v, enum.Enum):
             setattr(msg, f.name, int(v))
         else:

@@ -6,12 +6,68 @@ Field names equal the protobuf field names so that one generic converter serves.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 
 from coinfer.chat import ChatMessage, conversation, question_of
 from coinfer.errors import require
 from coinfer.extract import Extraction
 from coinfer.rules import Rule
+
+
+class Plan(StrEnum):
+    """Where a request runs: the edge alone, drafts on the edge verified and refined by the cloud,
+    or the cloud alone. ``AUTO`` (a request's or config's choice, not a plan) lets the planner pick."""
+
+    EDGE = "edge"
+    SPLIT = "split"
+    CLOUD = "cloud"
+
+
+AUTO = "auto"
+PLAN_CHOICES = (AUTO, *Plan)
+"""What a request, the HTTP API and the edge config may name."""
+
+
+class RefineMode(StrEnum):
+    """How the cloud built its answer from the drafts (``Summary.refine_mode``)."""
+
+    ACCEPTED = "accepted"
+    """The best verified draft, as it stands (no refinement)."""
+    PREFIX = "prefix"
+    """The target continued a verified step prefix of the drafts."""
+    CANDIDATES = "candidates"
+    """The target refined from the best verified drafts in its prompt."""
+    ALONE = "alone"
+    """No usable draft: the target answered by itself."""
+    DEADLINE = "deadline"
+    """The deadline expired mid-work: the best verified draft, as is."""
+
+
+FROM_DRAFTS = frozenset({RefineMode.ACCEPTED, RefineMode.PREFIX, RefineMode.CANDIDATES})
+"""Refine modes whose answer is built from the drafts."""
+
+
+class ModelState(StrEnum):
+    """The edge model's state (the planner's cold-start term)."""
+
+    COLD = "cold"
+    LOADING = "loading"
+    WARM = "warm"
+
+
+class BreakerState(StrEnum):
+    """The edge's circuit breaker in front of the cloud."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class VerifierKind(StrEnum):
+    """The cloud's LLM verifier after the rules."""
+
+    LIKELIHOOD = "likelihood"
+    JUDGE = "judge"
 
 
 @dataclass(frozen=True)

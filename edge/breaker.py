@@ -15,52 +15,54 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from coinfer.types import BreakerState
+
 
 @dataclass
 class CircuitBreaker:
     failures: int = 3
     reset_s: float = 10.0
     clock: Callable[[], float] = time.monotonic
-    state: str = "closed"
+    state: BreakerState = BreakerState.CLOSED
     _fails: int = 0
     _opened_at: float = 0.0
     _trial: bool = False
     _trial_at: float = 0.0
     transitions: list[tuple[str, str]] = field(default_factory=list)
 
-    def _to(self, state: str, why: str) -> None:
+    def _to(self, state: BreakerState, why: str) -> None:
         if state != self.state:
             self.transitions.append((state, why))
             self.state = state
-        if state == "open":
+        if state is BreakerState.OPEN:
             self._opened_at = self.clock()
             self._trial = False
 
     def allow(self) -> bool:
         """May this request use the cloud?"""
-        if self.state == "open" and self.clock() - self._opened_at >= self.reset_s:
-            self._to("half_open", "reset timeout")
-        if self.state == "half_open":
+        if self.state is BreakerState.OPEN and self.clock() - self._opened_at >= self.reset_s:
+            self._to(BreakerState.HALF_OPEN, "reset timeout")
+        if self.state is BreakerState.HALF_OPEN:
             if self._trial and self.clock() - self._trial_at < self.reset_s:
                 return False  # one trial at a time (a trial that never reported is replaced after reset_s)
             self._trial, self._trial_at = True, self.clock()
             return True
-        return self.state == "closed"
+        return self.state is BreakerState.CLOSED
 
     def success(self) -> None:
         self._fails = 0
-        self._to("closed", "request succeeded")
+        self._to(BreakerState.CLOSED, "request succeeded")
 
     def failure(self, why: str = "request failed") -> None:
         self._fails += 1
-        if self.state == "half_open" or self._fails >= self.failures:
-            self._to("open", why)
+        if self.state is BreakerState.HALF_OPEN or self._fails >= self.failures:
+            self._to(BreakerState.OPEN, why)
 
     def health(self, serving: bool) -> None:
         """The health watch's view: NOT_SERVING opens at once; SERVING closes."""
         if serving:
-            if self.state != "closed":
+            if self.state is not BreakerState.CLOSED:
                 self._fails = 0
-                self._to("closed", "health: SERVING")
+                self._to(BreakerState.CLOSED, "health: SERVING")
         else:
-            self._to("open", "health: NOT_SERVING")
+            self._to(BreakerState.OPEN, "health: NOT_SERVING")

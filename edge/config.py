@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-PLANS = ("auto", "edge", "split", "cloud")
+from coinfer.types import PLAN_CHOICES as PLANS  # one definition, in the shared package
 
 
 @dataclass

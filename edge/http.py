@@ -45,6 +45,7 @@ from coinfer.chat import ChatMessage
 from coinfer.errors import CoinferError, DeadlineExceeded, ResourceExhausted, Unavailable, field_of, internal_error
 from coinfer.extract import KINDS, Extraction
 from coinfer.rules import Rule
+from coinfer.types import PLAN_CHOICES
 from edge.service import Done, EdgeCore, SolveRequest
 
 MAX_BODY_BYTES = 1 << 20
@@ -63,7 +64,7 @@ class CoinferExtra(BaseModel):
     # a bare name for the kinds that need no parameter; {"kind": "regex", "pattern": ...} for a regex
     extraction: Literal[tuple(k for k in KINDS if k != "regex")] | ExtractionBody | None = None
     rules: list[dict[str, Any]] = Field(default_factory=list)
-    plan: Literal["auto", "edge", "split", "cloud"] = "auto"
+    plan: Literal[PLAN_CHOICES] = "auto"
     num_drafts: int = Field(default=0, ge=0, le=64)
     deadline_ms: int = Field(default=0, ge=0, le=600_000)
 
@@ -356,7 +357,7 @@ def create_app(core: EdgeCore) -> FastAPI:
     @app.get("/healthz")
     async def healthz():
         st = core.status()
-        return JSONResponse(st, status_code=200 if st["model_state"] == "warm" or not core.cfg.warm else 503)
+        return JSONResponse(st, status_code=200 if st["model_state"] == t.ModelState.WARM or not core.cfg.warm else 503)
 
     @app.get("/metrics")
     async def metrics():

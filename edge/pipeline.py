@@ -16,7 +16,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 import grpc
 
@@ -27,6 +26,7 @@ from coinfer.errors import InvalidArgument, ResourceExhausted
 from coinfer.extract import Extraction
 from coinfer.rules import Rule, RuleSet
 from coinfer.tasks import get_task
+from coinfer.types import Plan  # noqa: F401 - re-exported: callers name the plan with the pipeline
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
 from edge.draft_engine import DraftResult, OrtDraftEngine
@@ -91,12 +91,6 @@ def follow_advice(s: Sampling, advice: t.RetryAdvice) -> Sampling:
 
 class CloudFailed(ConnectionError):
     """The cloud failed a request and no edge model is loaded to answer it locally."""
-
-
-class Plan(StrEnum):
-    EDGE = "edge"
-    SPLIT = "split"
-    CLOUD = "cloud"
 
 
 @dataclass

@@ -147,7 +147,7 @@ class EdgeCore:
         self.link = CloudLink(cfg)
         self.metrics = EdgeMetrics()
         self.engine: OrtDraftEngine | None = None
-        self.model_state = "cold"
+        self.model_state = t.ModelState.COLD
         self.model_load_ms = 0.0
         self.active = 0
         self._load_lock = asyncio.Lock()
@@ -195,8 +195,8 @@ class EdgeCore:
     def _edge_state(self) -> EdgeState:
         gpu = self.engine.providers[0] in ACCELERATORS if self.engine else self._planned_gpu
         remaining = 0.0
-        if self.model_state == "loading":
-            cold = dataclasses.replace(self.planner.edge_profile(EdgeState(self.model_bytes, "cold", gpu=gpu)),
+        if self.model_state is t.ModelState.LOADING:
+            cold = dataclasses.replace(self.planner.edge_profile(EdgeState(self.model_bytes, t.ModelState.COLD, gpu=gpu)),
                                        first_run_ms=0.0)  # the "loading" state adds it itself
             remaining = max(0.0, cold_start_ms(cold) - (time.perf_counter() - self._load_started) * 1e3)
         fresh = self.engine is None or self.engine.runs == 0
@@ -214,7 +214,7 @@ class EdgeCore:
         """Load (manifest check, session, one warm-up token) once; concurrent callers wait for it."""
         async with self._load_lock:
             if self.engine is None:
-                self.model_state = "loading"
+                self.model_state = t.ModelState.LOADING
                 t0 = self._load_started = time.perf_counter()
                 try:
                     engine = await asyncio.to_thread(OrtDraftEngine, Path(self.cfg.model),
@@ -222,11 +222,11 @@ class EdgeCore:
                                                      self.cfg.threads or None, allow_unverified=self.cfg.allow_unverified)
                     warm_ms = await asyncio.to_thread(engine.warm_up)
                 except BaseException:
-                    self.model_state = "cold"
+                    self.model_state = t.ModelState.COLD
                     raise
                 self.engine = engine
                 self.model_load_ms = (time.perf_counter() - t0) * 1e3
-                self.model_state = "warm"
+                self.model_state = t.ModelState.WARM
                 # session creation alone: the cost model's disk term already covers the read
                 self.planner.est.observe("session_ms", engine.session_ms)
                 self.planner.est.observe("warmup_ms", warm_ms)
@@ -300,7 +300,7 @@ class EdgeCore:
         asked = self.cfg.plan if req.plan == "auto" and self.cfg.plan != "auto" else req.plan
         edge = self._edge_state()
         self._pool_queue()
-        cloud_ok = self.link.enabled and self.link.breaker.state != "open"
+        cloud_ok = self.link.enabled and self.link.breaker.state is not t.BreakerState.OPEN
         choice = None
         if asked == "auto":
             choice = self.planner.choose(req.task or "open", *size, n, edge, cloud_ok)
@@ -474,7 +474,7 @@ class EdgeCore:
         self.metrics.ttft.observe(ttft_s)
         self.metrics.latency.observe(time.perf_counter() - t0)
         self.metrics.requests.labels(plan.value, result.source).inc()
-        self.metrics.circuit.set(1 if self.link.breaker.state == "open" else 0)
+        self.metrics.circuit.set(1 if self.link.breaker.state is t.BreakerState.OPEN else 0)
         self.metrics.replicas(self.link.replicas.values())
 
     async def close(self) -> None:

@@ -52,7 +52,9 @@ import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
 
-PLANS = ("edge", "split", "cloud")
+from coinfer.types import ModelState, Plan
+
+PLANS = tuple(Plan)
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ class EdgeProfile:
     prefill_ms_per_token: float
     step_ms: dict[int, float]
     """Decode step time at batch size n (measured at a few n; others interpolated)."""
-    state: str = "warm"
+    state: str = ModelState.WARM  # a ModelState
     """cold | loading | warm"""
     loading_remaining_ms: float = 0.0
     first_run_ms: float = 0.0
@@ -180,9 +182,9 @@ class Choice:
 
 
 def cold_start_ms(e: EdgeProfile) -> float:
-    if e.state == "warm":
+    if e.state == ModelState.WARM:
         return 0.0
-    if e.state == "loading":
+    if e.state == ModelState.LOADING:
         return max(0.0, e.loading_remaining_ms) + e.first_run_ms
     disk = e.model_bytes / e.disk_read_bps * 1e3
     pcie = e.model_bytes / e.pcie_h2d_bps * 1e3 if e.pcie_h2d_bps else 0.0
@@ -209,7 +211,7 @@ def predict_escalation(r: RequestShape, e: EdgeProfile, n: NetProfile, c: CloudP
     """The split after a failed edge answer (``X`` in the module docstring), ``r`` its own shape:
     the first round's drafts exist (no drafting, all ``n`` sent at once), the edge is warm."""
     extra = max(0.0, r.rounds - 1.0)
-    warm = dataclasses.replace(e, state="warm", first_run_ms=0.0)
+    warm = dataclasses.replace(e, state=ModelState.WARM, first_run_ms=0.0)
     transfer = ((1 + extra) * n.rtt_ms + _ms(r.prompt_bytes + r.n_drafts * r.draft_bytes, n.up_bps)
                 + _ms(r.answer_bytes, n.down_bps))
     cloud = c.queue_ms + (1 + extra) * c.verify_ms + c.generation_ms(r.split_steps)

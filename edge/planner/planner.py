@@ -23,6 +23,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
+from coinfer.types import ModelState
 from edge.planner.cost import (
     PLANS,
     Choice,
@@ -44,7 +45,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class EdgeState:
     model_bytes: int
-    state: str  # cold | loading | warm
+    state: str  # a ModelState (plain strings from the plan CLI compare equal)
     loading_remaining_ms: float = 0.0
     gpu: bool = False
     fresh: bool = False
@@ -52,7 +53,7 @@ class EdgeState:
 
     @property
     def first_run(self) -> bool:
-        return self.fresh or self.state != "warm"
+        return self.fresh or self.state != ModelState.WARM
 
 
 class Planner:
@@ -121,7 +122,7 @@ class Planner:
         """Predicted time to draft this request locally on a warm edge model: how long before a
         cloud plan's deadline the edge starts its local answer (``EdgePipeline``'s hedge)."""
         try:
-            warm = self.edge_profile(dataclasses.replace(edge, state="warm"))
+            warm = self.edge_profile(dataclasses.replace(edge, state=ModelState.WARM))
             return drafting_ms(warm, self.shape(task, prompt_tokens, prompt_bytes, n))
         except (ValueError, ZeroDivisionError):
             return 0.0
@@ -186,7 +187,7 @@ class Planner:
             if step > 0:
                 e.observe(f"step_ms.{n}", step)
         else:  # the first request on a fresh session: what it drafted beyond a warm one
-            warm = drafting_ms(self.edge_profile(EdgeState(edge_was.model_bytes, "warm", gpu=edge_was.gpu)),
+            warm = drafting_ms(self.edge_profile(EdgeState(edge_was.model_bytes, ModelState.WARM, gpu=edge_was.gpu)),
                                dataclasses.replace(self.shape(task, prompt_tokens, prompt_bytes, n),
                                                    draft_tokens=longest))
             e.observe("first_run_ms", max(0.0, t["drafting"] - warm))
@@ -231,5 +232,5 @@ class Planner:
             e.observe("setup_ms", max(0.0, rest))
             return
         e.observe(f"rounds.{task}" if not escalated else f"rounds.escalated.{task}", shape.rounds)
-        if edge_was.state == "warm" or escalated:  # an escalation's edge is warm: it just drafted
+        if edge_was.state == ModelState.WARM or escalated:  # an escalation's edge is warm: it just drafted
             e.observe("verify_ms", max(0.0, (rest - t.get("drafting", 0.0)) / shape.rounds))
