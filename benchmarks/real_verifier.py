@@ -26,6 +26,7 @@ from pathlib import Path
 
 ABSOLUTE = (-0.5, -1.0, -1.5, -2.0, -2.5)
 MARGINS = (0.1, 0.25, 0.5, 1.0)
+AS_IS_TOKEN = (-3.0, -5.0, -8.0, -12.0)
 
 
 def corrupt(text: str, pool: list[str], rng: random.Random, share: float = 1 / 3) -> str:
@@ -35,9 +36,10 @@ def corrupt(text: str, pool: list[str], rng: random.Random, share: float = 1 / 3
     return " ".join(words)
 
 
-def rates(good: list[tuple[float, float]], bad: list[tuple[float, float]], accept) -> dict:
-    kept = sum(accept(t, o) for t, o in good) / max(1, len(good))
-    rejected = sum(not accept(t, o) for t, o in bad) / max(1, len(bad))
+def rates(good: list[tuple[float, float, float]], bad: list[tuple[float, float, float]], accept) -> dict:
+    """``accept(target mean, own mean, target's least likely token)`` over good and bad drafts."""
+    kept = sum(accept(*g) for g in good) / max(1, len(good))
+    rejected = sum(not accept(*b) for b in bad) / max(1, len(bad))
     return {"good_kept": round(kept, 3), "bad_rejected": round(rejected, 3), "balanced": round((kept + rejected) / 2, 3)}
 
 
@@ -67,17 +69,24 @@ async def run(n_prompts: int, seed: int) -> dict:
             prompt = engine.render(conv)
             for d in ds:
                 for text, out in ((d.text, good), (corrupt(d.text, pool, rng), bad)):
-                    lps = await engine.continuation_logprobs(prompt, text, f"v{i}-{d.index}-{len(out)}")
+                    lps = await engine.continuation_logprobs(prompt, text, f"v{i}-{d.index}-{len(out)}",
+                                                             end=d.finish_reason != "length")
                     if lps:
-                        out.append((sum(lps) / len(lps), d.mean_logprob))
+                        out.append((sum(lps) / len(lps), d.mean_logprob, min(lps)))
     finally:
         await engine.close()
     report = {"prompts": len(prompts), "good": len(good), "bad": len(bad),
-              "median_target_good": sorted(t for t, _ in good)[len(good) // 2],
-              "median_target_bad": sorted(t for t, _ in bad)[len(bad) // 2],
-              "median_own": sorted(o for _, o in good)[len(good) // 2]}
-    report["absolute"] = {str(a): rates(good, bad, lambda t, o, a=a: t >= a) for a in ABSOLUTE}
-    report["relative"] = {str(m): rates(good, bad, lambda t, o, m=m: t >= min(-0.5, o - m)) for m in MARGINS}
+              "median_target_good": sorted(g[0] for g in good)[len(good) // 2],
+              "median_target_bad": sorted(b[0] for b in bad)[len(bad) // 2],
+              "median_own": sorted(g[1] for g in good)[len(good) // 2],
+              "median_least_likely_token_good": sorted(g[2] for g in good)[len(good) // 2],
+              "median_least_likely_token_bad": sorted(b[2] for b in bad)[len(bad) // 2]}
+    report["absolute"] = {str(a): rates(good, bad, lambda t, o, lo, a=a: t >= a) for a in ABSOLUTE}
+    report["relative"] = {str(m): rates(good, bad, lambda t, o, lo, m=m: t >= min(-0.5, o - m)) for m in MARGINS}
+    # accepted as is (no refinement): the target's mean within ``m`` of the draft model's own and no
+    # token below ``tok`` (PolicyConfig.accept_free_text_margin, accept_min_token_logprob)
+    report["as_is"] = {f"{m}/{tok}": rates(good, bad, lambda t, o, lo, m=m, tok=tok: t >= o - m and lo >= tok)
+                       for m in (0.1, 0.25, 0.5) for tok in AS_IS_TOKEN}
     return report
 
 

@@ -86,8 +86,11 @@ class TargetEngine(ABC):
         """``n`` independent completions of ``prompt`` in one request (not streamed)."""
 
     @abstractmethod
-    async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str) -> list[float]:
-        """Log-probability of each token of ``continuation`` (then end of turn) given ``prompt``:
+    async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str,
+                                    end: bool = True) -> list[float]:
+        """Log-probability of each token of ``continuation`` (then end of turn, unless ``end`` is
+        False: a text cut at its token budget did not end there, and the end-of-turn token after a
+        half sentence scored -27 nats, failing every truncated draft) given ``prompt``:
         ``prompt + continuation`` tokenized together, the continuation's tokens being those that
         end past the prompt's last character (so a BPE merge across the boundary is scored as the
         model would read it, not as two fragments it never saw)."""
@@ -283,9 +286,10 @@ class VllmEngine(TargetEngine):
         outs = [out async for out in self._run(ids, sp, request_id)]
         return [Chunk(c.text, len(c.token_ids), c.finish_reason) for c in outs[-1].outputs] if outs else []
 
-    async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str) -> list[float]:
+    async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str,
+                                    end: bool = True) -> list[float]:
         ids, start = await self._off_loop(len(prompt) + len(continuation), self.span_ids, prompt, continuation)
-        ids = (ids + [self._tok.eos_token_id])[: self.max_model_len - 1]
+        ids = (ids + [self._tok.eos_token_id] * end)[: self.max_model_len - 1]
         if len(ids) <= start or start == 0:
             return []
         plp = None

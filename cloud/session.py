@@ -156,7 +156,7 @@ class Session:
                 fut: asyncio.Future = asyncio.get_running_loop().create_future()
                 pending[key] = fut
                 try:
-                    v = await self._llm_verdict(d.index, d.text, res.passed, own=d.mean_logprob)
+                    v = await self._llm_verdict(d.index, d.text, res.passed, own=d.mean_logprob, truncated=d.truncated)
                 except BaseException as exc:
                     fut.set_exception(exc)
                     fut.exception()  # mark retrieved
@@ -177,7 +177,8 @@ class Session:
             return p.min_mean_logprob
         return max(p.min_mean_logprob_floor, min(p.min_mean_logprob, own - p.relative_margin))
 
-    async def _llm_verdict(self, index: int, text: str, passed: list[str], own: float | None = None) -> t.Verdict:
+    async def _llm_verdict(self, index: int, text: str, passed: list[str], own: float | None = None,
+                           truncated: bool = False) -> t.Verdict:
         if self.cfg.policy.verifier == t.VerifierKind.JUDGE:
             out = await self.engine.judge(judge_prompt(self.req.question, text), JUDGE_SCHEMA, JUDGE_MAX_TOKENS,
                                           f"{self.key}-j{index}")
@@ -185,7 +186,7 @@ class Session:
             return t.Verdict(draft_index=index, valid=valid, score=score, error=error,
                              failed_rule="" if valid else t.VerifierKind.JUDGE.value,
                              rules_passed=passed + ([t.VerifierKind.JUDGE.value] if valid else []))
-        lps = await self.engine.continuation_logprobs(self.prompt_text, text, f"{self.key}-v{index}")
+        lps = await self.engine.continuation_logprobs(self.prompt_text, text, f"{self.key}-v{index}", end=not truncated)
         mean = mean_logprob(lps)
         if index >= 0 and lps:
             self.min_logprob[index], self.mean_lp[index] = min(lps), mean
@@ -247,16 +248,19 @@ class Session:
                 await self._chunk(out, delta.text)
         return text, ttft, tokens, finish
 
-    async def _accept(self, text: str, likelihood: bool = True) -> tuple[bool, str, Parsed]:
-        """Re-verify a refined answer as a draft: extraction + rules, then the verifier's threshold.
-        ``likelihood=False`` for the target's own answers: its greedy answer *is* its most likely one,
-        and a threshold set for drafts of free prose would refuse it (then sample candidates, refuse
-        those too, and run into the request's deadline)."""
+    async def _accept(self, text: str, likelihood: bool = True, than: float | None = None,
+                      truncated: bool = False) -> tuple[bool, str, Parsed]:
+        """Re-verify a refined answer as a draft: extraction + rules, then the verifier's threshold,
+        relative to ``than`` (the target's mean logprob of the draft the answer would replace: a
+        refinement of free prose scored -0.81 against the conversation, under the absolute -0.5,
+        where the draft it refined scored -0.75). ``likelihood=False`` for the target's own answers:
+        its greedy answer *is* its most likely one, and a threshold set for drafts of free prose
+        would refuse it (then sample candidates, refuse those too, and run into the deadline)."""
         res, parsed = await asyncio.to_thread(self.rules.check, text)
         if not res.valid:
             return False, f"{res.failed_rule}: {res.error}", parsed
         if likelihood and self._thresholded and self.cfg.policy.verifier == t.VerifierKind.LIKELIHOOD:
-            v = await self._llm_verdict(-1, text, res.passed)
+            v = await self._llm_verdict(-1, text, res.passed, own=than, truncated=truncated)
             if not v.valid:
                 return False, v.error, parsed
         return True, "", parsed
@@ -289,15 +293,38 @@ class Session:
                     f"{mean:.2f} < {floor:.2f} per token)")
         return "contradicts: the drafts agree on another answer"
 
-    def _accept_as_is(self, ranked: list[tuple[_Judged, float, float]]) -> bool:
+    def _accept_as_is(self, ranked: list[tuple[_Judged, float, float]]) -> str:
         """The best verified draft is the answer as it stands: the target finds it likely (mean and
         least likely token) and the drafts agree on its answer. Refining it would spend cloud decode
-        tokens to write what the draft already says."""
+        tokens to write what the draft already says. Returns "" to accept, else why not (the trace)."""
         p = self.cfg.policy
         best, _, agree = ranked[0]
         min_lp = self.min_logprob.get(best.draft.index, 0.0 if p.verifier == t.VerifierKind.JUDGE else -float("inf"))
-        return (best.verdict.score >= p.accept_min_score and agree >= p.accept_min_agreement
-                and min_lp >= p.accept_min_token_logprob)
+        if self.task is OPEN and self.task.answer_key(best.parsed) is None:
+            return self._accept_free_text(best, min_lp)
+        if best.verdict.score < p.accept_min_score:
+            return f"score {best.verdict.score:.2f} < {p.accept_min_score:.2f}"
+        if agree < p.accept_min_agreement:
+            return f"agreement {agree:.2f} < {p.accept_min_agreement:.2f}"
+        if min_lp < p.accept_min_token_logprob:
+            return f"a token at logprob {min_lp:.2f} < {p.accept_min_token_logprob:.2f}"
+        return ""
+
+    def _accept_free_text(self, best: _Judged, min_lp: float) -> str:
+        """Free text (nothing to extract, so nothing for drafts to agree on, and prose never scores
+        like a formula): the draft stands when the target finds it about as likely as the draft model
+        did (``PolicyConfig.accept_free_text_margin``) with no token it finds very unlikely. A real
+        model's INT8 draft is that model's own answer; refining it doubled split's latency (SmolLM2:
+        13.4 s against the cloud plan's 6.8 s) to rewrite the same prose."""
+        p = self.cfg.policy
+        own, mean = best.draft.mean_logprob, self.mean_lp.get(best.draft.index)
+        if p.accept_free_text_margin is None or mean is None or not own < 0.0:  # proto3: 0 = not reported
+            return "free text: no relative likelihood to judge it by"
+        if mean < own - p.accept_free_text_margin:
+            return f"free text: target mean logprob {mean:.2f} < own {own:.2f} - {p.accept_free_text_margin:.2f}"
+        if min_lp < p.accept_free_text_min_token_logprob:
+            return f"free text: a token at logprob {min_lp:.2f} < {p.accept_free_text_min_token_logprob:.2f}"
+        return ""
 
     def _refine_plan(self, ranked: list[tuple[_Judged, float, float]]) -> tuple[str, str, str, list[_Judged]]:
         """(mode, model prompt, forced prefix, drafts used): continue a verified step prefix where
@@ -323,7 +350,8 @@ class Session:
         ranked = self._ranked()
         p = self.cfg.policy
         t_ref = time.perf_counter()
-        if ranked and self._accept_as_is(ranked):
+        not_as_is = self._accept_as_is(ranked) if ranked else ""
+        if ranked and not not_as_is:
             best = ranked[0][0]
             mode, chosen, ttft, steps, generated = t.RefineMode.ACCEPTED, [best], 0.0, 0, 0
             answer, source, valid, parsed = best.draft.text, t.AnswerSource.DRAFT, True, best.parsed
@@ -343,7 +371,8 @@ class Session:
             if why := _scaffolding_error(text, p.refine_template):
                 ok, parsed = False, None
             else:
-                ok, why, parsed = await self._accept(text)
+                ok, why, parsed = await self._accept(text, than=self.mean_lp.get(best.draft.index),
+                                                     truncated=finish == "length")
             if ok and (why := await self._refinement_error(ranked, text, parsed)):
                 ok = False
             if ok:
@@ -352,7 +381,7 @@ class Session:
                 answer, source, valid, parsed = best.draft.text, t.AnswerSource.DRAFT, True, best.parsed
                 finish = "length" if best.draft.truncated else "stop"
                 await self._replace_streamed(out, answer, f"refinement rejected: {why}")
-            refine_note = f"refined from {len(chosen)} draft(s) as {mode}" + (
+            refine_note = f"refined from {len(chosen)} draft(s) as {mode} (not as is: {not_as_is})" + (
                 "" if ok else f"; refinement rejected ({why}), best draft returned")
         else:
             # no valid draft: the cloud answers itself, continuing from the steps the

@@ -37,12 +37,13 @@ QUESTIONS = [
 ]
 
 
-async def run(plans: list[str], max_tokens: int) -> int:
+async def run(plans: list[str], max_tokens: int, plain: bool = False) -> int:
     from openai import AsyncOpenAI
 
     from cloud.config import CloudConfig, EngineConfig
-    from cloud.engine import VllmEngine
+    from cloud.engine import GenParams, VllmEngine
     from cloud.server import create_server
+    from coinfer.chat import ChatMessage
     from edge.config import EdgeConfig
     from edge.daemon import EdgeDaemon
     from quantize.real_model import edge_dir, imported_dir
@@ -52,12 +53,20 @@ async def run(plans: list[str], max_tokens: int) -> int:
     print(f"model: {hf}\nedge INT8: {int8}  (ready in {time.perf_counter() - t0:.0f} s)")
     cfg = CloudConfig(engine=EngineConfig(model=str(hf), max_model_len=2048))
     srv = await create_server(cfg)
-    await srv.attach_engine(await VllmEngine(cfg.engine).start())
+    engine = await VllmEngine(cfg.engine).start()
+    await srv.attach_engine(engine)
     daemon = await EdgeDaemon(EdgeConfig(model=str(int8), cloud=f"127.0.0.1:{srv.port}", grpc_port=0,
                                          http_port=0)).start()
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
     try:
         for messages in QUESTIONS:
+            if plain:  # the same prompt on the same vLLM engine with no coinfer code on the path
+                t1 = time.perf_counter()
+                conv = [ChatMessage(m["role"], m["content"]) for m in messages]
+                text = "".join([c.text async for c in engine.generate(engine.render(conv), GenParams(max_tokens=max_tokens),
+                                                                        f"plain-{time.monotonic_ns()}")])
+                print(f"\n=== {messages[-1]['content']!r}  plain vLLM greedy, {(time.perf_counter() - t1) * 1e3:.0f} ms\n"
+                      f"  answer: {text.strip()[:400]}")
             for plan in plans:
                 t1 = time.perf_counter()
                 r = await client.chat.completions.create(model="coinfer-edge", messages=messages, max_tokens=max_tokens,
@@ -73,6 +82,8 @@ async def run(plans: list[str], max_tokens: int) -> int:
                     verdict = ("not verified" if v is None else "valid" if v["valid"]
                                else f"invalid ({v['error'][:70]})")
                     print(f"  draft {d['index']}: {d['text'][:90]!r}... {verdict}")
+                if info.get("trace"):  # the cloud's last word: how it built the answer
+                    print(f"  cloud: {info['trace'].rsplit(' | ', 1)[-1].rstrip(']')}")
                 print(f"  answer: {r.choices[0].message.content.strip()[:400]}")
     finally:
         await daemon.stop()
@@ -85,9 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--plans", nargs="+", default=["edge", "split", "cloud"], choices=["edge", "split", "cloud", "auto"])
     ap.add_argument("--max-tokens", type=int, default=192)
+    ap.add_argument("--plain", action="store_true", help="also each prompt on plain vLLM greedy (no coinfer code)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    return asyncio.run(run(args.plans, args.max_tokens))
+    return asyncio.run(run(args.plans, args.max_tokens, args.plain))
 
 
 if __name__ == "__main__":

@@ -165,7 +165,9 @@ def _verdict_info(v: t.Verdict) -> dict:
 def _info(done: Done) -> dict:
     r = done.result
     return done.info() | {"drafts": [_draft_info(d) for d in r.drafts],
-                          "verdicts": [_verdict_info(v) for _, v in sorted(r.verdicts.items())]}
+                          "verdicts": [_verdict_info(v) for _, v in sorted(r.verdicts.items())],
+                          # the cloud's account of its choice: each draft's verdict, then how it answered
+                          "trace": r.summary.trace if r.summary is not None else ""}
 
 
 async def _read_body(request: Request, timeout_s: float) -> bytes | JSONResponse:

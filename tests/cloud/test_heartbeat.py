@@ -40,7 +40,7 @@ class StandIn(TargetEngine):
 
     def count_tokens(self, text): return len(text)
     async def sample(self, *a): return []
-    async def continuation_logprobs(self, *a): return []
+    async def continuation_logprobs(self, *a, **kw): return []
     async def judge(self, *a): return "{}"
     async def abort(self, request_id): pass
     max_model_len = 64

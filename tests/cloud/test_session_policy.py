@@ -40,7 +40,8 @@ class ScriptedEngine(TargetEngine):
         self.generated += n
         return [Chunk(self.reply, 1) for _ in range(n)]
 
-    async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str) -> list[float]:
+    async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str,
+                                    end: bool = True) -> list[float]:
         return self.logprobs.get(continuation, [-5.0] * 8)
 
     async def judge(self, prompt: str, schema: dict, max_tokens: int, request_id: str) -> str:
@@ -241,3 +242,37 @@ def test_cloud_candidates_continue_the_greedy_answers_own_right_steps():
     assert engine.prompts and engine.prompts[0].endswith("3+5=8; 8^2=64; 3*5=15;")
     assert summary.answer == "3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 49" and summary.answer_valid
     assert summary.refine_mode == "alone"  # no draft step was right: the drafts gave nothing
+
+
+def test_free_text_is_accepted_as_is_when_the_target_is_about_as_confident_as_the_draft_model():
+    # recorded on SmolLM2 (benchmarks/real_verifier.py): a good INT8 draft, own mean -0.63, target mean
+    # -0.64 with its least likely token at -2.7; a corrupted copy: target mean -4.85, a token at -18.8
+    prose = "The sky is blue because air molecules scatter blue sunlight more than red."
+    corrupted = "The sky is blue because the molecules scatter Paris sunlight haiku than red."
+    good = [-0.4] * 10 + [-2.7] + [-0.25]
+    bad = [-4.0] * 10 + [-18.8] + [-1.0]
+    engine = ScriptedEngine({prose: good, corrupted: bad}, reply="unused")
+
+    def session() -> Session:
+        req = t.OpenRequest(request_id="r", task="", prompt="Explain why the sky is blue.")
+        return Session(CloudConfig(), engine, req, OPEN, {}, RuleSet([], OPEN, {}), recommended_drafts=5,
+                       deadline_s=10.0)
+
+    async def run(text: str) -> list:
+        async def inbox():
+            yield t.Draft(0, text, 12, -0.63, 1.0)
+            yield DraftsDone(1)
+        s = session()
+        s.cfg.policy.max_retries = 0
+        return [ev async for ev in s.run(inbox())]
+
+    summary = asyncio.run(run(prose))[-1]
+    assert summary.refine_mode == "accepted" and summary.answer == prose and engine.generated == 0
+    events = asyncio.run(run(corrupted))
+    (verdict,) = [e for e in events if isinstance(e, t.Verdict)]
+    assert not verdict.valid and verdict.failed_rule == "likelihood"
+    assert events[-1].refine_mode == "alone"
+    # a draft the target finds much less likely than the draft model did is refined, not taken as is
+    engine.logprobs[prose] = [-1.0] * 12  # valid (within relative_margin 0.5 of -0.63), but 0.37 below own
+    summary = asyncio.run(run(prose))[-1]
+    assert summary.refine_mode == "candidates" and "not as is: free text: target mean logprob" in summary.trace
