@@ -21,7 +21,7 @@ from cloud.session import EdgeItem, Session
 from coinfer import logs
 from coinfer import types as t
 from coinfer.chat import validate_messages
-from coinfer.errors import InvalidArgument, ResourceExhausted, Unavailable, require
+from coinfer.errors import InvalidArgument, Reason, ResourceExhausted, Unavailable, require
 from coinfer.rules import RuleSet
 from coinfer.tasks import get_task
 
@@ -127,10 +127,11 @@ class CloudCore:
         if self.engine is None or not self.engine.stats().ready:
             raise Unavailable("engine: not ready (loading or restarting); retry shortly")
         if self.active >= lim.max_sessions:
-            raise ResourceExhausted(f"sessions: {self.active} active, limit {lim.max_sessions}")
+            raise ResourceExhausted(f"sessions: {self.active} active, limit {lim.max_sessions}",
+                                    reason=Reason.SESSIONS_FULL)
         if lim.max_sessions_per_edge and self.per_edge[edge] >= lim.max_sessions_per_edge:
             raise ResourceExhausted(f"sessions: {self.per_edge[edge]} active for this edge, "
-                                    f"limit {lim.max_sessions_per_edge} per edge")
+                                    f"limit {lim.max_sessions_per_edge} per edge", reason=Reason.SESSIONS_FULL)
 
     async def session(self, req: t.OpenRequest, inbox: AsyncIterator[EdgeItem],
                       edge: str = "") -> AsyncIterator[t.CloudEvent]:

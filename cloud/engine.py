@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from cloud.config import EngineConfig
 from coinfer import logs
 from coinfer.chat import ChatFormat, ChatMessage
-from coinfer.errors import Unavailable
+from coinfer.errors import Reason, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class TargetEngine(ABC):
         except TimeoutError:
             if time.monotonic() - self.last_output < timeout_s:
                 return
-            raise Unavailable(f"engine: hung (no output for {timeout_s:g} s)") from None
+            raise Unavailable(f"engine: hung (no output for {timeout_s:g} s)", reason=Reason.ENGINE_HUNG) from None
 
     @abstractmethod
     def stats(self) -> EngineStats: ...

@@ -34,7 +34,7 @@ from cloud.engine import TargetEngine, VllmEngine
 from cloud.servicer import CoinferCloudServicer
 from coinfer import logs, process
 from coinfer.decode_guard import DecodeGuard
-from coinfer.errors import Unavailable
+from coinfer.errors import Reason, Unavailable
 from coinfer.loopwatch import LoopWatch, lag_histogram
 from coinfer.v1 import coinfer_pb2, coinfer_pb2_grpc
 
@@ -88,7 +88,7 @@ class CloudServer:
                 continue
             except Unavailable as exc:
                 log.error("engine unhealthy: %s", exc.message)
-                reason = "hung" if "hung" in exc.message else "dead"
+                reason = "hung" if exc.reason is Reason.ENGINE_HUNG else "dead"
             await self.set_serving(False)
             if self.engine_factory is None:
                 return

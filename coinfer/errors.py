@@ -9,44 +9,103 @@ from __future__ import annotations
 
 import logging
 import uuid
+from enum import StrEnum
 
 import grpc
 
 log = logging.getLogger(__name__)
 
+DOMAIN = "coinfer.v1"
+"""The ``google.rpc.ErrorInfo`` domain of every reason below."""
+
+
+class Reason(StrEnum):
+    """Why a request failed, as data: sent as the ``google.rpc.ErrorInfo`` reason of its status (with
+    the field it concerns in the metadata), so that a peer decides on it, never on message text."""
+
+    BAD_FIELD = "BAD_FIELD"
+    """A field is malformed or out of range: the request's own fault."""
+    OVER_LIMIT = "OVER_LIMIT"
+    """A field is over a per-request limit (prompt or draft length, draft count): the request's fault."""
+    SESSIONS_FULL = "SESSIONS_FULL"
+    """Every session slot of the replica (or this edge's quota) is in use: load; another replica may serve."""
+    UNAVAILABLE = "UNAVAILABLE"
+    """Loading, draining or dead: fall back or go elsewhere."""
+    ENGINE_HUNG = "ENGINE_HUNG"
+    """The engine produced nothing for the heartbeat's timeout."""
+    DEADLINE = "DEADLINE"
+    """The request's own deadline passed."""
+    INTERNAL = "INTERNAL"
+
 
 class CoinferError(Exception):
-    """Base class: a per-request error with a gRPC status code."""
+    """Base class: a per-request error with a gRPC status code, a reason and the field it concerns."""
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    default_reason: Reason = Reason.INTERNAL
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, reason: Reason | None = None, field: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.reason = reason or self.default_reason
+        # our messages lead with the field they concern ("temperature: must be ..."): read once, here
+        self.field = field if field is not None else field_of(message)
 
 
 class InvalidArgument(CoinferError):
     """Malformed or out-of-range input; the message names the field."""
 
     code = grpc.StatusCode.INVALID_ARGUMENT
+    default_reason = Reason.BAD_FIELD
 
 
 class ResourceExhausted(CoinferError):
-    """Input over a configured limit (prompt or draft length, draft count, sessions)."""
+    """Input over a configured limit (prompt or draft length, draft count), or every session in use
+    (``Reason.SESSIONS_FULL``)."""
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    default_reason = Reason.OVER_LIMIT
 
 
 class Unavailable(CoinferError):
     """The engine is loading, dead or draining; the client should fall back."""
 
     code = grpc.StatusCode.UNAVAILABLE
+    default_reason = Reason.UNAVAILABLE
 
 
 class DeadlineExceeded(CoinferError):
     """The request's own deadline passed."""
 
     code = grpc.StatusCode.DEADLINE_EXCEEDED
+    default_reason = Reason.DEADLINE
+
+
+def status_of(exc: CoinferError) -> grpc.Status:
+    """``exc`` as a gRPC status whose details carry a ``google.rpc.ErrorInfo`` (reason, field)."""
+    from google.rpc import error_details_pb2, status_pb2
+    from grpc_status import rpc_status
+
+    info = error_details_pb2.ErrorInfo(reason=exc.reason.value, domain=DOMAIN,
+                                       metadata={"field": exc.field} if exc.field else {})
+    status = status_pb2.Status(code=exc.code.value[0], message=exc.message)
+    status.details.add().Pack(info)
+    return rpc_status.to_status(status)
+
+
+def error_info(exc: grpc.aio.AioRpcError) -> tuple[str, dict[str, str]]:
+    """(reason, metadata) of the ``google.rpc.ErrorInfo`` a coinfer server sent with a failed call;
+    ("", {}) when there is none (a transport failure, another server)."""
+    from google.rpc import error_details_pb2, status_pb2
+
+    for key, value in exc.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            status = status_pb2.Status.FromString(value)
+            for detail in status.details:
+                info = error_details_pb2.ErrorInfo()
+                if detail.Unpack(info) and info.domain == DOMAIN:
+                    return info.reason, dict(info.metadata)
+    return "", {}
 
 
 def field_of(message: str) -> str:
@@ -61,7 +120,8 @@ async def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
     if isinstance(exc, grpc.aio.AbortError):  # already ended (an undecodable message): keep its status
         raise exc
     if isinstance(exc, CoinferError):
-        await context.abort(exc.code, exc.message)
+        status = status_of(exc)
+        await context.abort(status.code, status.details, status.trailing_metadata)
     await context.abort(grpc.StatusCode.INTERNAL, internal_error(exc))
 
 

@@ -196,11 +196,11 @@ def failure(exc: BaseException) -> tuple[int, str, str | None, str]:
     """(HTTP status, message, param, OpenAI error type) of a failed request: the one mapping, for an
     answer before the stream starts and for the error event that ends a stream already begun."""
     if isinstance(exc, ResourceExhausted):
-        return 413, exc.message, field_of(exc.message), "invalid_request_error"
+        return 413, exc.message, exc.field, "invalid_request_error"
     if isinstance(exc, (Unavailable, DeadlineExceeded)):  # the server's state, or a deadline: not bad input
         return (503 if isinstance(exc, Unavailable) else 504), exc.message, None, "server_error"
     if isinstance(exc, CoinferError) and type(exc) is not CoinferError:
-        return 400, exc.message, field_of(exc.message), "invalid_request_error"
+        return 400, exc.message, exc.field, "invalid_request_error"
     if isinstance(exc, (ValueError, RecursionError)) and not isinstance(exc, UnicodeError):
         msg = str(exc) or "not valid"  # a parser's refusal: "<field>: ..." where it names one
         return (400, msg, field_of(msg), "invalid_request_error") if _FIELD.fullmatch(field_of(msg)) else \

@@ -22,7 +22,7 @@ import grpc
 from coinfer import convert
 from coinfer import types as t
 from coinfer.chat import ChatMessage
-from coinfer.errors import InvalidArgument, ResourceExhausted
+from coinfer.errors import InvalidArgument, Reason, ResourceExhausted, error_info
 from coinfer.extract import Extraction
 from coinfer.rules import Rule, RuleSet
 from coinfer.tasks import get_task
@@ -35,22 +35,34 @@ from edge.sampling import Sampling
 log = logging.getLogger(__name__)
 
 
-def request_fault(code: grpc.StatusCode, details: str) -> bool:
+def request_fault(exc: grpc.aio.AioRpcError) -> bool:
     """Whether a cloud error is the request's own fault (the user gets it) rather than the cloud's
-    (the user gets a local answer flagged with the reason). A full cloud ("sessions: 64 active")
-    and a refused token are the cloud's or the operator's problem, not a bad request; an input over
-    a per-request limit (a named field) is the request's."""
+    (the user gets a local answer flagged with the reason). A full cloud (``SESSIONS_FULL``) and a
+    refused token are the cloud's or the operator's problem, not a bad request; an input over a
+    per-request limit (a named field) is the request's."""
+    code = exc.code()
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return True
-    return code == grpc.StatusCode.RESOURCE_EXHAUSTED and not details.startswith("sessions:")
+    return code == grpc.StatusCode.RESOURCE_EXHAUSTED and error_info(exc)[0] != Reason.SESSIONS_FULL
 
 
-def cloud_failed(reason: str) -> bool:
-    """Whether a fallback reason counts against the cloud in the circuit breaker. Not a full cloud (all
-    sessions, or this edge's quota, in use: load) and not a request's own deadline running out (a client
-    asking for 50 ms would otherwise switch the cloud off for everyone; a hung engine is caught by the
-    cloud's heartbeat and shows as NOT_SERVING)."""
-    return not reason.startswith(("RESOURCE_EXHAUSTED: sessions:", "DEADLINE_EXCEEDED"))
+def failure_kind(exc: BaseException) -> str:
+    """A cloud failure as data: the server's ``ErrorInfo`` reason (``coinfer.errors.Reason``), else
+    the status code's name; a deadline, the cloud's or the edge's own, is ``DEADLINE``."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        reason = error_info(exc)[0]
+        if reason:
+            return reason
+        return Reason.DEADLINE if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED else exc.code().name
+    return Reason.DEADLINE if isinstance(exc, TimeoutError) else Reason.UNAVAILABLE
+
+
+def cloud_failed(kind: str) -> bool:
+    """Whether a fallback (its ``failure_kind``) counts against the cloud in the circuit breaker. Not a
+    full cloud (all sessions, or this edge's quota, in use: load) and not a request's own deadline
+    running out (a client asking for 50 ms would otherwise switch the cloud off for everyone; a hung
+    engine is caught by the cloud's heartbeat and shows as NOT_SERVING)."""
+    return kind not in (Reason.SESSIONS_FULL, Reason.DEADLINE)
 
 
 CLOUD_MARGIN_S = 0.3
@@ -76,7 +88,7 @@ def failure_reason(exc: BaseException) -> str:
 
 def replayable(exc: BaseException) -> bool:
     if isinstance(exc, grpc.aio.AioRpcError):
-        return exc.code() in REPLAYABLE and not request_fault(exc.code(), exc.details() or "")
+        return exc.code() in REPLAYABLE and not request_fault(exc)
     return isinstance(exc, ConnectionError)  # the stream ended without a summary
 
 
@@ -92,6 +104,11 @@ def follow_advice(s: Sampling, advice: t.RetryAdvice) -> Sampling:
 class CloudFailed(ConnectionError):
     """The cloud failed a request and no edge model is loaded to answer it locally."""
 
+    def __init__(self, reason: str, kind: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        """The failure as data (``failure_kind``)."""
+
 
 @dataclass
 class EdgeResult:
@@ -106,6 +123,9 @@ class EdgeResult:
     summary: t.Summary | None = None
     rounds: int = 0
     fallback_reason: str = ""
+    fallback_kind: str = ""
+    """The fallback's cause as data (``failure_kind``, or ``NO_CLOUD`` / ``CIRCUIT_OPEN`` when the
+    cloud was skipped): what the breaker and the metrics decide on; ``fallback_reason`` is for people."""
     timings: dict[str, float] = field(default_factory=dict)
     """ms: first_draft, drafting (all rounds), total; after an escalation also ``escalation`` (the
     split's own time; drafting and total then cover the edge attempt and the split)."""
@@ -298,12 +318,12 @@ class EdgePipeline:
                         result.drafts, result.verdicts, result.summary = [], {}, None
         except (grpc.aio.AioRpcError, TimeoutError, ConnectionError) as exc:
             reason = failure_reason(exc)
-            if isinstance(exc, grpc.aio.AioRpcError) and request_fault(exc.code(), exc.details() or ""):
+            if isinstance(exc, grpc.aio.AioRpcError) and request_fault(exc):
                 # the request itself is wrong: falling back would hide it; the cloud's message names the field
                 kind = InvalidArgument if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else ResourceExhausted
                 raise kind(exc.details() or "request: refused by the cloud") from None
             if self.engine is None:
-                raise CloudFailed(reason) from exc  # the caller loads the edge model and answers locally
+                raise CloudFailed(reason, failure_kind(exc)) from exc  # the caller loads the edge model, answers locally
             log.warning("cloud failed (%s): answering from local drafts", reason)
             if answered:
                 emit(t.AnswerReset(reason))
@@ -313,6 +333,7 @@ class EdgePipeline:
                                  else await self._draft_round(model_prompt, s, 0, t0, lambda d: None))
             await self._finish_local(result, ruleset)
             result.source, result.fallback_reason, result.summary = "edge_only", reason, None
+            result.fallback_kind = failure_kind(exc)
             result.refine_mode = ""
             result.timings["total"] = (time.perf_counter() - t0) * 1e3
             return result

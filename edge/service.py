@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 
 from coinfer import types as t
 from coinfer.chat import ChatFormat, ChatMessage, conversation, question_of, validate_messages
-from coinfer.errors import InvalidArgument, ResourceExhausted, Unavailable, field_of, require
+from coinfer.errors import InvalidArgument, ResourceExhausted, Unavailable, require
 from coinfer.extract import Extraction
 from coinfer.rules import Rule, RuleSet
 from coinfer.tasks import TASKS, get_task
@@ -344,7 +344,7 @@ class EdgeCore:
             local = EdgePipeline(await self._engine_for_request(), None)
             r = await local.solve(req.task, req.prompt, req.rules, s, Plan.EDGE, left(), req.request_id, on_event,
                                   **kw)
-            r.fallback_reason = str(exc)
+            r.fallback_reason, r.fallback_kind = str(exc), exc.kind
         runs = [Ran(plan=plan, result=r, ms=(time.perf_counter() - t0) * 1e3)]
         if (plan is Plan.EDGE and auto and not r.valid and r.drafts and not r.fallback_reason
                 and self.link.enabled and self.link.breaker.allow()):
@@ -394,7 +394,7 @@ class EdgeCore:
         last = runs[-1]
         if last.plan is not Plan.EDGE:
             reason = last.result.fallback_reason
-            if reason and cloud_failed(reason):
+            if reason and cloud_failed(last.result.fallback_kind):
                 self.link.breaker.failure(reason)
             else:
                 self.link.breaker.success()
@@ -451,7 +451,9 @@ class EdgeCore:
             if choice is not None and plan.value in choice.breakdowns:
                 b = choice.breakdowns[plan.value]  # the choice's expectation (an escalation's share included)
                 result.predicted = {k: v for k, v in b.as_dict().items() if k.endswith("_ms")}
-            result.fallback_reason = result.fallback_reason or skipped
+            if skipped and not result.fallback_reason:
+                result.fallback_reason = skipped
+                result.fallback_kind = "CIRCUIT_OPEN" if self.link.enabled else "NO_CLOUD"
             if not first:
                 first.append(time.perf_counter() - t0)
             if not streamed:
@@ -468,7 +470,7 @@ class EdgeCore:
     def _count(self, result: EdgeResult, plan: Plan, ttft_s: float, t0: float) -> None:
         """A finished request's metrics, by the plan that produced its answer."""
         if result.fallback_reason:
-            self.metrics.fallbacks.labels(field_of(result.fallback_reason)[:40]).inc()
+            self.metrics.fallbacks.labels(result.fallback_kind or "UNKNOWN").inc()
         if result.replays:
             self.metrics.replays.inc(len(result.replays))
         self.metrics.ttft.observe(ttft_s)

@@ -10,7 +10,7 @@ import grpc
 from coinfer import convert
 from coinfer import types as t
 from coinfer.chat import ChatMessage
-from coinfer.errors import InvalidArgument, ResourceExhausted, abort, field_of
+from coinfer.errors import InvalidArgument, ResourceExhausted, abort
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import edge_pb2 as epb
 from coinfer.v1 import edge_pb2_grpc as epb_grpc
@@ -54,7 +54,7 @@ class EdgeServicer(epb_grpc.CoinferEdgeServicer):
                     yield epb.SolveEvent(reset=pb.AnswerReset(reason=ev.reason))
         except Exception as exc:  # noqa: BLE001 - never crash the daemon
             if isinstance(exc, (InvalidArgument, ResourceExhausted)):  # the client's fault, by field
-                self.core.metrics.bad_request(field_of(exc.message))
+                self.core.metrics.bad_request(exc.field)
             await abort(context, exc)
 
     async def Status(self, request: epb.EdgeStatusRequest, context: grpc.aio.ServicerContext) -> epb.EdgeStatus:

@@ -153,15 +153,32 @@ async def test_bearer_scheme_is_case_insensitive(tmp_path):
         await srv.stop(grace=0)
 
 
-def test_which_cloud_errors_are_the_requests_fault():
-    from edge.pipeline import request_fault
+def _rpc_error(exc) -> grpc.aio.AioRpcError:
+    """What an edge receives when a coinfer server aborts with ``exc`` (or a bare status code)."""
+    from coinfer.errors import status_of
 
-    assert request_fault(grpc.StatusCode.INVALID_ARGUMENT, "problem.prompt: required")
-    assert request_fault(grpc.StatusCode.RESOURCE_EXHAUSTED, "draft.text: 5000 chars > limit 4096")
+    if isinstance(exc, grpc.StatusCode):
+        return grpc.aio.AioRpcError(exc, grpc.aio.Metadata(), grpc.aio.Metadata(), "no details")
+    st = status_of(exc)
+    return grpc.aio.AioRpcError(st.code, grpc.aio.Metadata(), grpc.aio.Metadata(*st.trailing_metadata), st.details)
+
+
+def test_which_cloud_errors_are_the_requests_fault():
+    from coinfer.errors import InvalidArgument, Reason, ResourceExhausted, Unavailable, error_info
+    from edge.pipeline import cloud_failed, failure_kind, request_fault
+
+    assert request_fault(_rpc_error(InvalidArgument("problem.prompt: required")))
+    over = _rpc_error(ResourceExhausted("draft.text: 5000 chars > limit 4096"))
+    assert request_fault(over) and error_info(over) == (Reason.OVER_LIMIT, {"field": "draft.text"})
     # the cloud's or the operator's problem: the user gets a local answer flagged with the reason
-    assert not request_fault(grpc.StatusCode.RESOURCE_EXHAUSTED, "sessions: 64 active, limit 64")
-    assert not request_fault(grpc.StatusCode.UNAUTHENTICATED, "authorization: unknown token")
-    assert not request_fault(grpc.StatusCode.UNAVAILABLE, "server: draining for shutdown")
+    full = _rpc_error(ResourceExhausted("sessions: 64 active, limit 64", reason=Reason.SESSIONS_FULL))
+    assert not request_fault(full) and failure_kind(full) == Reason.SESSIONS_FULL and not cloud_failed(failure_kind(full))
+    assert not request_fault(_rpc_error(grpc.StatusCode.UNAUTHENTICATED))
+    draining = _rpc_error(Unavailable("server: draining for shutdown"))
+    assert not request_fault(draining) and cloud_failed(failure_kind(draining))
+    # decided on the reason, not on the text: a limit whose message happens to start like the full case
+    assert request_fault(_rpc_error(ResourceExhausted("sessions: 3 drafts per session at most", field="drafts")))
+    assert failure_kind(_rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED)) == Reason.DEADLINE
 
 
 @pytest.mark.slow

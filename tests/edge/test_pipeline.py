@@ -19,10 +19,15 @@ def test_retry_advice_changes_exploration_and_keeps_the_users_limits():
 
 
 def test_capacity_and_deadlines_do_not_count_against_the_cloud():
-    assert not cloud_failed("RESOURCE_EXHAUSTED: sessions: 64 active, limit 64")
-    assert not cloud_failed("DEADLINE_EXCEEDED: the cloud did not answer within the request's deadline")
-    assert cloud_failed("UNAVAILABLE: engine: stopped")
-    assert request_fault(grpc.StatusCode.INVALID_ARGUMENT, "request_id: at most 128 chars")
+    from coinfer.errors import Reason
+    from edge.pipeline import failure_kind
+
+    assert not cloud_failed(Reason.SESSIONS_FULL) and not cloud_failed(Reason.DEADLINE)
+    assert not cloud_failed(failure_kind(TimeoutError()))  # the edge's own wait for the request's deadline
+    assert cloud_failed(Reason.UNAVAILABLE) and cloud_failed(failure_kind(ConnectionError("stream ended")))
+    bad = grpc.aio.AioRpcError(grpc.StatusCode.INVALID_ARGUMENT, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                               "request_id: at most 128 chars")
+    assert request_fault(bad)
 
 
 def test_a_finished_draft_beats_a_truncated_one_with_a_better_score():
