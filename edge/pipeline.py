@@ -65,6 +65,12 @@ def cloud_failed(kind: str) -> bool:
     return kind not in (Reason.SESSIONS_FULL, Reason.DEADLINE)
 
 
+LOCAL_FINISH_S = 0.1
+"""Local drafting stops this long before the request's deadline: the rules and the reply fit in it."""
+SPLIT_VERIFY_RESERVE_S = 0.5
+"""Split drafting stops this long (at most 15% of it) before the cloud's deadline: its verification."""
+LATE_DRAFT_S = 0.5
+"""A fallback that starts after the deadline still drafts this long (an answer rather than none)."""
 CLOUD_MARGIN_S = 0.3
 """The cloud's deadline is this much (at most a tenth of the request's) shorter than the edge's: the
 cloud's best answer at its deadline travels back before the edge stops waiting."""
@@ -184,13 +190,19 @@ class EdgePipeline:
         return False
 
     async def _draft_round(self, task_prompt: str, s: Sampling, start: int, t0: float,
-                           emit: Callable[[t.Draft], asyncio.Future | None]) -> list[t.Draft]:
-        """Write ``s.n`` drafts in a worker thread; ``emit`` each one on the loop as it finishes."""
+                           emit: Callable[[t.Draft], asyncio.Future | None], stop_at: float | None = None) -> list[t.Draft]:
+        """Write ``s.n`` drafts in a worker thread; ``emit`` each one on the loop as it finishes. At
+        ``stop_at`` (``time.perf_counter()``) the drafts still being written end there, truncated: the
+        request's deadline bounds drafting (192 tokens took 3.4 s here against a 3 s deadline)."""
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[DraftResult | None] = asyncio.Queue()
         stop = False
+
+        def cancelled() -> bool:
+            return stop or (stop_at is not None and time.perf_counter() >= stop_at)
+
         job = loop.run_in_executor(None, lambda: self.engine.generate(
-            task_prompt, s, on_draft=lambda d: loop.call_soon_threadsafe(q.put_nowait, d), cancelled=lambda: stop))
+            task_prompt, s, on_draft=lambda d: loop.call_soon_threadsafe(q.put_nowait, d), cancelled=cancelled))
         job.add_done_callback(lambda _: q.put_nowait(None))  # done callbacks run on the loop: after every draft
         out: list[t.Draft] = []
         try:
@@ -257,8 +269,9 @@ class EdgePipeline:
         emit = on_event or (lambda ev: None)
         result = EdgeResult("", "edge_only", False, task=task_name)
         model_prompt = self.engine.render(req.conversation) if self.engine is not None else ""
+        local_stop = t0 + deadline_s - LOCAL_FINISH_S  # local drafts end in time for the rules and the reply
         if plan is Plan.EDGE or self.stub is None:
-            result.drafts = await self._draft_round(model_prompt, s, 0, t0, lambda d: emit(d))
+            result.drafts = await self._draft_round(model_prompt, s, 0, t0, lambda d: emit(d), local_stop)
             await self._finish_local(result, ruleset)
             result.rounds = 1
             result.timings = {"drafting": (time.perf_counter() - t0) * 1e3, "total": (time.perf_counter() - t0) * 1e3}
@@ -269,7 +282,7 @@ class EdgePipeline:
             async def draft_early() -> list[t.Draft]:
                 await asyncio.sleep(max(0.0, deadline_s - local_reserve_s))
                 hedging.append(True)
-                return await self._draft_round(model_prompt, s, 0, t0, lambda d: None)
+                return await self._draft_round(model_prompt, s, 0, t0, lambda d: None, local_stop)
 
             hedge = asyncio.create_task(draft_early())
         try:
@@ -329,8 +342,10 @@ class EdgePipeline:
                 emit(t.AnswerReset(reason))
             if not result.drafts:  # drafts already written (escalated, or before a replay) are not written again
                 early = hedge()
+                # past the deadline already: a short round still (an answer, late by at most this)
+                stop = max(t0 + deadline_s - LOCAL_FINISH_S, time.perf_counter() + LATE_DRAFT_S)
                 result.drafts = (list(drafts) if drafts else await early if early is not None
-                                 else await self._draft_round(model_prompt, s, 0, t0, lambda d: None))
+                                 else await self._draft_round(model_prompt, s, 0, t0, lambda d: None, stop))
             await self._finish_local(result, ruleset)
             result.source, result.fallback_reason, result.summary = "edge_only", reason, None
             result.fallback_kind = failure_kind(exc)
@@ -348,6 +363,10 @@ class EdgePipeline:
         # as INTERNAL "Internal error from Core" in place of the server's status (grpc/grpc#36066).
         # Drafting itself starts at once; only the writes wait (one round trip, well under a draft).
         accepted = asyncio.Event()
+        # drafts end in time for the cloud to verify them before its own deadline (it then answers
+        # with the best verified draft): a draft still being written at the deadline helps no one
+        cloud_s = req.deadline_ms / 1e3
+        split_stop = t0 + cloud_s - min(SPLIT_VERIFY_RESERVE_S, 0.15 * cloud_s)
 
         async def write(msg: pb.EdgeMessage) -> None:
             await accepted.wait()
@@ -369,7 +388,7 @@ class EdgePipeline:
                 for d in drafts:
                     await write(pb.EdgeMessage(draft=convert.to_pb(d, pb.Draft)))
             else:
-                drafts = await self._draft_round(task_prompt, sampling, start, t0, send)
+                drafts = await self._draft_round(task_prompt, sampling, start, t0, send, split_stop)
                 # drafted rounds only: sending drafts that exist waits for the session's acceptance (a
                 # round trip the planner's transfer term holds), which is no drafting
                 drafting_ms += (time.perf_counter() - t_r) * 1e3

@@ -276,3 +276,16 @@ def test_free_text_is_accepted_as_is_when_the_target_is_about_as_confident_as_th
     engine.logprobs[prose] = [-1.0] * 12  # valid (within relative_margin 0.5 of -0.63), but 0.37 below own
     summary = asyncio.run(run(prose))[-1]
     assert summary.refine_mode == "candidates" and "not as is: free text: target mean logprob" in summary.trace
+
+
+def test_the_clouds_own_generation_stops_when_it_falls_into_a_loop():
+    loop = " ".join(["a leaf falls"] * 60)  # 180 tokens here (one per word)
+    engine = ScriptedEngine({}, reply=loop)
+    session = _session(engine)
+    session.cfg.policy.max_retries = 0
+    summary = asyncio.run(_run(session, ["Tom buys 3 * 4 = 13 apples.\nAnswer: 13"]))[-1]
+    from cloud.session import LOOP_CHECK_TOKENS
+
+    # stopped at the first check that saw the loop, not at its budget; then the candidates (4 here)
+    assert engine.generated == LOOP_CHECK_TOKENS + session.cfg.policy.cloud_candidates
+    assert not summary.answer_valid and summary.finish_reason == "length"

@@ -45,7 +45,7 @@ async def test_fault_campaign(tmp_path):
 
     kill = report["cloud_kill"]
     assert kill["lost"] == 0 and kill["unflagged_edge_only"] == 0, kill
-    assert kill["processes_before_kill"] >= 1 and kill["processes_left_5s_after_kill"] == 0, kill["left"]
+    assert kill["processes_before_kill"] >= 1 and kill["processes_left_15s_after_kill"] == 0, kill["left"]
     assert max(kill["edges_back_on_split_after_serving_s"]) < 60  # every edge went back to the cloud
     assert kill["first_cloud_answer_started_after_serving_s"] is not None
 
