@@ -12,7 +12,9 @@ products gain little from INT8 at draft-model sizes.
                  real task prompts, prefill and decode steps with real KV caches
                  (``quantize.calibrate``). The format TensorRT and QNN-style EPs consume.
 ``weight-only``  8-bit MatMulNBits: uint8 weights with a scale and zero point per output
-                 channel and K-block, activations stay float (CUDA EP; also runs on CPU).
+                 channel and K-block (the default). Activations: on CPU at accuracy level 4 (the
+                 default) quantized to int8 per token and K-block inside the kernel; at level 0
+                 and on the CUDA EP they stay float (the manifest records which).
 """
 
 from __future__ import annotations
