@@ -430,7 +430,8 @@ class Session:
                         finish = _finish_reason(cand.finish_reason)
                         break
             answer, source = text, t.AnswerSource.CLOUD
-            refine_note = (f"no valid draft after retries: cloud answered alone from {len(prefix_steps)} verified steps"
+            refine_note = ((f"no valid draft after retries: cloud answered alone from {len(prefix_steps)} verified steps"
+                            if self.judged else "no drafts (cloud plan): the cloud answered alone")
                            + ("" if valid else " (its answer failed verification)"))
         if self.cfg.policy.learn_every:  # grading every draft only feeds the learner; parses client text: off the loop
             await asyncio.to_thread(self._outcome, ranked, answer)

@@ -73,6 +73,7 @@ async def test_generate_accepts_a_conversation_and_zero_means_default(stub):
     summary = events[-1]
     assert isinstance(summary, t.Summary) and summary.source == t.AnswerSource.CLOUD
     assert summary.refine_mode == "alone" and summary.answer
+    assert "no drafts (cloud plan)" in summary.trace  # not "no valid draft after retries": there were none
 
 
 @pytest.mark.parametrize("problem,code,fragment", [
