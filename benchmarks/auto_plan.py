@@ -41,31 +41,19 @@ from coinfer.types import PLAN_CHOICES
 PLANS = PLAN_CHOICES
 
 
-def _body(case: Case, plan: str) -> dict:
+def _coinfer(case: Case, plan: str) -> dict:
+    """The request's ``coinfer`` extension: the plan; word problems add the demo's rules."""
     extra: dict = {"plan": plan}
     if case.kind == WORDS:
         extra.update(extraction="marker", rules=RULES)
-    return {"coinfer": extra}
+    return extra
 
 
 async def _ask(client, case: Case, plan: str, stream: bool = False) -> dict:
-    t0 = time.perf_counter()
-    messages = [{"role": "user", "content": case.prompt}]
-    ttft = 0.0
-    if stream:  # the stream holds the answer until the cloud has verified it: its first token is late
-        text, info = "", {}
-        async for c in await client.chat.completions.create(model="coinfer-edge", messages=messages, stream=True,
-                                                            extra_body=_body(case, plan)):
-            delta = c.choices[0].delta.content if c.choices else None
-            if delta:
-                ttft = ttft or (time.perf_counter() - t0) * 1e3
-                text += delta
-            info = (c.model_extra or {}).get("coinfer", info) or info
-        content = text
-    else:
-        r = await client.chat.completions.create(model="coinfer-edge", messages=messages, extra_body=_body(case, plan))
-        info, content = r.model_extra["coinfer"], r.choices[0].message.content
-    ms = (time.perf_counter() - t0) * 1e3
+    from demo.client import ask
+
+    a = await ask(client, [{"role": "user", "content": case.prompt}], _coinfer(case, plan), stream)
+    info, content, ms, ttft = a.info, a.content, a.ms, a.ttft_ms
     pred = info.get("predicted_ms") or {}
     escalated = len(info["plans"]) > 1
     # the prediction for the outcome that happened: the attempt, plus the escalation's cost if it came

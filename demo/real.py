@@ -46,6 +46,7 @@ async def run(plans: list[str], max_tokens: int, plain: bool = False, deadline_m
     from cloud.engine import GenParams, VllmEngine
     from cloud.server import create_server
     from coinfer.chat import ChatMessage
+    from demo.client import ask
     from edge.config import EdgeConfig
     from edge.daemon import EdgeDaemon
     from quantize.real_model import edge_dir, imported_dir
@@ -72,7 +73,8 @@ async def run(plans: list[str], max_tokens: int, plain: bool = False, deadline_m
                       f"  answer: {text.strip()[:400]}")
             for plan in plans:
                 for streamed in (False, True) if stream else (False,):
-                    ms, info, content, finish = await _ask(client, messages, plan, max_tokens, deadline_ms, streamed)
+                    a = await ask(client, messages, {"plan": plan, "deadline_ms": deadline_ms}, streamed, max_tokens)
+                    ms, info, content, finish = a.ms, a.info, a.content, a.finish
                     rows.append((messages[-1]["content"][:40], plan, streamed, ms, info))
                     _show(messages, plan, streamed, ms, info, content, finish)
     finally:
@@ -89,26 +91,6 @@ async def run(plans: list[str], max_tokens: int, plain: bool = False, deadline_m
         print(f"  worst: {max(ms for *_, ms, _ in rows) / 1e3 - limit:+.2f} s against the deadline")
     print(f"\ndone in {time.perf_counter() - t0:.0f} s")
     return 0
-
-
-async def _ask(client, messages: list[dict], plan: str, max_tokens: int, deadline_ms: int,
-               stream: bool) -> tuple[float, dict, str, str | None]:
-    """One request through the OpenAI SDK: (wall ms, the coinfer block, the answer, finish_reason)."""
-    extra = {"coinfer": {"plan": plan, "deadline_ms": deadline_ms}}
-    t1 = time.perf_counter()
-    if not stream:
-        r = await client.chat.completions.create(model="coinfer-edge", messages=messages, max_tokens=max_tokens,
-                                                 extra_body=extra)
-        return ((time.perf_counter() - t1) * 1e3, r.model_extra["coinfer"], r.choices[0].message.content,
-                r.choices[0].finish_reason)
-    text, info, finish = "", {}, None
-    async for c in await client.chat.completions.create(model="coinfer-edge", messages=messages,
-                                                        max_tokens=max_tokens, stream=True, extra_body=extra):
-        if c.choices:
-            text += c.choices[0].delta.content or ""
-            finish = c.choices[0].finish_reason or finish
-        info = (c.model_extra or {}).get("coinfer") or info
-    return (time.perf_counter() - t1) * 1e3, info, text, finish
 
 
 def _show(messages: list[dict], plan: str, streamed: bool, ms: float, info: dict, content: str,

@@ -12,6 +12,7 @@ can be recomputed exactly. Steps written with the variable names
 from __future__ import annotations
 
 import ast
+import functools
 import random
 import re
 import threading
@@ -146,6 +147,17 @@ def steps_for(expr: str, env: dict[str, int]) -> list[tuple[str, int]]:
     return steps
 
 
+@functools.lru_cache(maxsize=1024)
+def _plan(expr: str, env: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+    return tuple(steps_for(expr, dict(env)))
+
+
+def plan_of(spec: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+    """``steps_for`` the problem's expression, computed once per problem: the plan check and every
+    step of a verified prefix ask for it (an AST parse under ``_AST_LOCK`` each time otherwise)."""
+    return _plan(spec["expr"], tuple(sorted(spec["vars"].items())))
+
+
 class ArithTask(Task):
     name = "arith"
     checkers = {
@@ -189,7 +201,7 @@ class ArithTask(Task):
         return {"vars": env, "expr": expr}
 
     def solve(self, spec: dict[str, Any]) -> str:
-        steps = steps_for(spec["expr"], spec["vars"])
+        steps = plan_of(spec)
         body = "; ".join(f"{lhs}={v}" for lhs, v in steps)
         return f"{body}; answer {steps[-1][1]}" if steps else f"answer {evaluate(spec['expr'], spec['vars'])}"
 
@@ -231,7 +243,7 @@ class ArithTask(Task):
         and the last written step must be the expression's last (later steps would change the answer)."""
         steps = parsed.fields.get("steps", [])
         written = Counter(v for _, v in steps)
-        plan = steps_for(spec["expr"], spec["vars"])
+        plan = plan_of(spec)
         for lhs, value in plan:
             if written[value] <= 0:
                 return f"step_missing: no step computes {lhs}={value} of {spec['expr']}"
@@ -249,7 +261,7 @@ class ArithTask(Task):
         except ValueError:
             return False
         # a right sum of the wrong terms is no safe prefix: the cloud would continue the misreading
-        return right and int(m.group(2)) in {v for _, v in steps_for(spec["expr"], spec["vars"])}
+        return right and any(v == int(m.group(2)) for _, v in plan_of(spec))
 
     def grade(self, spec: dict[str, Any], parsed: Parsed) -> bool:
         return parsed.ok and parsed.fields.get("answer") == evaluate(spec["expr"], spec["vars"])
