@@ -4,6 +4,7 @@ Usage::
 
     .venv/bin/python -m benchmarks.real_verifier                 # 16 prompts, ~4 min on 2 cores
     .venv/bin/python -m benchmarks.real_verifier --prompts 32 --json out.json
+    .venv/bin/python -m benchmarks.real_verifier --pair demo --prompts 60   # the demo pair, held-out task problems
 
 SmolLM2-135M-Instruct (``quantize.real_model``): its INT8 edge artefact drafts 5 answers per chat
 prompt (the shipped generic prompts, the edge's default sampling, up to 128 tokens); the float model
@@ -43,19 +44,45 @@ def rates(good: list[tuple[float, float, float]], bad: list[tuple[float, float, 
     return {"good_kept": round(kept, 3), "bad_rejected": round(rejected, 3), "balanced": round((kept + rejected) / 2, 3)}
 
 
-async def run(n_prompts: int, seed: int) -> dict:
+def _pair(pair: str, n_prompts: int):
+    """(edge draft engine, target engine config, prompts, grader) of the real model or the demo pair; the
+    grader says whether draft text of prompt i is right (None: it fails the rules), None when nothing grades."""
     from cloud.config import EngineConfig
-    from cloud.engine import VllmEngine
-    from coinfer.chat import ChatMessage
     from edge.draft_engine import OrtDraftEngine
-    from edge.sampling import Sampling
+
+    if pair == "demo":
+        # the demo pair's open requests: held-out word problems, sent as open_accuracy sends them
+        # (extraction "marker", its rules). The threshold judges drafts that passed the rules, so
+        # only those are scored: good = right, wrong = rule-passing but wrong.
+        from benchmarks.open_accuracy import WORDS, cases
+        from coinfer.rules import RuleSet
+        from coinfer.tasks import OPEN
+        from demo.artifacts import ensure_artifacts
+
+        art = ensure_artifacts()
+        cs = cases((WORDS,), n_prompts, seed=2024)
+        rulesets = [RuleSet(c.rules(), OPEN, {}, extraction=c.extraction()) for c in cs]
+
+        def graded(i: int, text: str) -> bool | None:
+            return cs[i].grade(text) if rulesets[i].check(text)[0].valid else None
+
+        return OrtDraftEngine(art.draft_int8), EngineConfig(model=str(art.target)), [c.prompt for c in cs], graded
     from quantize.real_model import edge_dir, imported_dir
 
     prompts = [json.loads(line)["prompt"] for line in
                (Path(__file__).resolve().parents[1] / "quantize/data/generic_prompts.jsonl").read_text().splitlines()]
     prompts = prompts[1::2][:n_prompts]  # the odd lines: what the INT8 gates hold out
-    edge = OrtDraftEngine(edge_dir())
-    engine = await VllmEngine(EngineConfig(model=str(imported_dir()), max_model_len=2048)).start()
+    return OrtDraftEngine(edge_dir()), EngineConfig(model=str(imported_dir()), max_model_len=2048), prompts, None
+
+
+async def run(n_prompts: int, seed: int, pair: str = "real") -> dict:
+    from cloud.config import PolicyConfig
+    from cloud.engine import VllmEngine
+    from coinfer.chat import ChatMessage
+    from edge.sampling import Sampling
+
+    edge, engine_cfg, prompts, graded = _pair(pair, n_prompts)
+    engine = await VllmEngine(engine_cfg).start()
     rng = random.Random(seed)
     try:
         drafted = []
@@ -64,18 +91,22 @@ async def run(n_prompts: int, seed: int) -> dict:
             ds = await asyncio.to_thread(edge.generate, edge.render(conv), Sampling(n=5, max_new_tokens=128, seed=i))
             drafted.append((conv, [d for d in ds if d.text.strip()]))
         pool = [w for _, ds in drafted for d in ds for w in d.text.split()]
-        good, bad = [], []
+        good, bad, wrong = [], [], []
         for i, (conv, ds) in enumerate(drafted):
             prompt = engine.render(conv)
             for d in ds:
-                for text, out in ((d.text, good), (corrupt(d.text, pool, rng), bad)):
+                right = True if graded is None else graded(i, d.text)
+                if right is None:  # failed the rules: the threshold never sees it
+                    continue
+                scored = [(d.text, good if right else wrong)] + [(corrupt(d.text, pool, rng), bad)] * right
+                for text, out in scored:
                     lps = await engine.continuation_logprobs(prompt, text, f"v{i}-{d.index}-{len(out)}",
                                                              end=d.finish_reason != "length")
                     if lps:
                         out.append((sum(lps) / len(lps), d.mean_logprob, min(lps)))
     finally:
         await engine.close()
-    report = {"prompts": len(prompts), "good": len(good), "bad": len(bad),
+    report = {"pair": pair, "prompts": len(prompts), "good": len(good), "bad": len(bad), "wrong": len(wrong),
               "median_target_good": sorted(g[0] for g in good)[len(good) // 2],
               "median_target_bad": sorted(b[0] for b in bad)[len(bad) // 2],
               "median_own": sorted(g[1] for g in good)[len(good) // 2],
@@ -87,6 +118,15 @@ async def run(n_prompts: int, seed: int) -> dict:
     # token below ``tok`` (PolicyConfig.accept_free_text_margin, accept_min_token_logprob)
     report["as_is"] = {f"{m}/{tok}": rates(good, bad, lambda t, o, lo, m=m, tok=tok: t >= o - m and lo >= tok)
                        for m in (0.1, 0.25, 0.5) for tok in AS_IS_TOKEN}
+    if wrong:  # the draft model's own wrong answers as the bad ones (the demo pair's tasks grade them)
+        report["relative_vs_wrong"] = {str(m): rates(good, wrong, lambda t, o, lo, m=m: t >= min(-0.5, o - m))
+                                       for m in MARGINS}
+    pc = PolicyConfig()  # its validity rule as it stands: max(floor, min(absolute, own - margin))
+
+    def default(t: float, o: float, lo: float) -> bool:
+        return t >= max(pc.min_mean_logprob_floor, min(pc.min_mean_logprob, o - pc.relative_margin))
+
+    report["default"] = {against: rates(good, b, default) for against, b in (("corrupted", bad), ("wrong", wrong)) if b}
     return report
 
 
@@ -94,9 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--pair", choices=("real", "demo"), default="real",
+                    help="real: SmolLM2 on both sides (generic prompts); demo: the demo pair on held-out task problems")
     ap.add_argument("--json", help="also write the report here")
     args = ap.parse_args(argv)
-    report = asyncio.run(run(args.prompts, args.seed))
+    report = asyncio.run(run(args.prompts, args.seed, args.pair))
     print(json.dumps(report, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")

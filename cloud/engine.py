@@ -8,6 +8,7 @@ every session continuously; nothing here serialises requests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -84,6 +85,13 @@ class TargetEngine(ABC):
     @abstractmethod
     async def sample(self, prompt: str, params: GenParams, n: int, request_id: str) -> list[Chunk]:
         """``n`` independent completions of ``prompt`` in one request (not streamed)."""
+
+    async def finished_samples(self, prompt: str, params: GenParams, n: int, request_id: str) -> AsyncIterator[Chunk]:
+        """The ``n`` completions of ``sample``, each as soon as it has finished (first finished first),
+        so that a caller that wants the first acceptable one stops there: leaving the iteration early
+        aborts the others. Engines that cannot stream a batch of samples yield ``sample``'s in order."""
+        for c in await self.sample(prompt, params, n, request_id):
+            yield c
 
     @abstractmethod
     async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str,
@@ -255,9 +263,12 @@ class VllmEngine(TargetEngine):
 
         self._running += 1
         try:
-            async for out in self._llm.generate({"prompt_token_ids": ids}, sp, request_id):
-                self.last_output = time.monotonic()
-                yield out
+            # closed with the caller's iteration (each generator in the chain closes the one it reads),
+            # so that a caller that stops early aborts the request now, not when the collector runs
+            async with contextlib.aclosing(self._llm.generate({"prompt_token_ids": ids}, sp, request_id)) as outs:
+                async for out in outs:
+                    self.last_output = time.monotonic()
+                    yield out
         except asyncio.CancelledError:
             await self.abort(request_id)
             raise
@@ -271,10 +282,11 @@ class VllmEngine(TargetEngine):
         room = self.max_model_len - len(ids)
         if room < 1:
             return
-        async for out in self._run(ids, self._params(params, room), request_id):
-            c = out.outputs[0]
-            if c.text or c.token_ids or c.finish_reason:
-                yield Chunk(c.text, len(c.token_ids), c.finish_reason)
+        async with contextlib.aclosing(self._run(ids, self._params(params, room), request_id)) as outs:
+            async for out in outs:
+                c = out.outputs[0]
+                if c.text or c.token_ids or c.finish_reason:
+                    yield Chunk(c.text, len(c.token_ids), c.finish_reason)
 
     async def sample(self, prompt: str, params: GenParams, n: int, request_id: str, **extra) -> list[Chunk]:
         """``extra``: more vLLM SamplingParams (structured outputs for the judge)."""
@@ -285,6 +297,20 @@ class VllmEngine(TargetEngine):
         sp = self._params(params, room, delta=False, n=n, **extra)
         outs = [out async for out in self._run(ids, sp, request_id)]
         return [Chunk(c.text, len(c.token_ids), c.finish_reason) for c in outs[-1].outputs] if outs else []
+
+    async def finished_samples(self, prompt: str, params: GenParams, n: int, request_id: str) -> AsyncIterator[Chunk]:
+        ids = await self._off_loop(len(prompt), self._ids, prompt)
+        room = self.max_model_len - len(ids)
+        if room < 1:
+            return
+        texts, tokens = [""] * n, [0] * n
+        async with contextlib.aclosing(self._run(ids, self._params(params, room, n=n), request_id)) as outs:
+            async for out in outs:
+                for c in out.outputs:  # streamed with n > 1: the completions that advanced, by index
+                    texts[c.index] += c.text
+                    tokens[c.index] += len(c.token_ids)
+                    if c.finish_reason:
+                        yield Chunk(texts[c.index], tokens[c.index], c.finish_reason)
 
     async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str,
                                     end: bool = True) -> list[float]:

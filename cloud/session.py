@@ -52,7 +52,7 @@ EdgeItem = t.Draft | DraftsDone
 _END = object()
 
 
-LOOP_CHECK_TOKENS = 32
+LOOP_CHECK_TOKENS = 16
 """How often (in generated tokens) the cloud's own generation is checked for a loop."""
 
 
@@ -415,20 +415,29 @@ class Session:
                 own = self.task.verified_prefix(self.spec, text)
                 if len(own) > len(prefix_steps):
                     prefix = _join_steps(own)
-                cands = await self.engine.sample(
+                # each candidate is checked as it finishes and the first that passes is the answer: the
+                # others are aborted (SmolLM2's haiku: one of 4 candidates looped to its 192-token
+                # budget while the other three ended by 35)
+                cands = self.engine.finished_samples(
                     self.prompt_text + prefix,
                     dataclasses.replace(self._params(p.refine_max_tokens), temperature=p.cloud_temperature, seed=None),
                     p.cloud_candidates, f"{self.key}-cands")
-                steps += max((c.tokens for c in cands), default=0)  # one batched request: the longest
-                generated += sum(c.tokens for c in cands)
-                for cand in cands:
-                    cand_ok, _, cand_parsed = await self._accept(prefix + cand.text, likelihood=False)
-                    if cand_ok:
-                        await self._replace_streamed(out, prefix + cand.text,
-                                                     f"the cloud's answer failed {why}; a candidate passed")
-                        text, valid, parsed = prefix + cand.text, True, cand_parsed
-                        finish = _finish_reason(cand.finish_reason)
-                        break
+                done, last = 0, 0
+                async with contextlib.aclosing(cands):
+                    async for cand in cands:
+                        done, last = done + 1, cand.tokens
+                        generated += cand.tokens
+                        cand_ok, _, cand_parsed = await self._accept(prefix + cand.text, likelihood=False)
+                        if cand_ok:
+                            await self._replace_streamed(out, prefix + cand.text,
+                                                         f"the cloud's answer failed {why}; a candidate passed")
+                            text, valid, parsed = prefix + cand.text, True, cand_parsed
+                            finish = _finish_reason(cand.finish_reason)
+                            break
+                # one batched request: its steps are the last finished candidate's tokens, and each
+                # candidate aborted then had decoded as many (they advance in lockstep)
+                steps += last
+                generated += (p.cloud_candidates - done) * last
             answer, source = text, t.AnswerSource.CLOUD
             refine_note = ((f"no valid draft after retries: cloud answered alone from {len(prefix_steps)} verified steps"
                             if self.judged else "no drafts (cloud plan): the cloud answered alone")

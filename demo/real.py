@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import sys
 import time
@@ -38,15 +40,14 @@ QUESTIONS = [
 ]
 
 
-async def run(plans: list[str], max_tokens: int, plain: bool = False, deadline_ms: int = 0,
-              stream: bool = False) -> int:
-    from openai import AsyncOpenAI
-
+@contextlib.asynccontextmanager
+async def real_stack(policy=None):
+    """The real model on both sides: the float model on the cloud's vLLM (``policy``: a
+    ``cloud.config.PolicyConfig``, else the defaults), an edge daemon drafting with its INT8 export,
+    the daemon's gRPC and HTTP ports free ones. Yields (cloud engine, daemon); stops both."""
     from cloud.config import CloudConfig, EngineConfig
-    from cloud.engine import GenParams, VllmEngine
+    from cloud.engine import VllmEngine
     from cloud.server import create_server
-    from coinfer.chat import ChatMessage
-    from demo.client import ask
     from edge.config import EdgeConfig
     from edge.daemon import EdgeDaemon
     from quantize.real_model import edge_dir, imported_dir
@@ -55,14 +56,32 @@ async def run(plans: list[str], max_tokens: int, plain: bool = False, deadline_m
     hf, int8 = imported_dir(), edge_dir()
     print(f"model: {hf}\nedge INT8: {int8}  (ready in {time.perf_counter() - t0:.0f} s)")
     cfg = CloudConfig(engine=EngineConfig(model=str(hf), max_model_len=2048))
+    if policy is not None:
+        cfg = dataclasses.replace(cfg, policy=policy)
     srv = await create_server(cfg)
     engine = await VllmEngine(cfg.engine).start()
     await srv.attach_engine(engine)
     daemon = await EdgeDaemon(EdgeConfig(model=str(int8), cloud=f"127.0.0.1:{srv.port}", grpc_port=0,
                                          http_port=0)).start()
-    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
-    rows: list[tuple] = []
     try:
+        yield engine, daemon
+    finally:
+        await daemon.stop()
+        await srv.stop(grace=1.0)
+
+
+async def run(plans: list[str], max_tokens: int, plain: bool = False, deadline_ms: int = 0,
+              stream: bool = False) -> int:
+    from openai import AsyncOpenAI
+
+    from cloud.engine import GenParams
+    from coinfer.chat import ChatMessage
+    from demo.client import ask
+
+    t0 = time.perf_counter()
+    rows: list[tuple] = []
+    async with real_stack() as (engine, daemon):
+        client = AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
         for messages in QUESTIONS:
             if plain:  # the same prompt on the same vLLM engine with no coinfer code on the path
                 t1 = time.perf_counter()
@@ -77,9 +96,6 @@ async def run(plans: list[str], max_tokens: int, plain: bool = False, deadline_m
                     ms, info, content, finish = a.ms, a.info, a.content, a.finish
                     rows.append((messages[-1]["content"][:40], plan, streamed, ms, info))
                     _show(messages, plan, streamed, ms, info, content, finish)
-    finally:
-        await daemon.stop()
-        await srv.stop(grace=1.0)
     if deadline_ms:
         limit = deadline_ms / 1e3
         print(f"\nagainst the deadline ({deadline_ms} ms): wall time over it per request")

@@ -285,3 +285,24 @@ async def test_shutdown_drains_in_flight_sessions_and_refuses_new_ones(cloud):
 
 async def _collect(call) -> list:
     return [convert.event_from_pb(m) async for m in call]
+
+
+async def test_finished_samples_come_as_they_finish_and_stopping_early_aborts_the_rest(cloud):
+    from cloud.engine import GenParams
+    from coinfer.chat import ChatMessage
+
+    eng = cloud.core.engine
+    prompt = eng.render([ChatMessage("user", ARITH)])
+    params = GenParams(max_tokens=48, temperature=0.9, seed=3)
+    whole = await eng.sample(prompt, params, 4, "samples-whole")
+    streamed = [c async for c in eng.finished_samples(prompt, params, 4, "samples-streamed")]
+    assert len(streamed) == 4 and all(c.finish_reason in ("stop", "length") for c in streamed)
+    assert [c.tokens for c in streamed] == sorted(c.tokens for c in streamed)  # lockstep: shortest first
+    assert sorted((c.text, c.tokens) for c in streamed) == sorted((c.text, c.tokens) for c in whole)  # same seed
+    gen = eng.finished_samples(prompt, GenParams(max_tokens=256, temperature=0.9), 4, "samples-first")
+    first = await anext(gen)
+    await gen.aclose()  # the caller has what it wanted: the other three are aborted, not decoded to 256
+    assert first.tokens <= 256
+    # aborted by the time aclose returns (not left to finish or to the garbage collector): vLLM's own
+    # count of unfinished requests, the candidates' child requests included
+    assert eng._llm.output_processor.get_num_unfinished_requests() == 0 and eng.stats().running == 0

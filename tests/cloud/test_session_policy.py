@@ -285,7 +285,10 @@ def test_the_clouds_own_generation_stops_when_it_falls_into_a_loop():
     session.cfg.policy.max_retries = 0
     summary = asyncio.run(_run(session, ["Tom buys 3 * 4 = 13 apples.\nAnswer: 13"]))[-1]
     from cloud.session import LOOP_CHECK_TOKENS
+    from coinfer.repetition import repetition_error
 
     # stopped at the first check that saw the loop, not at its budget; then the candidates (4 here)
-    assert engine.generated == LOOP_CHECK_TOKENS + session.cfg.policy.cloud_candidates
+    first = next(n for n in range(LOOP_CHECK_TOKENS, 181, LOOP_CHECK_TOKENS)
+                 if repetition_error(" ".join(loop.split()[:n])))
+    assert first < 60 and engine.generated == first + session.cfg.policy.cloud_candidates
     assert not summary.answer_valid and summary.finish_reason == "length"

@@ -50,6 +50,14 @@ def test_generated_loops_are_invalid_with_a_precise_error():
         assert not res.valid and res.failed_rule == "repetition" and res.error == err
 
 
+def test_a_loop_that_has_begun_at_the_end_of_a_long_text_is_found():
+    prose = natural()[0].split()[:150]  # 150 words of a sensible answer, then the loop begins
+    for phrase in ("a leaf's fate is determined,", "and the wind blows and the leaves fall"):
+        text = " ".join(prose + phrase.split() * 5)
+        assert "ends in a loop" in repetition_error(text), phrase
+        assert repetition_error(" ".join(prose + phrase.split())) == ""  # said once: a phrase, not a loop
+
+
 def test_natural_text_and_task_answers_pass():
     texts = natural()
     assert len(texts) > 100
