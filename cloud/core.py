@@ -20,10 +20,10 @@ from cloud.metrics import CloudMetrics
 from cloud.session import EdgeItem, Session
 from coinfer import logs
 from coinfer import types as t
-from coinfer.chat import validate_messages
-from coinfer.errors import InvalidArgument, Reason, ResourceExhausted, Unavailable, require
+from coinfer.errors import InvalidArgument, Reason, ResourceExhausted, Unavailable
 from coinfer.rules import RuleSet
 from coinfer.tasks import get_task
+from coinfer.validate import check_deadline, check_question, check_request_id
 
 log = logging.getLogger(__name__)
 
@@ -94,15 +94,8 @@ class CloudCore:
         and patterns). Pure, and run in a worker thread: client data never holds the event loop."""
         lim = self.cfg.limits
         task = get_task(req.task)
-        if req.messages:
-            require(req.prompt == "", "problem.prompt", "give prompt or messages, not both")
-            validate_messages(req.messages, "problem.messages")
-            size, where = sum(len(m.content) for m in req.messages), "problem.messages"
-        else:
-            require(req.prompt.strip() != "", "problem.prompt", "required (or messages)")
-            size, where = len(req.prompt), "problem.prompt"
-        if size > lim.max_prompt_chars:
-            raise ResourceExhausted(f"{where}: {size} chars > limit {lim.max_prompt_chars}")
+        check_request_id(req.request_id)
+        where = check_question(req.prompt, req.messages, lim.max_prompt_chars, "problem.")
         try:
             spec = task.parse_problem(req.question)
         except (ValueError, RecursionError):  # a parser on hostile text (a 5,000-digit number): the request's
@@ -113,10 +106,7 @@ class CloudCore:
             req.refine.validate("refine", max(4096, self.cfg.policy.refine_max_tokens))
         if req.expected_drafts > lim.max_drafts:
             raise ResourceExhausted(f"expected_drafts: {req.expected_drafts} > limit {lim.max_drafts}")
-        if not 0 <= req.deadline_ms <= lim.max_deadline_ms:
-            raise InvalidArgument(f"deadline_ms: must be in 0..{lim.max_deadline_ms}, got {req.deadline_ms}")
-        if len(req.request_id) > 128:
-            raise InvalidArgument(f"request_id: {len(req.request_id)} chars > 128")
+        check_deadline(req.deadline_ms, lim.max_deadline_ms)
         return task, spec, rules
 
     def _admit(self, edge: str = "") -> None:

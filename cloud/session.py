@@ -99,6 +99,24 @@ class _Judged:
 
 
 @dataclass
+class _Answer:
+    """How the session answered: what the Summary reports (cloud work in ``steps`` decode steps and
+    ``generated`` tokens, a batch of candidates counting each)."""
+
+    text: str
+    source: t.AnswerSource
+    valid: bool
+    parsed: Parsed | None
+    chosen: list[_Judged]
+    mode: str
+    finish: str
+    note: str
+    ttft_ms: float = 0.0
+    steps: int = 0
+    generated: int = 0
+
+
+@dataclass
 class Session:
     """State of one session; ``run`` drives it."""
 
@@ -362,91 +380,111 @@ class Session:
         return t.RefineMode.CANDIDATES, self.engine.render(with_question(conv, question)), "", chosen
 
     async def _finish(self, out: asyncio.Queue, verify_ms: float) -> None:
+        """The session's answer once the drafts are in: the best verified draft as is, a refinement
+        of the drafts, or (no valid draft) the cloud's own answer; then the Summary."""
         ranked = self._ranked()
-        p = self.cfg.policy
         t_ref = time.perf_counter()
         not_as_is = self._accept_as_is(ranked) if ranked else ""
         if ranked and not not_as_is:
-            best = ranked[0][0]
-            mode, chosen, ttft, steps, generated = t.RefineMode.ACCEPTED, [best], 0.0, 0, 0
-            answer, source, valid, parsed = best.draft.text, t.AnswerSource.DRAFT, True, best.parsed
-            finish = "length" if best.draft.truncated else "stop"
-            await self._chunk(out, answer)
-            refine_note = f"best draft accepted as is (score {best.verdict.score:.2f}, agreement {ranked[0][2]:.2f})"
+            a = await self._answer_as_is(ranked, out)
         elif ranked:
-            best = ranked[0][0]
-            mode, prompt, prefix, chosen = self._refine_plan(ranked)
-            # latency-aware budget (seed 4.4), but never shorter than twice the longest draft used
-            max_tokens = max(refine_max_tokens(best.verdict.score, p.refine_max_tokens),
-                             min(p.refine_max_tokens, 2 * max(j.draft.num_tokens for j in chosen) + 16))
-            text, ttft, steps, finish = await self._generate(prompt, prefix, max_tokens, f"r{self.attempt}", out)
-            generated = steps
-            if mode is t.RefineMode.CANDIDATES:
-                text = _strip_candidate_label(text, p.candidate_format, len(chosen))
-            if why := _scaffolding_error(text, p.refine_template):
-                ok, parsed = False, None
-            else:
-                ok, why, parsed = await self._accept(text, than=self.mean_lp.get(best.draft.index),
-                                                     truncated=finish == "length")
-            if ok and (why := await self._refinement_error(ranked, text, parsed)):
-                ok = False
-            if ok:
-                answer, source, valid = text, t.AnswerSource.REFINED, True
-            else:  # never worse than the best valid draft; the rejected text streamed is withdrawn
-                answer, source, valid, parsed = best.draft.text, t.AnswerSource.DRAFT, True, best.parsed
-                finish = "length" if best.draft.truncated else "stop"
-                await self._replace_streamed(out, answer, f"refinement rejected: {why}")
-            refine_note = f"refined from {len(chosen)} draft(s) as {mode} (not as is: {not_as_is})" + (
-                "" if ok else f"; refinement rejected ({why}), best draft returned")
+            a = await self._answer_refined(ranked, not_as_is, out)
         else:
-            # no valid draft: the cloud answers itself, continuing from the steps the
-            # drafts got right before their first mistake (most common path first)
-            verified = [self.task.verified_prefix(self.spec, j.draft.text) for j in self.judged.values()]
-            prefix_steps = consensus_prefix([v for v in verified if v], 1)
-            prefix = _join_steps(prefix_steps)
-            mode, chosen = (t.RefineMode.PREFIX if prefix_steps else t.RefineMode.ALONE), []  # a verified prefix is the drafts' work
-            text, ttft, steps, finish = await self._generate(self.prompt_text, prefix, p.refine_max_tokens, "cloud", out)
-            generated = steps
-            valid, why, parsed = await self._accept(text, likelihood=False)
-            if not valid and p.cloud_candidates > 0:
-                # the greedy answer failed a rule: sample candidates in one batched request, keep the
-                # first that passes; they continue from the greedy answer's own steps before its first
-                # mistake (right steps kept, fewer tokens decoded: select's candidates cost 0.6x)
-                own = self.task.verified_prefix(self.spec, text)
-                if len(own) > len(prefix_steps):
-                    prefix = _join_steps(own)
-                # each candidate is checked as it finishes and the first that passes is the answer: the
-                # others are aborted (SmolLM2's haiku: one of 4 candidates looped to its 192-token
-                # budget while the other three ended by 35)
-                cands = self.engine.finished_samples(
-                    self.prompt_text + prefix,
-                    dataclasses.replace(self._params(p.refine_max_tokens), temperature=p.cloud_temperature, seed=None),
-                    p.cloud_candidates, f"{self.key}-cands")
-                done, last = 0, 0
-                async with contextlib.aclosing(cands):
-                    async for cand in cands:
-                        done, last = done + 1, cand.tokens
-                        generated += cand.tokens
-                        cand_ok, _, cand_parsed = await self._accept(prefix + cand.text, likelihood=False)
-                        if cand_ok:
-                            await self._replace_streamed(out, prefix + cand.text,
-                                                         f"the cloud's answer failed {why}; a candidate passed")
-                            text, valid, parsed = prefix + cand.text, True, cand_parsed
-                            finish = _finish_reason(cand.finish_reason)
-                            break
-                # one batched request: its steps are the last finished candidate's tokens, and each
-                # candidate aborted then had decoded as many (they advance in lockstep)
-                steps += last
-                generated += (p.cloud_candidates - done) * last
-            answer, source = text, t.AnswerSource.CLOUD
-            refine_note = ((f"no valid draft after retries: cloud answered alone from {len(prefix_steps)} verified steps"
-                            if self.judged else "no drafts (cloud plan): the cloud answered alone")
-                           + ("" if valid else " (its answer failed verification)"))
+            a = await self._answer_alone(out)
         if self.cfg.policy.learn_every:  # grading every draft only feeds the learner; parses client text: off the loop
-            await asyncio.to_thread(self._outcome, ranked, answer)
-        await out.put(self._summary(
-            ranked, answer, source, valid, parsed, chosen, mode, finish, refine_note,
-            t.Timings(verify_ms, ttft, (time.perf_counter() - t_ref) * 1e3, self._ms(), steps, generated)))
+            await asyncio.to_thread(self._outcome, ranked, a.text)
+        await out.put(self._summary(ranked, a, t.Timings(verify_ms, a.ttft_ms, (time.perf_counter() - t_ref) * 1e3,
+                                                         self._ms(), a.steps, a.generated)))
+
+    @staticmethod
+    def _draft_answer(best: _Judged, mode: str, note: str) -> _Answer:
+        return _Answer(best.draft.text, t.AnswerSource.DRAFT, True, best.parsed, [best], mode,
+                       "length" if best.draft.truncated else "stop", note)
+
+    async def _answer_as_is(self, ranked: list[tuple[_Judged, float, float]], out: asyncio.Queue) -> _Answer:
+        best, _, agree = ranked[0]
+        await self._chunk(out, best.draft.text)
+        return self._draft_answer(best, t.RefineMode.ACCEPTED,
+                                  f"best draft accepted as is (score {best.verdict.score:.2f}, agreement {agree:.2f})")
+
+    async def _answer_refined(self, ranked: list[tuple[_Judged, float, float]], not_as_is: str,
+                              out: asyncio.Queue) -> _Answer:
+        """The target refines the drafts (a verified prefix continued, or candidates in the prompt); a
+        refinement that fails the rules, leaks the template, is unlikely or contradicts what the drafts
+        agree on is withdrawn and the best draft returned: never worse than the best valid draft."""
+        p = self.cfg.policy
+        best = ranked[0][0]
+        mode, prompt, prefix, chosen = self._refine_plan(ranked)
+        # latency-aware budget (seed 4.4), but never shorter than twice the longest draft used
+        max_tokens = max(refine_max_tokens(best.verdict.score, p.refine_max_tokens),
+                         min(p.refine_max_tokens, 2 * max(j.draft.num_tokens for j in chosen) + 16))
+        text, ttft, steps, finish = await self._generate(prompt, prefix, max_tokens, f"r{self.attempt}", out)
+        if mode is t.RefineMode.CANDIDATES:
+            text = _strip_candidate_label(text, p.candidate_format, len(chosen))
+        if why := _scaffolding_error(text, p.refine_template):
+            ok, parsed = False, None
+        else:
+            ok, why, parsed = await self._accept(text, than=self.mean_lp.get(best.draft.index),
+                                                 truncated=finish == "length")
+        if ok and (why := await self._refinement_error(ranked, text, parsed)):
+            ok = False
+        note = f"refined from {len(chosen)} draft(s) as {mode} (not as is: {not_as_is})"
+        if ok:
+            a = _Answer(text, t.AnswerSource.REFINED, True, parsed, chosen, mode, finish, note)
+        else:
+            a = self._draft_answer(best, mode, f"{note}; refinement rejected ({why}), best draft returned")
+            a.chosen = chosen
+            await self._replace_streamed(out, a.text, f"refinement rejected: {why}")
+        a.ttft_ms, a.steps, a.generated = ttft, steps, steps
+        return a
+
+    async def _answer_alone(self, out: asyncio.Queue) -> _Answer:
+        """No valid draft: the cloud answers itself, continuing from the steps the drafts got right
+        before their first mistake (most common path first); its greedy answer is not held to the
+        likelihood threshold (it is the target's most likely answer), and when it fails a rule,
+        sampled candidates are checked instead."""
+        p = self.cfg.policy
+        verified = [self.task.verified_prefix(self.spec, j.draft.text) for j in self.judged.values()]
+        prefix_steps = consensus_prefix([v for v in verified if v], 1)
+        prefix = _join_steps(prefix_steps)
+        text, ttft, steps, finish = await self._generate(self.prompt_text, prefix, p.refine_max_tokens, "cloud", out)
+        valid, why, parsed = await self._accept(text, likelihood=False)
+        a = _Answer(text, t.AnswerSource.CLOUD, valid, parsed, [],
+                    t.RefineMode.PREFIX if prefix_steps else t.RefineMode.ALONE,  # a verified prefix is the drafts' work
+                    finish, "", ttft, steps, steps)
+        if not valid and p.cloud_candidates > 0:
+            # candidates continue from the greedy answer's own steps before its first mistake (right
+            # steps kept, fewer tokens decoded: select's candidates cost 0.6x)
+            own = self.task.verified_prefix(self.spec, text)
+            await self._candidates(a, _join_steps(own) if len(own) > len(prefix_steps) else prefix, why, out)
+        a.note = ((f"no valid draft after retries: cloud answered alone from {len(prefix_steps)} verified steps"
+                   if self.judged else "no drafts (cloud plan): the cloud answered alone")
+                  + ("" if a.valid else " (its answer failed verification)"))
+        return a
+
+    async def _candidates(self, a: _Answer, prefix: str, why: str, out: asyncio.Queue) -> None:
+        """Sample ``cloud_candidates`` answers in one batched request; each is checked as it finishes
+        and the first that passes the rules replaces ``a``'s text, the others aborted (SmolLM2's haiku:
+        one of 4 candidates looped to its 192-token budget while the other three ended by token 35)."""
+        p = self.cfg.policy
+        cands = self.engine.finished_samples(
+            self.prompt_text + prefix,
+            dataclasses.replace(self._params(p.refine_max_tokens), temperature=p.cloud_temperature, seed=None),
+            p.cloud_candidates, f"{self.key}-cands")
+        done, last = 0, 0
+        async with contextlib.aclosing(cands):
+            async for cand in cands:
+                done, last = done + 1, cand.tokens
+                a.generated += cand.tokens
+                ok, _, parsed = await self._accept(prefix + cand.text, likelihood=False)
+                if ok:
+                    await self._replace_streamed(out, prefix + cand.text, f"the cloud's answer failed {why}; a candidate passed")
+                    a.text, a.valid, a.parsed, a.finish = prefix + cand.text, True, parsed, _finish_reason(cand.finish_reason)
+                    break
+        # one batched request: its steps are the last finished candidate's tokens, and each candidate
+        # aborted then had decoded as many (they advance in lockstep)
+        a.steps += last
+        a.generated += (p.cloud_candidates - done) * last
 
     async def _chunk(self, out: asyncio.Queue, text: str) -> None:
         self.shown += text
@@ -462,23 +500,21 @@ class Session:
             await out.put(t.AnswerReset(reason))
         await self._chunk(out, answer)
 
-    def _summary(self, ranked: list[tuple[_Judged, float, float]], answer: str, source: t.AnswerSource, valid: bool,
-                 parsed: Parsed | None, chosen: list[_Judged], mode: str, finish: str, note: str,
-                 timings: t.Timings) -> t.Summary:
+    def _summary(self, ranked: list[tuple[_Judged, float, float]], a: _Answer, timings: t.Timings) -> t.Summary:
         rank_of = {j.draft.index: r for j, r, _ in ranked}
         scores = [t.DraftScore(i, j.verdict.valid, j.verdict.score, rank_of.get(i, 0.0))
                   for i, j in sorted(self.judged.items())]
         trace = "; ".join(
             f"Draft#{j.draft.index} " + (f"scored {j.verdict.score:.2f}, passed {','.join(j.verdict.rules_passed)}"
                                          if j.verdict.valid else f"failed {j.verdict.failed_rule}: {j.verdict.error}")
-            for j in self.judged.values()) + f" | {note}"
+            for j in self.judged.values()) + f" | {a.note}"
         return t.Summary(
-            answer=answer, source=source, chosen_drafts=[j.draft.index for j in chosen], scores=scores,
-            timings=timings, trace=f"[THINKING_TRACE: {trace}]", answer_valid=valid,
-            recommended_drafts=self.recommended_drafts, request_id=self.req.request_id, refine_mode=mode,
-            fields=dict(parsed.fields) if parsed is not None and parsed.ok else {},
-            prompt_tokens=self.engine.count_tokens(self.prompt_text), answer_tokens=self.engine.count_tokens(answer),
-            finish_reason=finish,
+            answer=a.text, source=a.source, chosen_drafts=[j.draft.index for j in a.chosen], scores=scores,
+            timings=timings, trace=f"[THINKING_TRACE: {trace}]", answer_valid=a.valid,
+            recommended_drafts=self.recommended_drafts, request_id=self.req.request_id, refine_mode=a.mode,
+            fields=dict(a.parsed.fields) if a.parsed is not None and a.parsed.ok else {},
+            prompt_tokens=self.engine.count_tokens(self.prompt_text), answer_tokens=self.engine.count_tokens(a.text),
+            finish_reason=a.finish,
         )
 
     def _at_deadline(self) -> t.Summary | None:
@@ -488,11 +524,8 @@ class Session:
         ranked = self._ranked()
         if not ranked:
             return None
-        best = ranked[0][0]
-        return self._summary(ranked, best.draft.text, t.AnswerSource.DRAFT, True, best.parsed, [best], t.RefineMode.DEADLINE,
-                             "length" if best.draft.truncated else "stop",
-                             "deadline reached: the best verified draft returned as is",
-                             t.Timings(total_ms=self._ms()))
+        a = self._draft_answer(ranked[0][0], t.RefineMode.DEADLINE, "deadline reached: the best verified draft returned as is")
+        return self._summary(ranked, a, t.Timings(total_ms=self._ms()))
 
     def _advice(self) -> t.RetryAdvice:
         errors: dict[str, int] = {}

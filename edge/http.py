@@ -65,8 +65,10 @@ class CoinferExtra(BaseModel):
     extraction: Literal[tuple(k for k in KINDS if k != "regex")] | ExtractionBody | None = None
     rules: list[dict[str, Any]] = Field(default_factory=list)
     plan: Literal[PLAN_CHOICES] = "auto"
-    num_drafts: int = Field(default=0, ge=0, le=64)
-    deadline_ms: int = Field(default=0, ge=0, le=600_000)
+    # upper bounds are the daemon's (EdgeConfig.max_drafts, coinfer.validate.MAX_DEADLINE_MS): checked once,
+    # by the core that serves gRPC too
+    num_drafts: int = Field(default=0, ge=0)
+    deadline_ms: int = Field(default=0, ge=0)
 
 
 class _Base(BaseModel):
@@ -229,115 +231,130 @@ def lone_surrogate(obj: object) -> str | None:
     return None
 
 
-def create_app(core: EdgeCore) -> FastAPI:
-    app = FastAPI(title="coinfer edge", docs_url=None, redoc_url=None)
+async def _parse(core: EdgeCore, request: Request, cls: type[_Base]) -> _Base | JSONResponse:
+    """The request body as ``cls``, or the 4xx response naming the field."""
+    raw = await _read_body(request, core.cfg.http_body_timeout_s)
+    if isinstance(raw, JSONResponse):
+        return raw
 
-    async def parse(request: Request, cls: type[_Base]) -> _Base | JSONResponse:
-        raw = await _read_body(request, core.cfg.http_body_timeout_s)
-        if isinstance(raw, JSONResponse):
-            return raw
-        def load() -> _Base | JSONResponse:
-            obj = json.loads(raw)
-            if (where := lone_surrogate(obj)) is not None:  # JSON may escape half a UTF-16 pair; UTF-8 cannot hold it
-                return _error(400, f"{where}: invalid Unicode (an unpaired surrogate escape)", where)
-            return cls.model_validate(obj)
+    def load() -> _Base | JSONResponse:
+        obj = json.loads(raw)
+        if (where := lone_surrogate(obj)) is not None:  # JSON may escape half a UTF-16 pair; UTF-8 cannot hold it
+            return _error(400, f"{where}: invalid Unicode (an unpaired surrogate escape)", where)
+        return cls.model_validate(obj)
 
-        try:  # a 1 MiB body takes milliseconds to parse and validate: in a worker thread, not on the loop
-            body = await asyncio.to_thread(load)
-            if isinstance(body, JSONResponse):
-                return body
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return _error(400, f"body: not valid JSON ({exc})", "body")
-        except RecursionError:
-            return _error(400, "body: JSON nested too deeply", "body")
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            # a union's member tags ("literal['none', ...]") are pydantic's, not a field
-            param = ".".join(str(p) for p in err["loc"] if isinstance(p, int) or str(p).isidentifier()) or "body"
-            core.metrics.bad_request(param)
-            return _error(400, f"{param}: {err['msg']}", param)
-        except ValueError:  # int() past its 4,300 digits: a number no field takes
-            return _error(400, "body: not valid JSON (a number too long)", "body")
-        if body.model != core.cfg.model_name:
-            return _error(404, f"model: unknown {body.model!r} (served: {core.cfg.model_name})", "model")
-        return body
+    try:  # a 1 MiB body takes milliseconds to parse and validate: in a worker thread, not on the loop
+        body = await asyncio.to_thread(load)
+        if isinstance(body, JSONResponse):
+            return body
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return _error(400, f"body: not valid JSON ({exc})", "body")
+    except RecursionError:
+        return _error(400, "body: JSON nested too deeply", "body")
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        # a union's member tags ("literal['none', ...]") are pydantic's, not a field
+        param = ".".join(str(p) for p in err["loc"] if isinstance(p, int) or str(p).isidentifier()) or "body"
+        core.metrics.bad_request(param)
+        return _error(400, f"{param}: {err['msg']}", param)
+    except ValueError:  # int() past its 4,300 digits: a number no field takes
+        return _error(400, "body: not valid JSON (a number too long)", "body")
+    if body.model != core.cfg.model_name:
+        return _error(404, f"model: unknown {body.model!r} (served: {core.cfg.model_name})", "model")
+    return body
 
-    async def run(body: _Base, prompt: str, chat: bool, messages: list[ChatMessage] | None = None):
+
+async def _respond(core: EdgeCore, body: _Base, prompt: str, chat: bool,
+                   messages: list[ChatMessage] | None = None) -> Response:
+    """Solve the request: the whole answer as JSON, or a stream of server-sent events. Validation runs
+    before the first event, so bad input is still a 4xx here, never an error inside a 200 stream."""
+    try:
+        req = _request(body, prompt, messages or [])
+        events = core.solve(req)
+        first = await anext(events)
+    except Exception as exc:  # noqa: BLE001 - every failure gets its status, a bug too (500, no details)
+        status, message, param, kind = failure(exc)
+        if kind == "invalid_request_error":
+            core.metrics.bad_request(param or "request")
+        return _error(status, message, param, kind)
+    answer = _Answer(core, body, req, chat, first, events)
+    return await answer.whole() if not body.stream else StreamingResponse(answer.sse(), media_type="text/event-stream")
+
+
+class _Answer:
+    """One OpenAI-style response to a validated request: its id, object names and events."""
+
+    def __init__(self, core: EdgeCore, body: _Base, req: SolveRequest, chat: bool, first: object, events) -> None:
+        self.core, self.body, self.req, self.chat = core, body, req, chat
+        self.first, self.events = first, events
+        self.rid, self.created = f"{'chatcmpl' if chat else 'cmpl'}-{req.request_id}", int(time.time())
+
+    async def all_events(self):
+        yield self.first
+        async for ev in self.events:
+            yield ev
+
+    async def whole(self) -> JSONResponse:
         try:
-            req = _request(body, prompt, messages or [])
-            events = core.solve(req)
-            first = await anext(events)  # validation happens before the first event: errors are still 4xx
-        except Exception as exc:  # noqa: BLE001 - every failure gets its status, a bug too (500, no details)
+            done = [ev async for ev in self.all_events() if isinstance(ev, Done)][-1]
+        except Exception as exc:  # noqa: BLE001 - after validation: the server's (or the cloud's) failure
             status, message, param, kind = failure(exc)
-            if kind == "invalid_request_error":
-                core.metrics.bad_request(param or "request")
             return _error(status, message, param, kind)
-        rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{req.request_id}", int(time.time())
-        obj = "chat.completion" if chat else "text_completion"
+        text = done.result.answer
+        finish = done.result.finish_reason  # "length": the answer hit its token budget (incomplete)
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+                  if self.chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish})
+        return JSONResponse({"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
+                             "created": self.created, "model": self.body.model, "choices": [choice],
+                             "usage": self.core.usage(self.req, done), "coinfer": _info(done)})
 
-        async def all_events():
-            yield first
-            async for ev in events:
+    def chunk(self, delta: str | None, finish: str | None = None, extra: dict | None = None,
+              role: bool = False) -> str:
+        if self.chat:
+            d = {"role": "assistant"} if role else {} if delta is None else {"content": delta}
+            choice = {"index": 0, "delta": d, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
+        payload = {"id": self.rid, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                   "created": self.created, "model": self.body.model, "choices": [choice]}
+        if extra:
+            payload["coinfer"] = extra
+        return f"data: {json.dumps(payload)}\n\n"
+
+    async def sse(self):
+        if self.chat:
+            yield self.chunk(None, role=True)
+        try:
+            async for ev in self._stream_events():
                 yield ev
+        except Exception as exc:  # noqa: BLE001 - the stream has begun: end it with an error event, not a cut
+            _, message, param, kind = failure(exc)
+            yield f"data: {json.dumps({'error': {'message': message, 'type': kind, 'param': param, 'code': None}})}\n\n"
+        yield "data: [DONE]\n\n"
 
-        if not body.stream:
-            try:
-                done = [ev async for ev in all_events() if isinstance(ev, Done)][-1]
-            except Exception as exc:  # noqa: BLE001 - after validation: the server's (or the cloud's) failure
-                status, message, param, kind = failure(exc)
-                return _error(status, message, param, kind)
-            text = done.result.answer
-            finish = done.result.finish_reason  # "length": the answer hit its token budget (incomplete)
-            choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-                      if chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish})
-            return JSONResponse({"id": rid, "object": obj, "created": created, "model": body.model,
-                                 "choices": [choice], "usage": core.usage(req, done), "coinfer": _info(done)})
+    async def _stream_events(self):
+        pieces: list[str] = []
+        async for ev in self.all_events():
+            if isinstance(ev, t.Draft):
+                yield self.chunk(None, None, {"event": "draft", "draft": _draft_info(ev)})
+            elif isinstance(ev, t.Verdict):
+                yield self.chunk(None, None, {"event": "verdict", "verdict": _verdict_info(ev)})
+            elif isinstance(ev, t.AnswerChunk) and ev.text:
+                pieces.append(ev.text)  # held until the cloud says which answer is final
+            elif isinstance(ev, t.AnswerReset):
+                pieces.clear()  # the replica failed mid-answer: the replay's answer replaces it
+            elif isinstance(ev, Done):
+                answer = ev.result.answer
+                # the refinement's own chunks when it is the answer, else the answer whole
+                for piece in (pieces if "".join(pieces) == answer else [answer]):
+                    yield self.chunk(piece)
+                info = _info(ev) | {"usage": self.core.usage(self.req, ev), "answer": answer}
+                yield self.chunk(None, ev.result.finish_reason, info)
 
-        def chunk(delta: str | None, finish: str | None = None, extra: dict | None = None) -> str:
-            if chat:
-                d = {} if delta is None else {"content": delta}
-                choice = {"index": 0, "delta": d, "finish_reason": finish}
-            else:
-                choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
-            payload = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                       "created": created, "model": body.model, "choices": [choice]}
-            if extra:
-                payload["coinfer"] = extra
-            return f"data: {json.dumps(payload)}\n\n"
 
-        async def sse():
-            if chat:
-                role = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": body.model,
-                        "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]}
-                yield f"data: {json.dumps(role)}\n\n"
-            pieces: list[str] = []
-            try:
-                async for ev in stream_events(pieces):
-                    yield ev
-            except Exception as exc:  # noqa: BLE001 - the stream has begun: end it with an error event, not a cut
-                _, message, param, kind = failure(exc)
-                yield f"data: {json.dumps({'error': {'message': message, 'type': kind, 'param': param, 'code': None}})}\n\n"
-            yield "data: [DONE]\n\n"
-
-        async def stream_events(pieces: list[str]):
-            async for ev in all_events():
-                if isinstance(ev, t.Draft):
-                    yield chunk(None, None, {"event": "draft", "draft": _draft_info(ev)})
-                elif isinstance(ev, t.Verdict):
-                    yield chunk(None, None, {"event": "verdict", "verdict": _verdict_info(ev)})
-                elif isinstance(ev, t.AnswerChunk) and ev.text:
-                    pieces.append(ev.text)  # held until the cloud says which answer is final
-                elif isinstance(ev, t.AnswerReset):
-                    pieces.clear()  # the replica failed mid-answer: the replay's answer replaces it
-                elif isinstance(ev, Done):
-                    answer = ev.result.answer
-                    # the refinement's own chunks when it is the answer, else the answer whole
-                    for piece in (pieces if "".join(pieces) == answer else [answer]):
-                        yield chunk(piece)
-                    info = _info(ev) | {"usage": core.usage(req, ev), "answer": answer}
-                    yield chunk(None, ev.result.finish_reason, info)
-
-        return StreamingResponse(sse(), media_type="text/event-stream")
+def create_app(core: EdgeCore) -> FastAPI:
+    """The OpenAI-compatible API over ``core``: thin routes; parsing, solving and the response live above."""
+    app = FastAPI(title="coinfer edge", docs_url=None, redoc_url=None)
 
     @app.get("/v1/models")
     async def models():
@@ -346,15 +363,15 @@ def create_app(core: EdgeCore) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await parse(request, CompletionBody)
-        return body if isinstance(body, JSONResponse) else await run(body, body.prompt, chat=False)
+        body = await _parse(core, request, CompletionBody)
+        return body if isinstance(body, JSONResponse) else await _respond(core, body, body.prompt, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        body = await parse(request, ChatBody)
+        body = await _parse(core, request, ChatBody)
         if isinstance(body, JSONResponse):
             return body
-        return await run(body, "", chat=True, messages=[m.domain() for m in body.messages])
+        return await _respond(core, body, "", chat=True, messages=[m.domain() for m in body.messages])
 
     @app.get("/healthz")
     async def healthz():

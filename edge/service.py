@@ -17,11 +17,12 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from coinfer import types as t
-from coinfer.chat import ChatFormat, ChatMessage, conversation, question_of, validate_messages
-from coinfer.errors import InvalidArgument, ResourceExhausted, Unavailable, require
+from coinfer.chat import ChatFormat, ChatMessage, conversation, question_of
+from coinfer.errors import InvalidArgument, Unavailable, require
 from coinfer.extract import Extraction
 from coinfer.rules import Rule, RuleSet
 from coinfer.tasks import TASKS, get_task
+from coinfer.validate import check_deadline, check_question, check_request_id
 from edge.config import PLANS, EdgeConfig
 from edge.draft_engine import OrtDraftEngine
 from edge.link import CloudLink
@@ -272,23 +273,15 @@ class EdgeCore:
 
     def _check(self, req: SolveRequest) -> tuple[Sampling, float]:
         c = self.cfg
-        require(len(req.request_id) <= 128, "request_id", f"{len(req.request_id)} chars > 128")
-        if req.messages:
-            require(req.prompt == "", "prompt", "give prompt or messages, not both")
-            validate_messages(req.messages)
-            size, where = sum(len(m.content) for m in req.messages), "messages"
-        else:
-            require(isinstance(req.prompt, str) and req.prompt.strip() != "", "prompt", "required")
-            size, where = len(req.prompt), "prompt"
-        if size > c.max_prompt_chars:
-            raise ResourceExhausted(f"{where}: {size} chars > limit {c.max_prompt_chars}")
+        check_request_id(req.request_id)
+        check_question(req.prompt, req.messages, c.max_prompt_chars)
         req.extraction.validate("extraction")
         req.task = req.task or infer_task(req.question)
         task = get_task(req.task, "task")
         RuleSet(req.rules, task, task.parse_problem(req.question), "rules", req.extraction)  # bad rules: 400 now
         require(req.plan in PLANS, "plan", f"must be one of {', '.join(PLANS)}, got {req.plan!r}")
         require(0 <= req.num_drafts <= c.max_drafts, "num_drafts", f"must be in 0..{c.max_drafts}")
-        require(0 <= req.deadline_ms <= 600_000, "deadline_ms", "must be in 0..600000")
+        check_deadline(req.deadline_ms)
         base = req.sampling or t.SamplingParams()
         n = req.num_drafts or min(c.max_drafts, self.link.recommended_drafts)
         s = Sampling(**{f.name: getattr(base, f.name) for f in dataclasses.fields(t.SamplingParams)}, n=n)

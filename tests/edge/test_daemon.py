@@ -160,6 +160,10 @@ async def test_finish_reason_is_length_exactly_when_the_answer_hit_its_budget(da
     ("/v1/completions", {"model": "coinfer-edge", "prompt": ARITH, "coinfer": {"task": "poetry"}}, 400, "task"),
     ("/v1/completions", {"model": "coinfer-edge", "prompt": ARITH, "coinfer": {"plan": "moon"}}, 400, "coinfer.plan"),
     ("/v1/completions", {"model": "coinfer-edge", "prompt": "x" * 5000}, 413, "prompt"),
+    # one bound each, the daemon's: its max_drafts (16), not a second copy in the HTTP model
+    ("/v1/completions", {"model": "coinfer-edge", "prompt": ARITH, "coinfer": {"num_drafts": 17}}, 400, "num_drafts"),
+    ("/v1/completions", {"model": "coinfer-edge", "prompt": ARITH, "coinfer": {"deadline_ms": 600_001}}, 400,
+     "deadline_ms"),
     ("/v1/completions", {"model": "gpt-9", "prompt": ARITH}, 404, "model"),
     ("/v1/completions", {"prompt": ARITH}, 400, "model"),
     ("/v1/chat/completions", {"model": "coinfer-edge", "messages": []}, 400, "messages"),
