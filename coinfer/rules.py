@@ -172,133 +172,222 @@ def _objects(value: Any) -> Iterator[Mapping]:
         level = [x for v in level if isinstance(v, (Mapping, list)) for x in (v.values() if isinstance(v, Mapping) else v)]
 
 
-class CompiledRule:
-    """A validated rule, ready to run. Construction raises InvalidArgument naming the bad param."""
+class _Rule:
+    """A compiled rule of one kind: built from its params (InvalidArgument naming the bad one), then
+    called on a draft's text and parsed fields: '' when it passes, else its precise error."""
 
-    def __init__(self, rule: Rule, task: Task, spec: dict[str, Any], where: str) -> None:
-        if rule.kind not in RULE_KINDS:
-            raise InvalidArgument(f"{where}.kind: unknown rule kind {rule.kind!r} (known: {', '.join(RULE_KINDS)})")
+    def __init__(self, rule: Rule, task: Task, spec: dict[str, Any], w: str) -> None:
         self.rule, self.task, self.spec = rule, task, spec
-        p, w = rule.params, f"{where}.params"
-        depth, nodes = json_shape(dict(p), MAX_PARAMS_NODES)
-        require(depth <= MAX_PARAMS_DEPTH and nodes <= MAX_PARAMS_NODES, w,
-                f"at most {MAX_PARAMS_NODES} values nested at most {MAX_PARAMS_DEPTH} levels deep")
-        self.field = p.get("field")
-        if rule.kind in ("numeric_bounds", "membership", "count"):
-            require(isinstance(self.field, str) and self.field != "", f"{w}.field", "required string")
-        if rule.kind in ("numeric_bounds", "count", "length"):
-            self.lo, self.hi = _num(p, "min", w), _num(p, "max", w)
-            require(self.lo is not None or self.hi is not None, w, "needs min or max")
-            if self.lo is not None and self.hi is not None:
-                require(self.lo <= self.hi, f"{w}.min", f"{_fmt(self.lo)} > max {_fmt(self.hi)}")
-        if rule.kind == "count":
-            self.unique = bool(p.get("unique", False))
-        elif rule.kind == "membership":
-            values = p.get("values")
-            require(isinstance(values, Sequence) and not isinstance(values, str), f"{w}.values", "required list")
-            self.allowed = [str(v) for v in values]
-        elif rule.kind == "regex":
-            pattern = p.get("pattern")
-            require(isinstance(pattern, str) and 0 < len(pattern) <= MAX_PATTERN, f"{w}.pattern",
-                    f"required string of 1..{MAX_PATTERN} chars")
-            try:
-                self.regex = userregex.compile(pattern)
-            except regex.error as exc:
-                raise InvalidArgument(f"{w}.pattern: invalid regex: {exc}") from None
-            self.must_match = bool(p.get("must_match", True))
-        elif rule.kind == "json_schema":
-            schema = p.get("schema")
-            require(isinstance(schema, Mapping), f"{w}.schema", "required object")
-            require(not any("patternProperties" in o for o in _objects(schema)), f"{w}.schema",
-                    "patternProperties is not supported (its regexes would run without a time budget)")
-            cls = jsonschema.validators.validator_for(schema)
-            # cls.check_schema, with the metaschema's keywords timed
-            meta = _bounded(jsonschema.validators.validator_for(cls.META_SCHEMA, default=cls))
-            try:
-                with _schema_budget():
-                    for error in meta(cls.META_SCHEMA, format_checker=meta.FORMAT_CHECKER).iter_errors(schema):
-                        raise InvalidArgument(f"{w}.schema: invalid JSON Schema: {error.message}")
-                for o in _objects(schema):
-                    if isinstance(o.get("pattern"), str):
-                        userregex.compile(o["pattern"])
-            except (_SchemaTimeout, userregex.RegexTimeout):
-                raise InvalidArgument(f"{w}.schema: too large: checking it took over "
-                                      f"{SCHEMA_BUDGET_S * 1e3:.0f} ms") from None
-            except regex.error as exc:
-                raise InvalidArgument(f"{w}.schema: invalid pattern: {exc}") from None
-            self.validator = _bounded(cls)(schema)
-        elif rule.kind == "task_check":
-            check = p.get("check")
-            require(check in task.checkers, f"{w}.check",
-                    f"unknown checker {check!r} for task {task.name} (known: {', '.join(task.checkers)})")
-            self.check_name = check
 
     def __call__(self, text: str, parsed: Parsed) -> str:
-        """'' if the rule passes, else its precise error."""
-        kind, f = self.rule.kind, self.field
-        if kind == "length":
-            n = len(text)
-            if self.hi is not None and n > self.hi:
-                return f"too_long: {n} chars > {_fmt(self.hi)}"
-            if self.lo is not None and n < self.lo:
-                return f"too_short: {n} chars < {_fmt(self.lo)}"
+        raise NotImplementedError
+
+
+_KINDS: dict[str, type[_Rule]] = {}
+
+
+def _kind(name: str):
+    def register(cls: type[_Rule]) -> type[_Rule]:
+        _KINDS[name] = cls
+        return cls
+    return register
+
+
+class _Bounds:
+    """``min`` / ``max`` params: at least one, in order."""
+
+    def _bounds(self, p: Mapping[str, Any], w: str) -> None:
+        self.lo, self.hi = _num(p, "min", w), _num(p, "max", w)
+        require(self.lo is not None or self.hi is not None, w, "needs min or max")
+        if self.lo is not None and self.hi is not None:
+            require(self.lo <= self.hi, f"{w}.min", f"{_fmt(self.lo)} > max {_fmt(self.hi)}")
+
+
+@_kind("length")
+class _Length(_Rule, _Bounds):
+    def __init__(self, rule: Rule, task: Task, spec: dict[str, Any], w: str) -> None:
+        super().__init__(rule, task, spec, w)
+        self._bounds(rule.params, w)
+
+    def __call__(self, text: str, parsed: Parsed) -> str:
+        n = len(text)
+        if self.hi is not None and n > self.hi:
+            return f"too_long: {n} chars > {_fmt(self.hi)}"
+        if self.lo is not None and n < self.lo:
+            return f"too_short: {n} chars < {_fmt(self.lo)}"
+        return ""
+
+
+@_kind("regex")
+class _Regex(_Rule):
+    def __init__(self, rule: Rule, task: Task, spec: dict[str, Any], w: str) -> None:
+        super().__init__(rule, task, spec, w)
+        pattern = rule.params.get("pattern")
+        require(isinstance(pattern, str) and 0 < len(pattern) <= MAX_PATTERN, f"{w}.pattern",
+                f"required string of 1..{MAX_PATTERN} chars")
+        try:
+            self.regex = userregex.compile(pattern)
+        except regex.error as exc:
+            raise InvalidArgument(f"{w}.pattern: invalid regex: {exc}") from None
+        self.must_match = bool(rule.params.get("must_match", True))
+
+    def __call__(self, text: str, parsed: Parsed) -> str:
+        try:
+            found = userregex.search(self.regex, text) is not None
+        except userregex.RegexTimeout as exc:
+            return f"regex_timeout: {exc} on this text"
+        if found != self.must_match:
+            return f"regex_failed: {'no match for' if self.must_match else 'forbidden match of'} /{self.regex.pattern}/"
+        return ""
+
+
+@_kind("arithmetic")
+class _Arithmetic(_Rule):
+    def __call__(self, text: str, parsed: Parsed) -> str:
+        return first_wrong_equation(text)
+
+
+@_kind("task_check")
+class _TaskCheck(_Rule):
+    def __init__(self, rule: Rule, task: Task, spec: dict[str, Any], w: str) -> None:
+        super().__init__(rule, task, spec, w)
+        check = rule.params.get("check")
+        require(check in task.checkers, f"{w}.check",
+                f"unknown checker {check!r} for task {task.name} (known: {', '.join(task.checkers)})")
+        self.check_name = check
+
+    def __call__(self, text: str, parsed: Parsed) -> str:
+        return self.task.check(self.check_name, self.spec, parsed)
+
+
+@_kind("json_schema")
+class _JsonSchema(_Rule):
+    def __init__(self, rule: Rule, task: Task, spec: dict[str, Any], w: str) -> None:
+        super().__init__(rule, task, spec, w)
+        schema = rule.params.get("schema")
+        require(isinstance(schema, Mapping), f"{w}.schema", "required object")
+        require(not any("patternProperties" in o for o in _objects(schema)), f"{w}.schema",
+                "patternProperties is not supported (its regexes would run without a time budget)")
+        cls = jsonschema.validators.validator_for(schema)
+        # cls.check_schema, with the metaschema's keywords timed
+        meta = _bounded(jsonschema.validators.validator_for(cls.META_SCHEMA, default=cls))
+        try:
+            with _schema_budget():
+                for error in meta(cls.META_SCHEMA, format_checker=meta.FORMAT_CHECKER).iter_errors(schema):
+                    raise InvalidArgument(f"{w}.schema: invalid JSON Schema: {error.message}")
+            for o in _objects(schema):
+                if isinstance(o.get("pattern"), str):
+                    userregex.compile(o["pattern"])
+        except (_SchemaTimeout, userregex.RegexTimeout):
+            raise InvalidArgument(f"{w}.schema: too large: checking it took over "
+                                  f"{SCHEMA_BUDGET_S * 1e3:.0f} ms") from None
+        except regex.error as exc:
+            raise InvalidArgument(f"{w}.schema: invalid pattern: {exc}") from None
+        self.validator = _bounded(cls)(schema)
+
+    def __call__(self, text: str, parsed: Parsed) -> str:
+        try:
+            with _schema_budget():
+                err = jsonschema.exceptions.best_match(self.validator.iter_errors(_jsonable(parsed.fields)))
+        except (_SchemaTimeout, userregex.RegexTimeout):
+            return f"schema_timeout: the schema took over {SCHEMA_BUDGET_S * 1e3:.0f} ms on this text"
+        except RecursionError:  # a $ref cycle that consumes nothing ({"$ref": "#"})
+            return "schema_error: the schema refers to itself without end"
+        except referencing.exceptions.Unresolvable as exc:  # remote (never fetched) or missing
+            return f"schema_error: unresolvable $ref {exc.ref!r}"
+        if err is None:
             return ""
-        if kind == "regex":
-            try:
-                found = userregex.search(self.regex, text) is not None
-            except userregex.RegexTimeout as exc:
-                return f"regex_timeout: {exc} on this text"
-            if found != self.must_match:
-                return f"regex_failed: {'no match for' if self.must_match else 'forbidden match of'} /{self.regex.pattern}/"
-            return ""
-        if kind == "arithmetic":
-            return first_wrong_equation(text)
-        if kind == "task_check":
-            return self.task.check(self.check_name, self.spec, parsed)
-        if kind == "json_schema":
-            try:
-                with _schema_budget():
-                    err = jsonschema.exceptions.best_match(self.validator.iter_errors(_jsonable(parsed.fields)))
-            except (_SchemaTimeout, userregex.RegexTimeout):
-                return f"schema_timeout: the schema took over {SCHEMA_BUDGET_S * 1e3:.0f} ms on this text"
-            except RecursionError:  # a $ref cycle that consumes nothing ({"$ref": "#"})
-                return "schema_error: the schema refers to itself without end"
-            except referencing.exceptions.Unresolvable as exc:  # remote (never fetched) or missing
-                return f"schema_error: unresolvable $ref {exc.ref!r}"
-            if err is None:
-                return ""
-            path = "/".join(str(x) for x in err.absolute_path) or "<root>"
-            return f"schema_violation: {path}: {err.message}"
-        if f not in parsed.fields:
-            return f"missing_field: {f}"
-        value = parsed.fields[f]
-        if kind == "numeric_bounds":
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                return f"not_a_number: {f}={value!r}"
-            if self.hi is not None and value > self.hi:
-                return f"out_of_bounds: {f}={_fmt(value)} > {_fmt(self.hi)}"
-            if self.lo is not None and value < self.lo:
-                return f"out_of_bounds: {f}={_fmt(value)} < {_fmt(self.lo)}"
-            return ""
-        items = list(value) if isinstance(value, (list, tuple)) else [value]
-        if kind == "membership":
-            for v in items:
-                if str(v) not in self.allowed:
-                    return f"not_member: {f} has {str(v)!r} (allowed: {','.join(self.allowed)})"
-            return ""
-        # count
-        n = len(items)
+        path = "/".join(str(x) for x in err.absolute_path) or "<root>"
+        return f"schema_violation: {path}: {err.message}"
+
+
+class _FieldRule(_Rule):
+    """A rule on one extracted field (``field``): missing_field when the draft has none."""
+
+    def __init__(self, rule: Rule, task: Task, spec: dict[str, Any], w: str) -> None:
+        super().__init__(rule, task, spec, w)
+        self.field = rule.params.get("field")
+        require(isinstance(self.field, str) and self.field != "", f"{w}.field", "required string")
+
+    def __call__(self, text: str, parsed: Parsed) -> str:
+        if self.field not in parsed.fields:
+            return f"missing_field: {self.field}"
+        return self.check(self.field, parsed.fields[self.field])
+
+    def check(self, f: str, value: Any) -> str:
+        raise NotImplementedError
+
+
+@_kind("numeric_bounds")
+class _NumericBounds(_FieldRule, _Bounds):
+    def __init__(self, rule: Rule, task: Task, spec: dict[str, Any], w: str) -> None:
+        super().__init__(rule, task, spec, w)
+        self._bounds(rule.params, w)
+
+    def check(self, f: str, value: Any) -> str:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return f"not_a_number: {f}={value!r}"
+        if self.hi is not None and value > self.hi:
+            return f"out_of_bounds: {f}={_fmt(value)} > {_fmt(self.hi)}"
+        if self.lo is not None and value < self.lo:
+            return f"out_of_bounds: {f}={_fmt(value)} < {_fmt(self.lo)}"
+        return ""
+
+
+def _items(value: Any) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+@_kind("membership")
+class _Membership(_FieldRule):
+    def __init__(self, rule: Rule, task: Task, spec: dict[str, Any], w: str) -> None:
+        super().__init__(rule, task, spec, w)
+        values = rule.params.get("values")
+        require(isinstance(values, Sequence) and not isinstance(values, str), f"{w}.values", "required list")
+        self.allowed = [str(v) for v in values]
+
+    def check(self, f: str, value: Any) -> str:
+        for v in _items(value):
+            if str(v) not in self.allowed:
+                return f"not_member: {f} has {str(v)!r} (allowed: {','.join(self.allowed)})"
+        return ""
+
+
+@_kind("count")
+class _Count(_FieldRule, _Bounds):
+    def __init__(self, rule: Rule, task: Task, spec: dict[str, Any], w: str) -> None:
+        super().__init__(rule, task, spec, w)
+        self._bounds(rule.params, w)
+        self.unique = bool(rule.params.get("unique", False))
+
+    def check(self, f: str, value: Any) -> str:
+        items = _items(value)
         if self.unique:
             seen: set[str] = set()
             for v in items:
                 if str(v) in seen:
                     return f"duplicate: {f} has {str(v)!r} twice"
                 seen.add(str(v))
-        lo = _fmt(self.lo) if self.lo is not None else "0"
-        hi = _fmt(self.hi) if self.hi is not None else "inf"
+        n = len(items)
         if (self.lo is not None and n < self.lo) or (self.hi is not None and n > self.hi):
+            lo = _fmt(self.lo) if self.lo is not None else "0"
+            hi = _fmt(self.hi) if self.hi is not None else "inf"
             return f"count_wrong: {f} has {n} (expected {lo}..{hi})"
         return ""
+
+
+assert tuple(sorted(_KINDS)) == tuple(sorted(RULE_KINDS)), "every rule kind has its class"
+
+
+def compile_rule(rule: Rule, task: Task, spec: dict[str, Any], where: str) -> _Rule:
+    """A validated rule, ready to run. Raises InvalidArgument naming the bad param."""
+    if rule.kind not in _KINDS:
+        raise InvalidArgument(f"{where}.kind: unknown rule kind {rule.kind!r} (known: {', '.join(RULE_KINDS)})")
+    w = f"{where}.params"
+    depth, nodes = json_shape(dict(rule.params), MAX_PARAMS_NODES)
+    require(depth <= MAX_PARAMS_DEPTH and nodes <= MAX_PARAMS_NODES, w,
+            f"at most {MAX_PARAMS_NODES} values nested at most {MAX_PARAMS_DEPTH} levels deep")
+    return _KINDS[rule.kind](rule, task, spec, w)
 
 
 def _jsonable(v: Any) -> Any:
@@ -318,7 +407,7 @@ class RuleSet:
         self.task, self.spec = task, spec
         self.extraction = extraction or Extraction()
         self.extraction.validate("problem.extraction")
-        self.rules = [CompiledRule(r, task, spec, f"{where}[{i}]") for i, r in enumerate(rules)]
+        self.rules = [compile_rule(r, task, spec, f"{where}[{i}]") for i, r in enumerate(rules)]
 
     def parse(self, text: str) -> Parsed:
         """The declared extraction, else the task preset's own parser. A draft is client text: the presets'
