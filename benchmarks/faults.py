@@ -1,4 +1,4 @@
-"""Fault campaign (issue 14): real processes and engines, faults injected, one command.
+"""Fault campaign: real processes and engines, faults injected, one command.
 
     python -m benchmarks.faults [--short] [--out docs/faults] [--hostile-examples 10000]
 

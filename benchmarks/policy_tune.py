@@ -130,7 +130,7 @@ def simulate(recs: list[dict]) -> list[dict]:
 
 
 def refinement_guard(recs: list[dict], override_nats: float = 0.2) -> dict:
-    """Issue 24's measure: where >= 2 valid drafts agree on one answer, how often the refinement turns
+    """The refinement guard's measure: where >= 2 valid drafts agree on one answer, how often the refinement turns
     a correct agreed answer wrong (and fixes a wrong one), without the guard and with it (the session
     keeps the drafts' answer when the refinement disagrees and its mean logprob does not beat the best
     draft's by ``override_nats``: ``PolicyConfig.refine_override_nats``)."""

@@ -1,4 +1,4 @@
-"""Many edges, many cloud replicas, and faults during a bounded load run (issue 13).
+"""Many edges, many cloud replicas, and faults during a bounded load run.
 
     .venv/bin/python -m benchmarks.replicas [--replicas 3] [--edges 4] [--requests 300] [--concurrency 8] [--json]
 

@@ -14,7 +14,7 @@ over the reps: the cost model predicts a plan's expected latency over a task's p
 one problem may take the cloud three draft rounds where the next takes one), the planner's
 choice, regret = measured(chosen) / measured(best). A second choice is scored the same way:
 split vs cloud alone, what the planner arbitrates whenever the edge's own answers fall
-below the quality floor. Goals (issue 6): median |predicted - measured| / measured <= 20%;
+below the quality floor. Goals: median |predicted - measured| / measured <= 20%;
 regret <= 1.10 in >= 90% of scenarios. Writes results.md, results.json and scenarios.png
 to ``--out``.
 """

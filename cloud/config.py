@@ -88,7 +88,7 @@ class Limits:
 
 @dataclass
 class PolicyConfig:
-    """Verification, scheduling and refinement policy (seed 003, 2.2 and 3.1-4.4)."""
+    """Verification, scheduling and refinement policy (docs/design.md §2.2, §3.1-4.4)."""
 
     a: float = 1.0
     """Weight of the verifier score in the scheduler score."""
@@ -99,7 +99,7 @@ class PolicyConfig:
     min_support: int = 2
     """Drafts that must share a step for it to join the consensus prefix."""
     consensus_prefix: bool = True
-    """Start the refinement from the valid drafts' consensus steps (seed 4.4)."""
+    """Start the refinement from the valid drafts' consensus steps (docs/design.md §4.4)."""
     prefix_min_score: float = 0.9
     """...but only when the best draft's verifier score reaches this (see session.py)."""
     context_drafts: int = 2
@@ -173,7 +173,7 @@ class PolicyConfig:
     model) or "judge" (the model answers {valid, score, error} as constrained JSON; needs an
     instruction-tuned verifier model to mean anything)."""
     learn_every: int = 100
-    """Refit a, b, g from outcomes every this many sessions (seed 3.1); 0 disables learning."""
+    """Refit a, b, g from outcomes every this many sessions (docs/design.md §3.1); 0 disables learning."""
     learn_alpha: float = 0.3
     """EWMA weight of each refit."""
 
@@ -222,7 +222,7 @@ class CloudConfig:
     load_period_s: float = 0.5
     """How often engine load is sampled into the draft-count controller."""
     heartbeat_period_s: float = 5.0
-    """Engine heartbeat (seed 5.2): every this often, a liveness check and a one-token request."""
+    """Engine heartbeat (docs/design.md §5.2): every this often, a liveness check and a one-token request."""
     heartbeat_timeout_s: float = 30.0
     """An engine that neither answers the heartbeat nor produces any output for this long is hung:
     health turns NOT_SERVING and the engine is restarted (a busy engine still producing is not hung)."""

@@ -1,4 +1,4 @@
-"""Online learning of the scheduler weights a, b, g from session outcomes (seed 003, 3.1).
+"""Online learning of the scheduler weights a, b, g from session outcomes (docs/design.md §3.1).
 
 Every ranked draft of a finished session becomes one outcome row: its verifier
 score, the session's agreement term (1 - std of scores), its verification

@@ -1,4 +1,4 @@
-"""Load -> recommended draft count (seed 003, 3.3), smoothed so it does not oscillate.
+"""Load -> recommended draft count (docs/design.md §3.3), smoothed so it does not oscillate.
 
 Utilisation u in [0, 1] (engine slots in use, or GPU utilisation on a GPU) is
 smoothed with an EWMA; the policy maps it to a draft count: light load (< 0.6)

@@ -1,6 +1,6 @@
 """Pure scheduling maths: verifier scores, the scheduler's rank, consensus, token budgets.
 
-No I/O here; everything is a function of numbers and strings (seed 003, 3.1 and 4.4).
+No I/O here; everything is a function of numbers and strings (docs/design.md §3.1, §4.4).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def likelihood_score(logprobs: Sequence[float]) -> float:
 
 def rank_scores(scores: Sequence[float], latencies_s: Sequence[float], a: float, b: float, g: float,
                 agree: Sequence[float] | None = None) -> list[float]:
-    """Scheduler score per draft: ``a*score + b*agreement - g*latency`` (seed 3.1).
+    """Scheduler score per draft: ``a*score + b*agreement - g*latency`` (docs/design.md §3.1).
 
     ``agree`` per draft: the share of the session's valid drafts that reached the same
     extracted answer (``answer_agreement``: the seed's support term, what self-consistency
@@ -51,13 +51,13 @@ def answer_agreement(keys: Sequence[object], support: Sequence[int] | None = Non
 
 
 def agreement(scores: Sequence[float]) -> float:
-    """1 - std of the verifier's scores across a session's drafts (seed 3.1's agreement term)."""
+    """1 - std of the verifier's scores across a session's drafts (docs/design.md §3.1: the agreement term)."""
     return 1.0 - (statistics.pstdev(scores) if len(scores) > 1 else 0.0)
 
 
 def consensus_prefix(drafts: Sequence[Sequence[str]], min_support: int) -> list[str]:
     """Longest step prefix where each step is shared by >= ``min_support`` of the drafts
-    that agree on every step before it (seed 4.4)."""
+    that agree on every step before it (docs/design.md §4.4)."""
     prefix: list[str] = []
     alive = [list(d) for d in drafts]
     while True:
@@ -73,14 +73,14 @@ def consensus_prefix(drafts: Sequence[Sequence[str]], min_support: int) -> list[
 
 
 def refine_max_tokens(best_score: float, cap: int, lo: int = 64) -> int:
-    """Latency-aware budget (seed 4.4): score 0.72 -> 256 tokens, 0.95 -> 512, linear between,
+    """Latency-aware budget (docs/design.md §4.4): score 0.72 -> 256 tokens, 0.95 -> 512, linear between,
     clamped to [lo, cap]. A confident draft earns a longer refinement."""
     tokens = 256 + (best_score - 0.72) / (0.95 - 0.72) * 256
     return int(max(lo, min(cap, tokens)))
 
 
 def load_scaled_g(g: float, load: float) -> float:
-    """The latency weight rises with load (seed 3.1): at full load latency counts twice as much."""
+    """The latency weight rises with load (docs/design.md §3.1): at full load latency counts twice as much."""
     return g * (1.0 + min(1.0, max(0.0, load)))
 
 

@@ -78,7 +78,7 @@ class CloudServer:
             await asyncio.sleep(self.cfg.load_period_s)
 
     async def _watch_engine(self) -> None:
-        """Heartbeat (seed 5.2): a dead or hung engine turns health NOT_SERVING (gRPC balancers and
+        """Heartbeat (docs/design.md §5.2): a dead or hung engine turns health NOT_SERVING (gRPC balancers and
         edges move to other replicas; new sessions here get UNAVAILABLE) and, given an
         ``engine_factory``, is replaced by a fresh one, after which health is SERVING again."""
         while True:

@@ -1,4 +1,4 @@
-"""One co-inference session: verify drafts as they arrive, then refine (seed 003, 2.2).
+"""One co-inference session: verify drafts as they arrive, then refine (docs/design.md §2.2).
 
 Input: the edge's drafts and end-of-round markers (an async iterator).
 Output: domain events (``coinfer.types``) in the order the edge should see them:
@@ -415,7 +415,7 @@ class Session:
         p = self.cfg.policy
         best = ranked[0][0]
         mode, prompt, prefix, chosen = self._refine_plan(ranked)
-        # latency-aware budget (seed 4.4), but never shorter than twice the longest draft used
+        # latency-aware budget (docs/design.md §4.4), but never shorter than twice the longest draft used
         max_tokens = max(refine_max_tokens(best.verdict.score, p.refine_max_tokens),
                          min(p.refine_max_tokens, 2 * max(j.draft.num_tokens for j in chosen) + 16))
         text, ttft, steps, finish = await self._generate(prompt, prefix, max_tokens, f"r{self.attempt}", out)

@@ -34,7 +34,7 @@ ROLES = ("system", "user", "assistant")
 MAX_MESSAGES = 64
 PLAIN_FORMAT = "plain: '<system>\\n\\nUser: ...\\nAssistant: ...\\n...Assistant:'"
 
-# The refinement prompt (seed 003, 2.2 stage 3): the question plus the best verified drafts as
+# The refinement prompt (docs/design.md §2.2, stage 3): the question plus the best verified drafts as
 # candidates; the target writes the final answer. ``{question}`` is the last user turn,
 # ``{candidates}`` the drafts, each formatted with CANDIDATE_FORMAT and joined by a newline.
 # The demo target is trained on exactly this format (demo/train.py).

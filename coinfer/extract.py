@@ -17,7 +17,7 @@ regex      the named groups of the last match (``answer``      no match
 A number at the start of an extracted answer (``72``, ``-3.5``, ``$1,200``, ``72 clips``)
 becomes the numeric ``answer``; the extracted text stays in ``answer_text``. Every kind but
 ``regex`` runs in linear time with string operations (no backtracking on untrusted text);
-``regex`` runs the client's pattern (bounded in length; issue 14 bounds its time).
+``regex`` runs the client's pattern (bounded in length; its time is bounded too).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Text clean-up for dirty drafts: smart quotes, unicode operators, stray spaces.
 
 Small models (and big ones) write typographic quotes and minus signs that break
-JSON and number parsing (seed 003, 5.1). Every parser normalises first.
+JSON and number parsing (docs/design.md §5.1). Every parser normalises first.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from the prompt, else an open request), ``extraction`` (``"marker"`` or ``{"kind
 "pattern": ...}``: none | marker | boxed | last_line | json | regex), ``rules``, ``plan``,
 ``num_drafts``, ``deadline_ms``. Standard fields -- ``max_tokens``, ``temperature``, ``top_p``,
 ``presence_penalty``, ``frequency_penalty``, ``seed``, ``stop`` -- reach the drafts and the
-cloud's refinement; unset ones keep the daemon's draft defaults (seed 003: T=0.3, top_p 0.95,
+cloud's refinement; unset ones keep the daemon's draft defaults (docs/design.md §4.2: T=0.3, top_p 0.95,
 ...) and the cloud's refinement defaults (greedy). ``usage`` counts the draft model's tokenizer
 tokens of the prompt and the answer.
 
@@ -123,7 +123,7 @@ def _given(body: _Base) -> dict:
 
 
 def _sampling(body: _Base) -> t.SamplingParams | None:
-    """Draft sampling: the fields given, the daemon's draft defaults (seed 003, 4.2) for the rest."""
+    """Draft sampling: the fields given, the daemon's draft defaults (docs/design.md §4.2) for the rest."""
     given = _given(body)
     return t.SamplingParams(**given) if given else None
 

@@ -105,7 +105,7 @@ class CloudLink:
         self.cfg = cfg
         self.channel: grpc.aio.Channel | None = None
         self.breaker = CircuitBreaker(cfg.breaker_failures, cfg.breaker_reset_s)
-        self.recommended_drafts = 5  # seed 003, 4.2, until the cloud says otherwise
+        self.recommended_drafts = 5  # docs/design.md §4.2, until the cloud says otherwise
         self.replicas: dict[str, Replica] = {}
         self.resolve_s, self.status_s = resolve_s, status_s
         self._resolver: asyncio.Task | None = None

@@ -22,7 +22,7 @@ from coinfer.types import SamplingParams
 class Sampling(SamplingParams):
     """Draft sampling: the shared sampling parameters (stop strings included) plus the draft count.
 
-    Defaults from seed 003, 4.2: n=5, temperature 0.3, top_p 0.95, presence 0.2,
+    Defaults from docs/design.md §4.2: n=5, temperature 0.3, top_p 0.95, presence 0.2,
     frequency 0.1, 256 new tokens. Draft i uses ``seed + i``, so a batch equals
     per-draft runs with those seeds.
     """

@@ -20,8 +20,7 @@ Gates (pass/fail):
 Reported, not gated: ``greedy_match``, the share of prompts whose whole greedy continuation is
 identical (every position agrees). It follows top1^length (0.944^64 ~ 0.03): one flipped token
 anywhere fails the prompt, so it measures chaos, not quality; as a gate it refused a sound real
-model (SmolLM2-135M-Instruct weight-only INT8: top-1 0.944, NLL delta +0.014, greedy match 3/32;
-issue 21).
+model (SmolLM2-135M-Instruct weight-only INT8: top-1 0.944, NLL delta +0.014, greedy match 3/32).
 
 The thresholds and the measurements behind them are on ``GateConfig``'s fields.
 """

@@ -3,7 +3,7 @@
 Only MatMuls whose weight (input B) is a constant are quantized: the seven
 projections of every layer and the LM head. Attention's activation x activation
 MatMuls, embeddings (Gather) and norm weights stay float: quantizing embeddings
-per-tensor broke a test model completely (issue 3), and activation x activation
+per-tensor broke a test model completely, and activation x activation
 products gain little from INT8 at draft-model sizes.
 
 ``dynamic``      per-channel int8 weights (MatMulInteger), activations quantized at run

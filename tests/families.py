@@ -1,5 +1,5 @@
 """Small random-weight models of the draft families users deploy, each with a byte-level BPE tokenizer
-trained here and its family's chat template and special tokens (issue 12).
+trained here and its family's chat template and special tokens.
 
 Random weights give near-uniform logits; the output side is sharpened so that a greedy path means
 something (a flipped argmax is then a real disagreement, not a tie broken by rounding).

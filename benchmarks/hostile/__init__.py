@@ -1,4 +1,4 @@
-"""Hostile inputs, generated (issue 14): a hypothesis-driven fuzz campaign against every RPC and
+"""Hostile inputs, generated: a hypothesis-driven fuzz campaign against every RPC and
 endpoint of a real cloud (vLLM) and a real edge daemon (ONNX Runtime drafts, gRPC + HTTP).
 
     .venv/bin/python -m benchmarks.hostile [--examples 10000] [--seed 0] [--out docs/faults/hostile.json]

@@ -6,7 +6,7 @@ Answer:  ``3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 49``
 Steps are the post-order of the expression tree, each written with the numbers
 it combines (variables substituted, negatives in parentheses), so every step
 can be recomputed exactly. Steps written with the variable names
-(``x+y=8``, as in seed 003) are accepted and checked too.
+(``x+y=8``, as in the design's examples) are accepted and checked too.
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ class Task(ABC):
         return answer_key(parsed)
 
     def dedup_key(self, text: str, parsed: Parsed) -> Any:
-        """Drafts with equal keys are verified once (seed 5.2: by structure, not text similarity)."""
+        """Drafts with equal keys are verified once (docs/design.md §5.2: by structure, not text similarity)."""
         return self.structure_key(parsed)
 
     def problem(self, prompt: str) -> Problem:

@@ -1,4 +1,4 @@
-"""``select``: budgeted selection (seed 003, 3.2).
+"""``select``: budgeted selection (docs/design.md §3.2).
 
 Prompt:  ``Pick 2 of A(3,5) B(4,2) C(2,6) D(5,7) with cost<=8.``  items are ``id(cost,value)``
 Answer:  ``AB 7:7; AC 5:11; AD 8:12; BC 6:8; BD 9>8; CD 7:13; answer C,D``

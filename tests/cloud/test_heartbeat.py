@@ -1,4 +1,4 @@
-"""The engine heartbeat's logic (seed 5.2, issue 14) around a stand-in engine: a hung engine is told from
+"""The engine heartbeat's logic (docs/design.md §5.2) around a stand-in engine: a hung engine is told from
 a busy one, and the server turns NOT_SERVING, restarts the engine and serves again. The same on the
 real vLLM engine (its process SIGSTOPped) is in the fault campaign (tests/integration/test_faults.py)."""
 

@@ -1,5 +1,5 @@
 """A client cannot hold a server: a stream that never opens is closed, and one edge gets at most its
-per-edge share of the session slots (issue 14). A second real server on the shared engine."""
+per-edge share of the session slots. A second real server on the shared engine."""
 
 import asyncio
 

@@ -1,4 +1,4 @@
-"""Undecodable request bytes get INVALID_ARGUMENT on every method of a real server (issue 14),
+"""Undecodable request bytes get INVALID_ARGUMENT on every method of a real server,
 and the guard leaves health (unary and streaming) and reflection working."""
 
 import grpc

@@ -25,7 +25,7 @@ def test_number_at_the_start(text, value):
     (Extraction("boxed"), r"\boxed{a{b}c}", {"answer": "a{b}c", "answer_text": "a{b}c"}),
     (Extraction("last_line"), "work\nThe answer is 9\n\n", {"answer": "The answer is 9", "answer_text": "The answer is 9"}),
     (Extraction("json"), 'Sure: {"ids": ["C", "D"], "total": 13} done', {"ids": ["C", "D"], "total": 13}),
-    (Extraction("json"), "\u201c{\u201cx\u201d: 1}\u201d", {"x": 1}),  # smart quotes (seed 5.1)
+    (Extraction("json"), "\u201c{\u201cx\u201d: 1}\u201d", {"x": 1}),  # smart quotes (docs/design.md §5.1)
     (Extraction("regex", pattern=r"total (?P<answer>\d+)"), "total 4, total 5", {"answer": 5, "answer_text": "5"}),
     (Extraction("none"), "anything", {}),
 ])

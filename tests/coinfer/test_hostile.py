@@ -1,4 +1,4 @@
-"""Hostile input in bounded time (issue 14): the task parsers are linear in their input, deep
+"""Hostile input in bounded time: the task parsers are linear in their input, deep
 expressions are refused before evaluation, and a client's regex has a hard time budget. The bounds
 asserted here are generous (the old code took seconds to hours on the same inputs); the 50 ms serving
 budget is measured by the fault campaign, not by a timed test."""

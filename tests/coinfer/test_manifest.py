@@ -64,7 +64,7 @@ def test_bad_manifests_are_refused(model_dir, text):
     (lambda m: m["files"].update({"manifest.json": m["files"]["model.onnx"]}), "files"),
 ])
 def test_a_manifest_of_the_wrong_shape_is_refused_naming_the_field(model_dir, change, field):
-    """Schema-checked on load (issue 14): well-formed JSON of the wrong shape is an error naming the field,
+    """Schema-checked on load: well-formed JSON of the wrong shape is an error naming the field,
     never an AttributeError or a silent pass."""
     m = json.loads((model_dir / "manifest.json").read_text())
     change(m)

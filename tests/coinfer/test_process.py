@@ -1,4 +1,4 @@
-"""Children die with their parent, SIGKILL included (issue 14: vLLM's engine outlived its server),
+"""Children die with their parent, SIGKILL included (vLLM's engine once outlived its server),
 for both ways vLLM starts its engine: fork and spawn."""
 
 import os

@@ -374,7 +374,7 @@ async def test_auto_never_returns_a_rule_failing_edge_answer_while_the_cloud_is_
 
 async def test_a_tampered_model_on_a_lazy_edge_is_the_servers_fault(int8_draft, tmp_path):
     """The model is checked when the first request loads it: a tampered file is UNAVAILABLE / HTTP 503
-    with a message that names no path, and not a bad request in the metrics (issue 14)."""
+    with a message that names no path, and not a bad request in the metrics."""
     import shutil
 
     bad = tmp_path / "model"

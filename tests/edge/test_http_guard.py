@@ -1,4 +1,4 @@
-"""Slow and greedy HTTP clients (issue 14): a trickled request head is closed, a trickled body gets 408,
+"""Slow and greedy HTTP clients: a trickled request head is closed, a trickled body gets 408,
 connections over the cap get 503 at once, and the server keeps answering everyone else."""
 
 from __future__ import annotations

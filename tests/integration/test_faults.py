@@ -1,4 +1,4 @@
-"""The fault campaign's CI form (issue 14): real cloud and edge processes, faults injected. The full
+"""The fault campaign's CI form: real cloud and edge processes, faults injected. The full
 size, with the hostile-input campaign, is ``python -m benchmarks.faults`` (report in docs/faults/).
 Timings (Status p99, seconds back on split) are printed, not asserted: this machine is shared."""
 

@@ -1,4 +1,4 @@
-"""Hostile inputs, generated (issue 14): the short form of ``python -m benchmarks.hostile``. The same
+"""Hostile inputs, generated: the short form of ``python -m benchmarks.hostile``. The same
 hypothesis generators and classifier against the real cloud (vLLM) and a real edge daemon (gRPC +
 HTTP) on 127.0.0.1, 150 inputs per RPC and endpoint: no INTERNAL / UNKNOWN and no 5xx for client
 input, no filesystem path, Python class name or traceback in any message, both servers alive after.

@@ -1,5 +1,5 @@
 """The draft families users deploy, end to end on small random-weight models with a BPE tokenizer and
-their chat template (issue 12): export parity with torch over 16 decode steps, every weight INT8 per
+their chat template: export parity with torch over 16 decode steps, every weight INT8 per
 channel in each scheme (a tied head included), gates that judge a model without tasks, the edge
 drafting 5 drafts for a free-form chat prompt with stop strings, and vLLM serving the same directory."""
 

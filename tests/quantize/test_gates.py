@@ -1,4 +1,4 @@
-"""The accuracy gates judge a model by stable per-position measures (issue 21): top-1 agreement, NLL delta and
+"""The accuracy gates judge a model by stable per-position measures: top-1 agreement, NLL delta and
 KL against FP32, teacher-forced on FP32's greedy continuations; whole-continuation greedy match is only
 reported. The maths on hand-made logits; then, on a small exported Llama, FP32 against itself passes and an
 INT8 model with one layer's weight scale corrupted fails, naming the measures that caught it."""

