@@ -202,7 +202,7 @@ class Campaign:
         self.sizes, self.work = sizes, work
         self.art = ensure_artifacts()
         self.replica = Replica(self.art.target, free_ports(1)[0], work, grace_s=5.0,
-                               extra=("--heartbeat-period", "1", "--heartbeat-timeout", "10"))
+                               extra=("--heartbeat-period-s", "1", "--heartbeat-timeout-s", "10"))
         self.cloud = f"127.0.0.1:{self.replica.port}"
 
     async def _status(self) -> pb.StatusResponse:

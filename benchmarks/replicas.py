@@ -99,8 +99,8 @@ class Replica:
         log = open(self.log_dir / f"cloud-{self.port}-{self.starts}.log", "w")  # noqa: SIM115 - the child owns it
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cloud.server", "--model", str(self.model), "--port", str(self.port),
-             "--grace", str(self.grace_s), "--max-num-seqs", "16", *self.extra],
+            [sys.executable, "-m", "cloud.server", "--engine.model", str(self.model), "--port", str(self.port),
+             "--grace-s", str(self.grace_s), "--engine.max-num-seqs", "16", *self.extra],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
     async def serving(self, timeout_s: float = 300.0) -> None:

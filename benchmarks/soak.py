@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         token_files[-1].write_text(tok)
     # a repeated flag's last value wins: this soak's engine size and bearer tokens over Replica's defaults
     cloud = Replica(art.target, free_ports(1)[0], args.log_dir, grace_s=5.0,
-                    extra=("--max-num-seqs", str(max(16, args.concurrency)), "--auth-tokens", str(token_path)))
+                    extra=("--engine.max-num-seqs", str(max(16, args.concurrency)), "--auth-tokens", str(token_path)))
     edges: list[Edge] = []
     try:
         cloud.start()

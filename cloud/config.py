@@ -195,20 +195,27 @@ class PolicyConfig:
             raise ValueError("policy.min_mean_logprob_floor: must be <= policy.min_mean_logprob")
 
 
+ENV_PREFIX = "COINFER_CLOUD_"
+
+
 @dataclass
 class CloudConfig:
-    """Everything the cloud service needs."""
+    """Everything the cloud service needs. ``python -m cloud.server`` reads it with ``coinfer.settings``:
+    a TOML file (``[cloud]``, sections ``[cloud.policy]`` ...) < ``COINFER_CLOUD_<FIELD>`` (a section's
+    field: ``COINFER_CLOUD_POLICY__MIN_MEAN_LOGPROB``) < flags (``--policy.min-mean-logprob``)."""
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     limits: Limits = field(default_factory=Limits)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     host: str = "127.0.0.1"
     port: int = 0
-    """0 picks a free port (tests); the chosen port is returned by create_server."""
+    """gRPC port; 0 = any free one (``python -m cloud.server`` prints it as ``PORT n``; deployments give
+    50051)."""
     grace_s: float = 10.0
     """Graceful shutdown: in-flight sessions get this long to finish."""
-    auth_tokens: dict[str, str] = field(default_factory=dict)
-    """Bearer token per edge id; empty = no authentication (loopback / tests only)."""
+    auth_tokens: dict[str, str] = field(default_factory=dict, metadata={"cli": False})
+    """Bearer token per edge id; empty = no authentication (loopback / tests only). Secrets: from a
+    file (``--auth-tokens tokens.json``) or the TOML config, never a flag (a process list shows flags)."""
     tls_cert: str = ""
     """PEM certificate chain file; with ``tls_key`` the port speaks TLS only."""
     tls_key: str = ""

@@ -28,11 +28,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cloud.auth import BearerAuthInterceptor, load_tokens
-from cloud.config import CloudConfig, EngineConfig, PolicyConfig
+from cloud.config import ENV_PREFIX, CloudConfig
 from cloud.core import CloudCore
 from cloud.engine import TargetEngine, VllmEngine
 from cloud.servicer import CoinferCloudServicer
-from coinfer import logs, process
+from coinfer import logs, process, settings
 from coinfer.decode_guard import DecodeGuard
 from coinfer.errors import Reason, Unavailable
 from coinfer.loopwatch import LoopWatch, lag_histogram
@@ -186,37 +186,27 @@ async def serve(cfg: CloudConfig, ready: asyncio.Event | None = None) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """``--config``, ``--auth-tokens`` and a flag per ``CloudConfig`` field, sections included
+    (``--engine.model``, ``--policy.min-mean-logprob``; ``coinfer.settings``)."""
     ap = argparse.ArgumentParser(prog="python -m cloud.server",
                                  description="coinfer cloud gRPC service (verify + refine on vLLM)")
-    ap.add_argument("--model", required=True, help="target model directory (Hugging Face format)")
-    ap.add_argument("--host", default="127.0.0.1", help="bind address")
-    ap.add_argument("--port", type=int, default=50051, help="port; 0 picks a free one (printed as 'PORT n')")
-    ap.add_argument("--max-model-len", type=int, default=0, help="engine context length; 0 = the model's own")
-    ap.add_argument("--dtype", default="auto", choices=["float32", "bfloat16", "float16", "auto"],
-                    help="auto = vLLM's choice (bf16 where the hardware has it); float32 only where accuracy needs it")
-    ap.add_argument("--served-name", default="", help="model name in Status and metrics (default: the directory's name)")
-    ap.add_argument("--ngram-speculative-tokens", type=int, default=0,
-                    help="vLLM n-gram (prompt-lookup) speculative decoding: tokens proposed per step; 0 = off")
-    ap.add_argument("--max-num-seqs", type=int, default=64, help="sequences one engine step batches")
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="GPU memory fraction for vLLM")
-    ap.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs one model copy is split over")
-    ap.add_argument("--data-parallel-size", type=int, default=1, help="model copies inside this replica")
-    ap.add_argument("--grace", type=float, default=10.0, help="seconds in-flight sessions get on shutdown")
-    ap.add_argument("--heartbeat-period", type=float, default=5.0, help="seconds between engine heartbeats")
-    ap.add_argument("--heartbeat-timeout", type=float, default=30.0,
-                    help="an engine with no output for this long (heartbeat unanswered) is restarted")
+    ap.add_argument("--config", type=Path, help="TOML file ([cloud] table with CloudConfig fields; "
+                    "[cloud.engine], [cloud.limits], [cloud.policy] for the sections)")
     ap.add_argument("--auth-tokens", type=Path, help='JSON file {"edge-id": "token", ...}; callers need '
                     "'authorization: Bearer <token>' (health and reflection stay open)")
-    ap.add_argument("--tls-cert", default="", help="PEM certificate chain (TLS; with --tls-key)")
-    ap.add_argument("--tls-key", default="", help="PEM private key")
-    ap.add_argument("--tls-client-ca", default="", help="PEM CA bundle: require client certificates (mTLS)")
-    ap.add_argument("--metrics-port", type=int, default=-1, help="Prometheus /metrics port (-1 off, 0 any)")
-    ap.add_argument("--metrics-host", default="127.0.0.1", help="Prometheus bind address")
-    ap.add_argument("--state", default="", help="JSON file persisting the learned scheduler weights; replicas may "
-                    "share one (updates merge under a file lock)")
-    ap.add_argument("--verifier", choices=["likelihood", "judge"], default="likelihood",
-                    help="LLM verifier: target-model likelihood (any model) or judge (instruction-tuned model)")
+    ap.coinfer_settings = settings.add_flags(ap, CloudConfig, ENV_PREFIX)
     return ap
+
+
+def load_config(ap: argparse.ArgumentParser, args: argparse.Namespace, env=None, secrets: bool = True) -> CloudConfig:
+    """The parsed command line as a validated ``CloudConfig`` (``secrets``: read the token file)."""
+    tokens = load_tokens(args.auth_tokens) if secrets and args.auth_tokens else None
+    cfg = settings.load(CloudConfig, ENV_PREFIX, "cloud", args.config, env, ap.coinfer_settings, args,
+                        auth_tokens=tokens)
+    if not cfg.engine.model:
+        raise ValueError("--engine.model: the target model directory is required")
+    cfg.validate()
+    return cfg
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,19 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.setup()
     process.raise_fd_limit()
     try:
-        cfg = CloudConfig(engine=EngineConfig(model=args.model, max_model_len=args.max_model_len, dtype=args.dtype,
-                                                 max_num_seqs=args.max_num_seqs, served_name=args.served_name,
-                                                 gpu_memory_utilization=args.gpu_memory_utilization,
-                                                 ngram_speculative_tokens=args.ngram_speculative_tokens,
-                                                 tensor_parallel_size=args.tensor_parallel_size,
-                                                 data_parallel_size=args.data_parallel_size),
-                          host=args.host, port=args.port, grace_s=args.grace,
-                          heartbeat_period_s=args.heartbeat_period, heartbeat_timeout_s=args.heartbeat_timeout,
-                          auth_tokens=load_tokens(args.auth_tokens) if args.auth_tokens else {},
-                          tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
-                          metrics_port=args.metrics_port, metrics_host=args.metrics_host, state_path=args.state,
-                          policy=PolicyConfig(verifier=args.verifier))
-        cfg.validate()
+        cfg = load_config(ap, args)
     except ValueError as exc:
         ap.error(str(exc))
     asyncio.run(serve(cfg))

@@ -385,7 +385,9 @@ class Session:
         ranked = self._ranked()
         t_ref = time.perf_counter()
         not_as_is = self._accept_as_is(ranked) if ranked else ""
-        if ranked and not not_as_is:
+        if ranked and not not_as_is and self._cut_short(ranked[0][0]):
+            a = await self._answer_continued(ranked, out)
+        elif ranked and not not_as_is:
             a = await self._answer_as_is(ranked, out)
         elif ranked:
             a = await self._answer_refined(ranked, not_as_is, out)
@@ -406,6 +408,30 @@ class Session:
         await self._chunk(out, best.draft.text)
         return self._draft_answer(best, t.RefineMode.ACCEPTED,
                                   f"best draft accepted as is (score {best.verdict.score:.2f}, agreement {agree:.2f})")
+
+    def _cut_short(self, best: _Judged) -> bool:
+        """The best draft stopped at the edge's draft budget, shorter than the answer budget this request
+        gives the cloud (drafts: 256 tokens by default, the cloud's answer 512): taken as is, the answer
+        would end where the target's own would not."""
+        return best.draft.truncated and self._params(self.cfg.policy.refine_max_tokens).max_tokens > best.draft.num_tokens
+
+    async def _answer_continued(self, ranked: list[tuple[_Judged, float, float]], out: asyncio.Queue) -> _Answer:
+        """A draft good enough to take as is but cut at the draft budget: the target continues it to the
+        answer's own budget (the draft is the verified prefix; only the rest is decoded). A continuation
+        that fails the rules (a loop) is dropped: the draft as it stands."""
+        best, _, agree = ranked[0]
+        budget = self._params(self.cfg.policy.refine_max_tokens).max_tokens - best.draft.num_tokens
+        text, ttft, steps, finish = await self._generate(self.prompt_text, best.draft.text, budget, "c", out)
+        ok, why, parsed = await self._accept(text, likelihood=False)
+        note = (f"best draft accepted as is (score {best.verdict.score:.2f}, agreement {agree:.2f}), "
+                f"cut at its {best.draft.num_tokens}-token budget: continued by the target")
+        if ok:
+            a = _Answer(text, t.AnswerSource.REFINED, True, parsed, [best], t.RefineMode.PREFIX, finish, note)
+        else:
+            a = self._draft_answer(best, t.RefineMode.ACCEPTED, f"{note}; the continuation failed ({why}), draft returned")
+            await self._replace_streamed(out, a.text, f"continuation rejected: {why}")
+        a.ttft_ms, a.steps, a.generated = ttft, steps, steps
+        return a
 
     async def _answer_refined(self, ranked: list[tuple[_Judged, float, float]], not_as_is: str,
                               out: asyncio.Queue) -> _Answer:

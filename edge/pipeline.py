@@ -326,8 +326,10 @@ class EdgePipeline:
                         if answered:  # the streamed answer is withdrawn: the replay writes its own
                             answered.clear()
                             emit(t.AnswerReset(why))
-                        # the drafts written so far travel again as the replay's first round: no re-drafting
-                        drafts = list(result.drafts) or drafts
+                        # the drafts written so far travel again as the replay's first round: no re-drafting.
+                        # Each index once: a replay after a kill once sent index 4 twice and lost the
+                        # request to INVALID_ARGUMENT (CI, test_replicas; the path that doubled it not found)
+                        drafts = list({d.index: d for d in result.drafts}.values()) or drafts
                         result.drafts, result.verdicts, result.summary = [], {}, None
         except (grpc.aio.AioRpcError, TimeoutError, ConnectionError) as exc:
             reason = failure_reason(exc)
@@ -408,7 +410,8 @@ class EdgePipeline:
                     await writer
                     advised = follow_advice(s, ev)
                     result.rounds += 1
-                    writer = asyncio.create_task(round_(advised, len(result.drafts)))
+                    # the next index past every draft written (not their count: a replay's list need not be dense)
+                    writer = asyncio.create_task(round_(advised, max((d.index for d in result.drafts), default=-1) + 1))
                 elif isinstance(ev, t.Summary):
                     result.take(ev)
             await writer

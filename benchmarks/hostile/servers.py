@@ -79,7 +79,7 @@ class Servers:
             return procs[-1]
 
         try:
-            cloud = spawn(["cloud.server", "--model", str(target), "--port", "0"], "cloud")
+            cloud = spawn(["cloud.server", "--engine.model", str(target), "--port", "0"], "cloud")
             cport = await asyncio.to_thread(_port, cloud, logs / "cloud.out", "PORT", 120)
             await _serving(Endpoints(f"127.0.0.1:{cport}", "", ""))
             edge = spawn(["edge.daemon", "--model", str(draft), "--cloud", f"127.0.0.1:{cport}", "--grpc-port", "0",

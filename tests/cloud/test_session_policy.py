@@ -173,10 +173,28 @@ def test_finish_reason_is_that_of_the_text_returned():
     # a refinement cut at its budget: "length"
     engine = ScriptedEngine({RIGHT: [-0.1] * 12}, reply=RIGHT, finish="length")
     assert asyncio.run(_run(_refining(engine), [RIGHT]))[-1].finish_reason == "length"
-    # a truncated draft accepted as is: "length"; a finished one: "stop"
+    # a truncated draft accepted as is where the request's answer budget is the draft's own: "length";
+    # a finished one: "stop"
     engine = ScriptedEngine({RIGHT: [-0.05] * 12}, reply="unused")
-    assert asyncio.run(_run(_session(engine), [RIGHT, RIGHT + " "], truncated=True))[-1].finish_reason == "length"
+    same_budget = _session(engine)
+    same_budget.req.refine = t.SamplingParams(max_new_tokens=12)
+    assert asyncio.run(_run(same_budget, [RIGHT, RIGHT + " "], truncated=True))[-1].finish_reason == "length"
     assert asyncio.run(_run(_session(engine), [RIGHT, RIGHT + " "]))[-1].finish_reason == "stop"
+
+
+def test_a_draft_cut_at_the_draft_budget_is_continued_to_the_answers_own():
+    """Drafts get 256 tokens, the cloud's answer 512: a good draft cut at its budget is continued by the
+    target (only the rest decoded), not returned cut where the target's own answer would go on."""
+    engine = ScriptedEngine({RIGHT: [-0.05] * 12}, reply=" That is all.")
+    events = asyncio.run(_run(_session(engine), [RIGHT, RIGHT + " "], truncated=True))
+    summary = events[-1]
+    assert summary.answer == RIGHT + " That is all." and summary.finish_reason == "stop"
+    assert summary.refine_mode == "prefix" and "continued by the target" in summary.trace
+    assert engine.generated == len(" That is all.".split(" ")) and _shown(events) == summary.answer  # the rest only
+    # a continuation that fails the rules is dropped: the draft as it stands, cut ("length")
+    engine = ScriptedEngine({RIGHT: [-0.05] * 12}, reply=" and 2 + 2 = 5")
+    summary = asyncio.run(_run(_session(engine), [RIGHT, RIGHT + " "], truncated=True))[-1]
+    assert summary.answer == RIGHT and summary.finish_reason == "length" and "continuation failed" in summary.trace
 
 
 def test_the_deadline_returns_the_best_verified_draft_instead_of_an_error():

@@ -11,7 +11,9 @@ import pytest
 import yaml
 from kubernetes.client import ApiClient
 
+from cloud.config import ENV_PREFIX, CloudConfig
 from cloud.server import build_parser
+from coinfer import settings
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = {("apps/v1", "Deployment"): "V1Deployment", ("v1", "Service"): "V1Service",
@@ -29,6 +31,14 @@ def load(path: Path) -> dict:
         assert obj.metadata.name
         out[d["kind"]] = obj
     return out
+
+
+def server_config(argv: list[str]):
+    """(CloudConfig, parsed args) as ``python -m cloud.server`` reads ``argv`` (no environment; the
+    files it names are not read: they exist only in the pod)."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    return settings.load(CloudConfig, ENV_PREFIX, "cloud", None, {}, ap.coinfer_settings, args), args
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +63,12 @@ def test_deployment_requests_a_gpu_and_probes_grpc_health(k8s):
         assert probe.grpc is not None and probe.grpc.port == grpc_port
     assert c.readiness_probe.grpc.service == "coinfer.v1.CoinferCloud"
     assert dep.spec.selector.match_labels.items() <= dep.spec.template.metadata.labels.items()
-    args = build_parser().parse_args(dockerfile_args() + c.args)  # the Deployment's args override CMD
-    assert dep.spec.template.spec.termination_grace_period_seconds > args.grace
+    cfg, args = server_config(dockerfile_args() + c.args)  # the Deployment's args override CMD
+    assert dep.spec.template.spec.termination_grace_period_seconds > cfg.grace_s
     mounts = {m.mount_path for m in c.volume_mounts}
-    for path in (args.model, args.auth_tokens, args.tls_cert, args.tls_key, args.state):
-        assert any(str(path).startswith(m) for m in mounts), path
-    assert args.port == grpc_port and args.metrics_port == next(p.container_port for p in c.ports if p.name == "metrics")
+    for path in (cfg.engine.model, args.auth_tokens, cfg.tls_cert, cfg.tls_key, cfg.state_path):
+        assert path and any(str(path).startswith(m) for m in mounts), path
+    assert cfg.port == grpc_port and cfg.metrics_port == next(p.container_port for p in c.ports if p.name == "metrics")
 
 
 def test_service_and_hpa_point_at_the_deployment(k8s):
@@ -79,7 +89,7 @@ def test_dockerfile_copies_what_the_cloud_imports():
     for src in ("protos", "coinfer", "cloud", "pyproject.toml", "setup.py"):
         assert src in copied and (ROOT / src).exists(), src
     assert '".[cloud-gpu]"' in text
-    build_parser().parse_args(dockerfile_args())
+    assert server_config(dockerfile_args())[0].engine.model == "/models/target"
 
 
 def test_a_broken_manifest_is_caught(tmp_path):
@@ -99,6 +109,6 @@ def test_scale_out_headless_service_rolling_update_and_disruption_budget(k8s):
     assert pdb.spec.selector.match_labels.items() <= dep.spec.template.metadata.labels.items()
     assert pdb.spec.max_unavailable == 1 and dep.spec.replicas >= 2 and hpa.spec.min_replicas >= 2
     c = dep.spec.template.spec.containers[0]
-    args = build_parser().parse_args(dockerfile_args() + c.args)
+    cfg, _ = server_config(dockerfile_args() + c.args)
     pre_stop = c.lifecycle.pre_stop.sleep.seconds
-    assert dep.spec.template.spec.termination_grace_period_seconds > pre_stop + args.grace
+    assert dep.spec.template.spec.termination_grace_period_seconds > pre_stop + cfg.grace_s
