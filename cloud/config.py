@@ -200,7 +200,7 @@ ENV_PREFIX = "COINFER_CLOUD_"
 
 @dataclass
 class CloudConfig:
-    """Everything the cloud service needs. ``python -m cloud.server`` reads it with ``coinfer.settings``:
+    """Everything the cloud service needs. ``python -m cloud.server`` reads it with ``coinfer.serving.settings``:
     a TOML file (``[cloud]``, sections ``[cloud.policy]`` ...) < ``COINFER_CLOUD_<FIELD>`` (a section's
     field: ``COINFER_CLOUD_POLICY__MIN_MEAN_LOGPROB``) < flags (``--policy.min-mean-logprob``)."""
 

@@ -18,10 +18,10 @@ from cloud.learning import WeightLearner
 from cloud.load import DraftCountController
 from cloud.metrics import CloudMetrics
 from cloud.session import EdgeItem, Session
-from coinfer import logs
 from coinfer import types as t
 from coinfer.errors import InvalidArgument, Reason, ResourceExhausted, Unavailable
 from coinfer.rules import RuleSet
+from coinfer.serving import logs
 from coinfer.tasks import get_task
 from coinfer.validate import check_deadline, check_question, check_request_id
 

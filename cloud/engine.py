@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from cloud.config import EngineConfig
-from coinfer import logs
 from coinfer.chat import ChatFormat, ChatMessage
 from coinfer.errors import Reason, Unavailable
+from coinfer.serving import logs
 
 log = logging.getLogger(__name__)
 

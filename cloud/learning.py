@@ -29,7 +29,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from cloud.policy import fit_weights
-from coinfer import statefile
+from coinfer.serving import statefile
 
 log = logging.getLogger(__name__)
 

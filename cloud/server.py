@@ -32,10 +32,10 @@ from cloud.config import ENV_PREFIX, CloudConfig
 from cloud.core import CloudCore
 from cloud.engine import TargetEngine, VllmEngine
 from cloud.servicer import CoinferCloudServicer
-from coinfer import logs, process, settings
-from coinfer.decode_guard import DecodeGuard
 from coinfer.errors import Reason, Unavailable
-from coinfer.loopwatch import LoopWatch, lag_histogram
+from coinfer.serving import logs, process, settings
+from coinfer.serving.decode_guard import DecodeGuard
+from coinfer.serving.loopwatch import LoopWatch, lag_histogram
 from coinfer.v1 import coinfer_pb2, coinfer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -187,7 +187,7 @@ async def serve(cfg: CloudConfig, ready: asyncio.Event | None = None) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """``--config``, ``--auth-tokens`` and a flag per ``CloudConfig`` field, sections included
-    (``--engine.model``, ``--policy.min-mean-logprob``; ``coinfer.settings``)."""
+    (``--engine.model``, ``--policy.min-mean-logprob``; ``coinfer.serving.settings``)."""
     ap = argparse.ArgumentParser(prog="python -m cloud.server",
                                  description="coinfer cloud gRPC service (verify + refine on vLLM)")
     ap.add_argument("--config", type=Path, help="TOML file ([cloud] table with CloudConfig fields; "

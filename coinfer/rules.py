@@ -49,11 +49,11 @@ from coinfer.arithmetic import first_wrong_equation
 from coinfer.errors import InvalidArgument, require
 from coinfer.extract import MAX_DIGITS, Extraction, Parsed, json_shape, long_number
 from coinfer.repetition import repetition_error
+from coinfer.rulespec import RULE_KINDS, Rule
 
 if TYPE_CHECKING:
     from coinfer.tasks.base import Task
 
-RULE_KINDS = ("json_schema", "numeric_bounds", "membership", "count", "length", "regex", "arithmetic", "task_check")
 MAX_PATTERN = 512  # a regex rule is user input: bound it (catastrophic backtracking)
 MAX_PARAMS_DEPTH = 32
 """Deepest rule params (a JSON Schema's nesting): validation recurses per level, and a schema nested
@@ -66,19 +66,6 @@ MAX_PARAMS_BYTES = 64 << 10
 SCHEMA_BUDGET_S = 0.02
 """Most time one client JSON Schema may take to be checked, and to run on one draft (as a client regex:
 ``userregex.BUDGET_S``)."""
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One declarative rule as it travels with a request."""
-
-    kind: str
-    params: Mapping[str, Any] = field(default_factory=dict)
-    name: str = ""
-
-    @property
-    def label(self) -> str:
-        return self.name or (f"{self.kind}:{self.params['check']}" if self.kind == "task_check" else self.kind)
 
 
 @dataclass

@@ -11,7 +11,7 @@ from enum import IntEnum, StrEnum
 from coinfer.chat import ChatMessage, conversation, question_of
 from coinfer.errors import require
 from coinfer.extract import Extraction
-from coinfer.rules import Rule
+from coinfer.rulespec import Rule
 
 
 class Plan(StrEnum):

@@ -1,15 +1,16 @@
-"""Edge daemon configuration: one documented dataclass, read by ``coinfer.settings`` (the cloud's
+"""Edge daemon configuration: one documented dataclass, read by ``coinfer.serving.settings`` (the cloud's
 too) from a TOML file, then environment variables (``COINFER_EDGE_<FIELD>``), then command-line flags
 (``--http-port``), each overriding the one before. Defaults run on a CPU box with the cloud on localhost."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from coinfer.types import PLAN_CHOICES as PLANS  # one definition, in the shared package
+from edge.targets import parse_targets
 
 ENV_PREFIX = "COINFER_EDGE_"
 
@@ -33,8 +34,9 @@ class EdgeConfig:
     """Cloud replicas: ``host:port`` (a DNS name resolving to every replica, e.g. a headless Service),
     ``dns:///host:port``, or a list ``IP:port,IP:port``; gRPC balances sessions over the serving ones
     (``edge/link.py``). Empty = no cloud (every request is edge-only)."""
-    token: str = ""
-    """Bearer token of this edge at the cloud."""
+    token: str = field(default="", metadata={"cli": False})
+    """Bearer token of this edge at the cloud. A secret: ``--token-file``, the TOML file or
+    ``COINFER_EDGE_TOKEN``, never a flag (a process list shows flags)."""
     tls_ca: str = ""
     """PEM CA of the cloud's certificate: TLS when set."""
     tls_cert: str = ""
@@ -99,8 +101,6 @@ class EdgeConfig:
         if not 0 <= self.replays <= 5:
             raise ValueError(f"replays: must be in 0..5, got {self.replays}")
         if self.cloud:
-            from edge.link import parse_targets
-
             parse_targets(self.cloud)  # a bad target fails at start, naming the field
         if self.breaker_failures < 1 or self.breaker_reset_s <= 0:
             raise ValueError("breaker_failures >= 1 and breaker_reset_s > 0 required")
@@ -111,9 +111,9 @@ class EdgeConfig:
     def load(cls, path: Path | None = None, env: Mapping[str, str] | None = None, cli: Any = None,
              args: Any = None, **overrides: Any) -> EdgeConfig:
         """TOML file ``path`` (an ``[edge]`` table) < the environment (``COINFER_EDGE_<FIELD>``; ``env``,
-        else ``os.environ``) < flags (``cli`` over the parsed ``args``: ``coinfer.settings.add_flags``)
+        else ``os.environ``) < flags (``cli`` over the parsed ``args``: ``coinfer.serving.settings.add_flags``)
         < ``overrides``; then ``validate``. ValueError naming the setting and where it came from."""
-        from coinfer import settings
+        from coinfer.serving import settings
 
         cfg = settings.load(cls, ENV_PREFIX, "edge", path, env, cli, args, **overrides)
         cfg.validate()

@@ -22,10 +22,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from coinfer import logs, process, settings
-from coinfer.decode_guard import DecodeGuard
-from coinfer.loopwatch import LoopWatch, lag_histogram
 from coinfer.manifest import ManifestError
+from coinfer.serving import logs, process, settings
+from coinfer.serving.decode_guard import DecodeGuard
+from coinfer.serving.loopwatch import LoopWatch, lag_histogram
 from coinfer.v1 import edge_pb2, edge_pb2_grpc
 from edge import http_guard
 from edge.config import ENV_PREFIX, EdgeConfig
@@ -115,7 +115,7 @@ class EdgeDaemon:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """``--config``, ``--token-file`` and a flag per ``EdgeConfig`` field (``coinfer.settings``)."""
+    """``--config``, ``--token-file`` and a flag per ``EdgeConfig`` field (``coinfer.serving.settings``)."""
     ap = argparse.ArgumentParser(prog="python -m edge.daemon", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", type=Path, help="TOML file ([edge] table with EdgeConfig fields)")
     ap.add_argument("--token-file", type=Path, help="file holding this edge's bearer token")

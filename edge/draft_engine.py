@@ -92,6 +92,15 @@ class OrtDraftEngine:
         self.runs = 0
         return (time.perf_counter() - t0) * 1e3
 
+    def _result(self, i: int, ids: list[int], lp: list[float], stops: list[str], t0: float, reason: str) -> DraftResult:
+        """Draft ``i`` as text (end-of-turn tokens dropped, cut before the first stop string)."""
+        text = self.tokenizer.decode([t for t in ids if t not in self.eos_ids], skip_special_tokens=True)
+        for stop in stops:
+            cut = text.find(stop)
+            if cut >= 0:
+                text = text[:cut]
+        return DraftResult(i, text, ids, float(np.mean(lp)) if lp else 0.0, (time.perf_counter() - t0) * 1e3, reason)
+
     def generate(self, prompt: str, s: Sampling, on_draft: Callable[[DraftResult], None] | None = None,
                  cancelled: Callable[[], bool] | None = None) -> list[DraftResult]:
         """Write ``s.n`` drafts for ``prompt``: model input text (``render`` of a conversation).
@@ -115,15 +124,7 @@ class OrtDraftEngine:
         results: list[DraftResult | None] = [None] * n
 
         def finish(i: int, reason: str) -> None:
-            ids = tokens[i]
-            text = self.tokenizer.decode([t for t in ids if t not in self.eos_ids], skip_special_tokens=True)
-            for stop in s.stop:
-                cut = text.find(stop)
-                if cut >= 0:
-                    text = text[:cut]
-            lp = logprobs[i]
-            r = DraftResult(i, text, ids, float(np.mean(lp)) if lp else 0.0, (time.perf_counter() - t0) * 1e3, reason)
-            results[i] = r
+            results[i] = r = self._result(i, tokens[i], logprobs[i], s.stop, t0, reason)
             if on_draft is not None:
                 on_draft(r)
 

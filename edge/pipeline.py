@@ -359,72 +359,7 @@ class EdgePipeline:
                      t0: float, result: EdgeResult, written: list[t.Draft] | None = None) -> EdgeResult:
         call = self.stub.Session(timeout=deadline_s)
         await call.write(pb.EdgeMessage(open=convert.open_to_pb(req)))
-        drafting_ms = 0.0
-        # drafts are written once the cloud has accepted the session: a refusal at open (token, quota,
-        # draining) then ends the stream before any write of ours, whose failure grpc.aio would report
-        # as INTERNAL "Internal error from Core" in place of the server's status (grpc/grpc#36066).
-        # Drafting itself starts at once; only the writes wait (one round trip, well under a draft).
-        accepted = asyncio.Event()
-        # drafts end in time for the cloud to verify them before its own deadline (it then answers
-        # with the best verified draft): a draft still being written at the deadline helps no one
-        cloud_s = req.deadline_ms / 1e3
-        split_stop = t0 + cloud_s - min(SPLIT_VERIFY_RESERVE_S, 0.15 * cloud_s)
-
-        async def write(msg: pb.EdgeMessage) -> None:
-            await accepted.wait()
-            await call.write(msg)
-
-        async def round_(sampling: Sampling, start: int) -> None:
-            nonlocal drafting_ms
-            t_r = time.perf_counter()
-
-            def send(d: t.Draft) -> asyncio.Future:
-                result.drafts.append(d)
-                emit(d)
-                result.timings.setdefault("first_draft", d.edge_ms)
-                return asyncio.ensure_future(write(pb.EdgeMessage(draft=convert.to_pb(d, pb.Draft))))
-
-            if written and start == 0:  # escalated: the drafts exist, send them as they are
-                drafts = list(written)
-                result.drafts.extend(drafts)
-                for d in drafts:
-                    await write(pb.EdgeMessage(draft=convert.to_pb(d, pb.Draft)))
-            else:
-                drafts = await self._draft_round(task_prompt, sampling, start, t0, send, split_stop)
-                # drafted rounds only: sending drafts that exist waits for the session's acceptance (a
-                # round trip the planner's transfer term holds), which is no drafting
-                drafting_ms += (time.perf_counter() - t_r) * 1e3
-            await write(pb.EdgeMessage(done=pb.DraftsDone(count=len(drafts))))
-
-        result.rounds = 1
-        writer = asyncio.create_task(round_(s, 0))
-        try:
-            async for msg in call:
-                ev = convert.event_from_pb(msg)
-                emit(ev)
-                if isinstance(ev, t.SessionAccepted):
-                    accepted.set()
-                elif isinstance(ev, t.Verdict):
-                    result.verdicts[ev.draft_index] = ev
-                elif isinstance(ev, t.RetryAdvice):
-                    await writer
-                    advised = follow_advice(s, ev)
-                    result.rounds += 1
-                    # the next index past every draft written (not their count: a replay's list need not be dense)
-                    writer = asyncio.create_task(round_(advised, max((d.index for d in result.drafts), default=-1) + 1))
-                elif isinstance(ev, t.Summary):
-                    result.take(ev)
-            await writer
-            await call.done_writing()
-        finally:
-            if not writer.done():
-                writer.cancel()
-            elif not writer.cancelled():
-                writer.exception()  # a write that failed with the stream: retrieved, the read side reports it
-        if result.summary is None:
-            raise ConnectionError("session ended without a summary")
-        result.timings.update(drafting=drafting_ms, total=(time.perf_counter() - t0) * 1e3)
-        return result
+        return await _SplitSession(self, call, req, task_prompt, emit, t0, result, written).run(s)
 
     async def _cloud_only(self, req: t.OpenRequest, deadline_s: float, emit: OnEvent, t0: float) -> EdgeResult:
         msg = pb.GenerateRequest(request_id=req.request_id, problem=convert.problem_to_pb(req),
@@ -439,4 +374,79 @@ class EdgePipeline:
                 result.take(ev)
                 result.source = "cloud"
         result.timings = {"total": (time.perf_counter() - t0) * 1e3}
+        return result
+
+
+class _SplitSession:
+    """One cloud session of the split plan: drafts written as they are made (``written``: drafts that
+    exist already, sent as the first round), verdicts and the summary read into ``result``."""
+
+    def __init__(self, pipe: EdgePipeline, call, req: t.OpenRequest, task_prompt: str, emit: OnEvent, t0: float,
+                 result: EdgeResult, written: list[t.Draft] | None) -> None:
+        self.pipe, self.call, self.task_prompt, self.emit, self.t0 = pipe, call, task_prompt, emit, t0
+        self.result, self.written, self.drafting_ms = result, written, 0.0
+        # drafts are written once the cloud has accepted the session: a refusal at open (token, quota,
+        # draining) then ends the stream before any write of ours, whose failure grpc.aio would report
+        # as INTERNAL "Internal error from Core" in place of the server's status (grpc/grpc#36066).
+        # Drafting itself starts at once; only the writes wait (one round trip, well under a draft).
+        self.accepted = asyncio.Event()
+        # drafts end in time for the cloud to verify them before its own deadline (it then answers
+        # with the best verified draft): a draft still being written at the deadline helps no one
+        cloud_s = req.deadline_ms / 1e3
+        self.stop_at = t0 + cloud_s - min(SPLIT_VERIFY_RESERVE_S, 0.15 * cloud_s)
+
+    async def write(self, msg: pb.EdgeMessage) -> None:
+        await self.accepted.wait()
+        await self.call.write(msg)
+
+    def _send(self, d: t.Draft) -> asyncio.Future:
+        self.result.drafts.append(d)
+        self.emit(d)
+        self.result.timings.setdefault("first_draft", d.edge_ms)
+        return asyncio.ensure_future(self.write(pb.EdgeMessage(draft=convert.to_pb(d, pb.Draft))))
+
+    async def round(self, sampling: Sampling, start: int) -> None:
+        t_r = time.perf_counter()
+        if self.written and start == 0:  # escalated or replayed: the drafts exist, send them as they are
+            drafts = list(self.written)
+            self.result.drafts.extend(drafts)
+            for d in drafts:
+                await self.write(pb.EdgeMessage(draft=convert.to_pb(d, pb.Draft)))
+        else:
+            drafts = await self.pipe._draft_round(self.task_prompt, sampling, start, self.t0, self._send, self.stop_at)
+            # drafted rounds only: sending drafts that exist waits for the session's acceptance (a
+            # round trip the planner's transfer term holds), which is no drafting
+            self.drafting_ms += (time.perf_counter() - t_r) * 1e3
+        await self.write(pb.EdgeMessage(done=pb.DraftsDone(count=len(drafts))))
+
+    async def run(self, s: Sampling) -> EdgeResult:
+        result = self.result
+        result.rounds = 1
+        writer = asyncio.create_task(self.round(s, 0))
+        try:
+            async for msg in self.call:
+                ev = convert.event_from_pb(msg)
+                self.emit(ev)
+                if isinstance(ev, t.SessionAccepted):
+                    self.accepted.set()
+                elif isinstance(ev, t.Verdict):
+                    result.verdicts[ev.draft_index] = ev
+                elif isinstance(ev, t.RetryAdvice):
+                    await writer
+                    result.rounds += 1
+                    # the next index past every draft written (not their count: a replay's list need not be dense)
+                    start = max((d.index for d in result.drafts), default=-1) + 1
+                    writer = asyncio.create_task(self.round(follow_advice(s, ev), start))
+                elif isinstance(ev, t.Summary):
+                    result.take(ev)
+            await writer
+            await self.call.done_writing()
+        finally:
+            if not writer.done():
+                writer.cancel()
+            elif not writer.cancelled():
+                writer.exception()  # a write that failed with the stream: retrieved, the read side reports it
+        if result.summary is None:
+            raise ConnectionError("session ended without a summary")
+        result.timings.update(drafting=self.drafting_ms, total=(time.perf_counter() - self.t0) * 1e3)
         return result

@@ -437,16 +437,7 @@ class EdgeCore:
             runs = job.result()
             self._after_cloud(runs)
             self._learn(runs, choice, skipped, req.task or "open", size, s.n, edge_was)
-            result = self._merge(runs)
-            result.plan_reason = why if not result.plan_reason else f"{why}; {result.plan_reason}"
-            # the request as the user saw it; "cold_start": waiting for the edge model to load
-            result.timings.update(request=(time.perf_counter() - t0) * 1e3, cold_start=waited_ms)
-            if choice is not None and plan.value in choice.breakdowns:
-                b = choice.breakdowns[plan.value]  # the choice's expectation (an escalation's share included)
-                result.predicted = {k: v for k, v in b.as_dict().items() if k.endswith("_ms")}
-            if skipped and not result.fallback_reason:
-                result.fallback_reason = skipped
-                result.fallback_kind = "CIRCUIT_OPEN" if self.link.enabled else "NO_CLOUD"
+            result = self._result(runs, plan, why, skipped, choice, t0, waited_ms)
             if not first:
                 first.append(time.perf_counter() - t0)
             if not streamed:
@@ -459,6 +450,22 @@ class EdgeCore:
                 job.cancel()
             self.active -= 1
             self.metrics.active.dec()
+
+    def _result(self, runs: list, plan: Plan, why: str, skipped: str, choice: object, t0: float,
+                waited_ms: float) -> EdgeResult:
+        """The request's result from the plans that ran: the planner's reason and prediction, the
+        request's own times, and why the cloud was skipped when it was."""
+        result = self._merge(runs)
+        result.plan_reason = why if not result.plan_reason else f"{why}; {result.plan_reason}"
+        # the request as the user saw it; "cold_start": waiting for the edge model to load
+        result.timings.update(request=(time.perf_counter() - t0) * 1e3, cold_start=waited_ms)
+        if choice is not None and plan.value in choice.breakdowns:
+            b = choice.breakdowns[plan.value]  # the choice's expectation (an escalation's share included)
+            result.predicted = {k: v for k, v in b.as_dict().items() if k.endswith("_ms")}
+        if skipped and not result.fallback_reason:
+            result.fallback_reason = skipped
+            result.fallback_kind = "CIRCUIT_OPEN" if self.link.enabled else "NO_CLOUD"
+        return result
 
     def _count(self, result: EdgeResult, plan: Plan, ttft_s: float, t0: float) -> None:
         """A finished request's metrics, by the plan that produced its answer."""

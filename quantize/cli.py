@@ -177,16 +177,15 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=d.seed, help="sampling seed of those drafts")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m quantize", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    sub = ap.add_subparsers(dest="command", required=True)
+def _import_command(sub) -> None:
     p = sub.add_parser("import", help="GGUF file -> Hugging Face directory (float32 safetensors, tokenizer, chat "
                                       "template), ready for export and for vLLM")
     p.add_argument("gguf", type=Path, help=f"GGUF file (architectures: {', '.join(GGUF_ARCHITECTURES)})")
     p.add_argument("out", type=Path, help="output directory (must not exist)")
     p.set_defaults(func=cmd_import)
 
+
+def _export_command(sub) -> None:
     p = sub.add_parser("export", help="HF causal LM dir -> ONNX with KV cache (FP32 or FP16)")
     p.add_argument("model", type=Path, help="Hugging Face model directory (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2)")
     p.add_argument("out", type=Path, help="output directory (must not exist)")
@@ -205,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "at most); int8 keeps its source's layout")
     p.set_defaults(func=cmd_export)
 
+
+def _int8_command(sub) -> None:
     q = QuantConfig()
     p = sub.add_parser("int8", help="exported ONNX dir -> checked INT8 per-channel artefact")
     p.add_argument("onnx_dir", type=Path, help="directory with model.onnx (from `export`)")
@@ -233,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     _gate_args(p)
     p.set_defaults(func=cmd_int8)
 
+
+def _check_command(sub) -> None:
     p = sub.add_parser("check", help="structure, provider placement and accuracy gates of a model")
     p.add_argument("dir", type=Path, help="model directory or .onnx file")
     p.add_argument("--no-structure", action="store_true", help="skip the per-channel structure check")
@@ -243,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     _gate_args(p)
     p.set_defaults(func=cmd_check)
 
+
+def _bench_command(sub) -> None:
     p = sub.add_parser("bench", help="cold start, ms/token at batch 1 and N, RSS, size; first dir = baseline")
     p.add_argument("dirs", type=Path, nargs="+", help="model directories (FP32 first)")
     p.add_argument("--batch", type=int, default=5, help="second batch size measured (the edge drafts 5 at once)")
@@ -252,6 +257,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--providers", nargs="+", default=["CPUExecutionProvider"], metavar="EP",
                    help="ONNX Runtime execution providers, in order of preference")
     p.set_defaults(func=cmd_bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m quantize", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    sub = ap.add_subparsers(dest="command", required=True)
+    _import_command(sub)
+    _export_command(sub)
+    _int8_command(sub)
+    _check_command(sub)
+    _bench_command(sub)
     for sp in sub.choices.values():
         sp.add_argument("--json", action="store_true", help="machine-readable output")
         sp.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -10,7 +10,7 @@ above it:
 - ``targets``: where it goes and what each answer means (senders, classification, ``run_target``);
 - ``liveness``: the probes every 20 ms from their own process, and ``alive`` after the campaign;
 - ``servers``: the cloud and the edge as subprocesses, their stderr in ``cloud.log`` / ``edge.log``;
-- ``stalls``: the event-loop stalls the servers logged (``coinfer.loopwatch``), per target;
+- ``stalls``: the event-loop stalls the servers logged (``coinfer.serving.loopwatch``), per target;
 - ``campaign``: ``campaign()``, ``summary()``, ``main()``.
 """
 

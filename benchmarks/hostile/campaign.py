@@ -98,7 +98,7 @@ async def run(examples: int, seed: int = 0, only: list[str] | None = None, concu
 
 
 def _stall_lines(stalls: dict) -> list[str]:
-    """The servers' own loop-stall warnings (coinfer.loopwatch), while the targets ran."""
+    """The servers' own loop-stall warnings (coinfer.serving.loopwatch), while the targets ran."""
     threshold = next((s["threshold_ms"] for s in stalls.values() if s.get("threshold_ms") is not None), 50)
     lines = [f"\nevent-loop stalls the servers logged while the targets ran (loop held > {threshold:.0f} ms);",
              "  a stall with little on-CPU time is the loop waiting for a core or the GIL, not code holding it:"]

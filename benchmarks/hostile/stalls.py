@@ -1,4 +1,4 @@
-"""The servers' own view of their event loops: the stalls ``coinfer.loopwatch`` logs, read back from the
+"""The servers' own view of their event loops: the stalls ``coinfer.serving.loopwatch`` logs, read back from the
 servers' stderr logs and counted over the campaign and per target.
 
 Each stall is a WARNING line (the log's timestamp is local time, written when the stall ended)::

@@ -20,7 +20,7 @@ from collections import Counter
 from typing import Any
 
 from coinfer.errors import InvalidArgument
-from coinfer.rules import Rule
+from coinfer.rulespec import Rule
 from coinfer.tasks.base import Parsed, Problem, Task
 from coinfer.text import normalize
 

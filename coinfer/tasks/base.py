@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coinfer.extract import Parsed, answer_key
-from coinfer.rules import Rule
+from coinfer.rulespec import Rule
 
 
 @dataclass(frozen=True)

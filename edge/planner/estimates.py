@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from coinfer import statefile
+from coinfer.serving import statefile
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def _family(key: str) -> str:
 
 
 class EstimatesFile(BaseModel):
-    """The calibration file's schema (``coinfer.statefile``): measurements by key, finite."""
+    """The calibration file's schema (``coinfer.serving.statefile``): measurements by key, finite."""
 
     model_config = ConfigDict(allow_inf_nan=False)
     values: dict[str, float]

@@ -1,4 +1,4 @@
-"""The hostile campaign reads the servers' loop-stall warnings (coinfer.loopwatch) back from their logs:
+"""The hostile campaign reads the servers' loop-stall warnings (coinfer.serving.loopwatch) back from their logs:
 only those logged while the targets ran count, per target too, and the stacks of stalls where code held
 the loop (over 50 ms on CPU) are kept."""
 

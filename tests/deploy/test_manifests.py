@@ -13,7 +13,7 @@ from kubernetes.client import ApiClient
 
 from cloud.config import ENV_PREFIX, CloudConfig
 from cloud.server import build_parser
-from coinfer import settings
+from coinfer.serving import settings
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = {("apps/v1", "Deployment"): "V1Deployment", ("v1", "Service"): "V1Service",

@@ -11,7 +11,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
-from edge.link import CLOUD_SERVICE, SERVICE_CONFIG, parse_targets
+from edge.link import CLOUD_SERVICE, SERVICE_CONFIG
+from edge.targets import parse_targets
 
 
 @pytest.mark.parametrize("cloud, target, monitored", [

@@ -5,7 +5,7 @@ import logging
 import sys
 import time
 
-from coinfer.loopwatch import LoopWatch
+from coinfer.serving.loopwatch import LoopWatch
 
 
 def _hold_the_loop(seconds: float) -> None:
@@ -131,7 +131,7 @@ def test_time_in_the_garbage_collector_is_told_apart(caplog):
 def test_freezing_the_heap_hides_the_loaded_objects_from_later_collections():
     import gc
 
-    from coinfer.process import freeze_heap
+    from coinfer.serving.process import freeze_heap
 
     keep = [[] for _ in range(100_000)]
     try:

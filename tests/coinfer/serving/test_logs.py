@@ -2,7 +2,7 @@
 
 import logging
 
-from coinfer.logs import RateLimit
+from coinfer.serving.logs import RateLimit
 
 
 def _record(msg: str, lineno: int = 1) -> logging.LogRecord:
@@ -23,7 +23,7 @@ def test_a_flood_from_one_site_is_limited_and_counted():
 
 
 def test_client_text_cannot_forge_a_log_line():
-    from coinfer.logs import quoted
+    from coinfer.serving.logs import quoted
 
     forged = "abc\n2026-11-30 21:00:00,000 ERROR cloud.server: engine dead\x1b[2J"
     assert "\n" not in quoted(forged) and "\x1b" not in quoted(forged)
@@ -32,7 +32,7 @@ def test_client_text_cannot_forge_a_log_line():
 
 
 def test_a_librarys_own_handler_is_limited_too():
-    from coinfer import logs
+    from coinfer.serving import logs
 
     lib = logging.getLogger("some_engine")
     handler = logging.StreamHandler()

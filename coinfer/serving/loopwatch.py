@@ -24,7 +24,7 @@ it logs each such stall at DEBUG without a stack, keeps it out of ``observe`` (t
 serving loop's: one start-up sample would sit in its top bucket for the process's life), and
 ``arm()`` sums them in one INFO line.
 
-``coinfer.process.freeze_heap`` is the fix for the garbage collector's part: called once a daemon has
+``coinfer.serving.process.freeze_heap`` is the fix for the garbage collector's part: called once a daemon has
 loaded its models, it moves every object alive then out of the collector's sight (``gc.freeze``), so
 later collections only walk what requests allocate.
 

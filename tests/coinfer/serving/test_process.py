@@ -14,7 +14,7 @@ import pytest
 
 PARENT = textwrap.dedent("""
     import multiprocessing, os, sys, time
-    from coinfer import process
+    from coinfer.serving import process
     process.watch_parent_if_spawned()  # top level of the main module, as in cloud/server.py
 
     def sleep():
@@ -49,7 +49,7 @@ def test_a_child_ends_when_its_parent_is_killed(tmp_path, method):
 
 
 def test_the_hook_does_nothing_in_a_process_that_is_not_being_spawned():
-    from coinfer import process
+    from coinfer.serving import process
 
     before = {t.name for t in __import__("threading").enumerate()}
     process.watch_parent_if_spawned()
@@ -60,7 +60,7 @@ def test_the_hook_does_nothing_in_a_process_that_is_not_being_spawned():
 def test_worker_threads_run_below_the_loop():
     import asyncio
 
-    from coinfer.process import WORKER_NICE, prioritise_loop
+    from coinfer.serving.process import WORKER_NICE, prioritise_loop
 
     def nice() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
