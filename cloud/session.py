@@ -223,7 +223,10 @@ class Session:
 
     # ---- ranking ------------------------------------------------------------------
     def _ranked(self) -> list[tuple[_Judged, float, float]]:
-        """Valid drafts, best first: (judged, rank score, agreement on the extracted answer)."""
+        """Valid drafts, best first: (judged, rank score, agreement on the extracted answer). A draft
+        that ended by itself comes before one cut at its budget, whatever their scores (as the edge's
+        local choice): a truncated draft's likelihood is that of an answer that never reached its
+        end (SmolLM2: a French ramble cut at 64 tokens outranked "The capital of France is Paris.")."""
         cands = [j for j in self.judged.values() if j.verdict.valid and not j.verdict.duplicate_of]
         if not cands:
             return []
@@ -232,7 +235,7 @@ class Session:
         agree = answer_agreement([self.task.answer_key(j.parsed) for j in cands], [j.support for j in cands])
         ranks = rank_scores([j.verdict.score for j in cands], [j.verdict.verify_ms / 1e3 for j in cands], a, b,
                             load_scaled_g(g, self.load), agree=agree)
-        return sorted(zip(cands, ranks, agree), key=lambda x: -x[1])
+        return sorted(zip(cands, ranks, agree), key=lambda x: (x[0].draft.truncated, -x[1]))
 
     def _outcome(self, ranked: list[tuple[_Judged, float, float]], answer: str) -> None:
         """Label each ranked draft for the weight learner: graded right, else agrees with the answer."""

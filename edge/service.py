@@ -25,10 +25,11 @@ from coinfer.tasks import TASKS, get_task
 from coinfer.validate import check_deadline, check_question, check_request_id
 from edge.config import PLANS, EdgeConfig
 from edge.draft_engine import OrtDraftEngine
+from edge.lifecycle import CloudTokens, Outcome, Ran, RequestLifecycle
 from edge.link import CloudLink
 from edge.metrics import EdgeMetrics
 from edge.onnx_lm import ACCELERATORS, default_providers, model_files
-from edge.pipeline import CloudFailed, EdgePipeline, EdgeResult, Plan, cloud_failed
+from edge.pipeline import EdgeResult, Plan, cloud_failed
 from edge.planner import probes
 from edge.planner.cost import Choice, cold_start_ms
 from edge.planner.estimates import Estimates
@@ -61,36 +62,6 @@ class SolveRequest:
     @property
     def question(self) -> str:
         return question_of(conversation(self.prompt, self.messages))
-
-
-@dataclass(frozen=True)
-class CloudTokens:
-    """The cloud's target-model tokens for one request, as its Summary counts them (the rendered
-    conversation's tokens, and every token generated: refinement and fallback candidates), summed
-    over the request's cloud sessions that reached a summary (an escalation's split; a replayed
-    session that failed before its summary reported none). 0 when the cloud was not used."""
-
-    generated: int = 0
-    prompt: int = 0
-
-    @classmethod
-    def of(cls, results: list[EdgeResult]) -> CloudTokens:
-        summaries = [r.summary for r in results if r.summary is not None]
-        return cls(generated=sum(x.timings.decode_tokens for x in summaries),
-                   prompt=sum(x.prompt_tokens for x in summaries))
-
-
-@dataclass
-class Ran:
-    """One plan that ran for a request: auto's edge plan, then its escalation to a split when the
-    edge's answer failed the rules; otherwise just the plan chosen."""
-
-    plan: Plan
-    result: EdgeResult
-    """Its own result and stage times (what the planner learns from)."""
-    ms: float
-    """Measured wall time: from the request's start for the first plan (waiting for a cold model
-    counts, as in its prediction), from its own start for an escalation."""
 
 
 @dataclass
@@ -318,40 +289,7 @@ class EdgeCore:
             return None
         return await self._engine_for_request()
 
-    async def _run(self, req: SolveRequest, s: Sampling, plan: Plan, engine: OrtDraftEngine | None, auto: bool,
-                   deadline_s: float, t0: float, on_event, local_reserve_s: float = 0.0) -> list[Ran]:
-        """Run ``plan``; under auto, a rule-failing edge answer escalates to a split with its drafts.
-        Each plan that ran comes back with its own result."""
-        # the user's sampling reaches the refinement too (OpenAI fidelity); unset: the cloud's defaults
-        kw = {"messages": req.messages, "extraction": req.extraction, "refine": req.refine or req.sampling}
-        if local_reserve_s:
-            kw["local_reserve_s"] = local_reserve_s
-
-        def left() -> float:
-            return max(0.1, deadline_s - (time.perf_counter() - t0))
-
-        pipe = EdgePipeline(engine, self.link.channel if plan is not Plan.EDGE else None, self.cfg.replays)
-        try:
-            r = await pipe.solve(req.task, req.prompt, req.rules, s, plan, deadline_s, req.request_id, on_event, **kw)
-        except CloudFailed as exc:  # cloud plan while the edge was cold: load it and answer locally
-            local = EdgePipeline(await self._engine_for_request(), None)
-            r = await local.solve(req.task, req.prompt, req.rules, s, Plan.EDGE, left(), req.request_id, on_event,
-                                  **kw)
-            r.fallback_reason, r.fallback_kind = str(exc), exc.kind
-        runs = [Ran(plan=plan, result=r, ms=(time.perf_counter() - t0) * 1e3)]
-        if (plan is Plan.EDGE and auto and not r.valid and r.drafts and not r.fallback_reason
-                and self.link.enabled and self.link.breaker.allow()):
-            # auto chose the edge, but its answer failed the rules: a healthy cloud verifies and
-            # refines the same drafts (sent as they are: no drafting twice)
-            t1 = time.perf_counter()
-            up = EdgePipeline(self.engine, self.link.channel, self.cfg.replays)
-            r2 = await up.solve(req.task, req.prompt, req.rules, s, Plan.SPLIT, left(), req.request_id, on_event,
-                                drafts=r.drafts, **kw)
-            r2.plan_reason = "edge answer failed the rules: escalated to split with its drafts"
-            runs.append(Ran(plan=Plan.SPLIT, result=r2, ms=(time.perf_counter() - t1) * 1e3))
-        return runs
-
-    def _learn(self, runs: list[Ran], choice: Choice | None, skipped: str, task: str, size: tuple[int, int], n: int,
+    def _learn(self, runs: tuple[Ran, ...], choice: Choice | None, skipped: str, task: str, size: tuple[int, int], n: int,
                edge_was: EdgeState) -> None:
         """Each plan that ran, with its own outcome: its measured / predicted latency (the edge attempt
         against the edge's own prediction, an escalation against the escalation's) and the planner's
@@ -368,20 +306,7 @@ class EdgeCore:
             # is still a clean measurement of the edge plan
             self.planner.observe(ran.plan.value, task, *size, n, r, edge_was, escalated=i > 0)
 
-    @staticmethod
-    def _merge(runs: list[Ran]) -> EdgeResult:
-        """The request's result: the last plan's answer, with the stage times of every plan that ran
-        (``escalation``: the split's own time after the edge attempt)."""
-        final = runs[-1].result
-        if len(runs) > 1:
-            first = runs[0].result.timings
-            own = final.timings
-            final.timings = own | {"drafting": first.get("drafting", 0.0) + own.get("drafting", 0.0),
-                                   "total": first.get("total", 0.0) + own.get("total", 0.0),
-                                   "escalation": own.get("total", 0.0)}
-        return final
-
-    def _after_cloud(self, runs: list[Ran]) -> None:
+    def _after_cloud(self, runs: tuple[Ran, ...]) -> None:
         """The circuit breaker and the draft count from the cloud's part of a request (an escalation's
         too: its session is a cloud call like any other)."""
         last = runs[-1]
@@ -427,35 +352,37 @@ class EdgeCore:
         if plan is Plan.CLOUD:  # the local answer a cloud plan falls back to starts this long before the deadline
             predicted = self.planner.local_ms(req.task or "open", *size, s.n, edge_was)
             reserve = LOCAL_RESERVE_FACTOR * predicted / 1e3 + LOCAL_RESERVE_MIN_S
-        job = asyncio.create_task(self._run(req, s, plan, engine, choice is not None, deadline_s, t0, on_event,
-                                            reserve))
+        lifecycle = RequestLifecycle(req, s, plan, engine, auto=choice is not None, deadline_s=deadline_s, t0=t0,
+                                     on_event=on_event, local_reserve_s=reserve, link=self.link,
+                                     replays=self.cfg.replays, load_engine=self._engine_for_request)
+        job = asyncio.create_task(lifecycle.run())
         job.add_done_callback(lambda _: q.put_nowait(None))
         try:
             while (ev := await q.get()) is not None:
                 if not isinstance(ev, t.Summary):
                     yield ev
-            runs = job.result()
+            outcome = job.result()
+            runs = outcome.runs
             self._after_cloud(runs)
             self._learn(runs, choice, skipped, req.task or "open", size, s.n, edge_was)
-            result = self._result(runs, plan, why, skipped, choice, t0, waited_ms)
+            result = self._result(outcome, plan, why, skipped, choice, t0, waited_ms)
             if not first:
                 first.append(time.perf_counter() - t0)
             if not streamed:
                 yield t.AnswerChunk(result.answer)  # a local answer arrives whole
             self._count(result, runs[-1].plan, first[0], t0)
-            yield Done(result=result, plan=runs[-1].plan.value, plans=[r.plan.value for r in runs],
-                       cloud_tokens=CloudTokens.of([r.result for r in runs]))
+            yield Done(result=result, plan=outcome.plan, plans=outcome.plans, cloud_tokens=outcome.cloud_tokens)
         finally:
             if not job.done():
                 job.cancel()
             self.active -= 1
             self.metrics.active.dec()
 
-    def _result(self, runs: list, plan: Plan, why: str, skipped: str, choice: object, t0: float,
+    def _result(self, outcome: Outcome, plan: Plan, why: str, skipped: str, choice: object, t0: float,
                 waited_ms: float) -> EdgeResult:
-        """The request's result from the plans that ran: the planner's reason and prediction, the
-        request's own times, and why the cloud was skipped when it was."""
-        result = self._merge(runs)
+        """The request's result as the user sees it: the lifecycle's, with the planner's reason and
+        prediction, the request's own times, and why the cloud was skipped when it was."""
+        result = outcome.result
         result.plan_reason = why if not result.plan_reason else f"{why}; {result.plan_reason}"
         # the request as the user saw it; "cold_start": waiting for the edge model to load
         result.timings.update(request=(time.perf_counter() - t0) * 1e3, cold_start=waited_ms)

@@ -77,6 +77,10 @@ async def _run(session: Session, drafts: list[str], truncated: bool = False) -> 
     return [ev async for ev in session.run(inbox())]
 
 
+async def _collect(events) -> list:
+    return [ev async for ev in events]
+
+
 def test_a_likely_draft_the_drafts_agree_on_is_accepted_as_is():
     engine = ScriptedEngine({RIGHT: [-0.05] * 12, WRONG: [-0.05] * 11 + [-6.0]}, reply="unused")
     events = asyncio.run(_run(_session(engine), [RIGHT, RIGHT + " ", WRONG]))
@@ -180,6 +184,21 @@ def test_finish_reason_is_that_of_the_text_returned():
     same_budget.req.refine = t.SamplingParams(max_new_tokens=12)
     assert asyncio.run(_run(same_budget, [RIGHT, RIGHT + " "], truncated=True))[-1].finish_reason == "length"
     assert asyncio.run(_run(_session(engine), [RIGHT, RIGHT + " "]))[-1].finish_reason == "stop"
+
+
+def test_a_finished_draft_is_chosen_over_a_truncated_one_of_any_score():
+    ramble = "L'Etoile, la Cite, la Bastille, Paris, la cite, la region, la culture, les pays que le monde ne"
+    engine = ScriptedEngine({RIGHT: [-0.2] * 12, ramble: [-0.01] * 12}, reply="unused")
+    session = _session(engine)
+    session.rules = RuleSet([], OPEN, {})  # free text: no rule tells them apart
+
+    async def inbox():
+        yield t.Draft(0, ramble, 64, -0.01, 1.0, truncated=True)
+        yield t.Draft(1, RIGHT, 12, -0.2, 1.0)
+        yield DraftsDone(2)
+
+    summary = asyncio.run(_collect(session.run(inbox())))[-1]
+    assert summary.answer == RIGHT and summary.finish_reason == "stop"
 
 
 def test_a_draft_cut_at_the_draft_budget_is_continued_to_the_answers_own():

@@ -47,7 +47,7 @@ class FakePipeline:
 
 @pytest.fixture
 def core(tmp_path, monkeypatch) -> EdgeCore:
-    monkeypatch.setattr("edge.service.EdgePipeline", FakePipeline)
+    monkeypatch.setattr("edge.lifecycle.EdgePipeline", FakePipeline)
     FakePipeline.calls = []
     c = EdgeCore(EdgeConfig(model=str(tmp_path), warm=False, cloud="127.0.0.1:1", probe_on_start=False))
     c.engine, c.model_state = SimpleNamespace(providers=["CPUExecutionProvider"], runs=1), "warm"  # no model here
