@@ -277,9 +277,13 @@ class VllmEngine(TargetEngine):
         finally:
             self._running -= 1
 
-    async def generate(self, prompt: str, params: GenParams, request_id: str) -> AsyncIterator[Chunk]:
+    async def _prompt(self, prompt: str) -> tuple[list[int], int]:
+        """(token ids of ``prompt``, tokens of context left after it): tokenized off the loop."""
         ids = await self._off_loop(len(prompt), self._ids, prompt)
-        room = self.max_model_len - len(ids)
+        return ids, self.max_model_len - len(ids)
+
+    async def generate(self, prompt: str, params: GenParams, request_id: str) -> AsyncIterator[Chunk]:
+        ids, room = await self._prompt(prompt)
         if room < 1:
             return
         async with contextlib.aclosing(self._run(ids, self._params(params, room), request_id)) as outs:
@@ -290,8 +294,7 @@ class VllmEngine(TargetEngine):
 
     async def sample(self, prompt: str, params: GenParams, n: int, request_id: str, **extra) -> list[Chunk]:
         """``extra``: more vLLM SamplingParams (structured outputs for the judge)."""
-        ids = await self._off_loop(len(prompt), self._ids, prompt)
-        room = self.max_model_len - len(ids)
+        ids, room = await self._prompt(prompt)
         if room < 1:
             return []
         sp = self._params(params, room, delta=False, n=n, **extra)
@@ -299,8 +302,7 @@ class VllmEngine(TargetEngine):
         return [Chunk(c.text, len(c.token_ids), c.finish_reason) for c in outs[-1].outputs] if outs else []
 
     async def finished_samples(self, prompt: str, params: GenParams, n: int, request_id: str) -> AsyncIterator[Chunk]:
-        ids = await self._off_loop(len(prompt), self._ids, prompt)
-        room = self.max_model_len - len(ids)
+        ids, room = await self._prompt(prompt)
         if room < 1:
             return
         texts, tokens = [""] * n, [0] * n

@@ -412,19 +412,24 @@ class Session:
         return self._draft_answer(best, t.RefineMode.ACCEPTED,
                                   f"best draft accepted as is (score {best.verdict.score:.2f}, agreement {agree:.2f})")
 
+    @property
+    def _answer_budget(self) -> int:
+        """The tokens this request gives the cloud's answer: the policy's, or less when the request asks."""
+        return self._params(self.cfg.policy.refine_max_tokens).max_tokens
+
     def _cut_short(self, best: _Judged) -> bool:
         """The best draft stopped at the edge's draft budget, shorter than the answer budget this request
         gives the cloud (drafts: 256 tokens by default, the cloud's answer 512): taken as is, the answer
         would end where the target's own would not."""
-        return best.draft.truncated and self._params(self.cfg.policy.refine_max_tokens).max_tokens > best.draft.num_tokens
+        return best.draft.truncated and self._answer_budget > best.draft.num_tokens
 
     async def _answer_continued(self, ranked: list[tuple[_Judged, float, float]], out: asyncio.Queue) -> _Answer:
         """A draft good enough to take as is but cut at the draft budget: the target continues it to the
         answer's own budget (the draft is the verified prefix; only the rest is decoded). A continuation
         that fails the rules (a loop) is dropped: the draft as it stands."""
         best, _, agree = ranked[0]
-        budget = self._params(self.cfg.policy.refine_max_tokens).max_tokens - best.draft.num_tokens
-        text, ttft, steps, finish = await self._generate(self.prompt_text, best.draft.text, budget, "c", out)
+        text, ttft, steps, finish = await self._generate(self.prompt_text, best.draft.text,
+                                                         self._answer_budget - best.draft.num_tokens, "c", out)
         ok, why, parsed = await self._accept(text, likelihood=False)
         note = (f"best draft accepted as is (score {best.verdict.score:.2f}, agreement {agree:.2f}), "
                 f"cut at its {best.draft.num_tokens}-token budget: continued by the target")

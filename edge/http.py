@@ -277,11 +277,11 @@ async def _respond(core: EdgeCore, body: _Base, prompt: str, chat: bool,
         if kind == "invalid_request_error":
             core.metrics.bad_request(param or "request")
         return _error(status, message, param, kind)
-    answer = _Answer(core, body, req, chat, first, events)
-    return await answer.whole() if not body.stream else StreamingResponse(answer.sse(), media_type="text/event-stream")
+    completion = _Completion(core, body, req, chat, first, events)
+    return await completion.whole() if not body.stream else StreamingResponse(completion.sse(), media_type="text/event-stream")
 
 
-class _Answer:
+class _Completion:
     """One OpenAI-style response to a validated request: its id, object names and events."""
 
     def __init__(self, core: EdgeCore, body: _Base, req: SolveRequest, chat: bool, first: object, events) -> None:
@@ -353,7 +353,7 @@ class _Answer:
 
 
 def create_app(core: EdgeCore) -> FastAPI:
-    """The OpenAI-compatible API over ``core``: thin routes; parsing, solving and the response live above."""
+    """The OpenAI-compatible API over ``core``: thin routes; parsing (_parse), solving (_respond) and the response (_Completion) live above."""
     app = FastAPI(title="coinfer edge", docs_url=None, redoc_url=None)
 
     @app.get("/v1/models")
