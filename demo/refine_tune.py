@@ -6,12 +6,13 @@ pair, that was not enough: refining 3 sampled drafts of the real draft model sco
 word problems against 0.91 for the target alone -- the draft's mistakes (a wrong quantity carried
 through, a garbled sentence, a confident wrong total) do not look like the synthetic ones, and the
 target copied them. Stage 2 fine-tunes the stage-1 target briefly on refinement prompts whose
-candidates are samples of the trained draft on train-side problems (the temperatures the edge and
+candidates are samples of a trained small model on train-side problems (the temperatures the edge and
 the evaluation use), mixed with stage-1 examples so that nothing else is forgotten: the label is
 always the correct solution, so a candidate helps when it is right and is ignored when it is not.
 
-This is a short, separate stage (minutes, not the stage-1 hour) so that the recipe can be changed
-here without retraining stage 1; its key extends the stage-1 key (``demo.train.pair_key``).
+The candidates come from ``Recipe.sampler``, a small model trained as the first draft recipe was
+(``draft_pool``'s "draft" is that model), so that the shipped draft can be retuned alone; the target's
+key (``demo.train.target_key``) covers its stage 1, the sampler's key and this stage.
 """
 
 from __future__ import annotations

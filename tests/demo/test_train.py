@@ -1,0 +1,30 @@
+"""The demo pair's keys: each model is keyed by what its weights depend on, so one can be retrained alone."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from demo import train
+
+
+def test_a_draft_change_invalidates_the_draft_alone():
+    recipe = train.Recipe()
+    bigger = replace(recipe, draft=replace(recipe.draft, steps=recipe.draft.steps + 1))
+    assert train.target_key(bigger) == train.target_key(recipe)
+    assert train.draft_key(bigger) != train.draft_key(recipe) and train.pair_key(bigger) != train.pair_key(recipe)
+
+
+def test_the_target_key_covers_its_sampler_and_the_data():
+    recipe = train.Recipe()
+    assert train.target_key(replace(recipe, sampler=replace(recipe.sampler, seed=9))) != train.target_key(recipe)
+    mix = replace(recipe, weights=(0.4, 0.1, 0.5))
+    assert train.target_key(mix) != train.target_key(recipe) and train.draft_key(mix) != train.draft_key(recipe)
+    # evaluation settings decide no weights
+    assert train.pair_key(replace(recipe, eval_problems=10, refine_eval=0)) == train.pair_key(recipe)
+
+
+def test_retraining_the_draft_alone_needs_a_matching_target(tmp_path):
+    (tmp_path / "report.json").write_text(json.dumps({"target_key": "0" * 16}))
+    with pytest.raises(SystemExit, match="retrain both"):
+        train.retrain_draft(tmp_path)
