@@ -48,7 +48,7 @@ import grpc
 import httpx
 import psutil
 
-from benchmarks.replicas import Replica, _pct, _problems, free_ports
+from scenarios.replicas import Replica, _pct, _problems, free_ports
 
 
 @dataclass

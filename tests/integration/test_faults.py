@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow
 
 
 async def test_fault_campaign(tmp_path):
-    from benchmarks.faults import Campaign, Sizes
+    from scenarios.faults import Campaign, Sizes
 
     report = await Campaign(Sizes.short(), tmp_path).run()
     print(json.dumps(report, indent=1, default=str))

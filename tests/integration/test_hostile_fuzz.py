@@ -10,9 +10,9 @@ import asyncio
 
 import pytest
 
-from benchmarks.hostile import Clients, Endpoints, Tally, alive, run_target, targets
 from edge.config import EdgeConfig
 from edge.daemon import EdgeDaemon
+from scenarios.hostile import Clients, Endpoints, Tally, alive, run_target, targets
 
 pytestmark = pytest.mark.slow
 EXAMPLES = 150

@@ -8,7 +8,7 @@ pytestmark = pytest.mark.slow
 
 
 async def test_a_kill_and_a_rolling_update_lose_no_request(tmp_path):
-    from benchmarks.replicas import Scenario, run
+    from scenarios.replicas import Scenario, run
 
     out = await run(Scenario(replicas=3, edges=4, requests=48, concurrency=6), tmp_path)
     print(out)

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from benchmarks.scenarios import Runner, Scenario, summarise
 from edge.plan import main as plan_main
+from scenarios.planner import Runner, Scenario, summarise
 
 pytestmark = pytest.mark.slow
 

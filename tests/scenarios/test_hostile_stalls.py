@@ -4,7 +4,7 @@ the loop (over 50 ms on CPU) are kept."""
 
 from datetime import datetime
 
-from benchmarks.hostile.stalls import parse_stalls, stall_report
+from scenarios.hostile.stalls import parse_stalls, stall_report
 
 LOG = """\
 2026-11-30 21:10:02,001 INFO cloud.server: serving on 127.0.0.1:40000

@@ -25,7 +25,9 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from benchmarks.hostile.strategies import (
+from coinfer.v1 import coinfer_pb2 as pb
+from coinfer.v1 import edge_pb2 as epb
+from scenarios.hostile.strategies import (
     CHEAP_DEADLINE_MS,
     REQUEST_IDS,
     SIZES,
@@ -44,8 +46,6 @@ from benchmarks.hostile.strategies import (
     text,
     weighted,
 )
-from coinfer.v1 import coinfer_pb2 as pb
-from coinfer.v1 import edge_pb2 as epb
 
 # ---- targets --------------------------------------------------------------------------------------------
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import httpx
 
-from benchmarks.hostile.strategies import MODEL
-from benchmarks.hostile.targets import Clients, Endpoints
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import edge_pb2 as epb
+from scenarios.hostile.strategies import MODEL
+from scenarios.hostile.targets import Clients, Endpoints
 
 # ---- liveness probes (a separate process: the campaign's own CPU use must not read as a server stall) --
 

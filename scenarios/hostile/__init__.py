@@ -11,16 +11,16 @@ above it:
 - ``liveness``: the probes every 20 ms from their own process, and ``alive`` after the campaign;
 - ``servers``: the cloud and the edge as subprocesses, their stderr in ``cloud.log`` / ``edge.log``;
 - ``stalls``: the event-loop stalls the servers logged (``coinfer.serving.loopwatch``), per target;
-- ``campaign``: ``campaign()``, ``summary()``, ``main()``.
+- ``campaign``: ``campaign()``, ``summary()`` (the command line: ``benchmarks/hostile.py``).
 """
 
-from benchmarks.hostile.campaign import campaign, main, run, summary
-from benchmarks.hostile.liveness import Prober, alive, probe_report
-from benchmarks.hostile.servers import Servers
-from benchmarks.hostile.stalls import parse_stalls, stall_report
-from benchmarks.hostile.strategies import GrpcCall, HttpCall
-from benchmarks.hostile.targets import Clients, Endpoints, Outcome, Tally, Target, run_target, targets, verdict
+from scenarios.hostile.campaign import campaign, run, summary
+from scenarios.hostile.liveness import Prober, alive, probe_report
+from scenarios.hostile.servers import Servers
+from scenarios.hostile.stalls import parse_stalls, stall_report
+from scenarios.hostile.strategies import GrpcCall, HttpCall
+from scenarios.hostile.targets import Clients, Endpoints, Outcome, Tally, Target, run_target, targets, verdict
 
 __all__ = ["Clients", "Endpoints", "GrpcCall", "HttpCall", "Outcome", "Prober", "Servers", "Tally", "Target", "alive",
-           "campaign", "main", "parse_stalls", "probe_report", "run", "run_target", "stall_report", "summary", "targets",
+           "campaign", "parse_stalls", "probe_report", "run", "run_target", "stall_report", "summary", "targets",
            "verdict"]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import grpc
 
-from benchmarks.hostile.targets import Endpoints
 from coinfer.v1 import coinfer_pb2 as pb
+from scenarios.hostile.targets import Endpoints
 
 # ---- servers (subprocesses: a crash is an exit code, and each has its own event loop) ------------------
 
