@@ -20,9 +20,11 @@ _MAX_TERMS = 64  # a chain longer than this is not a worked step: skipped, never
 _MAX_DIGITS = 30
 
 
-def _tokens(text: str) -> list[str | Fraction]:
-    """Numbers (as Fractions), operators, '=' and a '|' for anything else (a chain breaker)."""
+def _tokens(text: str) -> tuple[list[str | Fraction], list[int]]:
+    """Numbers (as Fractions), operators, '=' and a '|' for anything else (a chain breaker), and
+    where each token starts in ``text``."""
     out: list[str | Fraction] = []
+    starts: list[int] = []
     i, n = 0, len(text)
     while i < n:
         ch = text[i]
@@ -38,6 +40,7 @@ def _tokens(text: str) -> list[str | Fraction]:
                     j += 1
             raw = text[i:j].replace(",", "")
             out.append(Fraction(raw) if len(raw) <= _MAX_DIGITS else "|")
+            starts.append(i)
             i = j
             continue
         if ch in _OPS or ch == "=":
@@ -45,11 +48,13 @@ def _tokens(text: str) -> list[str | Fraction]:
         elif ch == "x" and out and isinstance(out[-1], Fraction):
             out.append("*")  # "3 x 4 = 12"
         elif ch == "$" or ch == " " or ch == "\t":
-            pass  # "$5 + $3" and spacing do not break a chain
+            i += 1
+            continue  # "$5 + $3" and spacing do not break a chain
         else:
             out.append("|")
+        starts.append(i)
         i += 1
-    return out
+    return out, starts
 
 
 def _evaluate(chain: list[str | Fraction]) -> Fraction | None:
@@ -81,9 +86,10 @@ def _fmt(v: Fraction) -> str:
     return str(v.numerator) if v.denominator == 1 else f"{float(v):g}"
 
 
-def equations(text: str) -> list[tuple[str, Fraction, Fraction | None]]:
-    """Every ``chain = number`` in ``text``: (written step, written result, true result)."""
-    toks = _tokens(normalize(text))
+def _equations(text: str) -> list[tuple[str, Fraction, Fraction | None, int]]:
+    """Every ``chain = number`` in ``text`` (normalised): written step, written result, true result,
+    and where the written result starts."""
+    toks, starts = _tokens(text)
     out = []
     for k, tok in enumerate(toks):
         if tok != "=":
@@ -107,8 +113,13 @@ def equations(text: str) -> list[tuple[str, Fraction, Fraction | None]]:
         if j - 1 >= 0 and toks[j - 1] == "-":  # a leading minus sign: "-3 + 5 = 2"
             chain = [-chain[0]] + chain[1:]  # type: ignore[operator]
         written = " ".join(_fmt(x) if isinstance(x, Fraction) else x for x in chain)
-        out.append((written, result, _evaluate(chain)))
+        out.append((written, result, _evaluate(chain), starts[k + 1]))
     return out
+
+
+def equations(text: str) -> list[tuple[str, Fraction, Fraction | None]]:
+    """Every ``chain = number`` in ``text``: (written step, written result, true result)."""
+    return [e[:3] for e in _equations(normalize(text))]
 
 
 def first_wrong_equation(text: str) -> str:
@@ -119,3 +130,19 @@ def first_wrong_equation(text: str) -> str:
         if true != result:
             return f"arithmetic_wrong: {written} = {_fmt(result)} (expected {_fmt(true)})"
     return ""
+
+
+def corrected_prefix(text: str) -> str | None:
+    """The text up to its first wrong equation's result, with the true result written instead (what a
+    calculator would have written there): the model chose the operation and its operands, only the
+    computed value is replaced, and the model continues from it. None when every equation holds or
+    the first wrong one divides by zero. The text is normalised first (``coinfer.text.normalize``;
+    a model's plain-ASCII answer is unchanged by it)."""
+    norm = normalize(text)
+    for _, result, true, start in _equations(norm):
+        if true is None:
+            return None
+        if true != result:
+            # a value _fmt cannot write exactly (7 / 3) would be wrong again: not corrected
+            return norm[:start] + _fmt(true) if Fraction(_fmt(true)) == true else None
+    return None

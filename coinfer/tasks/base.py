@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+from coinfer.arithmetic import corrected_prefix
 from coinfer.extract import Parsed, answer_key
 from coinfer.rulespec import Rule
 
@@ -95,6 +96,13 @@ class Task(ABC):
                 break
             out.append(step)
         return out
+
+    def corrected_prefix(self, spec: dict[str, Any], text: str) -> str | None:
+        """``text`` up to its first wrong computed value, with the true value written instead -- what a
+        calculator would write for the operands the model chose -- for the model to continue from; None
+        when nothing there is a calculator's to correct. Default: the ``a op b = c`` equations of any
+        text (``coinfer.arithmetic``)."""
+        return corrected_prefix(text)
 
     def answer_key(self, parsed: Parsed) -> Any:
         """What drafts agree on (the seed's support term): the extracted answer."""

@@ -20,7 +20,7 @@ from typing import Any
 
 from coinfer.errors import InvalidArgument
 from coinfer.rulespec import Rule
-from coinfer.tasks.base import Parsed, Problem, Task
+from coinfer.tasks.base import Parsed, Problem, Task, split_steps
 from coinfer.text import normalize
 
 POOL_SIZE, PICK, MAX_COST, MAX_VALUE = 4, 2, 9, 9
@@ -148,6 +148,16 @@ class SelectTask(Task):
         raise InvalidArgument(f"rules.params.check: unknown checker {checker!r} for select (known: {', '.join(self.checkers)})")
 
     @staticmethod
+    def _best_listed(parsed: Parsed) -> tuple[str | None, int, int]:
+        """(the best fitting subset the steps list, its value, the value listed for the chosen one: -1
+        when not listed as fitting)."""
+        listed = {"".join(sorted(s)): (v if o is None else None) for s, _, v, o in parsed.fields.get("steps", [])}
+        fitting = {s: v for s, v in listed.items() if v is not None}
+        best = max(fitting, key=lambda s: fitting[s], default=None)
+        chosen = "".join(sorted(parsed.fields.get("ids", [])))
+        return best, fitting.get(best, -1) if best else -1, fitting.get(chosen, -1)
+
+    @staticmethod
     def _choice_error(spec: dict[str, Any], parsed: Parsed) -> str:
         """The answer must follow from the draft's own listed steps (as arith's answer must equal its
         last step): every k-subset listed, and the chosen one the best of those listed as fitting. An
@@ -155,16 +165,35 @@ class SelectTask(Task):
         steps = parsed.fields.get("steps", [])
         if not steps:
             return ""
-        listed = {"".join(sorted(s)): (v if o is None else None) for s, _, v, o in steps}
+        listed = {"".join(sorted(s)) for s, _, _, _ in steps}
         for combo in itertools.combinations(sorted(spec["pool"]), spec["k"]):
             if "".join(combo) not in listed:
                 return f"step_missing: subset {''.join(combo)} not listed"
-        fitting = {s: v for s, v in listed.items() if v is not None}
-        chosen = "".join(sorted(parsed.fields.get("ids", [])))
-        best = max(fitting, key=lambda s: fitting[s], default=None)
-        if best is not None and fitting.get(chosen, -1) < fitting[best]:
-            return f"answer_mismatch: answer {','.join(chosen)} but {best} is listed with the best value {fitting[best]}"
+        best, best_value, chosen_value = SelectTask._best_listed(parsed)
+        if best is not None and chosen_value < best_value:
+            chosen = "".join(sorted(parsed.fields.get("ids", [])))
+            return f"answer_mismatch: answer {','.join(chosen)} but {best} is listed with the best value {best_value}"
         return ""
+
+    def corrected_prefix(self, spec: dict[str, Any], text: str) -> str | None:
+        """The right steps, then the first wrong one rewritten with its subset's true cost and value
+        (sums over the ids the model listed); where every step is right but the answer is not the best
+        subset the steps list, the steps and that subset as the answer (a comparison of the model's own
+        values). The subsets listed stay the model's."""
+        steps, ok = split_steps(text), self.verified_prefix(spec, text)
+        if len(ok) == len(steps):
+            parsed = self.parse_answer(text)
+            best, best_value, chosen_value = self._best_listed(parsed)
+            if not ok or parsed.error or best is None or chosen_value >= best_value:
+                return None
+            return "; ".join(ok + [f"answer {','.join(best)}"])
+        m = _STEP_RE.fullmatch(" ".join(normalize(steps[len(ok)]).split()))
+        totals = self._totals(spec, list(m.group(1))) if m else None
+        if totals is None:
+            return None
+        cost, value, budget = totals[0], totals[1], spec["budget"]
+        step = f"{m.group(1)} {cost}>{budget}" if cost > budget else f"{m.group(1)} {cost}:{value}"
+        return "; ".join(ok + [step]) + ";"
 
     def step_ok(self, spec: dict[str, Any], step: str) -> bool:
         m = _STEP_RE.fullmatch(normalize(step).strip())

@@ -273,12 +273,64 @@ def test_cloud_candidates_continue_the_greedy_answers_own_right_steps():
     session = Session(CloudConfig(), engine, req, arith, spec, RuleSet([], arith, spec), recommended_drafts=5,
                       deadline_s=10.0)
     session.cfg.policy.max_retries = 0
+    session.cfg.policy.calculator_fixes = 0  # candidates alone (the corrections: below)
     events = asyncio.run(_run(session, ["3+5=9; answer 9"]))
     summary = events[-1]
     assert _shown(events) == summary.answer  # the greedy answer streamed first is withdrawn
     assert engine.prompts and engine.prompts[0].endswith("3+5=8; 8^2=64; 3*5=15;")
     assert summary.answer == "3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 49" and summary.answer_valid
     assert summary.refine_mode == "alone"  # no draft step was right: the drafts gave nothing
+
+
+class Replies(ScriptedEngine):
+    """Answers each generation with the next of ``replies``; records the prompts."""
+
+    def __init__(self, replies: list[str]) -> None:
+        super().__init__({}, reply="")
+        self.replies, self.prompts = list(replies), []
+
+    async def generate(self, prompt: str, params: GenParams, request_id: str):
+        self.prompts.append(prompt)
+        self.reply = self.replies.pop(0)
+        async for chunk in super().generate(prompt, params, request_id):
+            yield chunk
+
+
+def test_a_wrong_computed_value_in_the_clouds_answer_is_corrected_and_the_target_continues():
+    slip = "Tom buys 3 * 4 = 12 apples.\nNow he has 5 + 12 = 16 apples.\nAnswer: 16"
+    engine = Replies([slip, " apples.\nAnswer: 17"])
+    session = _session(engine)
+    session.cfg.policy.max_retries = 0
+    events = asyncio.run(_run(session, ["Tom buys 3 * 4 = 13 apples.\nAnswer: 13"]))
+    summary = events[-1]
+    assert engine.prompts[1].endswith("Now he has 5 + 12 = 17")  # the true value, then the target goes on
+    assert summary.answer == "Tom buys 3 * 4 = 12 apples.\nNow he has 5 + 12 = 17 apples.\nAnswer: 17"
+    assert summary.answer_valid and "1 computed value(s) corrected" in summary.trace
+    assert any(isinstance(e, t.AnswerReset) for e in events) and _shown(events) == summary.answer
+
+
+def test_a_drafts_slip_on_a_sum_is_corrected_into_the_prefix_the_target_continues():
+    from coinfer.tasks import TASKS
+
+    select = TASKS["select"]
+    prompt = "Pick 2 of A(4,9) B(3,6) C(8,2) D(1,8) with cost<=8."
+    spec = select.parse_problem(prompt)
+    rest = " AC 12>8; AD 5:17; BC 11>8; BD 4:14; CD 9>8; answer A,D"
+    engine = Replies([rest])
+    req = t.OpenRequest(request_id="r", task="select", prompt=prompt)
+    session = Session(CloudConfig(), engine, req, select, spec, RuleSet(select.default_rules(spec), select, spec),
+                      recommended_drafts=5, deadline_s=10.0)
+    session.cfg.policy.max_retries = 0
+    # the draft's first step has the wrong cost (7 is right): the cloud starts after it, corrected
+    summary = asyncio.run(_run(session, ["AB 8:15; AC 12>8; answer A,B"]))[-1]
+    assert engine.prompts[0].endswith("AB 7:15;")
+    assert summary.answer == "AB 7:15;" + rest and summary.answer_valid and summary.refine_mode == "prefix"
+
+    no_fix = Replies(["AB 7:15;" + rest])
+    session = Session(CloudConfig(), no_fix, req, select, spec, RuleSet(select.default_rules(spec), select, spec),
+                      recommended_drafts=5, deadline_s=10.0)
+    session.cfg.policy.max_retries, session.cfg.policy.calculator_fixes = 0, 0
+    assert asyncio.run(_run(session, ["AB 8:15; AC 12>8; answer A,B"]))[-1].refine_mode == "alone"
 
 
 def test_free_text_is_accepted_as_is_when_the_target_is_about_as_confident_as_the_draft_model():

@@ -32,3 +32,16 @@ def test_hostile_length_is_linear():
     t0 = time.perf_counter()
     first_wrong_equation("1 + " * 20000 + "= 3 " + "9" * 5000 + " = 1")
     assert time.perf_counter() - t0 < 1.0
+
+
+def test_corrected_prefix_writes_the_true_value_of_the_first_wrong_equation_and_stops_there():
+    from coinfer.arithmetic import corrected_prefix
+
+    text = "Priya reads 9 * 7 = 63 pages.\nThere are 64 - 63 = 11 pages left.\nThen 2 + 2 = 5.\nAnswer: 11"
+    assert corrected_prefix(text) == "Priya reads 9 * 7 = 63 pages.\nThere are 64 - 63 = 1"
+    assert corrected_prefix("so 0 - 2 = -3 left") == "so 0 - 2 = -2"
+    assert corrected_prefix("1,000 + 1 = 1,002") == "1,000 + 1 = 1001"
+    assert corrected_prefix("7 / 2 = 3 each") == "7 / 2 = 3.5"
+    # nothing to correct: every equation holds; a division by zero or a value not written exactly
+    assert corrected_prefix("48 / 2 = 24 clips") is None
+    assert corrected_prefix("7 / 0 = 1") is None and corrected_prefix("7 / 3 = 2") is None

@@ -215,3 +215,24 @@ def test_problems_parse_in_parallel_threads_while_the_collector_runs_python():
         gc.callbacks.remove(callback)
         gc.set_threshold(*old)
     assert errors == []
+
+
+def test_select_corrects_a_steps_sums_and_an_answer_its_own_steps_contradict():
+    select = TASKS["select"]
+    spec = select.parse_problem("Pick 2 of A(4,9) B(3,6) C(8,2) D(1,8) with cost<=8.")
+    right = "AB 7:15; AC 12>8; AD 5:17; BC 11>8; BD 4:14; CD 9>8; answer A,D"
+    assert select.corrected_prefix(spec, right) is None
+    # the first wrong step gets its subset's true sums (the subset stays the model's); fits or not
+    assert select.corrected_prefix(spec, "AB 7:15; AC 9:11; AD 5:17; answer A,C") == "AB 7:15; AC 12>8;"
+    assert select.corrected_prefix(spec, "AB 6:15; answer A,B") == "AB 7:15;"
+    # right steps, an answer that is not the best they list: that one
+    assert select.corrected_prefix(spec, right.replace("answer A,D", "answer A,B")) == right
+    # an id not in the pool, or no step to correct: nothing
+    assert select.corrected_prefix(spec, "AZ 7:15; answer A,Z") is None
+    assert select.corrected_prefix(spec, "answer A,D") is None
+
+
+def test_the_default_correction_is_the_arithmetic_of_any_text():
+    arith = TASKS["arith"]
+    spec = arith.parse_problem("If x=3 and y=5, compute (x+y)^2-x*y.")
+    assert arith.corrected_prefix(spec, "3+5=8; 8^2=64; 3*5=16; 64-16=48; answer 48") == "3+5=8; 8^2=64; 3*5=15"

@@ -20,8 +20,8 @@ def test_shipped_pair_matches_the_recipe_and_its_digests():
 
 def test_shipped_pair_meets_its_goals_measured_here(artifacts):
     """Held-out greedy accuracy re-measured on this machine (transformers, float32, 300 problems, as
-    `python -m demo.evaluate`). Shipped (report.json): draft 0.21 / 0.21 / 0.11, target 0.88 / 0.61 /
-    0.93 (arith / select / words): every goal below holds there by at least 20 points, so CPU rounding
+    `python -m demo.evaluate`). Shipped (report.json): draft 0.31 / 0.23 / 0.33, target 0.88 / 0.61 /
+    0.93 (arith / select / words): every goal below holds there by at least 18 points, so CPU rounding
     (AVX2 vs AVX512 kernels flip a few greedy tokens) cannot decide it; the re-measurement must also
     stay within 0.08 of what was shipped (the same weights everywhere)."""
     from demo.evaluate import accuracy
