@@ -56,6 +56,8 @@ def core(tmp_path, monkeypatch) -> EdgeCore:
     for _ in range(9):  # the edge's answers have passed so far: auto picks it
         est.observe("quality.edge.arith", 1.0)
     est.observe("step_ms.5", 1.0)
+    for plan in ("split", "cloud"):  # run before: nothing to explore
+        est.observe(f"decode_steps.{plan}.arith", 64.0)
     return c
 
 

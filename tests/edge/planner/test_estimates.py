@@ -50,6 +50,25 @@ def test_planner_falls_back_to_defaults_and_says_so():
     assert p.choose("arith", 40, 40, 5, EdgeState(2_000_000, "cold"), cloud_available=False).plan == "edge"
 
 
+def test_auto_runs_a_cloud_plan_never_run_for_the_task_once_then_chooses_by_measurement():
+    p = Planner(Estimates())
+    warm = EdgeState(2_000_000, "warm")
+    p.est.observe("quality.edge.arith", 1.0)
+    first = p.choose("arith", 40, 40, 5, warm, cloud_available=True)
+    assert first.plan == "split" and first.reason.startswith("explore: split was never run for 'arith'")
+    p.est.observe("decode_steps.split.arith", 0.0)  # the cloud accepted a draft as is: a measurement
+    assert p.est.get("decode_steps.split.arith") == 0.0
+    assert p.choose("arith", 40, 40, 5, warm, cloud_available=True).plan == "cloud"
+    p.est.observe("decode_steps.cloud.arith", 30.0)
+    after = p.choose("arith", 40, 40, 5, warm, cloud_available=True)
+    assert not after.reason.startswith("explore") and after.plan == min(after.breakdowns.values(),
+                                                                          key=lambda b: b.total_ms).plan
+    # a plan under the quality floor is not explored; without a cloud nothing is
+    floor = Planner(Estimates(), quality_floor=0.9)
+    assert not floor.choose("arith", 40, 40, 5, warm, cloud_available=True).reason.startswith("explore")
+    assert Planner(Estimates()).choose("arith", 40, 40, 5, warm, cloud_available=False).plan == "edge"
+
+
 def test_a_cloud_plan_never_run_is_predicted_from_the_answers_the_task_gets():
     # auto never ran the cloud plan for this task: its length is the task's answers', not the
     # conservative 128-step default that kept auto off it forever (786 ms predicted, 150 measured)
