@@ -169,7 +169,8 @@ class PolicyConfig:
     is not the best subset its own steps list -- the true value replaces the wrong one, as a
     calculator would have written it (the model chose the operation and its operands), and the target
     continues from there (``Task.corrected_prefix``); at most this many times per answer, before
-    candidates are sampled; 0 disables. Tuned on the train side (``benchmarks/open_accuracy.py
+    candidates are sampled; 0 disables (this too: a draft's first wrong step of a task, corrected and
+    verified, extending the prefix the cloud continues when no draft is valid). Tuned on the train side (``benchmarks/open_accuracy.py
     --train-side --tasks select --problems 40``): 0 fixes 0.90 split accuracy at 67.7 cloud tokens per
     answer (fixes of sums only, 2), 6: 0.925 at 62.4; with answer corrections 1.0 at 57.2. On held-out
     word problems the target's answers that the rules caught were arithmetic slips on a right plan
