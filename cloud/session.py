@@ -517,8 +517,7 @@ class Session:
     async def _calculator_fixed(self, a: _Answer, why: str, out: asyncio.Queue) -> str:
         """The cloud's answer ``a`` failed the rules (``why``): where a computed value is wrong (an
         ``a op b = c``, a task step's sum), the true value replaces it (``Task.corrected_prefix``) and
-        the target continues from there,
-        up to ``calculator_fixes`` times; ``a`` is updated in place. Returns why the last answer still
+        the target continues from there, up to ``calculator_fixes`` times; ``a`` is updated in place. Returns why the last answer still
         fails ('' when it passes)."""
         for n in range(self.cfg.policy.calculator_fixes):
             fixed = await asyncio.to_thread(self.task.corrected_prefix, self.spec, a.text)  # linear in the text

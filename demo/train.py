@@ -360,13 +360,19 @@ def target_key(recipe: Recipe | None = None) -> str:
     return stage2_key(stage1.hexdigest()[:16], RefineTune())
 
 
+def _pair_of(draft: str, target: str) -> str:
+    return hashlib.sha256(f"{draft}:{target}".encode()).hexdigest()[:16]
+
+
 def pair_key(recipe: Recipe | None = None) -> str:
     """The key the shipped pair records: both models' keys."""
-    return hashlib.sha256(f"{draft_key(recipe)}:{target_key(recipe)}".encode()).hexdigest()[:16]
+    return _pair_of(draft_key(recipe), target_key(recipe))
 
 
 def _keys(recipe: Recipe) -> dict[str, str]:
-    return {"key": pair_key(recipe), "draft_key": draft_key(recipe), "target_key": target_key(recipe)}
+    """The three keys a report records, each model's computed once (a data fingerprint costs seconds)."""
+    d, t = draft_key(recipe), target_key(recipe)
+    return {"key": _pair_of(d, t), "draft_key": d, "target_key": t}
 
 
 # ---------------------------------------------------------------------------------- the pair
@@ -384,20 +390,19 @@ def file_digests(root: Path) -> dict[str, str]:
 
 def _train_draft(root: Path, recipe: Recipe, report: dict) -> None:
     """Train the draft into ``root/draft`` and declare its built-in tasks in its config.json."""
-    report["draft"] = _train_model("draft", recipe.draft, recipe, root / "draft", report)
+    report["draft"], report["tokenizer"]["vocab_draft"] = _train_model("draft", recipe.draft, recipe, root / "draft")
     cfg_path = root / "draft" / "config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["coinfer_tasks"] = DRAFT_TASKS
     cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
 
 
-def _train_model(name: str, spec: ModelSpec, recipe: Recipe, out: Path, report: dict) -> dict:
-    """One model with its own tokenizer (vocabulary ``spec.vocab``) into ``out``."""
+def _train_model(name: str, spec: ModelSpec, recipe: Recipe, out: Path) -> tuple[dict, int]:
+    """One model with its own tokenizer (vocabulary ``spec.vocab``) into ``out``: its stats, its vocabulary size."""
     tok_dir = Path(tempfile.mkdtemp(prefix=f"tokenizer-{name}-"))
     try:
         tok = bpe.save(tok_dir, spec.vocab)
-        report["tokenizer"][f"vocab_{name}"] = len(tok)
-        return train_one(name, spec, recipe, out, tok_dir)
+        return train_one(name, spec, recipe, out, tok_dir), len(tok)
     finally:
         shutil.rmtree(tok_dir, ignore_errors=True)
 
@@ -414,11 +419,12 @@ def train_pair(out: Path, recipe: Recipe | None = None) -> dict:
         torch.set_num_threads(os.cpu_count() or 1)
         report: dict = {**_keys(recipe), "recipe": asdict(recipe), "bf16_autocast": BF16_FAST, "torch": torch.__version__}
         report["tokenizer"] = {"bos": bpe.BOS_ID, "eos": bpe.EOS_ID, "im_start": bpe.IM_START_ID, "pad": bpe.PAD_ID}
-        report["target"] = _train_model("target", recipe.target, recipe, tmp / "target", report)
+        report["target"], report["tokenizer"]["vocab_target"] = _train_model("target", recipe.target, recipe,
+                                                                             tmp / "target")
         sampler = tmp / "sampler"
         # stage 2's candidates come from the sampler (a small model trained as the first draft recipe
         # was); it is the shipped draft only where the recipe says so
-        report["sampler"] = _train_model("sampler", recipe.sampler, recipe, sampler, {"tokenizer": {}})
+        report["sampler"], _ = _train_model("sampler", recipe.sampler, recipe, sampler)
         report["refine_tune"] = _stage2(tmp, sampler, recipe)
         shutil.rmtree(sampler)
         _train_draft(tmp, recipe, report)

@@ -32,6 +32,11 @@ _ANSWER_RE = re.compile(r"answer[\"']?\s*(?:is)?\s*[:=]?\s*([A-Z](?:\s*,\s*[A-Z]
 _JSON_RE = re.compile(r"\{[^{}]*\}")
 
 
+def _step_match(step: str) -> re.Match[str] | None:
+    """One step (``AB 7:15`` or ``AC 12>8``) as a whole, spacing collapsed."""
+    return _STEP_RE.fullmatch(" ".join(normalize(step).split()))
+
+
 def optimum(pool: dict[str, tuple[int, int]], k: int, budget: int) -> int | None:
     """Best total value of k distinct items with total cost <= budget (None if none fits)."""
     best = None
@@ -187,7 +192,7 @@ class SelectTask(Task):
             if not ok or parsed.error or best is None or chosen_value >= best_value:
                 return None
             return "; ".join(ok + [f"answer {','.join(best)}"])
-        m = _STEP_RE.fullmatch(" ".join(normalize(steps[len(ok)]).split()))
+        m = _step_match(steps[len(ok)])
         totals = self._totals(spec, list(m.group(1))) if m else None
         if totals is None:
             return None
@@ -196,7 +201,7 @@ class SelectTask(Task):
         return "; ".join(ok + [step]) + ";"
 
     def step_ok(self, spec: dict[str, Any], step: str) -> bool:
-        m = _STEP_RE.fullmatch(normalize(step).strip())
+        m = _step_match(step)
         if not m:
             return False
         subset, cost, value, over = m.group(1), int(m.group(2)), m.group(3), m.group(4)

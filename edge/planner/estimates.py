@@ -53,7 +53,7 @@ def _bounds(key: str) -> tuple[float, float]:
         # absurd before, split kept its 64-step default: 428 ms predicted for word problems whose
         # splits took a median 104 ms)
         return (0.0, _BOUNDS["tokens"][1])
-    if ("tokens" in key and not key.endswith("_per_token")) or key.startswith(("rounds", "decode_steps")):
+    if ("tokens" in key and not key.endswith("_per_token")) or key.startswith("rounds"):
         return _BOUNDS["tokens"]
     return _BOUNDS["ms"]
 
