@@ -27,8 +27,8 @@ SIDECAR_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.
 
 
 _ROOT = Path(__file__).resolve().parents[1]
-EXPORT_SOURCES = ("quantize/export.py", "quantize/decoder_graph.py", "quantize/artifact.py", "edge/onnx_lm.py",
-                  "coinfer/manifest.py")
+EXPORT_SOURCES = ("quantize/export.py", "quantize/decoder_graph.py", "quantize/gqa_op.py", "quantize/contrib_ops.py",
+                  "quantize/artifact.py", "edge/onnx_lm.py", "coinfer/manifest.py")
 """The code an ONNX export depends on: part of the cache key of every cached export (demo, real model)."""
 
 

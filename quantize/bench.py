@@ -14,7 +14,10 @@ its own), one after the other (so they never compete for the cores):
   ``weight bytes / measured read bandwidth`` is the fastest a step can be; the
   ratio floor / measured says how close the kernels get.
 
-Ratios are against the first model given (the FP32 baseline), measured in this run.
+Ratios are against the first model given (the FP32 baseline), measured in this run. On a shared or
+throttling machine the speed of the cores drifts over a run; with ``rounds`` > 1 the models are
+measured in turn, round after round (A B A B ...), and each time is the median over the rounds, so
+a slow minute lands on every model alike instead of on whichever ran in it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import threading
@@ -44,12 +48,16 @@ class BenchConfig:
     threads: int = 0
     """ONNX Runtime intra-op threads; 0 = all cores."""
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    rounds: int = 1
+    """Measurements of each model, taken in turn with the others'; each time reported is their median."""
 
     def validate(self) -> None:
         if not 1 <= self.batch <= 64:
             raise ValueError(f"batch: must be in 1..64, got {self.batch}")
         if not 1 <= self.prompt_tokens <= 4096 or not 1 <= self.decode_steps <= 4096:
             raise ValueError("prompt_tokens / decode_steps: must be in 1..4096")
+        if not 1 <= self.rounds <= 20:
+            raise ValueError(f"rounds: must be in 1..20, got {self.rounds}")
         if not 0 <= self.warmup_steps <= 100 or not 0 <= self.threads <= 256:
             raise ValueError("warmup_steps / threads: out of range (0..100 / 0..256)")
 
@@ -126,13 +134,15 @@ def run(model_dirs: list[Path], cfg: BenchConfig = BenchConfig(), progress: bool
         if not (d / "model.onnx").is_file():
             raise ValueError(f"{d / 'model.onnx'}: missing; bench takes model directories")
     bw = read_bandwidth_gbs(threads=cfg.threads or None)
+    runs: dict[Path, list[dict]] = {d: [] for d in model_dirs}
+    with tqdm(total=cfg.rounds * len(model_dirs), desc="bench", unit="run", disable=not progress) as bar:
+        for _ in range(cfg.rounds):
+            for d in model_dirs:
+                runs[d].append(_measure_in_child(d, cfg))
+                bar.update()
     rows = []
-    for d in tqdm(model_dirs, desc="bench", unit="model", disable=not progress):
-        proc = subprocess.run([sys.executable, "-m", "quantize.bench", str(d), json.dumps(asdict(cfg))],
-                              capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{d}: benchmark process failed: {proc.stderr.strip()[-500:]}")
-        row = json.loads(proc.stdout.strip().splitlines()[-1])
+    for d in model_dirs:
+        row = _median_row(runs[d])
         manifest = d / "manifest.json"
         row["scheme"] = json.loads(manifest.read_text()).get("scheme", "?") if manifest.exists() else "?"
         row.update(weight_bytes(d / "model.onnx"))
@@ -150,6 +160,25 @@ def run(model_dirs: list[Path], cfg: BenchConfig = BenchConfig(), progress: bool
     return {"config": asdict(cfg), "read_bandwidth_gbs": bw, "cpu_count": os.cpu_count(), "rows": rows}
 
 
+def _measure_in_child(model_dir: Path, cfg: BenchConfig) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "quantize.bench", str(model_dir), json.dumps(asdict(cfg))],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{model_dir}: benchmark process failed: {proc.stderr.strip()[-500:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _median_row(runs: list[dict]) -> dict:
+    """One row from a model's rounds: the median of every time, the largest peak RSS."""
+    row = dict(runs[0])
+    for key in runs[0]:
+        if key.endswith("_ms") or key.startswith("decode_ms"):
+            row[key] = statistics.median(r[key] for r in runs)
+    row["peak_rss_mb"] = max(r["peak_rss_mb"] for r in runs)
+    row["rounds"] = len(runs)
+    return row
+
+
 def table(result: dict) -> str:
     b = result["config"]["batch"]
     head = ["model", "scheme", "MB", "size x", "read ms", "session ms", "session x", "1st tok ms", "b1 ms/tok",
@@ -165,8 +194,10 @@ def table(result: dict) -> str:
     widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(head)]
     fmt = "  ".join(f"{{:>{w}}}" for w in widths)
     out = [fmt.format(*head)] + [fmt.format(*row) for row in lines]
+    rounds = result["config"].get("rounds", 1)
     out.append(f"read bandwidth {result['read_bandwidth_gbs']:.1f} GB/s on {result['cpu_count']} cores; "
-               "floor = weight bytes read per step / bandwidth; ratios against the first row")
+               "floor = weight bytes read per step / bandwidth; ratios against the first row"
+               + (f"; times are medians of {rounds} rounds, models measured in turn" if rounds > 1 else ""))
     return "\n".join(out)
 
 

@@ -6,7 +6,7 @@ Usage::
     python -m quantize export MODEL_DIR OUT_DIR [--dtype fp16]     # ONNX with KV cache + parity vs torch
     python -m quantize int8 ONNX_DIR OUT_DIR [--scheme weight-only|dynamic|static] [--keep-float auto]
     python -m quantize check DIR [--providers CUDAExecutionProvider] [--reference FP32_DIR]
-    python -m quantize bench FP32_DIR INT8_DIR... [--batch 5]
+    python -m quantize bench FP32_DIR INT8_DIR... [--batch 5] [--rounds 5]
     (every command takes --json for machine output and --quiet to hide progress bars)
 
 ``int8`` runs the structure check and the accuracy gates against its source
@@ -146,7 +146,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from quantize import bench
 
     cfg = bench.BenchConfig(batch=args.batch, prompt_tokens=args.prompt_tokens, decode_steps=args.decode_steps,
-                            threads=args.threads, providers=tuple(args.providers))
+                            threads=args.threads, providers=tuple(args.providers), rounds=args.rounds)
     result = bench.run(args.dirs, cfg, progress=not (args.quiet or args.json))
     _out(args, result, bench.table(result))
     return 0
@@ -196,9 +196,10 @@ def _export_command(sub) -> None:
     p.add_argument("--all-logits", action="store_true",
                    help="logits for every position (default: the last only, all the edge samples from)")
     p.add_argument("--kv-cache", choices=("concat", "buffer"), default="concat",
-                   help="concat: Optimum's graph (the cache grows by concatenation each step); buffer: attention as "
-                        "ONNX Runtime's GroupQueryAttention, the edge preallocates the cache and it is written in place "
-                        "(same input/output names)")
+                   help="concat: Optimum's graph (the cache grows by concatenation each step), every execution "
+                        "provider runs it; buffer: ONNX Runtime's fused graph, fastest on CPU (GroupQueryAttention over "
+                        "a cache the edge preallocates and writes in place, fused q/k/v and gate/up MatMuls, one node "
+                        "per rotation and per residual RMSNorm; same input/output names)")
     p.add_argument("--external-data", choices=("auto", "always", "never"), default="auto",
                    help="weights in model.onnx.data beside the graph (auto: above 1 GiB; a protobuf file holds 2 GiB "
                         "at most); int8 keeps its source's layout")
@@ -256,6 +257,9 @@ def _bench_command(sub) -> None:
     p.add_argument("--threads", type=int, default=0, help="ORT intra-op threads (0 = all cores)")
     p.add_argument("--providers", nargs="+", default=["CPUExecutionProvider"], metavar="EP",
                    help="ONNX Runtime execution providers, in order of preference")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure the models in turn this many times and report medians (a noisy machine's "
+                        "drift then falls on every model alike)")
     p.set_defaults(func=cmd_bench)
 
 

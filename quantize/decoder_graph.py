@@ -30,9 +30,14 @@ so an ``optimum-cli``-exported model runs on the same edge runtime:
  -> logits           float [B, 1, V]   the last position only (default; [B, T, V] with all_logits)
     present.{i}.key / .value           float [B, H_kv, P+T, D]
 
-With ``kv_cache="buffer"`` each layer's attention is ONNX Runtime's GroupQueryAttention
-(``quantize/gqa_op.py``), same names: the cache inputs may then be fixed-capacity buffers that the
-runtime binds as outputs too, so no step concatenates or copies the cache.
+With ``kv_cache="buffer"`` the graph is ONNX Runtime's own, same names: each layer's attention is
+its GroupQueryAttention (``quantize/gqa_op.py``), whose cache inputs may be fixed-capacity buffers
+the runtime binds as outputs too, so no step concatenates or copies the cache; and, since a decode
+step of a small model is mostly per-node dispatch, the layer is written in as few nodes as its
+numerics allow: the query, key and value projections as one MatMul (and gate with up), rotations
+as RotaryEmbedding nodes (full-width rotary without per-head norms), and each residual sum with
+the RMSNorm after it as one SkipSimplifiedLayerNormalization (``quantize/contrib_ops.py``).
+Concatenated projections quantize exactly as the separate ones: per-channel scales are per row.
 
 Only the last position's logits by default: sampling needs nothing else, and the LM head over
 every prompt position is the largest tensor of a prefill (a 2k-token prompt at a 128k
@@ -45,6 +50,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import PreTrainedModel
+
+from quantize.contrib_ops import tables as rotary_tables
 
 STATIC_ROPE = ("llama3", "linear", "yarn")
 KV_CACHES = ("concat", "buffer")
@@ -75,6 +82,18 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
         return x * cos + _rotate_half(x) * sin
     rot, keep = x[..., :d], x[..., d:]
     return torch.cat((rot * cos + _rotate_half(rot) * sin, keep), dim=-1)
+
+
+def _fuse(linears: list[nn.Linear]) -> nn.Linear:
+    """One projection computing ``linears`` side by side (their outputs concatenated, in order)."""
+    weight = torch.cat([m.weight.detach() for m in linears], dim=0)
+    biased = any(m.bias is not None for m in linears)
+    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=biased)
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    if biased:
+        fused.bias = nn.Parameter(torch.cat([m.bias.detach() if m.bias is not None else torch.zeros(m.out_features)
+                                             for m in linears]), requires_grad=False)
+    return fused
 
 
 def _soft_cap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
@@ -124,19 +143,65 @@ class ExportDecoder(nn.Module):
             head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
             head.weight = nn.Parameter(self.lm_head.weight.detach().clone(), requires_grad=False)
             self.lm_head = head
+        if kv_cache == "buffer":
+            self._fuse_for_runtime()
 
-    def _qkv(self, a: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if hasattr(a, "qkv_proj"):  # Phi-3: one fused projection, split [q | k | v]
-            qkv = a.qkv_proj(x)
+    def _fuse_for_runtime(self) -> None:
+        """The buffer graph's fused projections and rotary tables (see the module docstring)."""
+        attn = [layer.self_attn for layer in self.model.layers]
+        self.qkv = nn.ModuleList(a.qkv_proj if hasattr(a, "qkv_proj") else _fuse([a.q_proj, a.k_proj, a.v_proj])
+                                 for a in attn)
+        self.gate_up = nn.ModuleList(
+            m.gate_up_proj if hasattr(m, "gate_up_proj") else _fuse([m.gate_proj, m.up_proj])
+            for m in (layer.mlp for layer in self.model.layers))
+        # one rotation node per projection where the rotation is the whole head and nothing sits
+        # between projection and rotation (Qwen3 normalizes each head first: written out there)
+        self.rotary_node = self.inv_freq.numel() * 2 == self.head_dim and not hasattr(attn[0], "q_norm")
+        if self.rotary_node:
+            positions = int(getattr(self.config, "max_position_embeddings", 0) or 4096)
+            cos, sin = rotary_tables(self.inv_freq, self.rope_scale, positions, self.lm_head.weight.dtype)
+            self.register_buffer("cos_table", cos, persistent=False)
+            self.register_buffer("sin_table", sin, persistent=False)
+
+    def _add_norm(self, module: nn.Module, x: torch.Tensor,
+                  delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``module``'s norm of ``x + delta``, ``x + delta``); the buffer graph writes Llama's RMSNorm as
+        ONNX Runtime's fused nodes (Gemma's ``(1 + w)`` norm, with ``eps``, stays its own module)."""
+        eps = getattr(module, "variance_epsilon", None)
+        if self.kv_cache != "buffer" or eps is None:
+            x = x if delta is None else x + delta
+            return module(x), x
+        if delta is not None:
+            return torch.ops.coinfer.skip_rms_norm(x, delta, module.weight, float(eps))
+        h = x.to(torch.float32)  # the form ONNX Runtime fuses into one SimplifiedLayerNormalization
+        h = h / torch.sqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        return module.weight * h.to(x.dtype), x
+
+    def _qkv(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        a = self.model.layers[i].self_attn
+        fused = self.qkv[i] if self.kv_cache == "buffer" else getattr(a, "qkv_proj", None)
+        if fused is not None:  # Phi-3's own, or the buffer graph's: one projection, split [q | k | v]
             nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-            return qkv[..., :nq], qkv[..., nq:nq + nkv], qkv[..., nq + nkv:]
+            return fused(x).split([nq, nkv, nkv], dim=-1)
         return a.q_proj(x), a.k_proj(x), a.v_proj(x)  # Qwen2: with bias
 
-    def _attn(self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    def _attn(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
               mask: torch.Tensor, pk: torch.Tensor, pv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, t, _ = x.shape
-        a = layer.self_attn
-        q, k, v = self._qkv(a, x)
+        a = self.model.layers[i].self_attn
+        if self.kv_cache == "buffer" and self.rotary_node:  # [B, T, H*D] from projection to attention
+            from quantize import gqa_op  # noqa: F401 - registers torch.ops.coinfer.gqa
+
+            nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            q, k, v = self.qkv[i](x).split([nq, nkv, nkv], dim=-1)
+            q = torch.ops.coinfer.rotary(q, positions, self.cos_table, self.sin_table, self.num_heads)
+            k = torch.ops.coinfer.rotary(k, positions, self.cos_table, self.sin_table, self.num_kv_heads)
+            seqlens, total = mask
+            out, k, v = torch.ops.coinfer.gqa(q, k, v, pk, pv, seqlens, total, self.num_heads, self.num_kv_heads,
+                                              float(a.scaling), int(_window(self.config, a) or 0),
+                                              float(self.attn_cap or 0.0))
+            return a.o_proj(out), k, v
+        q, k, v = self._qkv(i, x)
         q = q.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
         k = k.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
         v = v.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -164,12 +229,14 @@ class ExportDecoder(nn.Module):
         out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
         return a.o_proj(out), k, v
 
-    @staticmethod
-    def _mlp(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        if hasattr(m, "gate_up_proj"):  # Phi-3: [gate | up] in one projection
-            gate, up = m.gate_up_proj(x).chunk(2, dim=-1)
-            return m.down_proj(m.activation_fn(gate) * up)
-        return m.down_proj(m.act_fn(m.gate_proj(x)) * m.up_proj(x))  # SiLU, or Gemma's tanh GELU
+    def _mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        m = self.model.layers[i].mlp
+        fused = self.gate_up[i] if self.kv_cache == "buffer" else getattr(m, "gate_up_proj", None)
+        act = getattr(m, "act_fn", None) or m.activation_fn  # SiLU, or Gemma's tanh GELU
+        if fused is not None:  # Phi-3's own, or the buffer graph's: [gate | up] in one projection
+            gate, up = fused(x).chunk(2, dim=-1)
+            return m.down_proj(act(gate) * up)
+        return m.down_proj(act(m.gate_proj(x)) * m.up_proj(x))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                 *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -193,17 +260,18 @@ class ExportDecoder(nn.Module):
             total = torch.ones_like(attention_mask[0]).sum().to(torch.int32)  # P+T as a scalar tensor
             masks = {w: (lengths, total) for w in masks}
         presents: list[torch.Tensor] = []
+        delta = None  # the last block's output, added to the residual stream by the next norm
         for i, layer in enumerate(self.model.layers):
-            h, k, v = self._attn(layer, layer.input_layernorm(x), cos, sin, masks[self.windows[i]],
-                                 past[2 * i], past[2 * i + 1])
+            y, x = self._add_norm(layer.input_layernorm, x, delta)
+            h, k, v = self._attn(i, y, cos, sin, position_ids, masks[self.windows[i]], past[2 * i], past[2 * i + 1])
             if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma 2: norms around both blocks
                 x = x + layer.post_attention_layernorm(h)
-                x = x + layer.post_feedforward_layernorm(self._mlp(layer.mlp, layer.pre_feedforward_layernorm(x)))
+                delta = layer.post_feedforward_layernorm(self._mlp(i, layer.pre_feedforward_layernorm(x)))
             else:
-                x = x + h
-                x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x))
+                y, x = self._add_norm(layer.post_attention_layernorm, x, h)
+                delta = self._mlp(i, y)
             presents += [k, v]
-        if not self.all_logits:
-            x = x[:, -1:]  # [B, 1, hidden]: the LM head runs on the last position only
-        logits = _soft_cap(self.lm_head(self.model.norm(x)), self.final_cap)
+        if not self.all_logits:  # [B, 1, hidden]: the LM head runs on the last position only
+            x, delta = x[:, -1:], delta[:, -1:]
+        logits = _soft_cap(self.lm_head(self._add_norm(self.model.norm, x, delta)[0]), self.final_cap)
         return (logits, *presents)

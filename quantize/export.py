@@ -113,9 +113,9 @@ def export_onnx(hf: PreTrainedModel, out_path: Path, opset: int = 18, all_logits
     m = ExportDecoder(hf, all_logits=all_logits, kv_cache=kv_cache).eval()
     table = None
     if kv_cache == "buffer":
-        from quantize.gqa_op import translation_table
+        from quantize import contrib_ops, gqa_op
 
-        table = translation_table()
+        table = {**gqa_op.translation_table(), **contrib_ops.translation_table()}
     inputs, outputs = io_names(m.num_layers)
     # Dim.AUTO: the mask length is past + new, a relation torch.export infers itself
     # (a Dim sum of two named dims cannot be declared). *past is one pytree element.

@@ -17,11 +17,14 @@ LONG_TURN = ("Explain how a rainbow forms, step by step, then list three uses of
              "with keys name and age. 用一句话介绍长城。")
 
 
-def _linear_count(model_dir) -> int:
-    """Weight MatMuls the export must quantize: every nn.Linear of the HF model (a tied head included)."""
+def _linear_count(model_dir, fused: bool = False) -> int:
+    """Weight MatMuls the export must quantize: every nn.Linear of the HF model (a tied head included);
+    ``fused`` (the buffer graph): key and value share the query's MatMul, up the gate's."""
     from transformers import AutoModelForCausalLM
 
-    return sum(isinstance(m, torch.nn.Linear) for m in AutoModelForCausalLM.from_pretrained(str(model_dir)).modules())
+    hf = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    joined = (".k_proj", ".v_proj", ".up_proj") if fused else ()
+    return sum(isinstance(m, torch.nn.Linear) and not name.endswith(joined) for name, m in hf.named_modules())
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -182,9 +185,10 @@ def test_external_data_through_export_int8_and_the_edge(tmp_path):
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_kv_buffer_export_writes_the_cache_in_place(name, tmp_path):
-    """``--kv-cache buffer``: GroupQueryAttention over preallocated buffers bound as input and output. Parity
-    with torch on that path (past the sliding windows), INT8 keeps it, and the edge's drafts equal the
-    concatenating export's."""
+    """``--kv-cache buffer``: GroupQueryAttention over preallocated buffers bound as input and output, in
+    ONNX Runtime's fused graph (one MatMul for q/k/v and one for gate/up; rotary and residual + RMSNorm
+    as single nodes where the family allows). Parity with torch on that path (past the sliding
+    windows), INT8 keeps it, and the edge's drafts equal the concatenating export's."""
     import numpy as np
     import onnx
     from transformers import AutoTokenizer
@@ -204,7 +208,11 @@ def test_kv_buffer_export_writes_the_cache_in_place(name, tmp_path):
     report = export_dir(hf, tmp_path / "buffer", parity_prompt=ids, parity_steps=16, kv_cache="buffer")
     assert report["parity"]["greedy_match"] and report["parity"]["max_logit_diff"] < 1e-3, report["parity"]
     graph = onnx.load(str(tmp_path / "buffer" / "model.onnx"), load_external_data=False).graph
-    assert sum(n.op_type == "GroupQueryAttention" for n in graph.node) == 2  # one per layer
+    ops = [n.op_type for n in graph.node]
+    assert ops.count("GroupQueryAttention") == 2  # one per layer
+    # written out: Qwen3's per-head norms sit between projection and rotation; Gemma's norm is (1 + w)
+    assert ops.count("RotaryEmbedding") == (0 if name == "qwen3" else 4)  # query and key, per layer
+    assert ops.count("SkipSimplifiedLayerNormalization") == (0 if name == "gemma2" else 4)
 
     engine = OrtDraftEngine(tmp_path / "buffer")
     assert engine.lm.kv_buffer
@@ -225,6 +233,6 @@ def test_kv_buffer_export_writes_the_cache_in_place(name, tmp_path):
     int8_dir(tmp_path / "buffer", tmp_path / "int8", QuantConfig(scheme="dynamic"),
              BuildOptions(gates=None, progress=False))
     checked, problems = check_structure(tmp_path / "int8" / "model.onnx")
-    assert problems == [] and checked == _linear_count(hf)
+    assert problems == [] and checked == _linear_count(hf, fused=True)
     q = OrtDraftEngine(tmp_path / "int8")
     assert q.lm.kv_buffer and len(q.generate(prompt, Sampling(n=5, max_new_tokens=8, seed=3))) == 5

@@ -179,6 +179,19 @@ def test_bench_reports_every_model_side_by_side(built, artifacts, capsys):
         assert 0 < r["floor_ms"] and r["read_per_token_bytes"] < r["initializer_bytes"]
     assert res["rows"][1]["size_ratio"] < 0.5
     assert main(["bench", dirs[0], "--batch", "0"]) == 2
+    assert main(["bench", dirs[0], "--rounds", "0"]) == 2
+
+
+def test_bench_rounds_report_each_models_median():
+    """Rounds measured in turn: each time is the median over the model's rounds (a drift of the
+    machine's speed falls on every model alike), the peak RSS the largest seen."""
+    from quantize.bench import _median_row
+
+    runs = [{"model": "m", "read_ms": r, "decode_ms_b1": b1, "decode_ms_step_b5": b5, "peak_rss_mb": rss, "batch": 5}
+            for r, b1, b5, rss in [(9.0, 30.0, 40.0, 100.0), (1.0, 10.0, 12.0, 300.0), (2.0, 11.0, 13.0, 200.0)]]
+    row = _median_row(runs)
+    assert (row["read_ms"], row["decode_ms_b1"], row["decode_ms_step_b5"]) == (2.0, 11.0, 13.0)
+    assert row["peak_rss_mb"] == 300.0 and row["rounds"] == 3 and row["batch"] == 5 and row["model"] == "m"
 
 
 def test_cli_bad_input_exits_2_and_leaves_nothing(tmp_path, artifacts, capsys):
