@@ -338,6 +338,12 @@ class VllmEngine(TargetEngine):
         if self._llm is not None:
             await self._llm.abort(request_id)
 
+    async def reset_prefix_cache(self) -> None:
+        """Forget cached prompt prefixes: a benchmark that sends the same prompts under several plans
+        starts each plan cold, so that a later plan does not run on an earlier one's cache."""
+        if self._llm is not None:
+            await self._llm.reset_prefix_cache()
+
     async def check_health(self) -> None:
         if self._llm is None:
             raise Unavailable("engine is loading")

@@ -71,6 +71,9 @@ class EdgeConfig:
     """JSON file where the planner's calibration persists; empty = in memory only."""
     quality_floor: float = 0.0
     """Plan "auto": the fastest plan whose expected quality (rule-valid answers) reaches this."""
+    cloud_thrift: float = 0.25
+    """Plan "auto": of the plans predicted within this fraction of the fastest, the one that holds the
+    cloud least (the cloud is shared: its busy time is every other user's queue). 0 = the fastest."""
     probe_on_start: bool = True
     """Calibrate at start (disk, PCIe, decode steps, network, cloud queue)."""
     reprobe_s: float = 300.0
@@ -98,6 +101,8 @@ class EdgeConfig:
             raise ValueError(f"worker_nice: must be in 0..19, got {self.worker_nice}")
         if self.http_max_connections < 0:
             raise ValueError(f"http_max_connections: must be >= 0, got {self.http_max_connections}")
+        if not 0.0 <= self.cloud_thrift <= 1.0:
+            raise ValueError(f"cloud_thrift: must be in 0..1, got {self.cloud_thrift}")
         if not 0 <= self.replays <= 5:
             raise ValueError(f"replays: must be in 0..5, got {self.replays}")
         if self.cloud:

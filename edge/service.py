@@ -124,7 +124,7 @@ class EdgeCore:
         self.active = 0
         self._load_lock = asyncio.Lock()
         self._load_started = 0.0
-        self.planner = Planner(Estimates.open(cfg.planner_state), cfg.quality_floor)
+        self.planner = Planner(Estimates.open(cfg.planner_state), cfg.quality_floor, cfg.cloud_thrift)
         self.model_bytes = sum(f.stat().st_size for f in model_files(cfg.model)) if Path(cfg.model).is_dir() else 0
         self._probe: asyncio.Task | None = None
         # a cold model's PCIe term needs to know where it will run before any session exists

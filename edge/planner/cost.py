@@ -153,6 +153,8 @@ class Breakdown:
     """Chance the plan escalates (auto's edge plan: its answer fails the rules); 0 otherwise."""
     escalation_cost_ms: float = 0.0
     """What an escalation adds when it happens (the split after the edge attempt)."""
+    escalation_cloud_ms: float = 0.0
+    """The cloud's share of an escalation's cost."""
 
     @property
     def attempt_ms(self) -> float:
@@ -167,6 +169,11 @@ class Breakdown:
     @property
     def total_ms(self) -> float:
         return self.attempt_ms + self.escalation_ms
+
+    @property
+    def cloud_load_ms(self) -> float:
+        """Expected time the request holds the cloud (its escalation's share included)."""
+        return self.cloud_ms + self.escalation_p * self.escalation_cloud_ms
 
     def as_dict(self) -> dict:
         return asdict(self) | {"attempt_ms": self.attempt_ms, "escalation_ms": self.escalation_ms,
@@ -227,7 +234,8 @@ def _edge(r: RequestShape, e: EdgeProfile, n: NetProfile | None, c: CloudProfile
         return bd
     p = min(1.0, max(0.0, 1.0 - quality))
     x = predict_escalation(escalation.shape, e, n, c, escalation.quality)
-    return dataclasses.replace(bd, quality=quality + p * x.quality, escalation_p=p, escalation_cost_ms=x.total_ms)
+    return dataclasses.replace(bd, quality=quality + p * x.quality, escalation_p=p, escalation_cost_ms=x.total_ms,
+                               escalation_cloud_ms=x.cloud_ms)
 
 
 def predict(plan: str, r: RequestShape, e: EdgeProfile, n: NetProfile | None, c: CloudProfile | None,
@@ -248,10 +256,13 @@ def predict(plan: str, r: RequestShape, e: EdgeProfile, n: NetProfile | None, c:
 
 
 def choose(r: RequestShape, e: EdgeProfile, n: NetProfile | None, c: CloudProfile | None,
-           quality: dict[str, float], quality_floor: float = 0.0, escalation: Escalation | None = None) -> Choice:
+           quality: dict[str, float], quality_floor: float = 0.0, escalation: Escalation | None = None,
+           thrift: float = 0.0) -> Choice:
     """Fastest plan meeting the quality floor. Without a reachable cloud (``n``/``c`` None): edge.
     ``escalation``: the edge plan's answer escalates when it fails the rules (auto), so the edge is
-    judged by its expected cost and quality with that split included."""
+    judged by its expected cost and quality with that split included. ``thrift``: of the plans
+    predicted within this fraction of the fastest, the one that holds the cloud least (the cloud is
+    shared: its busy time is every other user's queue)."""
     plans = PLANS if (n is not None and c is not None) else ("edge",)
     bd = {p: predict(p, r, e, n, c, quality.get(p, 0.0), escalation) for p in plans}
     for b in bd.values():
@@ -259,12 +270,17 @@ def choose(r: RequestShape, e: EdgeProfile, n: NetProfile | None, c: CloudProfil
             raise ValueError(f"{b.plan}: non-finite or negative prediction {b.total_ms}")
     ok = [b for b in bd.values() if b.quality >= quality_floor]
     if ok:
-        best = min(ok, key=lambda b: b.total_ms)
+        fastest = min(ok, key=lambda b: b.total_ms)
+        near = [b for b in ok if b.total_ms <= fastest.total_ms * (1.0 + thrift)]
+        best = min(near, key=lambda b: (b.cloud_load_ms, b.total_ms))
         others = ", ".join(f"{b.plan} {b.total_ms:.0f} ms" for b in sorted(bd.values(), key=lambda b: b.total_ms)
                            if b.plan != best.plan)
         esc = (f", {best.escalation_p:.0%} of answers escalated to split at {best.escalation_cost_ms:.0f} ms"
                if best.escalation_p > 0 else "")
-        reason = (f"{best.plan}: fastest predicted ({best.total_ms:.0f} ms{esc}) with expected quality "
+        why = ("fastest predicted" if best is fastest else
+               f"within {thrift:.0%} of the fastest and holds the cloud least ({best.cloud_load_ms:.0f} vs "
+               f"{fastest.cloud_load_ms:.0f} ms): predicted")
+        reason = (f"{best.plan}: {why} ({best.total_ms:.0f} ms{esc}) with expected quality "
                   f"{best.quality:.2f} >= floor {quality_floor:.2f}" + (f"; then {others}" if others else ""))
     else:
         best = max(bd.values(), key=lambda b: (b.quality, -b.total_ms))

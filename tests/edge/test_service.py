@@ -10,6 +10,7 @@ import pytest
 from coinfer import types as t
 from edge.config import EdgeConfig
 from edge.pipeline import EdgeResult, Plan
+from edge.planner.planner import EXPLORE_RUNS
 from edge.service import CloudTokens, Done, EdgeCore, SolveRequest
 from edge.servicer import result_to_pb
 
@@ -57,7 +58,8 @@ def core(tmp_path, monkeypatch) -> EdgeCore:
         est.observe("quality.edge.arith", 1.0)
     est.observe("step_ms.5", 1.0)
     for plan in ("split", "cloud"):  # run before: nothing to explore
-        est.observe(f"decode_steps.{plan}.arith", 64.0)
+        for _ in range(EXPLORE_RUNS):
+            est.observe(f"decode_steps.{plan}.arith", 64.0)
     return c
 
 

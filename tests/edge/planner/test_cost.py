@@ -144,6 +144,24 @@ def test_the_issue_20_measurement_is_predicted_within_its_bounds():
     assert b.total_ms / b.attempt_ms > 5  # the old prediction (the attempt alone) was off by that much
 
 
+def test_thrift_takes_a_near_tie_that_holds_the_cloud_less():
+    """A split whose drafts are mostly taken as is (few decode steps) against a cloud plan a little
+    faster: within the thrift the split wins, beyond it the fastest; thrift 0 is the fastest plan.
+    (The floor keeps the edge plan, which holds the cloud not at all, out of it.)"""
+    req = dataclasses.replace(REQ, split_steps=10, cloud_steps=50)
+    edge = dataclasses.replace(EDGE, step_ms={1: 5.0, 5: 4.0})
+    plain = choose(req, edge, NET, CLOUD, Q, 0.5)
+    bd = plain.breakdowns
+    ratio = bd["split"].total_ms / bd["cloud"].total_ms
+    assert plain.plan == "cloud" and 1.0 < ratio < 1.5 and bd["split"].cloud_load_ms < bd["cloud"].cloud_load_ms
+    thrifty = choose(req, edge, NET, CLOUD, Q, 0.5, thrift=ratio - 1.0 + 0.01)
+    assert thrifty.plan == "split" and "holds the cloud least" in thrifty.reason
+    assert choose(req, edge, NET, CLOUD, Q, 0.5, thrift=ratio - 1.0 - 0.01).plan == "cloud"
+    # the quality floor still rules: a thrifty plan below it is never taken
+    assert choose(req, edge, NET, CLOUD, Q | {"split": 0.1}, 0.5, thrift=1.0).plan == "cloud"
+    assert choose(req, edge, NET, CLOUD, Q, 0.0, thrift=1.0).plan == "edge"  # no cloud at all
+
+
 def test_choose_weighs_the_edge_by_its_escalation():
     q = {"edge": 0.1, "split": 0.7, "cloud": 0.6}
     # a fast edge whose answers nearly always fail: auto's edge is an edge attempt plus a split nearly

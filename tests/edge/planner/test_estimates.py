@@ -5,7 +5,7 @@ import json
 import math
 
 from edge.planner.estimates import DEFAULTS, Estimates
-from edge.planner.planner import EdgeState, Planner
+from edge.planner.planner import EXPLORE_RUNS, EdgeState, Planner
 
 
 def test_absurd_measurements_are_refused_and_noted():
@@ -50,16 +50,19 @@ def test_planner_falls_back_to_defaults_and_says_so():
     assert p.choose("arith", 40, 40, 5, EdgeState(2_000_000, "cold"), cloud_available=False).plan == "edge"
 
 
-def test_auto_runs_a_cloud_plan_never_run_for_the_task_once_then_chooses_by_measurement():
+def test_auto_runs_each_cloud_plan_a_few_times_for_the_task_then_chooses_by_measurement():
     p = Planner(Estimates())
     warm = EdgeState(2_000_000, "warm")
     p.est.observe("quality.edge.arith", 1.0)
     first = p.choose("arith", 40, 40, 5, warm, cloud_available=True)
-    assert first.plan == "split" and first.reason.startswith("explore: split was never run for 'arith'")
-    p.est.observe("decode_steps.split.arith", 0.0)  # the cloud accepted a draft as is: a measurement
-    assert p.est.get("decode_steps.split.arith") == 0.0
-    assert p.choose("arith", 40, 40, 5, warm, cloud_available=True).plan == "cloud"
-    p.est.observe("decode_steps.cloud.arith", 30.0)
+    assert first.plan == "split" and first.reason.startswith(f"explore: split was run 0 of {EXPLORE_RUNS} times")
+    for i in range(EXPLORE_RUNS):  # the cloud accepted a draft as is, then refined: measurements both
+        assert p.choose("arith", 40, 40, 5, warm, cloud_available=True).plan == "split"
+        p.est.observe("decode_steps.split.arith", 0.0 if i % 2 else 40.0)
+    assert 0.0 < p.est.get("decode_steps.split.arith") < 40.0  # a mean, not the first run
+    for _ in range(EXPLORE_RUNS):
+        assert p.choose("arith", 40, 40, 5, warm, cloud_available=True).plan == "cloud"
+        p.est.observe("decode_steps.cloud.arith", 30.0)
     after = p.choose("arith", 40, 40, 5, warm, cloud_available=True)
     assert not after.reason.startswith("explore") and after.plan == min(after.breakdowns.values(),
                                                                           key=lambda b: b.total_ms).plan
