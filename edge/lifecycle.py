@@ -6,6 +6,7 @@ learns from the ``Outcome``."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -74,9 +75,9 @@ def merged(runs: list[Ran]) -> EdgeResult:
     if len(runs) > 1:
         first = runs[0].result.timings
         own = final.timings
-        final.timings = own | {"drafting": first.get("drafting", 0.0) + own.get("drafting", 0.0),
-                               "total": first.get("total", 0.0) + own.get("total", 0.0),
-                               "escalation": own.get("total", 0.0)}
+        final = dataclasses.replace(final, timings=own | {
+            "drafting": first.get("drafting", 0.0) + own.get("drafting", 0.0),
+            "total": first.get("total", 0.0) + own.get("total", 0.0), "escalation": own.get("total", 0.0)})
     return final
 
 
@@ -120,7 +121,7 @@ class RequestLifecycle:
             r = await self._solve(pipe, plan, self.deadline_s)
         except CloudFailed as exc:  # the cloud plan failed while the edge was cold: load it and answer locally
             r = await self._solve(EdgePipeline(await self.load_engine(), None), Plan.EDGE, self._left())
-            r.fallback_reason, r.fallback_kind = str(exc), exc.kind
+            r = dataclasses.replace(r, fallback_reason=str(exc), fallback_kind=exc.kind)
         self.runs.append(Ran(plan=plan, result=r, ms=(time.perf_counter() - self.t0) * 1e3))
         if (plan is Plan.EDGE and self.auto and not r.valid and r.drafts and not r.fallback_reason
                 and self.link.enabled and self.link.breaker.allow()):
@@ -129,6 +130,6 @@ class RequestLifecycle:
             t1 = time.perf_counter()
             up = EdgePipeline(self.engine, self.link.channel, self.replays)
             r2 = await self._solve(up, Plan.SPLIT, self._left(), drafts=r.drafts)
-            r2.plan_reason = "edge answer failed the rules: escalated to split with its drafts"
+            r2 = dataclasses.replace(r2, plan_reason="edge answer failed the rules: escalated to split with its drafts")
             self.runs.append(Ran(plan=Plan.SPLIT, result=r2, ms=(time.perf_counter() - t1) * 1e3))
         return Outcome(tuple(self.runs), merged(self.runs))

@@ -11,6 +11,7 @@ later ones are still being written.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import logging
 import time
@@ -116,9 +117,10 @@ class CloudFailed(ConnectionError):
         """The failure as data (``failure_kind``)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class EdgeResult:
-    """What the application gets back."""
+    """What the application gets back: one immutable result per run of a plan (the pipeline fills a
+    ``ResultBuilder`` while it runs; later layers add to a result with ``dataclasses.replace``)."""
 
     answer: str
     source: str
@@ -150,12 +152,38 @@ class EdgeResult:
     finish_reason: str = "stop"
     """"length" when the answer hit its token budget (incomplete), else "stop"."""
 
+
+@dataclass
+class ResultBuilder:
+    """An ``EdgeResult`` being filled in by one run of a plan (drafts, verdicts and the summary arrive
+    as the run goes); ``freeze`` hands the result over. The fields are ``EdgeResult``'s."""
+
+    answer: str
+    source: str
+    valid: bool
+    drafts: list[t.Draft] = field(default_factory=list)
+    verdicts: dict[int, t.Verdict] = field(default_factory=dict)
+    summary: t.Summary | None = None
+    rounds: int = 0
+    fallback_reason: str = ""
+    fallback_kind: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+    task: str = ""
+    fields: dict = field(default_factory=dict)
+    refine_mode: str = ""
+    replays: list[str] = field(default_factory=list)
+    finish_reason: str = "stop"
+
     def take(self, summary: t.Summary) -> None:
         """The cloud's answer: adopt its summary."""
         self.summary, self.answer, self.valid = summary, summary.answer, summary.answer_valid
         self.source = t.AnswerSource(summary.source).name.lower()
         self.fields, self.refine_mode = dict(summary.fields), summary.refine_mode
         self.finish_reason = summary.finish_reason or "stop"
+
+    def freeze(self) -> EdgeResult:
+        """The result, owning copies of what the run filled in."""
+        return EdgeResult(**{f.name: copy.copy(getattr(self, f.name)) for f in dataclasses.fields(self)})
 
 
 Event = t.Draft | t.CloudEvent
@@ -234,7 +262,7 @@ class EdgePipeline:
         res, parsed = checked[best]
         return drafts[best], res.valid, dict(parsed.fields) if parsed.ok else {}
 
-    async def _finish_local(self, result: EdgeResult, ruleset: RuleSet) -> None:
+    async def _finish_local(self, result: ResultBuilder, ruleset: RuleSet) -> None:
         # the request's rules over every draft: off the loop
         best, result.valid, result.fields = await asyncio.to_thread(self.local_answer, ruleset, result.drafts)
         result.answer = best.text if best is not None else ""
@@ -267,7 +295,7 @@ class EdgePipeline:
         s.validate()
         req.expected_drafts = len(drafts) if drafts else s.n
         emit = on_event or (lambda ev: None)
-        result = EdgeResult("", "edge_only", False, task=task_name)
+        result = ResultBuilder("", "edge_only", False, task=task_name)
         model_prompt = self.engine.render(req.conversation) if self.engine is not None else ""
         local_stop = t0 + deadline_s - LOCAL_FINISH_S  # local drafts end in time for the rules and the reply
         if plan is Plan.EDGE or self.stub is None:
@@ -275,7 +303,7 @@ class EdgePipeline:
             await self._finish_local(result, ruleset)
             result.rounds = 1
             result.timings = {"drafting": (time.perf_counter() - t0) * 1e3, "total": (time.perf_counter() - t0) * 1e3}
-            return result
+            return result.freeze()
         hedge: asyncio.Task | None = None  # the cloud plan's local answer, started before the deadline
         hedging: list[bool] = []
         if plan is Plan.CLOUD and self.engine is not None and not drafts and local_reserve_s > 0:
@@ -286,16 +314,17 @@ class EdgePipeline:
 
             hedge = asyncio.create_task(draft_early())
         try:
-            return await self._solve_remote(req, ruleset, model_prompt, s, plan, deadline_s, t0, emit, result,
+            done = await self._solve_remote(req, ruleset, model_prompt, s, plan, deadline_s, t0, emit, result,
                                             drafts, lambda: hedge if hedging else None)
+            return done.freeze()
         finally:
             if hedge is not None and not hedge.done():
                 hedge.cancel()  # the cloud answered (or failed early): no local drafts from it
                 await asyncio.gather(hedge, return_exceptions=True)
 
     async def _solve_remote(self, req: t.OpenRequest, ruleset: RuleSet, model_prompt: str, s: Sampling, plan: Plan,
-                            deadline_s: float, t0: float, emit: OnEvent, result: EdgeResult,
-                            drafts: list[t.Draft] | None, hedge: Callable[[], asyncio.Task | None]) -> EdgeResult:
+                            deadline_s: float, t0: float, emit: OnEvent, result: ResultBuilder,
+                            drafts: list[t.Draft] | None, hedge: Callable[[], asyncio.Task | None]) -> ResultBuilder:
         """The split or cloud plan, with replays on other replicas and the local fallback (``hedge()``:
         the local drafts already under way, if any)."""
         answered: list[bool] = []
@@ -356,17 +385,17 @@ class EdgePipeline:
             return result
 
     async def _split(self, req: t.OpenRequest, task_prompt: str, s: Sampling, deadline_s: float, emit: OnEvent,
-                     t0: float, result: EdgeResult, written: list[t.Draft] | None = None) -> EdgeResult:
+                     t0: float, result: ResultBuilder, written: list[t.Draft] | None = None) -> ResultBuilder:
         call = self.stub.Session(timeout=deadline_s)
         await call.write(pb.EdgeMessage(open=convert.open_to_pb(req)))
         return await _SplitSession(self, call, req, task_prompt, emit, t0, result, written).run(s)
 
-    async def _cloud_only(self, req: t.OpenRequest, deadline_s: float, emit: OnEvent, t0: float) -> EdgeResult:
+    async def _cloud_only(self, req: t.OpenRequest, deadline_s: float, emit: OnEvent, t0: float) -> ResultBuilder:
         msg = pb.GenerateRequest(request_id=req.request_id, problem=convert.problem_to_pb(req),
                                  deadline_ms=req.deadline_ms)
         if req.refine is not None:
             msg.sampling.CopyFrom(convert.to_pb(req.refine, pb.SamplingParams))
-        result = EdgeResult("", "cloud", False, task=req.task)
+        result = ResultBuilder("", "cloud", False, task=req.task)
         async for m in self.stub.Generate(msg, timeout=deadline_s):
             ev = convert.event_from_pb(m)
             emit(ev)
@@ -382,7 +411,7 @@ class _SplitSession:
     exist already, sent as the first round), verdicts and the summary read into ``result``."""
 
     def __init__(self, pipe: EdgePipeline, call, req: t.OpenRequest, task_prompt: str, emit: OnEvent, t0: float,
-                 result: EdgeResult, written: list[t.Draft] | None) -> None:
+                 result: ResultBuilder, written: list[t.Draft] | None) -> None:
         self.pipe, self.call, self.task_prompt, self.emit, self.t0 = pipe, call, task_prompt, emit, t0
         self.result, self.written, self.drafting_ms = result, written, 0.0
         # drafts are written once the cloud has accepted the session: a refusal at open (token, quota,
@@ -419,7 +448,7 @@ class _SplitSession:
             self.drafting_ms += (time.perf_counter() - t_r) * 1e3
         await self.write(pb.EdgeMessage(done=pb.DraftsDone(count=len(drafts))))
 
-    async def run(self, s: Sampling) -> EdgeResult:
+    async def run(self, s: Sampling) -> ResultBuilder:
         result = self.result
         result.rounds = 1
         writer = asyncio.create_task(self.round(s, 0))

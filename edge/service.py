@@ -383,16 +383,16 @@ class EdgeCore:
         """The request's result as the user sees it: the lifecycle's, with the planner's reason and
         prediction, the request's own times, and why the cloud was skipped when it was."""
         result = outcome.result
-        result.plan_reason = why if not result.plan_reason else f"{why}; {result.plan_reason}"
         # the request as the user saw it; "cold_start": waiting for the edge model to load
-        result.timings.update(request=(time.perf_counter() - t0) * 1e3, cold_start=waited_ms)
+        add: dict = {"plan_reason": why if not result.plan_reason else f"{why}; {result.plan_reason}",
+                     "timings": result.timings | {"request": (time.perf_counter() - t0) * 1e3, "cold_start": waited_ms}}
         if choice is not None and plan.value in choice.breakdowns:
             b = choice.breakdowns[plan.value]  # the choice's expectation (an escalation's share included)
-            result.predicted = {k: v for k, v in b.as_dict().items() if k.endswith("_ms")}
+            add["predicted"] = {k: v for k, v in b.as_dict().items() if k.endswith("_ms")}
         if skipped and not result.fallback_reason:
-            result.fallback_reason = skipped
-            result.fallback_kind = "CIRCUIT_OPEN" if self.link.enabled else "NO_CLOUD"
-        return result
+            add["fallback_reason"] = skipped
+            add["fallback_kind"] = "CIRCUIT_OPEN" if self.link.enabled else "NO_CLOUD"
+        return dataclasses.replace(result, **add)
 
     def _count(self, result: EdgeResult, plan: Plan, ttft_s: float, t0: float) -> None:
         """A finished request's metrics, by the plan that produced its answer."""

@@ -9,7 +9,7 @@ import pytest
 
 from coinfer import types as t
 from edge.config import EdgeConfig
-from edge.pipeline import EdgeResult, Plan
+from edge.pipeline import EdgeResult, Plan, ResultBuilder
 from edge.planner.planner import EXPLORE_RUNS
 from edge.service import CloudTokens, Done, EdgeCore, SolveRequest
 from edge.servicer import result_to_pb
@@ -39,11 +39,11 @@ class FakePipeline:
                 on_event(d)
             return EdgeResult(answer=out[0].text, source="edge_only", valid=False, drafts=out, rounds=1,
                               timings={"drafting": 40.0, "total": 41.0})
-        result = EdgeResult(answer="", source="", valid=False, drafts=list(drafts or []), rounds=2,
-                            verdicts={i: t.Verdict(draft_index=i, valid=False) for i in range(3)},
-                            timings={"drafting": 30.0, "total": 400.0})
+        result = ResultBuilder(answer="", source="", valid=False, drafts=list(drafts or []), rounds=2,
+                               verdicts={i: t.Verdict(draft_index=i, valid=False) for i in range(3)},
+                               timings={"drafting": 30.0, "total": 400.0})
         result.take(_summary(generated=42, prompt=17))
-        return result
+        return result.freeze()
 
 
 @pytest.fixture
@@ -96,6 +96,18 @@ async def test_auto_reports_the_plans_that_ran_and_learns_each_with_its_own_outc
     assert nxt.escalation_p == pytest.approx(0.1) and nxt.escalation_cost_ms > 0
 
 
+def test_a_result_is_immutable_and_owns_what_its_run_filled_in():
+    import dataclasses
+
+    built = ResultBuilder(answer="", source="edge_only", valid=False, timings={"drafting": 1.0})
+    built.take(_summary(generated=42, prompt=17))
+    r = built.freeze()
+    built.timings["total"] = 9.0  # the builder goes on; the frozen result does not follow
+    assert r.source == "refined" and r.valid and "total" not in r.timings
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.answer = "x"  # type: ignore[misc]
+
+
 async def test_a_plan_asked_for_runs_alone_and_the_cloud_costs_nothing_when_unused(core):
     _, done = await _done(core, SolveRequest(prompt=ARITH, num_drafts=3, plan="edge"))
     assert FakePipeline.calls == [(Plan.EDGE, 0)]  # no escalation outside auto
@@ -105,8 +117,9 @@ async def test_a_plan_asked_for_runs_alone_and_the_cloud_costs_nothing_when_unus
 
 
 def test_the_grpc_result_carries_the_plans_and_the_cloud_tokens():
-    r = EdgeResult(answer="8", source="refined", valid=True, task="arith")
-    r.take(_summary(generated=42, prompt=17))
+    built = ResultBuilder(answer="8", source="refined", valid=True, task="arith")
+    built.take(_summary(generated=42, prompt=17))
+    r = built.freeze()
     edge = EdgeResult(answer="9", source="edge_only", valid=False)
     done = Done(result=r, plan="split", plans=["edge", "split"], cloud_tokens=CloudTokens.of([edge, r, r]))
     msg = result_to_pb(done)
