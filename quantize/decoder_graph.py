@@ -147,7 +147,9 @@ class ExportDecoder(nn.Module):
             self._fuse_for_runtime()
 
     def _fuse_for_runtime(self) -> None:
-        """The buffer graph's fused projections and rotary tables (see the module docstring)."""
+        """The buffer graph's fused projections and rotary tables (see the module docstring). The
+        concatenated weights are copies: the export holds a model's projections twice while it runs
+        (the source model is also parity's reference)."""
         attn = [layer.self_attn for layer in self.model.layers]
         self.qkv = nn.ModuleList(a.qkv_proj if hasattr(a, "qkv_proj") else _fuse([a.q_proj, a.k_proj, a.v_proj])
                                  for a in attn)
@@ -192,8 +194,7 @@ class ExportDecoder(nn.Module):
         if self.kv_cache == "buffer" and self.rotary_node:  # [B, T, H*D] from projection to attention
             from quantize import gqa_op  # noqa: F401 - registers torch.ops.coinfer.gqa
 
-            nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-            q, k, v = self.qkv[i](x).split([nq, nkv, nkv], dim=-1)
+            q, k, v = self._qkv(i, x)
             q = torch.ops.coinfer.rotary(q, positions, self.cos_table, self.sin_table, self.num_heads)
             k = torch.ops.coinfer.rotary(k, positions, self.cos_table, self.sin_table, self.num_kv_heads)
             seqlens, total = mask
