@@ -153,26 +153,8 @@ class EdgeResult:
     """"length" when the answer hit its token budget (incomplete), else "stop"."""
 
 
-@dataclass
-class ResultBuilder:
-    """An ``EdgeResult`` being filled in by one run of a plan (drafts, verdicts and the summary arrive
-    as the run goes); ``freeze`` hands the result over. The fields are ``EdgeResult``'s."""
-
-    answer: str
-    source: str
-    valid: bool
-    drafts: list[t.Draft] = field(default_factory=list)
-    verdicts: dict[int, t.Verdict] = field(default_factory=dict)
-    summary: t.Summary | None = None
-    rounds: int = 0
-    fallback_reason: str = ""
-    fallback_kind: str = ""
-    timings: dict[str, float] = field(default_factory=dict)
-    task: str = ""
-    fields: dict = field(default_factory=dict)
-    refine_mode: str = ""
-    replays: list[str] = field(default_factory=list)
-    finish_reason: str = "stop"
+class _Filling:
+    """``ResultBuilder``'s methods; its fields are ``EdgeResult``'s, made mutable."""
 
     def take(self, summary: t.Summary) -> None:
         """The cloud's answer: adopt its summary."""
@@ -184,6 +166,14 @@ class ResultBuilder:
     def freeze(self) -> EdgeResult:
         """The result, owning copies of what the run filled in."""
         return EdgeResult(**{f.name: copy.copy(getattr(self, f.name)) for f in dataclasses.fields(self)})
+
+
+ResultBuilder = dataclasses.make_dataclass(
+    "ResultBuilder", [(f.name, f.type, field(default=f.default, default_factory=f.default_factory))
+                      for f in dataclasses.fields(EdgeResult)], bases=(_Filling,), namespace={"__module__": __name__})
+"""An ``EdgeResult`` being filled in by one run of a plan (drafts, verdicts and the summary arrive as
+the run goes); ``freeze`` hands the result over. Derived from ``EdgeResult``'s fields, so the two
+never drift apart (a frozen dataclass and a mutable one cannot share fields by inheritance)."""
 
 
 Event = t.Draft | t.CloudEvent

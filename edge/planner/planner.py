@@ -151,13 +151,13 @@ class Planner:
             return Choice(plan="split" if cloud_available else "edge", breakdowns={},
                           reason="fallback: cost model failed", notes=tuple(self.est.notes))
         plan, reason = c.plan, c.reason
-        if (p := self._unmeasured(task, c)) is not None:
+        if (p := self._unexplored(task, c)) is not None:
             runs = self.est.counts.get(f"decode_steps.{p}.{task}", 0)
             plan, reason = p, (f"explore: {p} was run {runs} of {EXPLORE_RUNS} times for {task!r} (its "
                                f"{c.breakdowns[p].total_ms:.0f} ms is not yet a measurement); else {c.reason}")
         return Choice(plan=plan, breakdowns=c.breakdowns, reason=reason, notes=tuple(self.est.notes))
 
-    def _unmeasured(self, task: str, c: Choice) -> str | None:
+    def _unexplored(self, task: str, c: Choice) -> str | None:
         """A cloud plan auto has run fewer than ``EXPLORE_RUNS`` times for ``task`` and that meets the
         quality floor: run it. A prediction from defaults is never corrected otherwise (with the drafts
         accepted as is more often, split answered word problems at a median 104 ms against 428 ms
