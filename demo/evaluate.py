@@ -93,20 +93,26 @@ def refine_accuracy(draft_dir: Path, target_dir: Path, recipe: Recipe, n: int | 
                                        for it, d in zip(items, drafts)], MAX_NEW_TOKENS, chunk=32)
 
     # as the cloud does it: only drafts that pass the rules (marker extraction, every equation right)
-    # and the likelihood threshold are candidates (the best 2 by mean logprob); none: the target alone
-    chosen = [_verified(tmodel, ttok, tfmt, it, d) for it, d in zip(items, drafts)]
+    # and the likelihood threshold are candidates (the best 2 by mean logprob); none: the target alone.
+    # A refinement that fails the rules is withdrawn and the best candidate returned (cloud.session's
+    # _answer_refined); "refine_raw" counts the refinements as written.
+    rules = _rules()
+    chosen = [_verified(tmodel, ttok, tfmt, it, d, rules) for it, d in zip(items, drafts)]
     todo = [i for i, c in enumerate(chosen) if c]
     via = _generate(tmodel, ttok, [tfmt.render([ChatMessage("user", refine_question(items[i].question, chosen[i]))])
                                    for i in todo], MAX_NEW_TOKENS, chunk=32)
-    verified = [t[0] for t in alone]
-    for i, t in zip(todo, via):
-        verified[i] = t[0]
+    verified, raw = [t[0] for t in alone], [t[0] for t in alone]
+    for i, (t,) in zip(todo, via):
+        raw[i] = t
+        verified[i] = cloud_answer(t, chosen[i], rules)
 
     def rate(xs) -> float:
         return round(sum(xs) / max(1, len(xs)), 3)
 
     return {
         "refine_verified_accuracy": rate([grade(it, t) for it, t in zip(items, verified)]),
+        "refine_raw_accuracy": rate([grade(it, t) for it, t in zip(items, raw)]),
+        "refinements_rejected": sum(not rules.check(t[0])[0].valid for t in via),
         "refined_share": rate([bool(c) for c in chosen]),
         "refine_accuracy": rate([grade(it, t[0]) for it, t in zip(items, refined)]),
         "target_greedy": rate([grade(it, t[0]) for it, t in zip(items, alone)]),
@@ -118,15 +124,27 @@ def refine_accuracy(draft_dir: Path, target_dir: Path, recipe: Recipe, n: int | 
 
 
 @torch.no_grad()
-def _verified(model, tok, fmt: ChatFormat, item: Item, drafts: list[str], keep: int = 2) -> list[str]:
-    """The drafts the cloud would refine from (``cloud.session``: rules, then the likelihood
-    threshold, best ``keep`` by the target's mean per-token logprob, duplicates merged)."""
-    from cloud.config import PolicyConfig
+def cloud_answer(refinement: str, candidates: list[str], rules) -> str:
+    """What the cloud returns for a refinement of verified ``candidates`` (best first): the
+    refinement when it passes the rules, else the best candidate (``cloud.session._answer_refined``)."""
+    return refinement if rules.check(refinement)[0].valid else candidates[0]
+
+
+def _rules():
+    """The rules the cloud checks an open word problem's answers with (the demo's task spec)."""
     from coinfer.extract import Extraction
     from coinfer.rules import Rule, RuleSet
     from coinfer.tasks import OPEN
 
-    rules = RuleSet([Rule("arithmetic")], OPEN, {}, extraction=Extraction("marker"))
+    return RuleSet([Rule("arithmetic")], OPEN, {}, extraction=Extraction("marker"))
+
+
+@torch.no_grad()
+def _verified(model, tok, fmt: ChatFormat, item: Item, drafts: list[str], rules, keep: int = 2) -> list[str]:
+    """The drafts the cloud would refine from (``cloud.session``: rules, then the likelihood
+    threshold, best ``keep`` by the target's mean per-token logprob, duplicates merged)."""
+    from cloud.config import PolicyConfig
+
     prompt = fmt.render([ChatMessage("user", item.question)])
     scored = {}
     for d in dict.fromkeys(x.strip() for x in drafts):
