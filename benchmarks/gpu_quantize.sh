@@ -23,11 +23,11 @@ while read -r line; do
   set -- $line
   name=$(basename "$(dirname "$1")")
   for d in "$@"; do
-    "$PY" -m quantize check "$d" --no-structure --providers CUDAExecutionProvider CPUExecutionProvider --json \
+    "$PY" -m coinfer.quantize check "$d" --no-structure --providers CUDAExecutionProvider CPUExecutionProvider --json \
       > "$OUT/placement-$name-$(basename "$d").json" || true   # exit 1 = fallback found; the JSON says where
   done
-  "$PY" -m quantize bench "$@" --providers CUDAExecutionProvider CPUExecutionProvider --batch 5 --json \
+  "$PY" -m coinfer.quantize bench "$@" --providers CUDAExecutionProvider CPUExecutionProvider --batch 5 --json \
     > "$OUT/bench-$name.json"
-  "$PY" -c 'import json, sys; from quantize.bench import table; print(table(json.load(open(sys.argv[1]))))' \
+  "$PY" -c 'import json, sys; from coinfer.quantize.bench import table; print(table(json.load(open(sys.argv[1]))))' \
     "$OUT/bench-$name.json"                                   # the table of that same run
 done <<< "$ROOTS"

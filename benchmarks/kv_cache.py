@@ -33,7 +33,7 @@ def build(root: Path) -> Path:
 
 
 def step_ms(model: Path, context: int, batch: int, steps: int) -> float:
-    from edge.onnx_lm import OnnxLM
+    from coinfer.edge.onnx_lm import OnnxLM
 
     lm = OnnxLM(model, providers=["CPUExecutionProvider"])
     prompt = np.array([[4 + i % 500 for i in range(context)]], np.int64)
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    from quantize.export import export_dir
+    from coinfer.quantize.export import export_dir
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

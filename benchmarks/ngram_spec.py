@@ -26,8 +26,8 @@ import time
 
 
 async def _measure(model: str, k: int, prompts: list[str]) -> dict:
-    from cloud.config import EngineConfig
-    from cloud.engine import GenParams, VllmEngine
+    from coinfer.cloud.config import EngineConfig
+    from coinfer.cloud.engine import GenParams, VllmEngine
 
     out: dict = {"k": k}
     try:
@@ -62,9 +62,10 @@ async def _measure(model: str, k: int, prompts: list[str]) -> dict:
 
 
 async def run(n: int, k: int) -> dict:
+    from coinfer.demo import wordprob
+    from coinfer.demo.artifacts import ensure_artifacts
+
     from coinfer.chat import ChatFormat, ChatMessage, refine_question
-    from demo import wordprob
-    from demo.artifacts import ensure_artifacts
 
     art = ensure_artifacts()
     fmt = ChatFormat.from_dir(art.target)

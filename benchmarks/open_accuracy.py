@@ -74,7 +74,7 @@ class Case:
         return Extraction("marker") if self.kind == WORDS else Extraction()
 
     def grade(self, text: str) -> bool:
-        from demo.train import grade
+        from coinfer.demo.train import grade
 
         return grade(self.item, text)
 
@@ -88,7 +88,7 @@ class Case:
 
 
 def cases(kinds: tuple[str, ...], per_kind: int, seed: int, held_out: bool = True) -> list[Case]:
-    from demo.train import sample_item
+    from coinfer.demo.train import sample_item
 
     rng = random.Random(seed)
     out = []
@@ -101,7 +101,7 @@ def cases(kinds: tuple[str, ...], per_kind: int, seed: int, held_out: bool = Tru
 
 async def _target_alone(engine, prompt: str, case: Case, n: int, key: str) -> dict:
     """Greedy and best-of-n of the target on the plain conversation (no drafts)."""
-    from cloud.engine import GenParams
+    from coinfer.cloud.engine import GenParams
 
     t0 = time.perf_counter()
     text, toks = "", 0
@@ -136,10 +136,11 @@ def _threshold_table(rows: list[dict], configured: float) -> list[dict]:
 
 async def _one(pipe, engine, case: Case, i: int, drafts: int, seed: int) -> dict:
     """One problem: split through the real edge -> cloud path, then the target alone."""
+    from coinfer.edge.pipeline import Plan
+    from coinfer.edge.sampling import Sampling
+
     from coinfer.chat import ChatMessage
     from coinfer.types import FROM_DRAFTS
-    from edge.pipeline import Plan
-    from edge.sampling import Sampling
 
     t0 = time.perf_counter()
     res = await pipe.solve(case.task, case.prompt, case.rules(),
@@ -224,7 +225,7 @@ def policy_overrides(pairs: list[str]) -> dict:
     """``--policy name=value`` pairs as PolicyConfig fields, each value parsed as its field's type."""
     import dataclasses
 
-    from cloud.config import PolicyConfig
+    from coinfer.cloud.config import PolicyConfig
 
     types = {f.name: type(getattr(PolicyConfig(), f.name)) for f in dataclasses.fields(PolicyConfig)}
     out = {}
@@ -239,12 +240,12 @@ def policy_overrides(pairs: list[str]) -> dict:
 
 async def run(n_problems: int, drafts: int, seed: int, dtype_check: bool, concurrency: int,
               kinds: tuple[str, ...] = KINDS, policy: dict | None = None, held_out: bool = True) -> dict:
-    from cloud.config import CloudConfig, EngineConfig, Limits
-    from cloud.engine import VllmEngine
-    from cloud.server import create_server
-    from demo.artifacts import ensure_artifacts
-    from edge.draft_engine import OrtDraftEngine
-    from edge.pipeline import EdgePipeline
+    from coinfer.cloud.config import CloudConfig, EngineConfig, Limits
+    from coinfer.cloud.engine import VllmEngine
+    from coinfer.cloud.server import create_server
+    from coinfer.demo.artifacts import ensure_artifacts
+    from coinfer.edge.draft_engine import OrtDraftEngine
+    from coinfer.edge.pipeline import EdgePipeline
 
     art = ensure_artifacts()
     import dataclasses
@@ -280,8 +281,9 @@ async def run(n_problems: int, drafts: int, seed: int, dtype_check: bool, concur
 
 async def _dtype_check(model: str, probs) -> dict:
     """Target greedy accuracy and ms per answer on the same problems under float32 and auto."""
-    from cloud.config import EngineConfig
-    from cloud.engine import GenParams, VllmEngine
+    from coinfer.cloud.config import EngineConfig
+    from coinfer.cloud.engine import GenParams, VllmEngine
+
     from coinfer.chat import ChatMessage
 
     out = {}

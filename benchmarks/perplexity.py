@@ -7,7 +7,7 @@ prompts; this reads text no model wrote: by default Python's own licence (``LICE
 every CPython install carries) followed by the ``json`` module's documentation, the first
 ``--tokens`` tokens of it fed one at a time on the KV path, as the edge decodes. Per model:
 perplexity, and against the first model the perplexity ratio, NLL delta (nats/token), top-1
-agreement and KL(first || model) -- the gates' measures (``quantize.gates.Tally``) on this text.
+agreement and KL(first || model) -- the gates' measures (``coinfer.quantize.gates.Tally``) on this text.
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ def default_text() -> str:
 
 
 def run(dirs: list[Path], text: str, tokens: int = 1024) -> list[dict]:
+    from coinfer.edge.onnx_lm import OnnxLM
+    from coinfer.quantize.gates import GateConfig, Tally
     from tokenizers import Tokenizer
-
-    from edge.onnx_lm import OnnxLM
-    from quantize.gates import GateConfig, Tally
 
     ids = Tokenizer.from_file(str(dirs[0] / "tokenizer.json")).encode(text).ids[:tokens]
     if len(ids) < 2:

@@ -11,7 +11,7 @@ writes 5 drafts (ONNX Runtime, the daemon's sampling), the request's rules check
 refines the two best valid drafts as candidates (greedy). ``--simulate`` replays the recorded
 outcomes under a grid of policies -- accept the best verified draft as is when its score and the
 drafts' agreement reach thresholds, else refine, else the cloud alone -- and prints accuracy and
-cloud tokens per answer of each, per task, so the defaults in ``cloud.config.PolicyConfig`` are
+cloud tokens per answer of each, per task, so the defaults in ``coinfer.cloud.config.PolicyConfig`` are
 chosen from measurements that never saw the held-out problems ``benchmarks.open_accuracy`` reports.
 """
 
@@ -31,18 +31,19 @@ from benchmarks.open_accuracy import KINDS, Case
 
 
 def train_cases(kinds: tuple[str, ...], per_kind: int, seed: int, held_out: bool = False) -> list[Case]:
-    from demo.train import sample_item
+    from coinfer.demo.train import sample_item
 
     rng = random.Random(seed)
     return [Case(k, (it := sample_item(rng, k, held_out=held_out)).question, it) for k in kinds for _ in range(per_kind)]
 
 
 async def _record(case: Case, edge, engine, i: int) -> dict:
-    from cloud.engine import GenParams
+    from coinfer.cloud.engine import GenParams
+    from coinfer.edge.sampling import Sampling
+
     from coinfer.chat import ChatMessage, refine_question, with_question
     from coinfer.rules import RuleSet
     from coinfer.tasks import get_task
-    from edge.sampling import Sampling
 
     conv = [ChatMessage("user", case.prompt)]
     task = get_task(case.task)
@@ -80,10 +81,10 @@ async def _record(case: Case, edge, engine, i: int) -> dict:
 
 
 async def collect(per_kind: int, seed: int, out: Path, held_out: bool = False) -> None:
-    from cloud.config import EngineConfig
-    from cloud.engine import VllmEngine
-    from demo.artifacts import ensure_artifacts
-    from edge.draft_engine import OrtDraftEngine
+    from coinfer.cloud.config import EngineConfig
+    from coinfer.cloud.engine import VllmEngine
+    from coinfer.demo.artifacts import ensure_artifacts
+    from coinfer.edge.draft_engine import OrtDraftEngine
 
     art = ensure_artifacts()
     engine = await VllmEngine(EngineConfig(model=str(art.target))).start()

@@ -23,7 +23,7 @@ from pathlib import Path
 _CHILD = r"""
 import sys, time, json
 import numpy as np
-from edge.onnx_lm import OnnxLM
+from coinfer.edge.onnx_lm import OnnxLM
 lm = OnnxLM(sys.argv[1], providers=["CPUExecutionProvider"])
 ids = np.random.default_rng(0).integers(5, int(sys.argv[3]), (1, int(sys.argv[2])), dtype=np.int64)
 t0 = time.perf_counter()
@@ -40,9 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", type=int, default=1024)
     args = ap.parse_args(argv)
     import torch
+    from coinfer.quantize.export import export_dir
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from quantize.export import export_dir
 
     report: dict = {"vocab": args.vocab, "prompt_tokens": args.prompt}
     with tempfile.TemporaryDirectory() as tmp:

@@ -20,12 +20,12 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from demo.models import cache_root
-from quantize import bench
-from quantize.artifact import staged
-from quantize.build import BuildOptions, int8_dir
-from quantize.gates import GateConfig
-from quantize.int8 import SCHEMES, QuantConfig
+from coinfer.demo.models import cache_root
+from coinfer.quantize import bench
+from coinfer.quantize.artifact import staged
+from coinfer.quantize.build import BuildOptions, int8_dir
+from coinfer.quantize.gates import GateConfig
+from coinfer.quantize.int8 import SCHEMES, QuantConfig
 
 
 @dataclass(frozen=True)
@@ -44,9 +44,8 @@ class LargeRecipe:
 def build_large(recipe: LargeRecipe) -> Path:
     """HF model dir with random weights + the demo tokenizer (ids < its vocab are valid here)."""
     import torch
+    from coinfer.demo import tokenizer as chartok
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from demo import tokenizer as chartok
 
     root = cache_root().parent / "bench" / recipe.key()
     hf = root / "hf"
@@ -68,10 +67,10 @@ def build_large(recipe: LargeRecipe) -> Path:
 
 def ensure_variants(root: Path, hf: Path, fp32: Path, gates: GateConfig | None) -> list[Path]:
     """[FP32, FP16, one dir per INT8 scheme] under ``root`` (built once)."""
-    from quantize.export import export_dir
+    from coinfer.quantize.export import export_dir
 
     root.mkdir(parents=True, exist_ok=True)
-    from demo.artifacts import EXPORT_SOURCES, INT8_SOURCES, artifact_key
+    from coinfer.demo.artifacts import EXPORT_SOURCES, INT8_SOURCES, artifact_key
 
     fp16 = root / f"onnx-fp16-{artifact_key(EXPORT_SOURCES)}"
     if not (fp16 / "manifest.json").exists():
@@ -90,14 +89,14 @@ def ensure_variants(root: Path, hf: Path, fp32: Path, gates: GateConfig | None) 
 
 def prepare(skip_large: bool) -> dict[str, list[Path]]:
     """name -> [FP32, FP16, INT8 dynamic, static, weight-only] directories, built once and cached."""
-    from demo.artifacts import ensure_artifacts
-    from quantize.export import export_dir
+    from coinfer.demo.artifacts import ensure_artifacts
+    from coinfer.quantize.export import export_dir
 
     art = ensure_artifacts()
     out = {"demo-draft": ensure_variants(art.models.root / "bench", art.models.draft, art.draft_onnx, GateConfig())}
     if not skip_large:
         root = build_large(LargeRecipe())
-        from demo.artifacts import EXPORT_SOURCES, artifact_key
+        from coinfer.demo.artifacts import EXPORT_SOURCES, artifact_key
 
         fp32 = root / f"onnx-fp32-{artifact_key(EXPORT_SOURCES)}"
         if not (fp32 / "manifest.json").exists():

@@ -5,7 +5,7 @@ Usage::
     .venv/bin/python -m benchmarks.real_refine              # 32 questions, ~3 min on 2 cores
     .venv/bin/python -m benchmarks.real_refine --repeat 3 --json out.json   # 96 requests, ~5 min
 
-SmolLM2-135M-Instruct on both sides (``demo.real.real_stack``: its INT8 export drafts on the edge,
+SmolLM2-135M-Instruct on both sides (``coinfer.demo.real.real_stack``: its INT8 export drafts on the edge,
 the float model verifies and refines on vLLM). Each question has one short known answer (capitals,
 counts, facts; none of them was used to choose a threshold); it is asked through the edge's gRPC
 ``Solve`` stream in the split plan, with the cloud's policy set to refine free text always
@@ -121,12 +121,12 @@ def tally(rows: list[dict]) -> dict:
 
 async def run(n: int, repeat: int) -> dict:
     import grpc
+    from coinfer.cloud.config import PolicyConfig
+    from coinfer.demo.real import real_stack
 
-    from cloud.config import PolicyConfig
     from coinfer.v1 import coinfer_pb2 as pb
     from coinfer.v1 import edge_pb2 as epb
     from coinfer.v1 import edge_pb2_grpc as epb_grpc
-    from demo.real import real_stack
 
     rows = []
     async with real_stack(PolicyConfig(accept_free_text_margin=None)) as (_, daemon):

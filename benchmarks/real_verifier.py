@@ -6,7 +6,7 @@ Usage::
     .venv/bin/python -m benchmarks.real_verifier --prompts 32 --json out.json
     .venv/bin/python -m benchmarks.real_verifier --pair demo --prompts 60   # the demo pair, held-out task problems
 
-SmolLM2-135M-Instruct (``quantize.real_model``): its INT8 edge artefact drafts 5 answers per chat
+SmolLM2-135M-Instruct (``coinfer.quantize.real_model``): its INT8 edge artefact drafts 5 answers per chat
 prompt (the shipped generic prompts, the edge's default sampling, up to 128 tokens); the float model
 on vLLM scores each (mean per-token logprob of the draft in the rendered conversation, as the cloud's
 verifier does). Bad drafts are the same drafts corrupted (a third of their words replaced by words of
@@ -47,17 +47,18 @@ def rates(good: list[tuple[float, float, float]], bad: list[tuple[float, float, 
 def _pair(pair: str, n_prompts: int):
     """(edge draft engine, target engine config, prompts, grader) of the real model or the demo pair; the
     grader says whether draft text of prompt i is right (None: it fails the rules), None when nothing grades."""
-    from cloud.config import EngineConfig
-    from edge.draft_engine import OrtDraftEngine
+    from coinfer.cloud.config import EngineConfig
+    from coinfer.edge.draft_engine import OrtDraftEngine
 
     if pair == "demo":
         # the demo pair's open requests: held-out word problems, sent as open_accuracy sends them
         # (extraction "marker", its rules). The threshold judges drafts that passed the rules, so
         # only those are scored: good = right, wrong = rule-passing but wrong.
+        from coinfer.demo.artifacts import ensure_artifacts
+
         from benchmarks.open_accuracy import WORDS, cases
         from coinfer.rules import RuleSet
         from coinfer.tasks import OPEN
-        from demo.artifacts import ensure_artifacts
 
         art = ensure_artifacts()
         cs = cases((WORDS,), n_prompts, seed=2024)
@@ -67,7 +68,7 @@ def _pair(pair: str, n_prompts: int):
             return cs[i].grade(text) if rulesets[i].check(text)[0].valid else None
 
         return OrtDraftEngine(art.draft_int8), EngineConfig(model=str(art.target)), [c.prompt for c in cs], graded
-    from quantize.real_model import edge_dir, imported_dir
+    from coinfer.quantize.real_model import edge_dir, imported_dir
 
     prompts = [json.loads(line)["prompt"] for line in
                (Path(__file__).resolve().parents[1] / "quantize/data/generic_prompts.jsonl").read_text().splitlines()]
@@ -76,10 +77,11 @@ def _pair(pair: str, n_prompts: int):
 
 
 async def run(n_prompts: int, seed: int, pair: str = "real") -> dict:
-    from cloud.config import PolicyConfig
-    from cloud.engine import VllmEngine
+    from coinfer.cloud.config import PolicyConfig
+    from coinfer.cloud.engine import VllmEngine
+    from coinfer.edge.sampling import Sampling
+
     from coinfer.chat import ChatMessage
-    from edge.sampling import Sampling
 
     edge, engine_cfg, prompts, graded = _pair(pair, n_prompts)
     engine = await VllmEngine(engine_cfg).start()

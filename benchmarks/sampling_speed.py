@@ -22,7 +22,7 @@ import numpy as np
 
 def _old_sample(logits: np.ndarray, counts: np.ndarray, s, rngs) -> np.ndarray:
     """The previous sampler: float64, dense [N, V] counts, full argsort for top-p."""
-    from edge.sampling import apply_penalties, top_p_filter
+    from coinfer.edge.sampling import apply_penalties, top_p_filter
 
     logits = logits.astype(np.float64)
     adj = apply_penalties(logits, counts, s.presence_penalty, s.frequency_penalty)
@@ -37,7 +37,7 @@ def _old_sample(logits: np.ndarray, counts: np.ndarray, s, rngs) -> np.ndarray:
 
 
 def run(vocab: int, rows: int, steps: int) -> dict:
-    from edge.sampling import Sampling, sample_next
+    from coinfer.edge.sampling import Sampling, sample_next
 
     rng = np.random.default_rng(0)
     s = Sampling(n=rows, temperature=0.3, top_p=0.95, presence_penalty=0.2, frequency_penalty=0.1)

@@ -2,8 +2,8 @@
 
     .venv/bin/python -m benchmarks.soak --minutes 10 --concurrency 64 [--out docs/faults/soak.json]
 
-Starts one ``python -m cloud.server`` (vLLM on CPU with the demo target, ``--max-num-seqs`` =
-the concurrency) and ``--edges`` ``python -m edge.daemon`` processes (default: one per 32 requests
+Starts one ``python -m coinfer.cloud.server`` (vLLM on CPU with the demo target, ``--max-num-seqs`` =
+the concurrency) and ``--edges`` ``python -m coinfer.edge.daemon`` processes (default: one per 32 requests
 in flight). The cloud allows ``Limits.max_sessions_per_edge`` = 32 sessions per caller and, without
 auth, a caller is its host without the port, so every daemon on 127.0.0.1 would be one caller: the
 cloud therefore runs with ``--auth-tokens`` and each daemon has its own token (its own quota).
@@ -88,13 +88,13 @@ class Sample:
 
 
 class Edge:
-    """One ``python -m edge.daemon`` process group; stdout (with its ``HTTP n`` line) goes to a log."""
+    """One ``python -m coinfer.edge.daemon`` process group; stdout (with its ``HTTP n`` line) goes to a log."""
 
     def __init__(self, i: int, draft: Path, cloud_port: int, token_file: Path, log_dir: Path) -> None:
         self.log = log_dir / f"edge-{i}.log"
         with open(self.log, "w") as out:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "edge.daemon", "--model", str(draft), "--cloud", f"127.0.0.1:{cloud_port}",
+                [sys.executable, "-m", "coinfer.edge.daemon", "--model", str(draft), "--cloud", f"127.0.0.1:{cloud_port}",
                  "--token-file", str(token_file), "--grpc-port", "0", "--http-port", "0", "--no-probe-on-start",
                  "--plan", "split", "--threads", "1"],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM -> SystemExit, so the finally below still stops the children
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
-    from demo.artifacts import ensure_artifacts
+    from coinfer.demo.artifacts import ensure_artifacts
 
     art = ensure_artifacts()
     tokens = {f"soak-edge-{i}": secrets.token_hex(16) for i in range(args.edges)}

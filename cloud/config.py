@@ -214,7 +214,7 @@ ENV_PREFIX = "COINFER_CLOUD_"
 
 @dataclass
 class CloudConfig:
-    """Everything the cloud service needs. ``python -m cloud.server`` reads it with ``coinfer.serving.settings``:
+    """Everything the cloud service needs. ``python -m coinfer.cloud.server`` reads it with ``coinfer.serving.settings``:
     a TOML file (``[cloud]``, sections ``[cloud.policy]`` ...) < ``COINFER_CLOUD_<FIELD>`` (a section's
     field: ``COINFER_CLOUD_POLICY__MIN_MEAN_LOGPROB``) < flags (``--policy.min-mean-logprob``)."""
 
@@ -223,7 +223,7 @@ class CloudConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     host: str = "127.0.0.1"
     port: int = 0
-    """gRPC port; 0 = any free one (``python -m cloud.server`` prints it as ``PORT n``; deployments give
+    """gRPC port; 0 = any free one (``python -m coinfer.cloud.server`` prints it as ``PORT n``; deployments give
     50051)."""
     grace_s: float = 10.0
     """Graceful shutdown: in-flight sessions get this long to finish."""

@@ -16,7 +16,8 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from cloud.config import EngineConfig
+from coinfer.cloud.config import EngineConfig
+
 from coinfer.chat import ChatFormat, ChatMessage
 from coinfer.errors import Reason, Unavailable
 from coinfer.serving import logs

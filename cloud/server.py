@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m cloud.server --model ~/.cache/coinfer/models/<key>/target --port 50051
+    python -m coinfer.cloud.server --model ~/.cache/coinfer/models/<key>/target --port 50051
 
 Health is NOT_SERVING while the engine loads, SERVING once it answers, and back
 to NOT_SERVING when the server drains for shutdown (SIGTERM/SIGINT: stop taking
@@ -24,14 +24,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
+from coinfer.cloud.auth import BearerAuthInterceptor, load_tokens
+from coinfer.cloud.config import ENV_PREFIX, CloudConfig
+from coinfer.cloud.core import CloudCore
+from coinfer.cloud.engine import TargetEngine, VllmEngine
+from coinfer.cloud.servicer import CoinferCloudServicer
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from cloud.auth import BearerAuthInterceptor, load_tokens
-from cloud.config import ENV_PREFIX, CloudConfig
-from cloud.core import CloudCore
-from cloud.engine import TargetEngine, VllmEngine
-from cloud.servicer import CoinferCloudServicer
 from coinfer.errors import Reason, Unavailable
 from coinfer.serving import logs, process, settings
 from coinfer.serving.decode_guard import DecodeGuard
@@ -188,7 +188,7 @@ async def serve(cfg: CloudConfig, ready: asyncio.Event | None = None) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """``--config``, ``--auth-tokens`` and a flag per ``CloudConfig`` field, sections included
     (``--engine.model``, ``--policy.min-mean-logprob``; ``coinfer.serving.settings``)."""
-    ap = argparse.ArgumentParser(prog="python -m cloud.server",
+    ap = argparse.ArgumentParser(prog="python -m coinfer.cloud.server",
                                  description="coinfer cloud gRPC service (verify + refine on vLLM)")
     ap.add_argument("--config", type=Path, help="TOML file ([cloud] table with CloudConfig fields; "
                     "[cloud.engine], [cloud.limits], [cloud.policy] for the sections)")

@@ -13,10 +13,10 @@ import time
 from collections.abc import AsyncIterator
 
 import grpc
+from coinfer.cloud.auth import BearerAuthInterceptor, peer_host
+from coinfer.cloud.core import CloudCore
+from coinfer.cloud.session import DraftsDone, EdgeItem
 
-from cloud.auth import BearerAuthInterceptor, peer_host
-from cloud.core import CloudCore
-from cloud.session import DraftsDone, EdgeItem
 from coinfer import convert
 from coinfer import types as t
 from coinfer.errors import DeadlineExceeded, InvalidArgument, abort

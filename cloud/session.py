@@ -18,9 +18,9 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from cloud.config import CloudConfig
-from cloud.engine import GenParams, TargetEngine
-from cloud.policy import (
+from coinfer.cloud.config import CloudConfig
+from coinfer.cloud.engine import GenParams, TargetEngine
+from coinfer.cloud.policy import (
     answer_agreement,
     consensus_prefix,
     likelihood_score,
@@ -29,7 +29,8 @@ from cloud.policy import (
     rank_scores,
     refine_max_tokens,
 )
-from cloud.verifier import JUDGE_MAX_TOKENS, JUDGE_SCHEMA, judge_prompt, parse_judge
+from coinfer.cloud.verifier import JUDGE_MAX_TOKENS, JUDGE_SCHEMA, judge_prompt, parse_judge
+
 from coinfer import types as t
 from coinfer.chat import refine_question, with_question
 from coinfer.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, field_of

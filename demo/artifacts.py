@@ -1,6 +1,6 @@
-"""Build-once artefacts of the demo (``python -m demo.artifacts`` builds them): the trained models and the draft's ONNX export.
+"""Build-once artefacts of the demo (``python -m coinfer.demo.artifacts`` builds them): the trained models and the draft's ONNX export.
 
-The models are the shipped pair (``demo.models``); what is built from them lives in the cache
+The models are the shipped pair (``coinfer.demo.models``); what is built from them lives in the cache
 directory keyed by the weights' digests, so the demo, the tests and CI share one build.
 """
 
@@ -12,9 +12,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from demo.models import DemoModels, ensure_models
-from quantize.artifact import EXPORT_SOURCES
-from quantize.artifact import source_key as artifact_key
+from coinfer.demo.models import DemoModels, ensure_models
+from coinfer.quantize.artifact import EXPORT_SOURCES
+from coinfer.quantize.artifact import source_key as artifact_key
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +40,8 @@ class DemoArtifacts:
         out = self.models.root / f"draft-int8-static-{artifact_key(INT8_SOURCES)}"
         if not (out / "manifest.json").exists():
             _drop_stale(self.models.root, "draft-int8-static", out)
-            from quantize.build import BuildOptions, int8_dir
-            from quantize.int8 import QuantConfig
+            from coinfer.quantize.build import BuildOptions, int8_dir
+            from coinfer.quantize.int8 import QuantConfig
 
             shutil.rmtree(out, ignore_errors=True)
             log.info("quantizing the draft model (INT8 static): %s", out)
@@ -59,8 +59,9 @@ def write_prompts(path: Path, n: int = 48, seed: int = 1, held_out: bool = False
     on the presets alone clip the word problems'), the held-out side gates it."""
     import random
 
+    from coinfer.demo import wordprob
+
     from coinfer.tasks import problems
-    from demo import wordprob
 
     rng = random.Random(seed)
     words, presets = wordprob.problems(rng, held_out=held_out), problems(rng, ("arith", "select"), held_out=held_out)
@@ -101,7 +102,7 @@ def ensure_artifacts() -> DemoArtifacts:
     onnx_dir = models.root / f"draft-onnx-fp32-{artifact_key(EXPORT_SOURCES)}"
     if not (onnx_dir / "manifest.json").exists():
         _drop_stale(models.root, "draft-onnx-fp32", onnx_dir)
-        from quantize.export import export_dir
+        from coinfer.quantize.export import export_dir
 
         shutil.rmtree(onnx_dir, ignore_errors=True)  # an export from before manifests existed
 

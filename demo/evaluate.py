@@ -2,8 +2,8 @@
 
 Usage::
 
-    python -m demo.evaluate                   # the shipped pair (demo/weights), ~4 min on 2 cores
-    python -m demo.evaluate --models DIR --json
+    python -m coinfer.demo.evaluate                   # the shipped pair (demo/weights), ~4 min on 2 cores
+    python -m coinfer.demo.evaluate --models DIR --json
 
 Greedy (transformers ``generate``, float32) on held-out problems (``coinfer.tasks.is_held_out``) of
 every task, graded exactly. The goals the pair is trained for: the target at least 20 points above
@@ -21,11 +21,11 @@ import sys
 from pathlib import Path
 
 import torch
+from coinfer.demo import tokenizer as bpe
+from coinfer.demo.train import SHIPPED, WORDS, Item, Recipe, grade, sample_item
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 from coinfer.chat import ChatFormat, ChatMessage, refine_question
-from demo import tokenizer as bpe
-from demo.train import SHIPPED, WORDS, Item, Recipe, grade, sample_item
 
 
 def _generate(model, tok, prompts: list[str], max_new_tokens: int, temperature: float = 0.0,
@@ -126,7 +126,7 @@ def refine_accuracy(draft_dir: Path, target_dir: Path, recipe: Recipe, n: int | 
 @torch.no_grad()
 def cloud_answer(refinement: str, candidates: list[str], rules) -> str:
     """What the cloud returns for a refinement of verified ``candidates`` (best first): the
-    refinement when it passes the rules, else the best candidate (``cloud.session._answer_refined``)."""
+    refinement when it passes the rules, else the best candidate (``coinfer.cloud.session._answer_refined``)."""
     return refinement if rules.check(refinement)[0].valid else candidates[0]
 
 
@@ -141,9 +141,9 @@ def _rules():
 
 @torch.no_grad()
 def _verified(model, tok, fmt: ChatFormat, item: Item, drafts: list[str], rules, keep: int = 2) -> list[str]:
-    """The drafts the cloud would refine from (``cloud.session``: rules, then the likelihood
+    """The drafts the cloud would refine from (``coinfer.cloud.session``: rules, then the likelihood
     threshold, best ``keep`` by the target's mean per-token logprob, duplicates merged)."""
-    from cloud.config import PolicyConfig
+    from coinfer.cloud.config import PolicyConfig
 
     prompt = fmt.render([ChatMessage("user", item.question)])
     scored = {}

@@ -3,7 +3,7 @@
 ``demo/weights/`` holds the trained draft and target (safetensors, tokenizers, chat templates) and
 ``report.json`` (the recipe key they were trained under, each file's sha256, the training and
 evaluation numbers). Every machine runs these same weights; nothing is trained at install. What is
-built *from* them (the draft's ONNX export, its INT8 model: ``demo.artifacts``) goes to a cache
+built *from* them (the draft's ONNX export, its INT8 model: ``coinfer.demo.artifacts``) goes to a cache
 directory keyed by the weights' digests, under ``$XDG_CACHE_HOME/coinfer/models/`` (default
 ``~/.cache``).
 """
@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from demo.train import SHIPPED, file_digests
+from coinfer.demo.train import SHIPPED, file_digests
 
 
 def cache_root() -> Path:

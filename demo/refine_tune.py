@@ -1,6 +1,6 @@
 """Stage 2 of the demo pair: the target learns to refine the *trained draft's own* candidates.
 
-Stage 1 (``demo.train``) teaches the target the refinement prompt with synthetic wrong candidates
+Stage 1 (``coinfer.demo.train``) teaches the target the refinement prompt with synthetic wrong candidates
 (``train.corrupt``: a number off by a little, a truncated answer). Measured on the shipped stage-1
 pair, that was not enough: refining 3 sampled drafts of the real draft model scored 0.61 on held-out
 word problems against 0.91 for the target alone -- the draft's mistakes (a wrong quantity carried
@@ -12,7 +12,7 @@ always the correct solution, so a candidate helps when it is right and is ignore
 
 The candidates come from ``Recipe.sampler``, a small model trained as the first draft recipe was
 (``draft_pool``'s "draft" is that model), so that the shipped draft can be retuned alone; the target's
-key (``demo.train.target_key``) covers its stage 1, the sampler's key and this stage.
+key (``coinfer.demo.train.target_key``) covers its stage 1, the sampler's key and this stage.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from coinfer.demo import tokenizer as bpe
+from coinfer.demo.train import BF16_FAST, Item, Recipe, batches, encode_examples, sample_item
 from tqdm import tqdm
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 from coinfer.chat import ChatFormat, ChatMessage, refine_question
-from demo import tokenizer as bpe
-from demo.train import BF16_FAST, Item, Recipe, batches, encode_examples, sample_item
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class RefineTune:
 @torch.no_grad()
 def draft_pool(draft_dir: Path, recipe: Recipe, tune: RefineTune) -> list[tuple[Item, list[str]]]:
     """Train-side problems (the recipe's task mix) with ``k`` samples of the draft each."""
-    from demo.evaluate import _generate, _load
+    from coinfer.demo.evaluate import _generate, _load
 
     rng = random.Random(tune.seed)
     torch.manual_seed(tune.seed)
@@ -148,7 +148,7 @@ def stage2_key(stage1_key: str, tune: RefineTune) -> str:
     """The pair's key: the stage-1 key extended by this stage's fields and code (16 hex)."""
     import hashlib
 
-    from demo import evaluate
+    from coinfer.demo import evaluate
 
     h = hashlib.sha256(stage1_key.encode())
     h.update(json.dumps(asdict(tune), sort_keys=True).encode())

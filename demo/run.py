@@ -2,8 +2,8 @@
 
 Usage::
 
-    python -m demo.run                      # 60 held-out problems of each task, 2 of them shown in full
-    python -m demo.run --per-task 40 --show 0 --json  # more problems, only the summary and a JSON report
+    python -m coinfer.demo.run                      # 60 held-out problems of each task, 2 of them shown in full
+    python -m coinfer.demo.run --per-task 40 --show 0 --json  # more problems, only the summary and a JSON report
 
 Loads the edge's INT8 draft (the quantize CLI's artefact) on ONNX Runtime, starts the cloud
 gRPC service (vLLM with the target model) on 127.0.0.1 with a free port, and solves held-out
@@ -36,22 +36,22 @@ from itertools import islice
 from typing import TYPE_CHECKING
 
 import grpc
+from coinfer.demo import wordprob
+from coinfer.demo.artifacts import ensure_artifacts
 
 from coinfer import types as t
 from coinfer.tasks import TASKS, problems
-from demo import wordprob
-from demo.artifacts import ensure_artifacts
 
 if TYPE_CHECKING:  # the engines import ONNX Runtime, vLLM and torch: only when the demo runs, not for --help
-    from cloud.engine import VllmEngine
-    from cloud.server import CloudServer
-    from edge.draft_engine import OrtDraftEngine
-    from edge.pipeline import EdgePipeline, EdgeResult
-    from edge.sampling import Sampling
+    from coinfer.cloud.engine import VllmEngine
+    from coinfer.cloud.server import CloudServer
+    from coinfer.edge.draft_engine import OrtDraftEngine
+    from coinfer.edge.pipeline import EdgePipeline, EdgeResult
+    from coinfer.edge.sampling import Sampling
 
 log = logging.getLogger(__name__)
 KINDS = (*TASKS, wordprob.TASK)
-"""The built-in presets, then the open word problems (``demo.wordprob.TASK``)."""
+"""The built-in presets, then the open word problems (``coinfer.demo.wordprob.TASK``)."""
 STAGES = ("first_draft_ms", "drafting_ms", "verify_ms", "refine_ttft_ms", "refine_ms", "total_ms")
 """The split's stage timings of each problem (ms), summarised as medians per kind."""
 
@@ -84,7 +84,7 @@ class Drafting:
     frequency: float = 0.0
 
     def sampling(self, case: Case) -> Sampling:
-        from edge.sampling import Sampling
+        from coinfer.edge.sampling import Sampling
 
         return Sampling(n=self.n, seed=self.seed + case.index, temperature=self.temperature,
                         presence_penalty=self.presence, frequency_penalty=self.frequency)
@@ -136,7 +136,8 @@ async def _split(pipe: EdgePipeline, case: Case, drafting: Drafting, quiet: bool
 async def _target_alone(target: VllmEngine, case: Case, max_tokens: int) -> dict:
     """The cloud's model answering the same conversation by itself: greedy, no drafts, on the engine
     the service runs (the baseline co-inference has to match in accuracy and beat in cloud tokens)."""
-    from cloud.engine import GenParams
+    from coinfer.cloud.engine import GenParams
+
     from coinfer.chat import ChatMessage
 
     prompt = target.render([ChatMessage("user", case.prompt)])
@@ -182,10 +183,10 @@ def _print_row(row: dict, fields: dict) -> None:
 
 async def _start(art) -> tuple[CloudServer, VllmEngine, OrtDraftEngine, dict]:
     """(cloud server, its vLLM engine, the edge's draft engine, start-up figures)."""
-    from cloud.config import CloudConfig, EngineConfig
-    from cloud.engine import VllmEngine
-    from cloud.server import create_server
-    from edge.draft_engine import OrtDraftEngine
+    from coinfer.cloud.config import CloudConfig, EngineConfig
+    from coinfer.cloud.engine import VllmEngine
+    from coinfer.cloud.server import create_server
+    from coinfer.edge.draft_engine import OrtDraftEngine
 
     t0 = time.perf_counter()
     cfg = CloudConfig(engine=EngineConfig(model=str(art.target)))
@@ -206,7 +207,7 @@ async def _start(art) -> tuple[CloudServer, VllmEngine, OrtDraftEngine, dict]:
 async def run_demo(per_task: int, seed: int, quiet: bool, n_drafts: int, temperature: float = 0.3,
                    presence: float = 0.0, frequency: float = 0.0, show: int | None = None) -> dict:
     """Solve ``per_task`` problems of each kind; print the first ``show`` of each in full (all if None)."""
-    from edge.pipeline import EdgePipeline
+    from coinfer.edge.pipeline import EdgePipeline
 
     drafting = Drafting(n_drafts, seed, temperature, presence, frequency)
     srv, target, edge, startup = await _start(ensure_artifacts())

@@ -38,9 +38,10 @@ CHAT_TEMPLATE = (
 
 def corpus() -> list[str]:
     """Deterministic training text: prompts and solutions of every task, refinement prompts, chat words."""
+    from coinfer.demo import wordprob
+
     from coinfer.chat import refine_question
     from coinfer.tasks import TASKS
-    from demo import wordprob
 
     rng = random.Random(CORPUS_SEED)
     out: list[str] = list(SYSTEM_PROMPTS) + ["user", "assistant", "system"]

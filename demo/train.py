@@ -2,15 +2,15 @@
 
 Usage::
 
-    python -m demo.train                  # retrain both into demo/weights/ (the shipped pair), ~2 h on 2 cores
-    python -m demo.train --draft          # only the draft (its target must match the recipe), minutes
-    python -m demo.train --out DIR        # retrain into another directory
-    python -m demo.train --check          # does the shipped pair match this recipe? (exit 1 if not)
-    python -m demo.train --eval [--json]  # held-out accuracies of the shipped pair (demo.evaluate)
+    python -m coinfer.demo.train                  # retrain both into demo/weights/ (the shipped pair), ~2 h on 2 cores
+    python -m coinfer.demo.train --draft          # only the draft (its target must match the recipe), minutes
+    python -m coinfer.demo.train --out DIR        # retrain into another directory
+    python -m coinfer.demo.train --check          # does the shipped pair match this recipe? (exit 1 if not)
+    python -m coinfer.demo.train --eval [--json]  # held-out accuracies of the shipped pair (demo.evaluate)
 
 The pair is trained once and shipped in the repository (``demo/weights/``: safetensors, tokenizers
 and ``report.json`` with the keys they were trained under), so every machine runs the same
-weights; ``demo.models`` loads it and the ONNX / INT8 artefacts are rebuilt from it at install.
+weights; ``coinfer.demo.models`` loads it and the ONNX / INT8 artefacts are rebuilt from it at install.
 Only this module decides when a model must be retrained: each model's key (``model_key``) hashes
 its spec, the recipe's data fields, the source of the training functions and a fingerprint of its
 training data (rendered examples and the tokenizer corpus), so an edit elsewhere (serving code,
@@ -18,15 +18,15 @@ evaluation, a rule) does not invalidate the shipped weights, and a changed gener
 does; a changed draft spec invalidates the draft alone.
 
 Both are Llama-architecture causal LMs in Hugging Face format with the byte-level BPE
-tokenizer and ChatML template of ``demo.tokenizer``. They are trained on chat
+tokenizer and ChatML template of ``coinfer.demo.tokenizer``. They are trained on chat
 conversations rendered exactly as the edge and the cloud render them at inference
 (``coinfer.chat.ChatFormat``: the generation prompt, then the answer and ``<|im_end|>``),
 with the loss on the answer and its closing ``<|im_end|>`` only. Tasks: ``arith`` and
-``select`` (``coinfer.tasks``) and English word problems (``demo.wordprob``, task name
+``select`` (``coinfer.tasks``) and English word problems (``coinfer.demo.wordprob``, task name
 ``words``). Some conversations carry a system message or an earlier exchange. The target
 also learns the refinement prompt (``coinfer.chat.refine_question``): the question plus
 1-2 candidate solutions, some with a small model's typical mistakes; it answers with the
-correct solution. Stage 2 (``demo.refine_tune``, ~30 min) then fine-tunes the target on
+correct solution. Stage 2 (``coinfer.demo.refine_tune``, ~30 min) then fine-tunes the target on
 refinement prompts whose candidates are samples of a small trained model (``Recipe.sampler``: the
 first draft recipe); ``target_key`` covers both stages and the sampler, ``pair_key`` (the recorded
 key) both models.
@@ -54,13 +54,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from coinfer.demo import tokenizer as bpe
+from coinfer.demo import wordprob
 from tqdm import tqdm
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from coinfer.chat import ChatFormat, ChatMessage, refine_question, with_question
 from coinfer.tasks import TASKS, is_held_out
-from demo import tokenizer as bpe
-from demo import wordprob
 
 log = logging.getLogger(__name__)
 DATA_VERSION = "5"  # bump when the data mix or answer format changes (code changes rebuild anyway)
@@ -352,8 +352,8 @@ def draft_key(recipe: Recipe | None = None) -> str:
 
 def target_key(recipe: Recipe | None = None) -> str:
     """The key the shipped target records: its stage 1 and the sampler whose samples stage 2 tunes it
-    on, extended by stage 2 (``demo.refine_tune``)."""
-    from demo.refine_tune import RefineTune, stage2_key
+    on, extended by stage 2 (``coinfer.demo.refine_tune``)."""
+    from coinfer.demo.refine_tune import RefineTune, stage2_key
 
     recipe = recipe or Recipe()
     stage1 = hashlib.sha256(f"{model_key(recipe.target, recipe)}:{model_key(recipe.sampler, recipe)}".encode())
@@ -446,7 +446,7 @@ def _publish(tmp: Path, out: Path, report: dict) -> None:
 
 
 def _stage2(pair: Path, sampler: Path, recipe: Recipe) -> dict:
-    from demo.refine_tune import RefineTune, tune_target
+    from coinfer.demo.refine_tune import RefineTune, tune_target
 
     tune = RefineTune()
     return {"config": asdict(tune), **tune_target(pair / "target", sampler, recipe, tune)}
@@ -461,7 +461,7 @@ def retrain_draft(pair: Path, recipe: Recipe | None = None) -> dict:
     report = json.loads((pair / "report.json").read_text())
     if report.get("target_key") != target_key(recipe):
         raise SystemExit(f"{pair}: the target was trained under {report.get('target_key')}, the recipe's target is "
-                         f"{target_key(recipe)}: retrain both (python -m demo.train)")
+                         f"{target_key(recipe)}: retrain both (python -m coinfer.demo.train)")
     tmp = Path(tempfile.mkdtemp(prefix=f".{pair.name}-", dir=pair.parent))
     try:
         shutil.copytree(pair, tmp, dirs_exist_ok=True)
@@ -499,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         ok = recorded == key
         print(f"{args.out}: recorded key {recorded}, recipe key {key}: {'match' if ok else 'RETRAIN NEEDED'}")
         return 0 if ok else 1
-    from demo import evaluate
+    from coinfer.demo import evaluate
 
     if args.eval:
         return evaluate.main(["--models", str(args.out)] + (["--json"] if args.json else []))

@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coinfer.edge.targets import parse_targets
+
 from coinfer.types import PLAN_CHOICES as PLANS  # one definition, in the shared package
-from edge.targets import parse_targets
 
 ENV_PREFIX = "COINFER_EDGE_"
 

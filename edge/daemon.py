@@ -2,8 +2,8 @@
 
 Usage::
 
-    python -m edge.daemon --model INT8_DIR --cloud cloud.example:50051 --token-file /etc/coinfer/token
-    python -m edge.daemon --config /etc/coinfer/edge.toml      # [edge] table; COINFER_EDGE_* env overrides
+    python -m coinfer.edge.daemon --model INT8_DIR --cloud cloud.example:50051 --token-file /etc/coinfer/token
+    python -m coinfer.edge.daemon --config /etc/coinfer/edge.toml      # [edge] table; COINFER_EDGE_* env overrides
 
 Prints ``GRPC <port>`` and ``HTTP <port>`` once serving (ports may be 0 = any free one).
 SIGTERM / SIGINT: stop taking requests, finish in-flight ones, exit.
@@ -19,6 +19,10 @@ import sys
 from pathlib import Path
 
 import grpc
+from coinfer.edge import http_guard
+from coinfer.edge.config import ENV_PREFIX, EdgeConfig
+from coinfer.edge.service import EdgeCore
+from coinfer.edge.servicer import EdgeServicer
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -27,10 +31,6 @@ from coinfer.serving import logs, process, settings
 from coinfer.serving.decode_guard import DecodeGuard
 from coinfer.serving.loopwatch import LoopWatch, lag_histogram
 from coinfer.v1 import edge_pb2, edge_pb2_grpc
-from edge import http_guard
-from edge.config import ENV_PREFIX, EdgeConfig
-from edge.service import EdgeCore
-from edge.servicer import EdgeServicer
 
 log = logging.getLogger(__name__)
 SERVICE = edge_pb2.DESCRIPTOR.services_by_name["CoinferEdge"].full_name
@@ -85,8 +85,7 @@ class EdgeDaemon:
         c = self.cfg
         if c.http_port >= 0:
             import uvicorn
-
-            from edge.http import create_app
+            from coinfer.edge.http import create_app
 
             config = uvicorn.Config(create_app(self.core), host=c.http_host, port=c.http_port, log_level="warning",
                                     lifespan="off", log_config=None,
@@ -116,7 +115,7 @@ class EdgeDaemon:
 
 def build_parser() -> argparse.ArgumentParser:
     """``--config``, ``--token-file`` and a flag per ``EdgeConfig`` field (``coinfer.serving.settings``)."""
-    ap = argparse.ArgumentParser(prog="python -m edge.daemon", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m coinfer.edge.daemon", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", type=Path, help="TOML file ([edge] table with EdgeConfig fields)")
     ap.add_argument("--token-file", type=Path, help="file holding this edge's bearer token")
     ap.coinfer_settings = settings.add_flags(ap, EdgeConfig, ENV_PREFIX)

@@ -35,6 +35,7 @@ import time
 import uuid
 from typing import Any, Literal
 
+from coinfer.edge.service import Done, EdgeCore, SolveRequest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -46,7 +47,6 @@ from coinfer.errors import CoinferError, DeadlineExceeded, ResourceExhausted, Un
 from coinfer.extract import KINDS, Extraction
 from coinfer.rules import Rule
 from coinfer.types import PLAN_CHOICES
-from edge.service import Done, EdgeCore, SolveRequest
 
 MAX_BODY_BYTES = 1 << 20
 

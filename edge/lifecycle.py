@@ -11,9 +11,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from edge.draft_engine import OrtDraftEngine
-from edge.link import CloudLink
-from edge.pipeline import CloudFailed, EdgePipeline, EdgeResult, Plan
+from coinfer.edge.draft_engine import OrtDraftEngine
+from coinfer.edge.link import CloudLink
+from coinfer.edge.pipeline import CloudFailed, EdgePipeline, EdgeResult, Plan
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,11 @@ import time
 from dataclasses import dataclass, field
 
 import grpc
+from coinfer.edge.breaker import CircuitBreaker
+from coinfer.edge.channel import cloud_channel
+from coinfer.edge.config import EdgeConfig
+from coinfer.edge.targets import parse_targets
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from edge.breaker import CircuitBreaker
-from edge.channel import cloud_channel
-from edge.config import EdgeConfig
-from edge.targets import parse_targets
 
 log = logging.getLogger(__name__)
 CLOUD_SERVICE = "coinfer.v1.CoinferCloud"
@@ -157,8 +156,9 @@ class CloudLink:
 
     async def _poll(self, r: Replica) -> None:
         """The replica's load (the planner's queue term and /metrics)."""
+        from coinfer.edge.planner.probes import cloud_status
+
         from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
-        from edge.planner.probes import cloud_status
 
         stub = pb_grpc.CoinferCloudStub(r._channel)
         while True:

@@ -35,7 +35,7 @@ class EdgeMetrics:
                                    "replica (its last Status)", ["replica"], registry=r)
 
     def replicas(self, replicas) -> None:
-        """Per-replica gauges from the link's view (``edge.link.Replica``)."""
+        """Per-replica gauges from the link's view (``coinfer.edge.link.Replica``)."""
         for r in replicas:
             self.replica_serving.labels(r.address).set(1 if r.serving else 0)
             self.replica_queue.labels(r.address).set(r.queue_depth)

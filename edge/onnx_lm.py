@@ -1,7 +1,7 @@
 """One ONNX causal LM with a KV cache on ONNX Runtime: session, feeds, one step.
 
 The graph layout is Optimum's ``text-generation-with-past`` (see
-``quantize.decoder_graph``): ``input_ids``, ``attention_mask``, ``position_ids``,
+``coinfer.quantize.decoder_graph``): ``input_ids``, ``attention_mask``, ``position_ids``,
 ``past_key_values.N.key|value`` -> ``logits``, ``present.N.key|value``. The
 edge's draft engine decodes with it, and the quantize CLI calibrates, gates and
 benchmarks models with the very same code, so a check measures what the edge runs.

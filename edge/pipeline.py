@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
+from coinfer.edge.draft_engine import DraftResult, OrtDraftEngine
+from coinfer.edge.sampling import Sampling
 
 from coinfer import convert
 from coinfer import types as t
@@ -30,8 +32,6 @@ from coinfer.tasks import get_task
 from coinfer.types import Plan  # noqa: F401 - re-exported: callers name the plan with the pipeline
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
-from edge.draft_engine import DraftResult, OrtDraftEngine
-from edge.sampling import Sampling
 
 log = logging.getLogger(__name__)
 

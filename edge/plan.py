@@ -1,7 +1,7 @@
-"""``python -m edge.plan``: which plan would this request get, and why.
+"""``python -m coinfer.edge.plan``: which plan would this request get, and why.
 
-    python -m edge.plan --model DRAFT_DIR --cloud HOST:PORT --prompt "If x=3 and y=5, compute x*y." --explain
-    python -m edge.plan ... --edge-state cold --json
+    python -m coinfer.edge.plan --model DRAFT_DIR --cloud HOST:PORT --prompt "If x=3 and y=5, compute x*y." --explain
+    python -m coinfer.edge.plan ... --edge-state cold --json
 
 Calibrates first (disk, PCIe, decode steps by batch size, network RTT / bandwidth via the
 Probe RPC, cloud queue via Status; or loads ``--calibration FILE`` and skips probing with
@@ -17,10 +17,11 @@ import dataclasses
 import json
 import sys
 
+from coinfer.edge.config import EdgeConfig
+from coinfer.edge.planner.planner import EdgeState
+from coinfer.edge.service import EdgeCore, infer_task
+
 from coinfer.errors import CoinferError
-from edge.config import EdgeConfig
-from edge.planner.planner import EdgeState
-from edge.service import EdgeCore, infer_task
 
 
 async def explain(args) -> dict:
@@ -72,7 +73,7 @@ def render(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m edge.plan", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m coinfer.edge.plan", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="draft model directory (quantize-CLI artefact)")
     ap.add_argument("--cloud", help="cloud host:port (omit: edge only)")
     ap.add_argument("--token")

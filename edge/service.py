@@ -14,6 +14,18 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from coinfer.edge.config import PLANS, EdgeConfig
+from coinfer.edge.draft_engine import OrtDraftEngine
+from coinfer.edge.lifecycle import CloudTokens, Outcome, Ran, RequestLifecycle
+from coinfer.edge.link import CloudLink
+from coinfer.edge.metrics import EdgeMetrics
+from coinfer.edge.onnx_lm import ACCELERATORS, default_providers, model_files
+from coinfer.edge.pipeline import EdgeResult, Plan, cloud_failed
+from coinfer.edge.planner import probes
+from coinfer.edge.planner.cost import Choice, cold_start_ms
+from coinfer.edge.planner.estimates import Estimates
+from coinfer.edge.planner.planner import EdgeState, Planner
+from coinfer.edge.sampling import Sampling
 from tokenizers import Tokenizer
 
 from coinfer import types as t
@@ -23,18 +35,6 @@ from coinfer.extract import Extraction
 from coinfer.rules import Rule, RuleSet
 from coinfer.tasks import TASKS, get_task
 from coinfer.validate import check_deadline, check_question, check_request_id
-from edge.config import PLANS, EdgeConfig
-from edge.draft_engine import OrtDraftEngine
-from edge.lifecycle import CloudTokens, Outcome, Ran, RequestLifecycle
-from edge.link import CloudLink
-from edge.metrics import EdgeMetrics
-from edge.onnx_lm import ACCELERATORS, default_providers, model_files
-from edge.pipeline import EdgeResult, Plan, cloud_failed
-from edge.planner import probes
-from edge.planner.cost import Choice, cold_start_ms
-from edge.planner.estimates import Estimates
-from edge.planner.planner import EdgeState, Planner
-from edge.sampling import Sampling
 
 log = logging.getLogger(__name__)
 

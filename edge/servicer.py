@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
+from coinfer.edge.service import Done, EdgeCore, SolveRequest
 
 from coinfer import convert
 from coinfer import types as t
@@ -14,7 +15,6 @@ from coinfer.errors import InvalidArgument, ResourceExhausted, abort
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import edge_pb2 as epb
 from coinfer.v1 import edge_pb2_grpc as epb_grpc
-from edge.service import Done, EdgeCore, SolveRequest
 
 
 def result_to_pb(done: Done) -> epb.SolveResult:

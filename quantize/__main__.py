@@ -1,8 +1,8 @@
-"""``python -m quantize``: see quantize.cli."""
+"""``python -m coinfer.quantize``: see coinfer.quantize.cli."""
 
 import sys
 
-from quantize.cli import main
+from coinfer.quantize.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -34,8 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-
-from edge.planner.probes import decode_steps, read_cold
+from coinfer.edge.planner.probes import decode_steps, read_cold
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,7 @@ class BenchConfig:
 
 def measure(model_dir: Path, cfg: BenchConfig) -> dict:
     """One model, in this process (the worker side of ``bench``)."""
-    from edge.onnx_lm import OnnxLM, model_files
+    from coinfer.edge.onnx_lm import OnnxLM, model_files
 
     files = model_files(model_dir)
     read_s, dropped = read_cold(files)
@@ -161,7 +160,7 @@ def run(model_dirs: list[Path], cfg: BenchConfig = BenchConfig(), progress: bool
 
 
 def _measure_in_child(model_dir: Path, cfg: BenchConfig) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "quantize.bench", str(model_dir), json.dumps(asdict(cfg))],
+    proc = subprocess.run([sys.executable, "-m", "coinfer.quantize.bench", str(model_dir), json.dumps(asdict(cfg))],
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{model_dir}: benchmark process failed: {proc.stderr.strip()[-500:]}")
@@ -201,7 +200,7 @@ def table(result: dict) -> str:
     return "\n".join(out)
 
 
-if __name__ == "__main__":  # worker: python -m quantize.bench DIR CONFIG_JSON
+if __name__ == "__main__":  # worker: python -m coinfer.quantize.bench DIR CONFIG_JSON
     cfg = json.loads(sys.argv[2])
     cfg["providers"] = tuple(cfg["providers"])
     print(json.dumps(measure(Path(sys.argv[1]), BenchConfig(**cfg))))

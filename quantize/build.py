@@ -6,10 +6,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tqdm import tqdm
-
-from coinfer.manifest import sha256_file, write_manifest
-from quantize.artifact import (
+from coinfer.quantize.artifact import (
     MODEL_FILE,
     copy_sidecars,
     load_checked,
@@ -19,10 +16,13 @@ from quantize.artifact import (
     staged,
     tokenizer_hash,
 )
-from quantize.check import check_structure, quantized_weights
-from quantize.gates import GateConfig, gate_dirs, gate_report
-from quantize.int8 import PROVIDERS, QuantConfig, quantize_model
-from quantize.prompts import TaskPrompt, default_prompts, halves, read_prompt_file
+from coinfer.quantize.check import check_structure, quantized_weights
+from coinfer.quantize.gates import GateConfig, gate_dirs, gate_report
+from coinfer.quantize.int8 import PROVIDERS, QuantConfig, quantize_model
+from coinfer.quantize.prompts import TaskPrompt, default_prompts, halves, read_prompt_file
+from tqdm import tqdm
+
+from coinfer.manifest import sha256_file, write_manifest
 
 log = logging.getLogger(__name__)
 OUTLIER_PROMPTS = 16
@@ -82,9 +82,8 @@ def int8_dir(src_dir: Path, out_dir: Path, cfg: QuantConfig = QuantConfig(), opt
         copy_sidecars(src_dir, tmp)
 
         def reader():
+            from coinfer.quantize.calibrate import KvCalibrationReader
             from tokenizers import Tokenizer
-
-            from quantize.calibrate import KvCalibrationReader
 
             bar = tqdm(total=len(prompts), desc="calibrate", unit="prompt", disable=not opts.progress)
             return KvCalibrationReader(src, Tokenizer.from_file(str(src_dir / "tokenizer.json")), prompts,
@@ -92,7 +91,7 @@ def int8_dir(src_dir: Path, out_dir: Path, cfg: QuantConfig = QuantConfig(), opt
 
         outliers = None
         if "auto" in cfg.keep_float:  # measured on train-side prompts: the gates' stay held out
-            from quantize.outliers import activation_outliers, outlier_modules
+            from coinfer.quantize.outliers import activation_outliers, outlier_modules
 
             outliers = activation_outliers(src, default_prompts(src_dir, OUTLIER_PROMPTS, held_out=False, seed=2))
             cfg = replace(cfg, keep_float=tuple(k for k in cfg.keep_float if k != "auto")

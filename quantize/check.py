@@ -25,8 +25,8 @@ _INT8 = (TensorProto.INT8, TensorProto.UINT8)
 def float_weight_matmuls(model: onnx.ModelProto, keep_float: tuple[str, ...] = ()) -> list[str]:
     """MatMuls that still multiply by a float constant: a weight initializer, or a Transpose of
     one (how a head tied to the embedding table is exported). In an INT8 model each is a weight
-    the quantizer missed, unless ``keep_float`` names it (``quantize.int8.kept_float``)."""
-    from quantize.int8 import kept_float
+    the quantizer missed, unless ``keep_float`` names it (``coinfer.quantize.int8.kept_float``)."""
+    from coinfer.quantize.int8 import kept_float
 
     inits = {i.name: i for i in model.graph.initializer}
     transposed = {n.output[0]: n.input[0] for n in model.graph.node

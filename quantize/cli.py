@@ -2,11 +2,11 @@
 
 Usage::
 
-    python -m quantize import FILE.gguf OUT_DIR                    # GGUF -> Hugging Face directory (float32)
-    python -m quantize export MODEL_DIR OUT_DIR [--dtype fp16]     # ONNX with KV cache + parity vs torch
-    python -m quantize int8 ONNX_DIR OUT_DIR [--scheme weight-only|dynamic|static] [--keep-float auto]
-    python -m quantize check DIR [--providers CUDAExecutionProvider] [--reference FP32_DIR]
-    python -m quantize bench FP32_DIR INT8_DIR... [--batch 5] [--rounds 5]
+    python -m coinfer.quantize import FILE.gguf OUT_DIR                    # GGUF -> Hugging Face directory (float32)
+    python -m coinfer.quantize export MODEL_DIR OUT_DIR [--dtype fp16]     # ONNX with KV cache + parity vs torch
+    python -m coinfer.quantize int8 ONNX_DIR OUT_DIR [--scheme weight-only|dynamic|static] [--keep-float auto]
+    python -m coinfer.quantize check DIR [--providers CUDAExecutionProvider] [--reference FP32_DIR]
+    python -m coinfer.quantize bench FP32_DIR INT8_DIR... [--batch 5] [--rounds 5]
     (every command takes --json for machine output and --quiet to hide progress bars)
 
 ``int8`` runs the structure check and the accuracy gates against its source
@@ -28,11 +28,11 @@ import sys
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from quantize.artifact import MODEL_FILE, ArtifactError, load_checked, model_file
-from quantize.gates import GateConfig
-from quantize.gguf_import import GGUF_ARCHITECTURES
-from quantize.int8 import SCHEMES, QuantConfig
-from quantize.prompts import PromptFileError
+from coinfer.quantize.artifact import MODEL_FILE, ArtifactError, load_checked, model_file
+from coinfer.quantize.gates import GateConfig
+from coinfer.quantize.gguf_import import GGUF_ARCHITECTURES
+from coinfer.quantize.int8 import SCHEMES, QuantConfig
+from coinfer.quantize.prompts import PromptFileError
 
 
 def _out(args: argparse.Namespace, data: dict, text: str) -> None:
@@ -44,7 +44,7 @@ def _gate_config(args: argparse.Namespace) -> GateConfig:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from quantize.gguf_import import import_gguf
+    from coinfer.quantize.gguf_import import import_gguf
 
     report = import_gguf(args.gguf, args.out)
     _out(args, report, f"imported {args.gguf.name} ({report['source']['architecture']}, {report['parameters'] / 1e6:.0f}M "
@@ -54,19 +54,19 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from quantize.export import export_dir
+    from coinfer.quantize.export import export_dir
 
     prompt = None
     if args.parity_steps:
+        from coinfer.quantize.prompts import TaskPrompt
         from tokenizers import Tokenizer
 
         from coinfer.chat import ChatFormat
-        from quantize.prompts import TaskPrompt
 
         tok_file = args.model / "tokenizer.json"
         prompt = TaskPrompt("If x=3 and y=5, compute (x+y)^2-x*y.").ids(
             Tokenizer.from_file(str(tok_file)), ChatFormat.from_dir(args.model)) if tok_file.exists() else [1, 2, 3, 4]
-    from quantize.export import ParityFailed
+    from coinfer.quantize.export import ParityFailed
 
     try:
         report = export_dir(args.model, args.out, parity_prompt=prompt, parity_steps=args.parity_steps,
@@ -85,7 +85,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_int8(args: argparse.Namespace) -> int:
-    from quantize.build import BuildOptions, CheckFailed, int8_dir
+    from coinfer.quantize.build import BuildOptions, CheckFailed, int8_dir
 
     cfg = QuantConfig(scheme=args.scheme, calib_prompts=args.calib_prompts, calib_decode_steps=args.calib_decode_steps,
                       block_size=args.block_size, reduce_range=args.reduce_range, accuracy_level=args.accuracy_level,
@@ -107,7 +107,7 @@ def cmd_int8(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from quantize.check import check_structure
+    from coinfer.quantize.check import check_structure
 
     path = model_file(args.dir)
     load_checked(path)
@@ -121,7 +121,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         lines.append(f"structure: {checked} quantized weights, " + (
             "ok" if not problems else f"{len(problems)} problem(s):\n  " + "\n  ".join(problems)))
     if args.providers:
-        from quantize.placement import check_placement
+        from coinfer.quantize.placement import check_placement
 
         pl = check_placement(path, args.providers)
         report["placement"] = asdict(pl)
@@ -129,7 +129,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         lines.append(f"placement ({', '.join(pl.session)}): " + ", ".join(f"{k} {v} nodes" for k, v in pl.nodes.items())
                      + ("" if pl.ok else "\n  " + "\n  ".join(pl.problems)))
     if args.reference:
-        from quantize.gates import gate_dirs, gate_report
+        from coinfer.quantize.gates import gate_dirs, gate_report
 
         cfg = _gate_config(args)
         results = gate_dirs(args.reference, path.parent, cfg, progress=not (args.quiet or args.json),
@@ -143,7 +143,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from quantize import bench
+    from coinfer.quantize import bench
 
     cfg = bench.BenchConfig(batch=args.batch, prompt_tokens=args.prompt_tokens, decode_steps=args.decode_steps,
                             threads=args.threads, providers=tuple(args.providers), rounds=args.rounds)
@@ -264,7 +264,7 @@ def _bench_command(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m quantize", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m coinfer.quantize", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     sub = ap.add_subparsers(dest="command", required=True)
     _import_command(sub)

@@ -48,10 +48,9 @@ generation loop) read both layouts the same way.
 from __future__ import annotations
 
 import torch
+from coinfer.quantize.contrib_ops import tables as rotary_tables
 from torch import nn
 from transformers import PreTrainedModel
-
-from quantize.contrib_ops import tables as rotary_tables
 
 STATIC_ROPE = ("llama3", "linear", "yarn")
 KV_CACHES = ("concat", "buffer")
@@ -192,7 +191,7 @@ class ExportDecoder(nn.Module):
         b, t, _ = x.shape
         a = self.model.layers[i].self_attn
         if self.kv_cache == "buffer" and self.rotary_node:  # [B, T, H*D] from projection to attention
-            from quantize import gqa_op  # noqa: F401 - registers torch.ops.coinfer.gqa
+            from coinfer.quantize import gqa_op  # noqa: F401 - registers torch.ops.coinfer.gqa
 
             q, k, v = self._qkv(i, x)
             q = torch.ops.coinfer.rotary(q, positions, self.cos_table, self.sin_table, self.num_heads)
@@ -210,7 +209,7 @@ class ExportDecoder(nn.Module):
             q, k = a.q_norm(q), a.k_norm(k)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         if self.kv_cache == "buffer":  # one GroupQueryAttention node: the cache may be a buffer written in place
-            from quantize import gqa_op  # noqa: F401 - registers torch.ops.coinfer.gqa
+            from coinfer.quantize import gqa_op  # noqa: F401 - registers torch.ops.coinfer.gqa
 
             seqlens, total = mask
             out, k, v = torch.ops.coinfer.gqa(

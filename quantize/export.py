@@ -19,11 +19,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
-
-from coinfer.manifest import sha256_file, write_manifest
-from edge.onnx_lm import KV_CACHE_KEY, OnnxLM
-from quantize.artifact import (
+from coinfer.edge.onnx_lm import KV_CACHE_KEY, OnnxLM
+from coinfer.quantize.artifact import (
     EXTERNAL_DATA_BYTES,
     MODEL_FILE,
     ArtifactError,
@@ -35,7 +32,10 @@ from quantize.artifact import (
     staged,
     tokenizer_hash,
 )
-from quantize.decoder_graph import KV_CACHES, STATIC_ROPE, ExportDecoder, io_names, rope_type
+from coinfer.quantize.decoder_graph import KV_CACHES, STATIC_ROPE, ExportDecoder, io_names, rope_type
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
+from coinfer.manifest import sha256_file, write_manifest
 
 log = logging.getLogger(__name__)
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
@@ -113,7 +113,7 @@ def export_onnx(hf: PreTrainedModel, out_path: Path, opset: int = 18, all_logits
     m = ExportDecoder(hf, all_logits=all_logits, kv_cache=kv_cache).eval()
     table = None
     if kv_cache == "buffer":
-        from quantize import contrib_ops, gqa_op
+        from coinfer.quantize import contrib_ops, gqa_op
 
         table = {**gqa_op.translation_table(), **contrib_ops.translation_table()}
     inputs, outputs = io_names(m.num_layers)

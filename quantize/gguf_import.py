@@ -2,8 +2,8 @@
 
 Usage::
 
-    python -m quantize import SmolLM2-135M-Instruct.Q4_1.gguf smollm2-hf
-    python -m quantize export smollm2-hf smollm2-onnx          # then int8, and vLLM serves smollm2-hf
+    python -m coinfer.quantize import SmolLM2-135M-Instruct.Q4_1.gguf smollm2-hf
+    python -m coinfer.quantize export smollm2-hf smollm2-onnx          # then int8, and vLLM serves smollm2-hf
 
 transformers' GGUF loader reads the weights (dequantized to float32: a Q4 file does not become a
 better model, but every later step -- the ONNX export, calibration, vLLM -- wants float weights) and
@@ -30,15 +30,16 @@ import logging
 import time
 from pathlib import Path
 
+from coinfer.quantize.artifact import ArtifactError, staged
+
 from coinfer.manifest import sha256_file
-from quantize.artifact import ArtifactError, staged
 
 log = logging.getLogger(__name__)
 
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                       "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM"}
 """``general.architecture`` values imported -> the transformers class they load as: what transformers'
-GGUF loader reads *and* ``quantize.export.SUPPORTED`` exports. (llama.cpp writes Mistral models as
+GGUF loader reads *and* ``coinfer.quantize.export.SUPPORTED`` exports. (llama.cpp writes Mistral models as
 ``llama``; transformers tells them apart by name and loads them as Mistral, also exported.)"""
 IMPORT_FILE = "import.json"
 _MARKER = "\u2063coinfer-end-of-turn-probe\u2063"  # text no template alters, to find what follows it
@@ -149,7 +150,7 @@ def import_gguf(gguf_file: Path, out_dir: Path) -> dict:
         load_s = time.perf_counter() - t0
         cfg = model.config
         loaded = type(model).__name__  # config.architectures is unset after a GGUF load; save_pretrained writes this
-        from quantize.export import SUPPORTED
+        from coinfer.quantize.export import SUPPORTED
 
         if loaded not in SUPPORTED:  # e.g. a future loader mapping that the export cannot state
             raise GgufError(f"{gguf_file}: loads as {loaded}, which the export does not support "

@@ -5,7 +5,7 @@ The default export concatenates each step's keys and values onto the cache insid
 ``--kv-cache buffer`` each layer's attention is one GroupQueryAttention node instead. Its cache
 input may be a buffer of fixed capacity that the runtime binds as the node's output too
 (``past_present_share_buffer``): the step writes its new keys and values in place at the current
-length, and nothing is copied or reallocated per step (``edge.onnx_lm``, IO binding, CPU and CUDA).
+length, and nothing is copied or reallocated per step (``coinfer.edge.onnx_lm``, IO binding, CPU and CUDA).
 
 Fed a cache of length P instead (no binding), the same node returns one of length P + T, like the
 concatenating graph, so calibration, gates and parity run unchanged. The graph's inputs and outputs

@@ -10,7 +10,7 @@ products gain little from INT8 at draft-model sizes.
                  time: ONNX Runtime's CPU path (VNNI / AVX2 u8s8 kernels).
 ``static``       QDQ: per-channel int8 weights, uint8 activations with ranges calibrated on
                  real task prompts, prefill and decode steps with real KV caches
-                 (``quantize.calibrate``). The format TensorRT and QNN-style EPs consume.
+                 (``coinfer.quantize.calibrate``). The format TensorRT and QNN-style EPs consume.
 ``weight-only``  8-bit MatMulNBits: uint8 weights with a scale and zero point per output
                  channel and K-block (the default). Activations: on CPU at accuracy level 4 (the
                  default) quantized to int8 per token and K-block inside the kernel; at level 0
@@ -26,8 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import onnx
-
-from quantize.artifact import data_file, has_external_data, save_model
+from coinfer.quantize.artifact import data_file, has_external_data, save_model
 
 log = logging.getLogger(__name__)
 SCHEMES = ("dynamic", "static", "weight-only")
@@ -49,7 +48,7 @@ class QuantConfig:
     per_channel: bool = True
     """False builds a deliberately wrong per-tensor model (structure-check tests); the CLI never sets it."""
     calib_prompts: int = 32
-    """static: most calibration prompts (drawn from the train side; see ``quantize.prompts``)."""
+    """static: most calibration prompts (drawn from the train side; see ``coinfer.quantize.prompts``)."""
     calib_decode_steps: int = 8
     """static: greedy decode steps recorded per prompt after its prefill."""
     block_size: int = 64
@@ -67,7 +66,7 @@ class QuantConfig:
     """MatMuls left in float, by the module they were exported from: a bare word matches any module
     containing it ("down_proj", "lm_head"), a dotted name matches a whole suffix
     ("layers.11.mlp.down_proj"). For the few whose inputs carry a real model's massive activation
-    outliers (``quantize.outliers``); "auto" adds those the outlier pass finds. Recorded (resolved)
+    outliers (``coinfer.quantize.outliers``); "auto" adds those the outlier pass finds. Recorded (resolved)
     in the manifest."""
     reduce_range: str = "auto"
     """dynamic / static: "on" = 7-bit weights, "off" = 8-bit, "auto" = on unless this CPU has VNNI.

@@ -9,7 +9,7 @@ dynamic) or per 128-wide block (MatMulNBits at accuracy level 4) -- rounds the r
 a few levels. Random-weight and from-scratch models have no such inputs: they keep every MatMul.
 
 ``activation_outliers`` runs the FP32 export on calibration prompts (prefill and a few greedy decode
-steps, ``quantize.calibrate``) with every weight MatMul's input as an extra graph output, and
+steps, ``coinfer.quantize.calibrate``) with every weight MatMul's input as an extra graph output, and
 reports per MatMul (by the module it was exported from) the max |x| and the 99.9th percentile.
 ``QuantConfig.keep_float = ("auto",)`` keeps those whose ratio reaches ``AUTO_RATIO``.
 """
@@ -22,8 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-
-from quantize.prompts import TaskPrompt
+from coinfer.quantize.prompts import TaskPrompt
 
 AUTO_RATIO = 100.0
 """max |x| / p99.9 |x| at which a MatMul stays float: SmolLM2's two massive-activation layers are at
@@ -34,10 +33,9 @@ below."""
 def activation_outliers(src: Path, prompts: Sequence[TaskPrompt], decode_steps: int = 2) -> dict[str, dict]:
     """{module: {"max", "p999", "ratio"}} of every weight MatMul's input over ``prompts``."""
     import onnxruntime as ort
+    from coinfer.quantize.calibrate import KvCalibrationReader
+    from coinfer.quantize.int8 import module_of
     from tokenizers import Tokenizer
-
-    from quantize.calibrate import KvCalibrationReader
-    from quantize.int8 import module_of
 
     model = onnx.load(str(src))
     inits = {i.name for i in model.graph.initializer}

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-
-from edge.onnx_lm import ACCELERATORS, OnnxLM
+from coinfer.edge.onnx_lm import ACCELERATORS, OnnxLM
 
 # ops that carry the model's arithmetic: on CPU while CUDA / TensorRT was asked for = a real fallback
 COMPUTE_OPS = ("MatMul", "Gemm", "Attention", "Softmax", "LayerNorm", "SimplifiedLayerNorm", "SkipSimplifiedLayerNorm",

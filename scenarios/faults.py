@@ -2,7 +2,7 @@
 
     python -m benchmarks.faults [--short] [--out docs/faults] [--hostile-examples 10000]
 
-One cloud replica (``python -m cloud.server``: vLLM on CPU) serves every scenario, in this order:
+One cloud replica (``python -m coinfer.cloud.server``: vLLM on CPU) serves every scenario, in this order:
 
 - ``slow_clients``: gRPC Session streams that never send ``SessionOpen``, and HTTP connections to an
   edge daemon that stay idle or trickle their request head; a prober measures the cloud's ``Status``
@@ -82,12 +82,12 @@ class Probes:
 
 
 class EdgeProcess:
-    """``python -m edge.daemon`` in its own process group; ``http`` / ``grpc`` ports from its stdout."""
+    """``python -m coinfer.edge.daemon`` in its own process group; ``http`` / ``grpc`` ports from its stdout."""
 
     def __init__(self, model: Path, cloud: str, log: Path, *flags: str) -> None:
         self.log = log
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "edge.daemon", "--model", str(model), "--cloud", cloud, "--grpc-port", "0",
+            [sys.executable, "-m", "coinfer.edge.daemon", "--model", str(model), "--cloud", cloud, "--grpc-port", "0",
              "--http-port", "0", "--no-probe-on-start", *flags],
             stdout=subprocess.PIPE, stderr=log.open("w"), text=True, start_new_session=True)
         self.grpc = self.http = 0
@@ -195,7 +195,7 @@ class Load:
 
 class Campaign:
     def __init__(self, sizes: Sizes, work: Path) -> None:
-        from demo.artifacts import ensure_artifacts
+        from coinfer.demo.artifacts import ensure_artifacts
 
         self.sizes, self.work = sizes, work
         self.art = ensure_artifacts()
@@ -208,8 +208,8 @@ class Campaign:
             return await pb_grpc.CoinferCloudStub(ch).Status(pb.StatusRequest(), timeout=2)
 
     async def _edges(self, n: int) -> list:
-        from edge.config import EdgeConfig
-        from edge.service import EdgeCore
+        from coinfer.edge.config import EdgeConfig
+        from coinfer.edge.service import EdgeCore
 
         cores = []
         for _ in range(n):

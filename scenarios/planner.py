@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from coinfer.edge.planner.cost import PLANS
 
-from edge.planner.cost import PLANS
 from scenarios.netem import ShapingProxy
 
 
@@ -120,12 +120,13 @@ class Runner:
 
     async def setup(self, cloud=None) -> None:
         """``cloud``: an already running CloudServer to use (and leave running), else start one."""
-        from cloud.config import CloudConfig, EngineConfig
-        from cloud.engine import VllmEngine
-        from cloud.server import create_server
+        from coinfer.cloud.config import CloudConfig, EngineConfig
+        from coinfer.cloud.engine import VllmEngine
+        from coinfer.cloud.server import create_server
+        from coinfer.demo.artifacts import ensure_artifacts
+        from coinfer.edge.planner.estimates import Estimates
+
         from coinfer.tasks import TASKS, problems
-        from demo.artifacts import ensure_artifacts
-        from edge.planner.estimates import Estimates
 
         self.art = ensure_artifacts()
         self.model = self.art.draft_int8
@@ -144,18 +145,19 @@ class Runner:
         self.est = Estimates()  # one calibration store across the run, as one edge box keeps it
         self.warm_core = await self._core(warm=True)
         self._i = 0
+        from coinfer.edge.planner import probes
+
         from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
-        from edge.planner import probes
 
         model_file = Path(self.model) / "model.onnx"
         await probes.calibrate(self.est, model_file, self.warm_core.engine.lm,
                                pb_grpc.CoinferCloudStub(self.warm_core.link.channel))
 
     async def _core(self, warm: bool):
-        from edge.config import EdgeConfig
-        from edge.onnx_lm import model_files
-        from edge.planner.probes import drop_page_cache
-        from edge.service import EdgeCore
+        from coinfer.edge.config import EdgeConfig
+        from coinfer.edge.onnx_lm import model_files
+        from coinfer.edge.planner.probes import drop_page_cache
+        from coinfer.edge.service import EdgeCore
 
         if not warm:
             for f in model_files(Path(self.model)):  # the graph and any external weights
@@ -179,7 +181,7 @@ class Runner:
     async def _run(self, core, plan: str, p=None) -> tuple[float, dict[str, float], str, set[str]]:
         """One request with ``plan`` forced, the edge plan escalated as auto would: (measured ms, predicted
         ms per plan, what auto would choose, the plans the planner deems good enough)."""
-        from edge.service import SolveRequest
+        from coinfer.edge.service import SolveRequest
 
         p = p or self._next()
         n = min(core.cfg.max_drafts, core.link.recommended_drafts)  # what the service will draft
@@ -200,7 +202,7 @@ class Runner:
 
     @staticmethod
     async def _solve(core, req):
-        from edge.service import Done
+        from coinfer.edge.service import Done
 
         async for ev in core.solve(req):
             if isinstance(ev, Done):
@@ -210,8 +212,9 @@ class Runner:
     async def scenario(self, sc: Scenario) -> dict:
         import multiprocessing as mp
 
+        from coinfer.edge.planner import probes
+
         from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
-        from edge.planner import probes
 
         self.proxy.set(sc.rtt_ms, sc.bandwidth_bps)
         ctx = mp.get_context("spawn")

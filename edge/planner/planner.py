@@ -23,8 +23,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
-from coinfer.types import ModelState, Plan
-from edge.planner.cost import (
+from coinfer.edge.planner.cost import (
     PLANS,
     Choice,
     CloudProfile,
@@ -37,7 +36,9 @@ from edge.planner.cost import (
     predict,
     predict_escalation,
 )
-from edge.planner.estimates import Estimates
+from coinfer.edge.planner.estimates import Estimates
+
+from coinfer.types import ModelState, Plan
 
 log = logging.getLogger(__name__)
 

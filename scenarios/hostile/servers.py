@@ -65,7 +65,7 @@ class Servers:
 
     @classmethod
     async def start(cls, logs: Path) -> Servers:
-        from demo.artifacts import ensure_artifacts
+        from coinfer.demo.artifacts import ensure_artifacts
 
         art = ensure_artifacts()
         target, draft = art.target, art.draft_int8  # resolved (built if stale) before any server starts
@@ -79,10 +79,10 @@ class Servers:
             return procs[-1]
 
         try:
-            cloud = spawn(["cloud.server", "--engine.model", str(target), "--port", "0"], "cloud")
+            cloud = spawn(["coinfer.cloud.server", "--engine.model", str(target), "--port", "0"], "cloud")
             cport = await asyncio.to_thread(_port, cloud, logs / "cloud.out", "PORT", 120)
             await _serving(Endpoints(f"127.0.0.1:{cport}", "", ""))
-            edge = spawn(["edge.daemon", "--model", str(draft), "--cloud", f"127.0.0.1:{cport}", "--grpc-port", "0",
+            edge = spawn(["coinfer.edge.daemon", "--model", str(draft), "--cloud", f"127.0.0.1:{cport}", "--grpc-port", "0",
                           "--http-port", "0"], "edge")
             gport = await asyncio.to_thread(_port, edge, logs / "edge.out", "GRPC", 300)
             hport = await asyncio.to_thread(_port, edge, logs / "edge.out", "HTTP", 30)

@@ -2,14 +2,15 @@
 
 
 def test_tiny_temperatures_are_raised_to_vllms_floor_without_its_per_request_warning():
-    from cloud.engine import VLLM_MIN_TEMPERATURE, vllm_temperature
+    from coinfer.cloud.engine import VLLM_MIN_TEMPERATURE, vllm_temperature
 
     assert vllm_temperature(0.0) == 0.0 and vllm_temperature(0.7) == 0.7
     assert vllm_temperature(1e-45) == vllm_temperature(0.005) == VLLM_MIN_TEMPERATURE
 
 
 def test_a_hand_serialised_probe_answer_is_the_message_protobuf_would_write():
-    from cloud.servicer import probe_answer
+    from coinfer.cloud.servicer import probe_answer
+
     from coinfer.v1 import coinfer_pb2 as pb
 
     for n in (0, 1, 127, 128, 65536, (1 << 20) + 3, 16 << 20):

@@ -9,11 +9,11 @@ import time
 
 import grpc
 import pytest
+from coinfer.cloud.config import CloudConfig, EngineConfig
+from coinfer.cloud.engine import Chunk, EngineStats, TargetEngine
+from coinfer.cloud.server import create_server
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cloud.config import CloudConfig, EngineConfig
-from cloud.engine import Chunk, EngineStats, TargetEngine
-from cloud.server import create_server
 from coinfer.errors import Unavailable
 
 

@@ -3,9 +3,9 @@
 import json
 import random
 
-from cloud.engine import EngineStats
-from cloud.learning import WeightLearner
-from cloud.policy import fit_weights, load_scaled_g
+from coinfer.cloud.engine import EngineStats
+from coinfer.cloud.learning import WeightLearner
+from coinfer.cloud.policy import fit_weights, load_scaled_g
 
 
 def rows_where(label_of, n=200, seed=0):
@@ -66,7 +66,7 @@ def test_replicas_sharing_one_state_file_lose_no_update(tmp_path):
     so every fit counts once and the session counts add up (no replica overwrites the other's)."""
     import json
 
-    from cloud.learning import WeightLearner
+    from coinfer.cloud.learning import WeightLearner
 
     path = tmp_path / "state.json"
     a = WeightLearner.open(0.4, 0.3, 0.3, every=2, alpha=0.5, path=str(path))

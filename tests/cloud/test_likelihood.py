@@ -15,8 +15,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 async def fp32_engine(artifacts):
     """float32 so that vLLM and transformers compute the same numbers (auto is bf16 on bf16 CPUs)."""
-    from cloud.config import EngineConfig
-    from cloud.engine import VllmEngine
+    from coinfer.cloud.config import EngineConfig
+    from coinfer.cloud.engine import VllmEngine
 
     eng = await VllmEngine(EngineConfig(model=str(artifacts.target), dtype="float32")).start()
     yield eng

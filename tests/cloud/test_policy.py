@@ -1,9 +1,9 @@
 import math
 
 import pytest
+from coinfer.cloud.load import DraftCountController
+from coinfer.cloud.policy import consensus_prefix, likelihood_score, rank_scores, refine_max_tokens
 
-from cloud.load import DraftCountController
-from cloud.policy import consensus_prefix, likelihood_score, rank_scores, refine_max_tokens
 from coinfer.tasks.base import split_steps
 
 
@@ -54,7 +54,7 @@ def test_draft_count_controller_policy_and_hysteresis():
 
 
 def test_answer_agreement_is_the_support_share_of_each_drafts_answer():
-    from cloud.policy import answer_agreement, rank_scores
+    from coinfer.cloud.policy import answer_agreement, rank_scores
 
     agree = answer_agreement([72.0, 72.0, 70.0, None], [1, 2, 1, 1])
     assert agree == [0.6, 0.6, 0.2, 0.2]  # support-weighted; no answer agrees only with itself

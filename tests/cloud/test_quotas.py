@@ -12,8 +12,8 @@ from tests.cloud.test_service import GOOD, draft, open_msg
 
 @pytest.fixture
 async def small(cloud):
-    from cloud.config import CloudConfig, Limits
-    from cloud.server import create_server
+    from coinfer.cloud.config import CloudConfig, Limits
+    from coinfer.cloud.server import create_server
 
     srv = await create_server(CloudConfig(engine=cloud.cfg.engine, limits=Limits(
         max_sessions=8, max_sessions_per_edge=2, open_timeout_s=0.5)))
@@ -70,8 +70,8 @@ async def test_one_edge_gets_its_share_of_the_slots_not_all(small):
 async def test_a_full_cloud_does_not_open_the_edges_breaker(small, int8_draft):
     """A refusal for capacity is load, not a failure: the edge answers from its drafts, flagged, and keeps its
     circuit closed (three in a row used to open it against a healthy cloud for 10 s)."""
-    from edge.config import EdgeConfig
-    from edge.service import Done, EdgeCore, SolveRequest
+    from coinfer.edge.config import EdgeConfig
+    from coinfer.edge.service import Done, EdgeCore, SolveRequest
 
     srv, stub = small
     gate = asyncio.Event()

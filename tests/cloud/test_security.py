@@ -9,14 +9,14 @@ import urllib.request
 
 import grpc
 import pytest
+from coinfer.cloud.auth import load_tokens
+from coinfer.cloud.config import CloudConfig, EngineConfig, PolicyConfig
+from coinfer.cloud.server import create_server
+from coinfer.edge.channel import cloud_channel
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cloud.auth import load_tokens
-from cloud.config import CloudConfig, EngineConfig
-from cloud.server import create_server
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
-from edge.channel import cloud_channel
 
 TOKENS = {"edge-a": "a" * 32, "edge-b": "b" * 32}
 
@@ -121,7 +121,7 @@ def test_token_file_and_tls_config_errors(tmp_path):
     with pytest.raises(ValueError, match="is not a file"):
         CloudConfig(engine=EngineConfig(model="m"), tls_cert="/nope", tls_key="/nope").validate()
     with pytest.raises(ValueError, match="policy.verifier"):
-        CloudConfig(engine=EngineConfig(model="m"), policy=__import__("cloud.config").config.PolicyConfig(
+        CloudConfig(engine=EngineConfig(model="m"), policy=PolicyConfig(
             verifier="vibes")).validate()
 
 
@@ -164,8 +164,9 @@ def _rpc_error(exc) -> grpc.aio.AioRpcError:
 
 
 def test_which_cloud_errors_are_the_requests_fault():
+    from coinfer.edge.pipeline import cloud_failed, failure_kind, request_fault
+
     from coinfer.errors import InvalidArgument, Reason, ResourceExhausted, Unavailable, error_info
-    from edge.pipeline import cloud_failed, failure_kind, request_fault
 
     assert request_fault(_rpc_error(InvalidArgument("problem.prompt: required")))
     over = _rpc_error(ResourceExhausted("draft.text: 5000 chars > limit 4096"))
@@ -183,8 +184,8 @@ def test_which_cloud_errors_are_the_requests_fault():
 
 @pytest.mark.slow
 async def test_a_refused_token_is_answered_locally_not_as_an_error(draft_engine):
-    from edge.pipeline import EdgePipeline, Plan
-    from edge.sampling import Sampling
+    from coinfer.edge.pipeline import EdgePipeline, Plan
+    from coinfer.edge.sampling import Sampling
 
     srv = await create_server(CloudConfig(engine=EngineConfig(model="unused"), auth_tokens=TOKENS))
     try:

@@ -7,8 +7,9 @@ import asyncio
 import logging
 import time
 
-from cloud.config import CloudConfig, EngineConfig
-from cloud.server import create_server
+from coinfer.cloud.config import CloudConfig, EngineConfig
+from coinfer.cloud.server import create_server
+
 from tests.cloud.test_heartbeat import StandIn
 
 

@@ -182,8 +182,8 @@ async def test_status_probe_health_reflection(cloud, channel, stub):
 
 
 async def test_health_is_not_serving_without_an_engine():
-    from cloud.config import CloudConfig, EngineConfig
-    from cloud.server import create_server
+    from coinfer.cloud.config import CloudConfig, EngineConfig
+    from coinfer.cloud.server import create_server
 
     srv = await create_server(CloudConfig(engine=EngineConfig(model="unused")))
     try:
@@ -214,7 +214,7 @@ async def test_concurrent_sessions_may_share_a_request_id(stub):
 
 
 async def test_judge_mode_gives_parseable_verdicts(cloud, stub):
-    from cloud.verifier import JUDGE_MAX_TOKENS, JUDGE_SCHEMA, judge_prompt, parse_judge
+    from coinfer.cloud.verifier import JUDGE_MAX_TOKENS, JUDGE_SCHEMA, judge_prompt, parse_judge
 
     text = await cloud.core.engine.judge(judge_prompt(ARITH, GOOD), JUDGE_SCHEMA, JUDGE_MAX_TOKENS, "judge-direct")
     valid, score, error = parse_judge(text)
@@ -250,8 +250,9 @@ async def test_metrics_vllm_stats_and_weights_in_status(cloud, stub):
 
 
 async def test_shutdown_drains_in_flight_sessions_and_refuses_new_ones(cloud):
-    from cloud.config import CloudConfig
-    from cloud.server import create_server
+    from coinfer.cloud.config import CloudConfig
+    from coinfer.cloud.server import create_server
+
     from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
 
     srv = await create_server(CloudConfig(engine=cloud.cfg.engine, limits=cloud.cfg.limits))
@@ -288,7 +289,8 @@ async def _collect(call) -> list:
 
 
 async def test_finished_samples_come_as_they_finish_and_stopping_early_aborts_the_rest(cloud):
-    from cloud.engine import GenParams
+    from coinfer.cloud.engine import GenParams
+
     from coinfer.chat import ChatMessage
 
     eng = cloud.core.engine

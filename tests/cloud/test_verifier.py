@@ -1,8 +1,7 @@
 """Judge output parsing: anything malformed becomes an invalid verdict with an error, never a crash."""
 
 import pytest
-
-from cloud.verifier import JUDGE_SCHEMA, judge_prompt, parse_judge
+from coinfer.cloud.verifier import JUDGE_SCHEMA, judge_prompt, parse_judge
 
 
 def test_well_formed_verdicts():

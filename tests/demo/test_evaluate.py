@@ -1,6 +1,6 @@
-"""The pair's goals as ``demo.evaluate`` judges them (pure: no model)."""
+"""The pair's goals as ``coinfer.demo.evaluate`` judges them (pure: no model)."""
 
-from demo.evaluate import _rules, cloud_answer, goals
+from coinfer.demo.evaluate import _rules, cloud_answer, goals
 
 
 def _ev(draft_words: float, target_words: float, refine: float, alone: float) -> dict:

@@ -9,8 +9,8 @@ pytestmark = pytest.mark.slow
 
 def test_shipped_pair_matches_the_recipe_and_its_digests():
     """The committed weights are the ones the current recipe trains (else: `make models` and commit)."""
-    from demo.models import ensure_models
-    from demo.train import pair_key
+    from coinfer.demo.models import ensure_models
+    from coinfer.demo.train import pair_key
 
     models = ensure_models(verify=True)  # every file's sha256 against report.json
     assert models.report["key"] == pair_key(), "demo/weights was trained under another recipe: run `make models`"
@@ -20,12 +20,12 @@ def test_shipped_pair_matches_the_recipe_and_its_digests():
 
 def test_shipped_pair_meets_its_goals_measured_here(artifacts):
     """Held-out greedy accuracy re-measured on this machine (transformers, float32, 300 problems, as
-    `python -m demo.evaluate`). Shipped (report.json): draft 0.31 / 0.23 / 0.33, target 0.88 / 0.61 /
+    `python -m coinfer.demo.evaluate`). Shipped (report.json): draft 0.31 / 0.23 / 0.33, target 0.88 / 0.61 /
     0.93 (arith / select / words): every goal below holds there by at least 18 points, so CPU rounding
     (AVX2 vs AVX512 kernels flip a few greedy tokens) cannot decide it; the re-measurement must also
     stay within 0.08 of what was shipped (the same weights everywhere)."""
-    from demo.evaluate import accuracy
-    from demo.train import Recipe
+    from coinfer.demo.evaluate import accuracy
+    from coinfer.demo.train import Recipe
 
     recipe, shipped = Recipe(), artifacts.models.report["eval"]
     draft, target = accuracy(artifacts.models.draft, recipe), accuracy(artifacts.models.target, recipe)
@@ -38,8 +38,8 @@ def test_shipped_pair_meets_its_goals_measured_here(artifacts):
 def test_a_changed_weight_file_is_refused(tmp_path):
     import shutil
 
-    from demo.models import ShippedWeightsError, ensure_models
-    from demo.train import SHIPPED
+    from coinfer.demo.models import ShippedWeightsError, ensure_models
+    from coinfer.demo.train import SHIPPED
 
     copy = tmp_path / "weights"
     shutil.copytree(SHIPPED, copy)
@@ -65,10 +65,10 @@ def test_models_speak_chatml_and_stop_at_end_of_turn(artifacts):
 
 
 def test_both_models_load_in_transformers_and_vllm(artifacts):
+    from coinfer.cloud.config import EngineConfig
+    from coinfer.cloud.engine import GenParams, VllmEngine
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from cloud.config import EngineConfig
-    from cloud.engine import GenParams, VllmEngine
     from coinfer.chat import ChatFormat, ChatMessage
 
     for path in (artifacts.models.draft, artifacts.models.target):

@@ -3,8 +3,9 @@
 import random
 from itertools import islice
 
+from coinfer.demo import run, wordprob
+
 from coinfer.tasks import TASKS, problems
-from demo import run, wordprob
 
 
 def test_the_demo_draws_the_same_held_out_problems_in_kind_order_and_grades_them():

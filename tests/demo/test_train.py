@@ -4,8 +4,7 @@ import json
 from dataclasses import replace
 
 import pytest
-
-from demo import train
+from coinfer.demo import train
 
 
 def test_a_draft_change_invalidates_the_draft_alone():

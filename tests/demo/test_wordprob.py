@@ -2,8 +2,9 @@
 
 import random
 
+from coinfer.demo import wordprob as w
+
 from coinfer.tasks import is_held_out
-from demo import wordprob as w
 
 
 def _equations(solution: str):

@@ -8,8 +8,8 @@ import shlex
 import tomllib
 from pathlib import Path
 
-from edge.config import EdgeConfig
-from edge.daemon import build_parser
+from coinfer.edge.config import EdgeConfig
+from coinfer.edge.daemon import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 EDGE = ROOT / "deploy/edge"
@@ -20,7 +20,7 @@ def test_systemd_unit_runs_the_daemon_with_valid_flags():
     sections = {x.strip("[]") for x in lines if x.startswith("[")}
     assert {"Unit", "Service", "Install"} <= sections
     exec_start = shlex.split(next(x for x in lines if x.startswith("ExecStart=")).split("=", 1)[1])
-    assert exec_start[1:3] == ["-m", "edge.daemon"]
+    assert exec_start[1:3] == ["-m", "coinfer.edge.daemon"]
     args = build_parser().parse_args(exec_start[3:])
     assert args.config == Path("/etc/coinfer/edge.toml") and args.token_file
 
@@ -30,7 +30,7 @@ def test_sample_config_loads_and_the_dockerfile_entrypoint_parses():
     assert cfg.cloud and cfg.tls_ca and cfg.plan == "auto"
     text = (EDGE / "Dockerfile").read_text()
     entry = json.loads(next(x for x in text.splitlines() if x.startswith("ENTRYPOINT")).split(" ", 1)[1])
-    assert entry[1:3] == ["-m", "edge.daemon"]
+    assert entry[1:3] == ["-m", "coinfer.edge.daemon"]
     build_parser().parse_args(entry[3:])
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert "edge-cpu" in extras and "edge-gpu" in extras and "ARG EXTRA=edge-cpu" in text

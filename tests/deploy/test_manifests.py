@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from coinfer.cloud.config import ENV_PREFIX, CloudConfig
+from coinfer.cloud.server import build_parser
 from kubernetes.client import ApiClient
 
-from cloud.config import ENV_PREFIX, CloudConfig
-from cloud.server import build_parser
 from coinfer.serving import settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +34,7 @@ def load(path: Path) -> dict:
 
 
 def server_config(argv: list[str]):
-    """(CloudConfig, parsed args) as ``python -m cloud.server`` reads ``argv`` (no environment; the
+    """(CloudConfig, parsed args) as ``python -m coinfer.cloud.server`` reads ``argv`` (no environment; the
     files it names are not read: they exist only in the pod)."""
     ap = build_parser()
     args = ap.parse_args(argv)
@@ -50,7 +50,7 @@ def dockerfile_args() -> list[str]:
     lines = (ROOT / "deploy/cloud/Dockerfile").read_text().splitlines()
     entry = json.loads(next(x for x in lines if x.startswith("ENTRYPOINT")).split(" ", 1)[1])
     cmd = json.loads(next(x for x in lines if x.startswith("CMD")).split(" ", 1)[1])
-    assert entry[:3] == ["python", "-m", "cloud.server"]
+    assert entry[:3] == ["python", "-m", "coinfer.cloud.server"]
     return entry[3:] + cmd
 
 
@@ -78,7 +78,7 @@ def test_service_and_hpa_point_at_the_deployment(k8s):
     assert (hpa.spec.scale_target_ref.kind, hpa.spec.scale_target_ref.name) == ("Deployment", dep.metadata.name)
     (metric,) = hpa.spec.metrics
     assert metric.pods.metric.name == "coinfer_load"  # exported by cloud/metrics.py
-    from cloud.metrics import CloudMetrics
+    from coinfer.cloud.metrics import CloudMetrics
 
     assert CloudMetrics().registry.get_sample_value("coinfer_load") is not None
 

@@ -1,6 +1,6 @@
 """Circuit breaker logic with a fake clock."""
 
-from edge.breaker import CircuitBreaker
+from coinfer.edge.breaker import CircuitBreaker
 
 
 class Clock:

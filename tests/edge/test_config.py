@@ -1,8 +1,7 @@
 """Edge config: TOML file < environment < flags; bad values name the setting."""
 
 import pytest
-
-from edge.config import EdgeConfig
+from coinfer.edge.config import EdgeConfig
 
 
 def test_layers_override_in_order(tmp_path):

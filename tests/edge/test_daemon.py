@@ -10,13 +10,13 @@ import time
 import grpc
 import httpx
 import pytest
+from coinfer.edge.config import EdgeConfig
+from coinfer.edge.daemon import EdgeDaemon
 
 from coinfer.chat import ChatMessage
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import edge_pb2 as epb
 from coinfer.v1 import edge_pb2_grpc as epb_grpc
-from edge.config import EdgeConfig
-from edge.daemon import EdgeDaemon
 
 pytestmark = pytest.mark.slow
 ARITH = "If x=3 and y=5, compute (x+y)^2-x*y."
@@ -189,8 +189,8 @@ async def test_bad_http_input_is_4xx_naming_the_field_and_the_daemon_keeps_servi
 
 async def test_cloud_dying_mid_stream_is_answered_locally_and_opens_the_circuit(int8_draft, cloud):
     """A second cloud server on the shared engine; it dies while a session is open."""
-    from cloud.config import CloudConfig
-    from cloud.server import create_server
+    from coinfer.cloud.config import CloudConfig
+    from coinfer.cloud.server import create_server
 
     srv = await create_server(CloudConfig(engine=cloud.cfg.engine, limits=cloud.cfg.limits))
     gate = asyncio.Event()
@@ -255,10 +255,10 @@ async def test_lazy_mode_loads_on_the_first_request_and_reports_its_cost(int8_dr
 
 
 async def test_planner_edge_state_while_loading(int8_draft):
-    from edge.planner.cost import cold_start_ms
-    from edge.planner.planner import EdgeState
-    from edge.sampling import Sampling
-    from edge.service import EdgeCore
+    from coinfer.edge.planner.cost import cold_start_ms
+    from coinfer.edge.planner.planner import EdgeState
+    from coinfer.edge.sampling import Sampling
+    from coinfer.edge.service import EdgeCore
 
     core = EdgeCore(EdgeConfig(model=str(int8_draft), warm=False, grpc_port=-1, http_port=-1,
                                providers="CPUExecutionProvider"))
@@ -307,9 +307,8 @@ async def test_openai_sdk_free_form_prompt_in_every_plan_streamed_and_not(daemon
 async def test_word_problem_with_marker_extraction_returns_the_extracted_answer(daemon):
     import random
 
+    from coinfer.demo import wordprob
     from openai import AsyncOpenAI
-
-    from demo import wordprob
 
     p = next(wordprob.problems(random.Random(21), held_out=True))
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import logging
 import time
 
-from edge.config import EdgeConfig
-from edge.daemon import EdgeDaemon
-from edge.service import EdgeCore
+from coinfer.edge.config import EdgeConfig
+from coinfer.edge.daemon import EdgeDaemon
+from coinfer.edge.service import EdgeCore
 
 
 def _load_model() -> None:

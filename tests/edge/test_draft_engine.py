@@ -3,11 +3,11 @@
 import shutil
 
 import pytest
+from coinfer.edge.draft_engine import OrtDraftEngine
+from coinfer.edge.sampling import Sampling
 
 from coinfer.chat import ChatMessage
 from coinfer.manifest import ManifestError
-from edge.draft_engine import OrtDraftEngine
-from edge.sampling import Sampling
 
 pytestmark = pytest.mark.slow
 QUESTION = "If x=4 and y=7, compute x*y+x+y."

@@ -7,9 +7,8 @@ import asyncio
 
 import httpx
 import pytest
-
-from edge.config import EdgeConfig
-from edge.daemon import EdgeDaemon
+from coinfer.edge.config import EdgeConfig
+from coinfer.edge.daemon import EdgeDaemon
 
 CAP = 8
 

@@ -7,12 +7,12 @@ import json
 
 import grpc
 import pytest
+from coinfer.edge.link import CLOUD_SERVICE, SERVICE_CONFIG
+from coinfer.edge.targets import parse_targets
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
-from edge.link import CLOUD_SERVICE, SERVICE_CONFIG
-from edge.targets import parse_targets
 
 
 @pytest.mark.parametrize("cloud, target, monitored", [
@@ -33,7 +33,7 @@ def test_cloud_targets(cloud, target, monitored):
     ("10.0.0.1:99999", "not host:port"),
 ])
 def test_bad_cloud_targets_name_the_field(cloud, msg):
-    from edge.config import EdgeConfig
+    from coinfer.edge.config import EdgeConfig
 
     with pytest.raises(ValueError, match=f"cloud: .*{msg}"):
         EdgeConfig(model="m", cloud=cloud).validate()

@@ -1,10 +1,10 @@
 """Pure logic of the edge pipeline (the pipeline itself runs against real engines in tests/integration)."""
 
 import grpc
+from coinfer.edge.pipeline import cloud_failed, follow_advice, request_fault
+from coinfer.edge.sampling import Sampling
 
 from coinfer import types as t
-from edge.pipeline import cloud_failed, follow_advice, request_fault
-from edge.sampling import Sampling
 
 
 def test_retry_advice_changes_exploration_and_keeps_the_users_limits():
@@ -19,8 +19,9 @@ def test_retry_advice_changes_exploration_and_keeps_the_users_limits():
 
 
 def test_capacity_and_deadlines_do_not_count_against_the_cloud():
+    from coinfer.edge.pipeline import failure_kind
+
     from coinfer.errors import Reason
-    from edge.pipeline import failure_kind
 
     assert not cloud_failed(Reason.SESSIONS_FULL) and not cloud_failed(Reason.DEADLINE)
     assert not cloud_failed(failure_kind(TimeoutError()))  # the edge's own wait for the request's deadline
@@ -31,10 +32,11 @@ def test_capacity_and_deadlines_do_not_count_against_the_cloud():
 
 
 def test_a_finished_draft_beats_a_truncated_one_with_a_better_score():
+    from coinfer.edge.pipeline import EdgePipeline
+
     from coinfer import types as t
     from coinfer.rules import RuleSet
     from coinfer.tasks import OPEN
-    from edge.pipeline import EdgePipeline
 
     cut = t.Draft(0, "Autumn wind, the leaves", 256, -0.649, truncated=True)
     done = t.Draft(1, "Autumn wind carries\nleaves across the quiet road\nthe year lets them go", 192, -0.668)

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
+from coinfer.edge.sampling import PRUNE_NATS, Sampling, apply_penalties, nucleus, penalize, sample_next, top_p_filter
 
 from coinfer.errors import InvalidArgument
-from edge.sampling import PRUNE_NATS, Sampling, apply_penalties, nucleus, penalize, sample_next, top_p_filter
 
 
 def test_greedy_takes_argmax_and_reports_model_logprob():
@@ -55,8 +55,7 @@ def test_seed_defaults():
 
 def test_sampled_frequencies_follow_the_distribution():
     import numpy as np
-
-    from edge.sampling import Sampling, sample_next
+    from coinfer.edge.sampling import Sampling, sample_next
 
     probs = np.array([0.1, 0.2, 0.0, 0.7])
     logits = np.log(np.where(probs > 0, probs, 1e-30))[None].repeat(4000, axis=0)

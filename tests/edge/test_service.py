@@ -6,13 +6,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from coinfer.edge.config import EdgeConfig
+from coinfer.edge.pipeline import EdgeResult, Plan, ResultBuilder
+from coinfer.edge.planner.planner import EXPLORE_RUNS
+from coinfer.edge.service import CloudTokens, Done, EdgeCore, SolveRequest
+from coinfer.edge.servicer import result_to_pb
 
 from coinfer import types as t
-from edge.config import EdgeConfig
-from edge.pipeline import EdgeResult, Plan, ResultBuilder
-from edge.planner.planner import EXPLORE_RUNS
-from edge.service import CloudTokens, Done, EdgeCore, SolveRequest
-from edge.servicer import result_to_pb
 
 ARITH = "If x=3 and y=5, compute x+y."
 
@@ -48,7 +48,7 @@ class FakePipeline:
 
 @pytest.fixture
 def core(tmp_path, monkeypatch) -> EdgeCore:
-    monkeypatch.setattr("edge.lifecycle.EdgePipeline", FakePipeline)
+    monkeypatch.setattr("coinfer.edge.lifecycle.EdgePipeline", FakePipeline)
     FakePipeline.calls = []
     c = EdgeCore(EdgeConfig(model=str(tmp_path), warm=False, cloud="127.0.0.1:1", probe_on_start=False))
     c.engine, c.model_state = SimpleNamespace(providers=["CPUExecutionProvider"], runs=1), "warm"  # no model here

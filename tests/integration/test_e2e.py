@@ -5,12 +5,12 @@ from __future__ import annotations
 import random
 
 import pytest
+from coinfer.edge.pipeline import EdgePipeline, Plan
+from coinfer.edge.sampling import Sampling
 
 from coinfer import types as t
 from coinfer.rules import RuleSet
 from coinfer.tasks import TASKS, problems
-from edge.pipeline import EdgePipeline, Plan
-from edge.sampling import Sampling
 
 pytestmark = pytest.mark.slow
 

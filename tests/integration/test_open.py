@@ -7,6 +7,9 @@ import random
 
 import grpc
 import pytest
+from coinfer.demo import wordprob
+from coinfer.edge.pipeline import EdgePipeline, Plan
+from coinfer.edge.sampling import Sampling
 
 from coinfer import convert
 from coinfer import types as t
@@ -14,9 +17,6 @@ from coinfer.chat import ChatMessage
 from coinfer.extract import Extraction
 from coinfer.rules import Rule
 from coinfer.v1 import coinfer_pb2 as pb
-from demo import wordprob
-from edge.pipeline import EdgePipeline, Plan
-from edge.sampling import Sampling
 
 pytestmark = pytest.mark.slow
 CONV = [ChatMessage("system", "You are a helpful assistant."), ChatMessage("user", "Hi"),
@@ -99,7 +99,7 @@ async def test_status_names_the_model_not_its_path(stub, cloud):
 
 async def test_split_over_int8_edge_for_a_word_problem(int8_draft, channel):
     """Draft tokenizer (edge) and target tokenizer (cloud) are separate models' own; drafts travel as text."""
-    from edge.draft_engine import OrtDraftEngine
+    from coinfer.edge.draft_engine import OrtDraftEngine
 
     edge = OrtDraftEngine(int8_draft)
     pipe = EdgePipeline(edge, channel)

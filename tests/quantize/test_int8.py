@@ -6,17 +6,17 @@ import random
 import numpy as np
 import onnx
 import pytest
+from coinfer.edge.draft_engine import OrtDraftEngine
+from coinfer.edge.sampling import Sampling
+from coinfer.quantize.artifact import copy_sidecars
+from coinfer.quantize.check import check_structure
+from coinfer.quantize.cli import main
+from coinfer.quantize.int8 import SCHEMES, QuantConfig, quantize_model
 from onnx import numpy_helper
 
 from coinfer.chat import ChatMessage
 from coinfer.manifest import ManifestError
 from coinfer.tasks import TASKS, problems
-from edge.draft_engine import OrtDraftEngine
-from edge.sampling import Sampling
-from quantize.artifact import copy_sidecars
-from quantize.check import check_structure
-from quantize.cli import main
-from quantize.int8 import SCHEMES, QuantConfig, quantize_model
 
 pytestmark = pytest.mark.slow
 GREEDY = Sampling(n=1, temperature=0.0, presence_penalty=0.0, frequency_penalty=0.0)
@@ -83,10 +83,9 @@ def _build_raw(artifacts, out, cfg: QuantConfig):
     copy_sidecars(artifacts.draft_onnx, out)
     reader = None
     if cfg.scheme == "static":
+        from coinfer.quantize.calibrate import KvCalibrationReader
+        from coinfer.quantize.prompts import task_prompts
         from tokenizers import Tokenizer
-
-        from quantize.calibrate import KvCalibrationReader
-        from quantize.prompts import task_prompts
 
         tok = Tokenizer.from_file(str(artifacts.draft_onnx / "tokenizer.json"))
         reader = lambda: KvCalibrationReader(artifacts.draft_onnx / "model.onnx", tok,  # noqa: E731
@@ -185,7 +184,7 @@ def test_bench_reports_every_model_side_by_side(built, artifacts, capsys):
 def test_bench_rounds_report_each_models_median():
     """Rounds measured in turn: each time is the median over the model's rounds (a drift of the
     machine's speed falls on every model alike), the peak RSS the largest seen."""
-    from quantize.bench import _median_row
+    from coinfer.quantize.bench import _median_row
 
     runs = [{"model": "m", "read_ms": r, "decode_ms_b1": b1, "decode_ms_step_b5": b5, "peak_rss_mb": rss, "batch": 5}
             for r, b1, b5, rss in [(9.0, 30.0, 40.0, 100.0), (1.0, 10.0, 12.0, 300.0), (2.0, 11.0, 13.0, 200.0)]]
@@ -215,9 +214,8 @@ def test_cli_bad_input_exits_2_and_leaves_nothing(tmp_path, artifacts, capsys):
 
 
 def test_fp16_embeddings_only_touch_tables_read_by_gather_alone(tmp_path):
+    from coinfer.quantize.int8 import fp16_embeddings
     from onnx import TensorProto, helper
-
-    from quantize.int8 import fp16_embeddings
 
     table = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3), "table")
     shared = numpy_helper.from_array(np.ones((4, 3), np.float32), "shared")  # tied: also a MatMul weight
@@ -280,9 +278,8 @@ def test_keep_float_leaves_the_named_matmuls_float_and_auto_keeps_none_of_the_de
     ("model.layers.11.mlp.up_proj", ("down_proj",), False),
 ])
 def test_keep_float_names_match_whole_module_suffixes(name, keep, kept):
+    from coinfer.quantize.int8 import kept_float
     from onnx import helper
-
-    from quantize.int8 import kept_float
 
     node = helper.make_node("MatMul", ["x", "w"], ["y"], name="node_linear_7")
     node.metadata_props.add(key="pkg.torch.onnx.name_scopes", value=f"['', '{name}', 'linear_7']")

@@ -3,10 +3,10 @@
 import json
 
 import pytest
+from coinfer.quantize.prompts import PromptFileError, read_prompt_file, task_prompts
 
 from coinfer.chat import ChatFormat
 from coinfer.tasks import is_held_out
-from quantize.prompts import PromptFileError, read_prompt_file, task_prompts
 
 
 def test_task_prompts_come_from_the_requested_side_of_the_split():
@@ -50,7 +50,7 @@ def test_bad_prompt_files_name_the_line(tmp_path, body, msg):
 
 
 def test_accuracy_gate_says_when_it_cannot_judge():
-    from quantize.gates import GateConfig, accuracy_gate
+    from coinfer.quantize.gates import GateConfig, accuracy_gate
 
     cfg = GateConfig()
     judged = accuracy_gate(ref_ok=30, cand_ok=27, graded=100, cfg=cfg)

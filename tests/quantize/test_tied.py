@@ -12,9 +12,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def tied_export(tmp_path_factory):
+    from coinfer.quantize.export import export_dir
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from quantize.export import export_dir
 
     root = tmp_path_factory.mktemp("tied")
     torch.manual_seed(0)
@@ -29,8 +28,8 @@ def tied_export(tmp_path_factory):
 
 
 def test_tied_head_is_quantized_per_channel(tied_export):
-    from quantize.build import BuildOptions, int8_dir
-    from quantize.int8 import QuantConfig
+    from coinfer.quantize.build import BuildOptions, int8_dir
+    from coinfer.quantize.int8 import QuantConfig
 
     out = tied_export / "int8"
     report = int8_dir(tied_export / "onnx", out, QuantConfig(scheme="dynamic"), BuildOptions(gates=None, progress=False))
@@ -41,10 +40,9 @@ def test_tied_head_is_quantized_per_channel(tied_export):
 
 
 def test_a_head_left_float_fails_the_structure_check(tied_export, tmp_path):
+    from coinfer.quantize.check import check_structure
+    from coinfer.quantize.int8 import _named, weight_matmuls
     from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    from quantize.check import check_structure
-    from quantize.int8 import _named, weight_matmuls
 
     named = _named(tied_export / "onnx" / "model.onnx", tmp_path / "named.onnx")
     nodes = weight_matmuls(named)

@@ -7,13 +7,13 @@ from datetime import datetime
 from scenarios.hostile.stalls import parse_stalls, stall_report
 
 LOG = """\
-2026-11-30 21:10:02,001 INFO cloud.server: serving on 127.0.0.1:40000
+2026-11-30 21:10:02,001 INFO coinfer.cloud.server: serving on 127.0.0.1:40000
 2026-11-30 21:10:05,500 WARNING coinfer.loop: event loop held 900 ms (threshold 50 ms), 850 ms of it on CPU; the loop thread was in:
   File "/x/cloud/server.py", line 10, in start
     load_model()
 2026-11-30 21:13:15,190 WARNING coinfer.loop: event loop held 63 ms (threshold 50 ms), 7 ms of it on CPU, 50 ms waiting for a core, 4 ms collecting garbage; the loop thread was in:
   (no Python frame was seen: the watchdog did not run either) [3 similar lines suppressed in the last 10 s]
-2026-11-30 21:13:16,000 WARNING edge.link: cloud slow
+2026-11-30 21:13:16,000 WARNING coinfer.edge.link: cloud slow
 2026-11-30 21:13:20,250 WARNING coinfer.loop: event loop held 310 ms (threshold 50 ms), 290 ms of it on CPU; the loop thread was in:
   File "/x/asyncio/events.py", line 84, in _run
     self._context.run(self._callback, *self._args)

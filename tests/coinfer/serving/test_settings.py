@@ -4,9 +4,9 @@ included, every field a flag documented by its dataclass docstring, bad values n
 from __future__ import annotations
 
 import pytest
+from coinfer.cloud.config import ENV_PREFIX, CloudConfig
+from coinfer.cloud.server import build_parser, load_config
 
-from cloud.config import ENV_PREFIX, CloudConfig
-from cloud.server import build_parser, load_config
 from coinfer.serving import settings
 
 
@@ -57,7 +57,7 @@ def test_help_lists_every_field_with_its_docstring_and_no_secret_flag():
     assert "Relative likelihood threshold" in text  # PolicyConfig.relative_margin's docstring
     assert "--auth-tokens AUTH_TOKENS" in text and "--auth-tokens dict" not in text  # a file, never the tokens
     assert settings.field_docs(CloudConfig)["grace_s"].startswith("Graceful shutdown")
-    from edge.daemon import build_parser as edge_parser
+    from coinfer.edge.daemon import build_parser as edge_parser
 
     edge_help = edge_parser().format_help()
     assert "--http-port" in edge_help and "--token-file" in edge_help and "--token " not in edge_help

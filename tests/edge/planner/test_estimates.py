@@ -4,8 +4,8 @@ import dataclasses
 import json
 import math
 
-from edge.planner.estimates import DEFAULTS, Estimates
-from edge.planner.planner import EXPLORE_RUNS, EdgeState, Planner
+from coinfer.edge.planner.estimates import DEFAULTS, Estimates
+from coinfer.edge.planner.planner import EXPLORE_RUNS, EdgeState, Planner
 
 
 def test_absurd_measurements_are_refused_and_noted():
@@ -85,8 +85,9 @@ def test_a_cloud_plan_never_run_is_predicted_from_the_answers_the_task_gets():
 
 
 def _result(rounds: int, drafting: float, total: float, summary=None):
+    from coinfer.edge.pipeline import EdgeResult
+
     from coinfer import types as t
-    from edge.pipeline import EdgeResult
 
     drafts = [t.Draft(i, "3+5=8; answer 8", 10, -0.1, drafting) for i in range(5)]
     return EdgeResult("3+5=8; answer 8", "refined", True, drafts=drafts, summary=summary, rounds=rounds,
@@ -159,8 +160,7 @@ def test_an_escalated_request_teaches_the_edge_and_the_split_apart():
 
 async def test_failed_probes_fall_back_and_say_so(tmp_path):
     import grpc
-
-    from edge.planner import probes
+    from coinfer.edge.planner import probes
 
     class DownStub:  # the cloud unreachable: every RPC fails as grpc.aio would
         async def Probe(self, *a, **k):  # noqa: N802 - gRPC method names
@@ -217,7 +217,7 @@ import pytest  # noqa: E402
 @pytest.mark.parametrize("body", ['{"values": []}', '{"values": {"rtt_ms": "x"}}', '{"values": {"rtt_ms": NaN}}',
                                   '[1, 2]', 'not json', ''])
 def test_a_calibration_file_of_the_wrong_shape_is_set_aside(tmp_path, body):
-    from edge.planner.estimates import Estimates
+    from coinfer.edge.planner.estimates import Estimates
 
     path = tmp_path / "est.json"
     path.write_text(body)
