@@ -101,7 +101,7 @@ class PolicyConfig:
     consensus_prefix: bool = True
     """Start the refinement from the valid drafts' consensus steps (docs/design.md §4.4)."""
     prefix_min_score: float = 0.9
-    """...but only when the best draft's verifier score reaches this (see session.py)."""
+    """...but only when the best draft's verifier score reaches this (see cloud/answering.py, _refine_plan)."""
     context_drafts: int = 2
     """Best valid drafts used as refinement context."""
     accept_min_score: float = 0.9

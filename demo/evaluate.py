@@ -94,7 +94,7 @@ def refine_accuracy(draft_dir: Path, target_dir: Path, recipe: Recipe, n: int | 
 
     # as the cloud does it: only drafts that pass the rules (marker extraction, every equation right)
     # and the likelihood threshold are candidates (the best 2 by mean logprob); none: the target alone.
-    # A refinement that fails the rules is withdrawn and the best candidate returned (cloud.session's
+    # A refinement that fails the rules is withdrawn and the best candidate returned (cloud.answering's
     # _answer_refined); "refine_raw" counts the refinements as written.
     rules = _rules()
     chosen = [_verified(tmodel, ttok, tfmt, it, d, rules) for it, d in zip(items, drafts)]
@@ -123,10 +123,9 @@ def refine_accuracy(draft_dir: Path, target_dir: Path, recipe: Recipe, n: int | 
 
 
 
-@torch.no_grad()
 def cloud_answer(refinement: str, candidates: list[str], rules) -> str:
     """What the cloud returns for a refinement of verified ``candidates`` (best first): the
-    refinement when it passes the rules, else the best candidate (``coinfer.cloud.session._answer_refined``)."""
+    refinement when it passes the rules, else the best candidate (``coinfer.cloud.answering.Answering._answer_refined``)."""
     return refinement if rules.check(refinement)[0].valid else candidates[0]
 
 
@@ -141,7 +140,7 @@ def _rules():
 
 @torch.no_grad()
 def _verified(model, tok, fmt: ChatFormat, item: Item, drafts: list[str], rules, keep: int = 2) -> list[str]:
-    """The drafts the cloud would refine from (``coinfer.cloud.session``: rules, then the likelihood
+    """The drafts the cloud would refine from (``coinfer.cloud.judging``: rules, then the likelihood
     threshold, best ``keep`` by the target's mean per-token logprob, duplicates merged)."""
     from coinfer.cloud.config import PolicyConfig
 

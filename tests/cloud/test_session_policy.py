@@ -374,7 +374,7 @@ def test_the_clouds_own_generation_stops_when_it_falls_into_a_loop():
     session = _session(engine)
     session.cfg.policy.max_retries = 0
     summary = asyncio.run(_run(session, ["Tom buys 3 * 4 = 13 apples.\nAnswer: 13"]))[-1]
-    from coinfer.cloud.session import LOOP_CHECK_TOKENS
+    from coinfer.cloud.answering import LOOP_CHECK_TOKENS
 
     from coinfer.repetition import repetition_error
 
