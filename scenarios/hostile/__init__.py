@@ -18,7 +18,7 @@ from scenarios.hostile.campaign import campaign, run, summary
 from scenarios.hostile.liveness import Prober, alive, probe_report
 from scenarios.hostile.servers import Servers
 from scenarios.hostile.stalls import parse_stalls, stall_report
-from scenarios.hostile.strategies import GrpcCall, HttpCall
+from scenarios.hostile.strategies.calls import GrpcCall, HttpCall
 from scenarios.hostile.targets import Clients, Endpoints, Outcome, Tally, Target, run_target, targets, verdict
 
 __all__ = ["Clients", "Endpoints", "GrpcCall", "HttpCall", "Outcome", "Prober", "Servers", "Tally", "Target", "alive",

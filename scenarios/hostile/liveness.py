@@ -16,7 +16,7 @@ import httpx
 
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import edge_pb2 as epb
-from scenarios.hostile.strategies import MODEL
+from scenarios.hostile.strategies.values import MODEL
 from scenarios.hostile.targets import Clients, Endpoints
 
 # ---- liveness probes (a separate process: the campaign's own CPU use must not read as a server stall) --

@@ -27,25 +27,10 @@ from hypothesis import strategies as st
 
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import edge_pb2 as epb
-from scenarios.hostile.strategies import (
-    CHEAP_DEADLINE_MS,
-    REQUEST_IDS,
-    SIZES,
-    GrpcCall,
-    HttpCall,
-    cheap,
-    grpc_calls,
-    http_gets,
-    http_posts,
-    ints,
-    mostly,
-    problem,
-    request_bytes,
-    sampling,
-    session_stream,
-    text,
-    weighted,
-)
+from scenarios.hostile.strategies.calls import GrpcCall, HttpCall, grpc_calls, http_gets, http_posts, session_stream
+from scenarios.hostile.strategies.inputs import REQUEST_IDS, cheap, mostly, problem, sampling
+from scenarios.hostile.strategies.values import CHEAP_DEADLINE_MS, SIZES, ints, text, weighted
+from scenarios.hostile.strategies.wire import request_bytes
 
 # ---- targets --------------------------------------------------------------------------------------------
 
