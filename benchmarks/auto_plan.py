@@ -100,13 +100,14 @@ def goals(report: dict) -> dict:
 
 
 async def run(counts: dict[str, int], warmup: int, seed: int, stream: bool = False) -> dict:
+    from openai import AsyncOpenAI
+
     from coinfer.cloud.config import CloudConfig, EngineConfig
     from coinfer.cloud.engine import VllmEngine
     from coinfer.cloud.server import create_server
     from coinfer.demo.artifacts import ensure_artifacts
     from coinfer.edge.config import EdgeConfig
     from coinfer.edge.daemon import EdgeDaemon
-    from openai import AsyncOpenAI
 
     art = ensure_artifacts()
     cfg = CloudConfig(engine=EngineConfig(model=str(art.target)))

@@ -36,11 +36,10 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def make_workload(n: int, drafts: int, seed: int = 3) -> list[tuple[t.OpenRequest, list[str]]]:
+    from coinfer.chat import ChatMessage
     from coinfer.demo.artifacts import ensure_artifacts
     from coinfer.edge.draft_engine import OrtDraftEngine
     from coinfer.edge.sampling import Sampling
-
-    from coinfer.chat import ChatMessage
 
     eng = OrtDraftEngine(ensure_artifacts().draft_onnx)
     stream = problems(random.Random(seed), tuple(TASKS), held_out=True)

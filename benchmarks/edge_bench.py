@@ -45,12 +45,12 @@ def batch_ratio(model_dir: Path, prompt: str, reps: int = 5, n: int = 5, tokens:
 
 async def split_overhead(problems_n: int) -> dict:
     import grpc
+
     from coinfer.cloud.config import CloudConfig, EngineConfig
     from coinfer.cloud.engine import VllmEngine
     from coinfer.cloud.server import create_server
     from coinfer.demo.artifacts import ensure_artifacts
     from coinfer.edge.pipeline import EdgePipeline, Plan
-
     from coinfer.tasks import TASKS, problems
 
     art = ensure_artifacts()
@@ -86,10 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--problems", type=int, default=16)
     ap.add_argument("--skip-large", action="store_true")
     args = ap.parse_args(argv)
+    from benchmarks.quantize_speed import prepare
     from coinfer.demo.artifacts import ensure_artifacts
     from coinfer.quantize import bench
-
-    from benchmarks.quantize_speed import prepare
 
     art = ensure_artifacts()
     prompt = "If x=3 and y=5, compute (x+y)^2-x*y.\n"

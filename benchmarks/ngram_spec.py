@@ -62,10 +62,9 @@ async def _measure(model: str, k: int, prompts: list[str]) -> dict:
 
 
 async def run(n: int, k: int) -> dict:
+    from coinfer.chat import ChatFormat, ChatMessage, refine_question
     from coinfer.demo import wordprob
     from coinfer.demo.artifacts import ensure_artifacts
-
-    from coinfer.chat import ChatFormat, ChatMessage, refine_question
 
     art = ensure_artifacts()
     fmt = ChatFormat.from_dir(art.target)

@@ -136,10 +136,9 @@ def _threshold_table(rows: list[dict], configured: float) -> list[dict]:
 
 async def _one(pipe, engine, case: Case, i: int, drafts: int, seed: int) -> dict:
     """One problem: split through the real edge -> cloud path, then the target alone."""
+    from coinfer.chat import ChatMessage
     from coinfer.edge.pipeline import Plan
     from coinfer.edge.sampling import Sampling
-
-    from coinfer.chat import ChatMessage
     from coinfer.types import FROM_DRAFTS
 
     t0 = time.perf_counter()
@@ -281,10 +280,9 @@ async def run(n_problems: int, drafts: int, seed: int, dtype_check: bool, concur
 
 async def _dtype_check(model: str, probs) -> dict:
     """Target greedy accuracy and ms per answer on the same problems under float32 and auto."""
+    from coinfer.chat import ChatMessage
     from coinfer.cloud.config import EngineConfig
     from coinfer.cloud.engine import GenParams, VllmEngine
-
-    from coinfer.chat import ChatMessage
 
     out = {}
     for dtype in ("float32", "auto"):

@@ -25,9 +25,10 @@ def default_text() -> str:
 
 
 def run(dirs: list[Path], text: str, tokens: int = 1024) -> list[dict]:
+    from tokenizers import Tokenizer
+
     from coinfer.edge.onnx_lm import OnnxLM
     from coinfer.quantize.gates import GateConfig, Tally
-    from tokenizers import Tokenizer
 
     ids = Tokenizer.from_file(str(dirs[0] / "tokenizer.json")).encode(text).ids[:tokens]
     if len(ids) < 2:

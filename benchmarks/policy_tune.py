@@ -38,10 +38,9 @@ def train_cases(kinds: tuple[str, ...], per_kind: int, seed: int, held_out: bool
 
 
 async def _record(case: Case, edge, engine, i: int) -> dict:
+    from coinfer.chat import ChatMessage, refine_question, with_question
     from coinfer.cloud.engine import GenParams
     from coinfer.edge.sampling import Sampling
-
-    from coinfer.chat import ChatMessage, refine_question, with_question
     from coinfer.rules import RuleSet
     from coinfer.tasks import get_task
 

@@ -40,8 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", type=int, default=1024)
     args = ap.parse_args(argv)
     import torch
-    from coinfer.quantize.export import export_dir
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from coinfer.quantize.export import export_dir
 
     report: dict = {"vocab": args.vocab, "prompt_tokens": args.prompt}
     with tempfile.TemporaryDirectory() as tmp:

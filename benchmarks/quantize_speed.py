@@ -44,8 +44,9 @@ class LargeRecipe:
 def build_large(recipe: LargeRecipe) -> Path:
     """HF model dir with random weights + the demo tokenizer (ids < its vocab are valid here)."""
     import torch
-    from coinfer.demo import tokenizer as chartok
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from coinfer.demo import tokenizer as chartok
 
     root = cache_root().parent / "bench" / recipe.key()
     hf = root / "hf"

@@ -121,9 +121,9 @@ def tally(rows: list[dict]) -> dict:
 
 async def run(n: int, repeat: int) -> dict:
     import grpc
+
     from coinfer.cloud.config import PolicyConfig
     from coinfer.demo.real import real_stack
-
     from coinfer.v1 import coinfer_pb2 as pb
     from coinfer.v1 import edge_pb2 as epb
     from coinfer.v1 import edge_pb2_grpc as epb_grpc

@@ -54,9 +54,8 @@ def _pair(pair: str, n_prompts: int):
         # the demo pair's open requests: held-out word problems, sent as open_accuracy sends them
         # (extraction "marker", its rules). The threshold judges drafts that passed the rules, so
         # only those are scored: good = right, wrong = rule-passing but wrong.
-        from coinfer.demo.artifacts import ensure_artifacts
-
         from benchmarks.open_accuracy import WORDS, cases
+        from coinfer.demo.artifacts import ensure_artifacts
         from coinfer.rules import RuleSet
         from coinfer.tasks import OPEN
 
@@ -77,11 +76,10 @@ def _pair(pair: str, n_prompts: int):
 
 
 async def run(n_prompts: int, seed: int, pair: str = "real") -> dict:
+    from coinfer.chat import ChatMessage
     from coinfer.cloud.config import PolicyConfig
     from coinfer.cloud.engine import VllmEngine
     from coinfer.edge.sampling import Sampling
-
-    from coinfer.chat import ChatMessage
 
     edge, engine_cfg, prompts, graded = _pair(pair, n_prompts)
     engine = await VllmEngine(engine_cfg).start()

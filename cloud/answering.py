@@ -15,12 +15,11 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
+from coinfer import types as t
+from coinfer.chat import refine_question, with_question
 from coinfer.cloud.engine import GenParams
 from coinfer.cloud.policy import consensus_prefix, mean_logprob, refine_max_tokens
 from coinfer.cloud.session_state import Judged, Ranked, SessionState
-
-from coinfer import types as t
-from coinfer.chat import refine_question, with_question
 from coinfer.repetition import repetition_error
 from coinfer.tasks import OPEN, Parsed
 from coinfer.tasks.base import split_steps

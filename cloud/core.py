@@ -12,14 +12,13 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+from coinfer import types as t
 from coinfer.cloud.config import CloudConfig
 from coinfer.cloud.engine import TargetEngine
 from coinfer.cloud.learning import WeightLearner
 from coinfer.cloud.load import DraftCountController
 from coinfer.cloud.metrics import CloudMetrics
 from coinfer.cloud.session import EdgeItem, Session
-
-from coinfer import types as t
 from coinfer.errors import InvalidArgument, Reason, ResourceExhausted, Unavailable
 from coinfer.rules import RuleSet
 from coinfer.serving import logs

@@ -16,9 +16,8 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from coinfer.cloud.config import EngineConfig
-
 from coinfer.chat import ChatFormat, ChatMessage
+from coinfer.cloud.config import EngineConfig
 from coinfer.errors import Reason, Unavailable
 from coinfer.serving import logs
 

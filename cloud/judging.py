@@ -12,11 +12,10 @@ import dataclasses
 import functools
 import time
 
+from coinfer import types as t
 from coinfer.cloud.policy import answer_agreement, likelihood_score, load_scaled_g, mean_logprob, rank_scores
 from coinfer.cloud.session_state import Judged, Ranked, SessionState
 from coinfer.cloud.verifier import JUDGE_MAX_TOKENS, JUDGE_SCHEMA, judge_prompt, parse_judge
-
-from coinfer import types as t
 from coinfer.tasks import OPEN
 
 

@@ -26,9 +26,9 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from coinfer.cloud.policy import fit_weights
 from pydantic import BaseModel, ConfigDict, Field
 
+from coinfer.cloud.policy import fit_weights
 from coinfer.serving import statefile
 
 log = logging.getLogger(__name__)

@@ -24,14 +24,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
 from coinfer.cloud.auth import BearerAuthInterceptor, load_tokens
 from coinfer.cloud.config import ENV_PREFIX, CloudConfig
 from coinfer.cloud.core import CloudCore
 from coinfer.cloud.engine import TargetEngine, VllmEngine
 from coinfer.cloud.servicer import CoinferCloudServicer
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
-
 from coinfer.errors import Reason, Unavailable
 from coinfer.serving import logs, process, settings
 from coinfer.serving.decode_guard import DecodeGuard

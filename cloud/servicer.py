@@ -13,12 +13,12 @@ import time
 from collections.abc import AsyncIterator
 
 import grpc
-from coinfer.cloud.auth import BearerAuthInterceptor, peer_host
-from coinfer.cloud.core import CloudCore
-from coinfer.cloud.session import DraftsDone, EdgeItem
 
 from coinfer import convert
 from coinfer import types as t
+from coinfer.cloud.auth import BearerAuthInterceptor, peer_host
+from coinfer.cloud.core import CloudCore
+from coinfer.cloud.session import DraftsDone, EdgeItem
 from coinfer.errors import DeadlineExceeded, InvalidArgument, abort
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import coinfer_pb2_grpc as pb_grpc

@@ -18,11 +18,10 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from coinfer import types as t
 from coinfer.cloud.answering import Answer, Answering
 from coinfer.cloud.judging import Judging
 from coinfer.cloud.session_state import Ranked
-
-from coinfer import types as t
 from coinfer.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, field_of
 
 log = logging.getLogger(__name__)

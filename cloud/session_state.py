@@ -8,10 +8,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from coinfer import types as t
 from coinfer.cloud.config import CloudConfig
 from coinfer.cloud.engine import TargetEngine
-
-from coinfer import types as t
 from coinfer.rules import RuleSet
 from coinfer.tasks import Parsed, Task
 

@@ -60,7 +60,6 @@ def write_prompts(path: Path, n: int = 48, seed: int = 1, held_out: bool = False
     import random
 
     from coinfer.demo import wordprob
-
     from coinfer.tasks import problems
 
     rng = random.Random(seed)

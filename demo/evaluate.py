@@ -21,11 +21,11 @@ import sys
 from pathlib import Path
 
 import torch
-from coinfer.demo import tokenizer as bpe
-from coinfer.demo.train import SHIPPED, WORDS, Item, Recipe, grade, sample_item
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 from coinfer.chat import ChatFormat, ChatMessage, refine_question
+from coinfer.demo import tokenizer as bpe
+from coinfer.demo.train import SHIPPED, WORDS, Item, Recipe, grade, sample_item
 
 
 def _generate(model, tok, prompts: list[str], max_new_tokens: int, temperature: float = 0.0,

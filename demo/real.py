@@ -73,12 +73,12 @@ async def real_stack(policy=None):
 
 async def run(plans: list[str], max_tokens: int, plain: bool = False, deadline_ms: int = 0,
               stream: bool = False) -> int:
-    from coinfer.cloud.config import PolicyConfig
-    from coinfer.cloud.engine import GenParams
-    from coinfer.demo.client import ask
     from openai import AsyncOpenAI
 
     from coinfer.chat import ChatMessage
+    from coinfer.cloud.config import PolicyConfig
+    from coinfer.cloud.engine import GenParams
+    from coinfer.demo.client import ask
 
     t0 = time.perf_counter()
     rows: list[tuple] = []

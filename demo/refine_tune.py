@@ -17,7 +17,6 @@ key (``coinfer.demo.train.target_key``) covers its stage 1, the sampler's key an
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import random
@@ -27,12 +26,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from coinfer.demo import tokenizer as bpe
-from coinfer.demo.train import BF16_FAST, Item, Recipe, batches, encode_examples, sample_item
 from tqdm import tqdm
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 from coinfer.chat import ChatFormat, ChatMessage, refine_question
+from coinfer.demo import tokenizer as bpe
+from coinfer.demo.train import BF16_FAST, Item, Recipe, batches, code_text, encode_examples, sample_item
 
 
 @dataclass(frozen=True)
@@ -153,5 +152,5 @@ def stage2_key(stage1_key: str, tune: RefineTune) -> str:
     h = hashlib.sha256(stage1_key.encode())
     h.update(json.dumps(asdict(tune), sort_keys=True).encode())
     for fn in STAGE2_CODE + (evaluate._generate, evaluate._load):
-        h.update(inspect.getsource(fn).encode())
+        h.update(code_text(fn).encode())
     return h.hexdigest()[:16]

@@ -36,10 +36,10 @@ from itertools import islice
 from typing import TYPE_CHECKING
 
 import grpc
-from coinfer.demo import wordprob
-from coinfer.demo.artifacts import ensure_artifacts
 
 from coinfer import types as t
+from coinfer.demo import wordprob
+from coinfer.demo.artifacts import ensure_artifacts
 from coinfer.tasks import TASKS, problems
 
 if TYPE_CHECKING:  # the engines import ONNX Runtime, vLLM and torch: only when the demo runs, not for --help
@@ -136,9 +136,8 @@ async def _split(pipe: EdgePipeline, case: Case, drafting: Drafting, quiet: bool
 async def _target_alone(target: VllmEngine, case: Case, max_tokens: int) -> dict:
     """The cloud's model answering the same conversation by itself: greedy, no drafts, on the engine
     the service runs (the baseline co-inference has to match in accuracy and beat in cloud tokens)."""
-    from coinfer.cloud.engine import GenParams
-
     from coinfer.chat import ChatMessage
+    from coinfer.cloud.engine import GenParams
 
     prompt = target.render([ChatMessage("user", case.prompt)])
     t0 = time.perf_counter()

@@ -38,9 +38,8 @@ CHAT_TEMPLATE = (
 
 def corpus() -> list[str]:
     """Deterministic training text: prompts and solutions of every task, refinement prompts, chat words."""
-    from coinfer.demo import wordprob
-
     from coinfer.chat import refine_question
+    from coinfer.demo import wordprob
     from coinfer.tasks import TASKS
 
     rng = random.Random(CORPUS_SEED)

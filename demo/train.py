@@ -45,6 +45,7 @@ import logging
 import math
 import os
 import random
+import re
 import shutil
 import sys
 import tempfile
@@ -54,12 +55,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from coinfer.demo import tokenizer as bpe
-from coinfer.demo import wordprob
 from tqdm import tqdm
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from coinfer.chat import ChatFormat, ChatMessage, refine_question, with_question
+from coinfer.demo import tokenizer as bpe
+from coinfer.demo import wordprob
 from coinfer.tasks import TASKS, is_held_out
 
 log = logging.getLogger(__name__)
@@ -331,6 +332,14 @@ def data_fingerprint(recipe: Recipe, spec: ModelSpec) -> str:
     return h.hexdigest()
 
 
+def code_text(fn) -> str:
+    """``fn``'s source as the keys hash it: the project's own modules named by their folders
+    (``coinfer.demo.evaluate`` as ``demo.evaluate``). Where a module is installed is packaging, not
+    training: the shipped pair was trained before the folders moved under the ``coinfer`` namespace,
+    and only these import paths in the hashed code changed with the move."""
+    return re.sub(r"\bcoinfer\.(edge|cloud|quantize|demo)\b", r"\1", inspect.getsource(fn))
+
+
 def model_key(spec: ModelSpec, recipe: Recipe | None = None) -> str:
     """What one stage-1 model's weights depend on (16 hex): its spec, the data fields of the recipe,
     the training code and the fingerprint of its data -- not the other model's spec, so that either
@@ -339,7 +348,7 @@ def model_key(spec: ModelSpec, recipe: Recipe | None = None) -> str:
     fields = {"spec": asdict(spec), **{f: getattr(recipe, f) for f in DATA_FIELDS}}
     h = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
     for fn in TRAINING_CODE:
-        h.update(inspect.getsource(fn).encode())
+        h.update(code_text(fn).encode())
     h.update(data_fingerprint(recipe, spec).encode())
     return h.hexdigest()[:16]
 

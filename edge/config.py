@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from coinfer.edge.targets import parse_targets
-
 from coinfer.types import PLAN_CHOICES as PLANS  # one definition, in the shared package
 
 ENV_PREFIX = "COINFER_EDGE_"

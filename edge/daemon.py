@@ -19,13 +19,13 @@ import sys
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
 from coinfer.edge import http_guard
 from coinfer.edge.config import ENV_PREFIX, EdgeConfig
 from coinfer.edge.service import EdgeCore
 from coinfer.edge.servicer import EdgeServicer
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
-
 from coinfer.manifest import ManifestError
 from coinfer.serving import logs, process, settings
 from coinfer.serving.decode_guard import DecodeGuard
@@ -85,6 +85,7 @@ class EdgeDaemon:
         c = self.cfg
         if c.http_port >= 0:
             import uvicorn
+
             from coinfer.edge.http import create_app
 
             config = uvicorn.Config(create_app(self.core), host=c.http_host, port=c.http_port, log_level="warning",

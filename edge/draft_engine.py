@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from coinfer.edge.onnx_lm import OnnxLM
-from coinfer.edge.sampling import Sampling, sample_next
 from tokenizers import Tokenizer
 
 from coinfer.chat import ChatFormat, ChatMessage
+from coinfer.edge.onnx_lm import OnnxLM
+from coinfer.edge.sampling import Sampling, sample_next
 from coinfer.errors import ResourceExhausted
 from coinfer.manifest import verify_manifest
 

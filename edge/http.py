@@ -35,7 +35,6 @@ import time
 import uuid
 from typing import Any, Literal
 
-from coinfer.edge.service import Done, EdgeCore, SolveRequest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -43,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from coinfer import types as t
 from coinfer.chat import ChatMessage
+from coinfer.edge.service import Done, EdgeCore, SolveRequest
 from coinfer.errors import CoinferError, DeadlineExceeded, ResourceExhausted, Unavailable, field_of, internal_error
 from coinfer.extract import KINDS, Extraction
 from coinfer.rules import Rule

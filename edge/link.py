@@ -26,11 +26,12 @@ import time
 from dataclasses import dataclass, field
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from coinfer.edge.breaker import CircuitBreaker
 from coinfer.edge.channel import cloud_channel
 from coinfer.edge.config import EdgeConfig
 from coinfer.edge.targets import parse_targets
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 log = logging.getLogger(__name__)
 CLOUD_SERVICE = "coinfer.v1.CoinferCloud"
@@ -157,7 +158,6 @@ class CloudLink:
     async def _poll(self, r: Replica) -> None:
         """The replica's load (the planner's queue term and /metrics)."""
         from coinfer.edge.planner.probes import cloud_status
-
         from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
 
         stub = pb_grpc.CoinferCloudStub(r._channel)

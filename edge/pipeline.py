@@ -19,12 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
-from coinfer.edge.draft_engine import DraftResult, OrtDraftEngine
-from coinfer.edge.sampling import Sampling
 
 from coinfer import convert
 from coinfer import types as t
 from coinfer.chat import ChatMessage
+from coinfer.edge.draft_engine import DraftResult, OrtDraftEngine
+from coinfer.edge.sampling import Sampling
 from coinfer.errors import InvalidArgument, Reason, ResourceExhausted, error_info
 from coinfer.extract import Extraction
 from coinfer.rules import Rule, RuleSet

@@ -20,7 +20,6 @@ import sys
 from coinfer.edge.config import EdgeConfig
 from coinfer.edge.planner.planner import EdgeState
 from coinfer.edge.service import EdgeCore, infer_task
-
 from coinfer.errors import CoinferError
 
 

@@ -14,6 +14,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
+from coinfer import types as t
+from coinfer.chat import ChatFormat, ChatMessage, conversation, question_of
 from coinfer.edge.config import PLANS, EdgeConfig
 from coinfer.edge.draft_engine import OrtDraftEngine
 from coinfer.edge.lifecycle import CloudTokens, Outcome, Ran, RequestLifecycle
@@ -26,10 +30,6 @@ from coinfer.edge.planner.cost import Choice, cold_start_ms
 from coinfer.edge.planner.estimates import Estimates
 from coinfer.edge.planner.planner import EdgeState, Planner
 from coinfer.edge.sampling import Sampling
-from tokenizers import Tokenizer
-
-from coinfer import types as t
-from coinfer.chat import ChatFormat, ChatMessage, conversation, question_of
 from coinfer.errors import InvalidArgument, Unavailable, require
 from coinfer.extract import Extraction
 from coinfer.rules import Rule, RuleSet

@@ -6,11 +6,11 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
-from coinfer.edge.service import Done, EdgeCore, SolveRequest
 
 from coinfer import convert
 from coinfer import types as t
 from coinfer.chat import ChatMessage
+from coinfer.edge.service import Done, EdgeCore, SolveRequest
 from coinfer.errors import InvalidArgument, ResourceExhausted, abort
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import edge_pb2 as epb

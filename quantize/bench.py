@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
 from coinfer.edge.planner.probes import decode_steps, read_cold
 
 

@@ -6,6 +6,9 @@ import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from tqdm import tqdm
+
+from coinfer.manifest import sha256_file, write_manifest
 from coinfer.quantize.artifact import (
     MODEL_FILE,
     copy_sidecars,
@@ -20,9 +23,6 @@ from coinfer.quantize.check import check_structure, quantized_weights
 from coinfer.quantize.gates import GateConfig, gate_dirs, gate_report
 from coinfer.quantize.int8 import PROVIDERS, QuantConfig, quantize_model
 from coinfer.quantize.prompts import TaskPrompt, default_prompts, halves, read_prompt_file
-from tqdm import tqdm
-
-from coinfer.manifest import sha256_file, write_manifest
 
 log = logging.getLogger(__name__)
 OUTLIER_PROMPTS = 16
@@ -82,8 +82,9 @@ def int8_dir(src_dir: Path, out_dir: Path, cfg: QuantConfig = QuantConfig(), opt
         copy_sidecars(src_dir, tmp)
 
         def reader():
-            from coinfer.quantize.calibrate import KvCalibrationReader
             from tokenizers import Tokenizer
+
+            from coinfer.quantize.calibrate import KvCalibrationReader
 
             bar = tqdm(total=len(prompts), desc="calibrate", unit="prompt", disable=not opts.progress)
             return KvCalibrationReader(src, Tokenizer.from_file(str(src_dir / "tokenizer.json")), prompts,

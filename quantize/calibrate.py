@@ -13,12 +13,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
-from coinfer.edge.onnx_lm import OnnxLM
-from coinfer.quantize.prompts import TaskPrompt
 from onnxruntime.quantization import CalibrationDataReader
 from tokenizers import Tokenizer
 
 from coinfer.chat import ChatFormat
+from coinfer.edge.onnx_lm import OnnxLM
+from coinfer.quantize.prompts import TaskPrompt
 
 
 class KvCalibrationReader(CalibrationDataReader):

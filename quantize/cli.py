@@ -58,10 +58,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     prompt = None
     if args.parity_steps:
-        from coinfer.quantize.prompts import TaskPrompt
         from tokenizers import Tokenizer
 
         from coinfer.chat import ChatFormat
+        from coinfer.quantize.prompts import TaskPrompt
 
         tok_file = args.model / "tokenizer.json"
         prompt = TaskPrompt("If x=3 and y=5, compute (x+y)^2-x*y.").ids(

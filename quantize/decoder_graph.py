@@ -48,9 +48,10 @@ generation loop) read both layouts the same way.
 from __future__ import annotations
 
 import torch
-from coinfer.quantize.contrib_ops import tables as rotary_tables
 from torch import nn
 from transformers import PreTrainedModel
+
+from coinfer.quantize.contrib_ops import tables as rotary_tables
 
 STATIC_ROPE = ("llama3", "linear", "yarn")
 KV_CACHES = ("concat", "buffer")

@@ -19,7 +19,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
 from coinfer.edge.onnx_lm import KV_CACHE_KEY, OnnxLM
+from coinfer.manifest import sha256_file, write_manifest
 from coinfer.quantize.artifact import (
     EXTERNAL_DATA_BYTES,
     MODEL_FILE,
@@ -33,9 +36,6 @@ from coinfer.quantize.artifact import (
     tokenizer_hash,
 )
 from coinfer.quantize.decoder_graph import KV_CACHES, STATIC_ROPE, ExportDecoder, io_names, rope_type
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
-
-from coinfer.manifest import sha256_file, write_manifest
 
 log = logging.getLogger(__name__)
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",

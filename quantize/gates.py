@@ -33,10 +33,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
 from coinfer.edge.draft_engine import OrtDraftEngine
 from coinfer.edge.sampling import Sampling
 from coinfer.quantize.prompts import TaskPrompt
-
 from coinfer.tasks import TASKS
 
 TASK_FREE = ("top1_agreement", "nll_delta", "kl_divergence")
@@ -220,8 +220,9 @@ def gate_dirs(reference_dir: Path, candidate_dir: Path, cfg: GateConfig = GateCo
     """Run the gates of ``candidate_dir`` against ``reference_dir`` on CPU: on ``prompts``, the user's
     prompts (``prompts_file``, JSONL chat requests; graded only where a line names a task), or the
     held-out side of the model's declared tasks or of the shipped generic set."""
-    from coinfer.quantize.prompts import default_prompts, read_prompt_file
     from tqdm import tqdm
+
+    from coinfer.quantize.prompts import default_prompts, read_prompt_file
 
     if prompts is None:
         prompts = (read_prompt_file(prompts_file) if prompts_file is not None

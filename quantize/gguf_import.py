@@ -30,9 +30,8 @@ import logging
 import time
 from pathlib import Path
 
-from coinfer.quantize.artifact import ArtifactError, staged
-
 from coinfer.manifest import sha256_file
+from coinfer.quantize.artifact import ArtifactError, staged
 
 log = logging.getLogger(__name__)
 

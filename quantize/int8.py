@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import onnx
+
 from coinfer.quantize.artifact import data_file, has_external_data, save_model
 
 log = logging.getLogger(__name__)

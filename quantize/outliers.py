@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+
 from coinfer.quantize.prompts import TaskPrompt
 
 AUTO_RATIO = 100.0
@@ -33,9 +34,10 @@ below."""
 def activation_outliers(src: Path, prompts: Sequence[TaskPrompt], decode_steps: int = 2) -> dict[str, dict]:
     """{module: {"max", "p999", "ratio"}} of every weight MatMul's input over ``prompts``."""
     import onnxruntime as ort
+    from tokenizers import Tokenizer
+
     from coinfer.quantize.calibrate import KvCalibrationReader
     from coinfer.quantize.int8 import module_of
-    from tokenizers import Tokenizer
 
     model = onnx.load(str(src))
     inits = {i.name for i in model.graph.initializer}

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+
 from coinfer.edge.onnx_lm import ACCELERATORS, OnnxLM
 
 # ops that carry the model's arithmetic: on CPU while CUDA / TensorRT was asked for = a real fallback

@@ -35,9 +35,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from coinfer.quantize.artifact import ArtifactError
-
 from coinfer.manifest import sha256_file
+from coinfer.quantize.artifact import ArtifactError
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from coinfer.edge.planner.cost import PLANS
 
+from coinfer.edge.planner.cost import PLANS
 from scenarios.netem import ShapingProxy
 
 
@@ -125,7 +125,6 @@ class Runner:
         from coinfer.cloud.server import create_server
         from coinfer.demo.artifacts import ensure_artifacts
         from coinfer.edge.planner.estimates import Estimates
-
         from coinfer.tasks import TASKS, problems
 
         self.art = ensure_artifacts()
@@ -146,7 +145,6 @@ class Runner:
         self.warm_core = await self._core(warm=True)
         self._i = 0
         from coinfer.edge.planner import probes
-
         from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
 
         model_file = Path(self.model) / "model.onnx"
@@ -213,7 +211,6 @@ class Runner:
         import multiprocessing as mp
 
         from coinfer.edge.planner import probes
-
         from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
 
         self.proxy.set(sc.rtt_ms, sc.bandwidth_bps)

@@ -154,7 +154,6 @@ def _problems(n: int, seed: int) -> list[str]:
     import random
 
     from coinfer.demo import wordprob
-
     from coinfer.tasks import problems
 
     rng = random.Random(seed)
@@ -163,9 +162,8 @@ def _problems(n: int, seed: int) -> list[str]:
 
 
 async def _one(core, edge: int, index: int, prompt: str, deadline_ms: int) -> Outcome:
-    from coinfer.edge.service import Done, SolveRequest
-
     from coinfer import types as t
+    from coinfer.edge.service import Done, SolveRequest
 
     out = Outcome(index, edge, time.monotonic())
     try:

@@ -37,7 +37,6 @@ from coinfer.edge.planner.cost import (
     predict_escalation,
 )
 from coinfer.edge.planner.estimates import Estimates
-
 from coinfer.types import ModelState, Plan
 
 log = logging.getLogger(__name__)

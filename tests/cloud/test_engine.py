@@ -10,7 +10,6 @@ def test_tiny_temperatures_are_raised_to_vllms_floor_without_its_per_request_war
 
 def test_a_hand_serialised_probe_answer_is_the_message_protobuf_would_write():
     from coinfer.cloud.servicer import probe_answer
-
     from coinfer.v1 import coinfer_pb2 as pb
 
     for n in (0, 1, 127, 128, 65536, (1 << 20) + 3, 16 << 20):

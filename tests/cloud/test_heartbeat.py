@@ -9,11 +9,11 @@ import time
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from coinfer.cloud.config import CloudConfig, EngineConfig
 from coinfer.cloud.engine import Chunk, EngineStats, TargetEngine
 from coinfer.cloud.server import create_server
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from coinfer.errors import Unavailable
 
 

@@ -1,9 +1,9 @@
 import math
 
 import pytest
+
 from coinfer.cloud.load import DraftCountController
 from coinfer.cloud.policy import consensus_prefix, likelihood_score, rank_scores, refine_max_tokens
-
 from coinfer.tasks.base import split_steps
 
 

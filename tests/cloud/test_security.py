@@ -9,12 +9,12 @@ import urllib.request
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from coinfer.cloud.auth import load_tokens
 from coinfer.cloud.config import CloudConfig, EngineConfig, PolicyConfig
 from coinfer.cloud.server import create_server
 from coinfer.edge.channel import cloud_channel
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
 
@@ -165,7 +165,6 @@ def _rpc_error(exc) -> grpc.aio.AioRpcError:
 
 def test_which_cloud_errors_are_the_requests_fault():
     from coinfer.edge.pipeline import cloud_failed, failure_kind, request_fault
-
     from coinfer.errors import InvalidArgument, Reason, ResourceExhausted, Unavailable, error_info
 
     assert request_fault(_rpc_error(InvalidArgument("problem.prompt: required")))

@@ -9,7 +9,6 @@ import time
 
 from coinfer.cloud.config import CloudConfig, EngineConfig
 from coinfer.cloud.server import create_server
-
 from tests.cloud.test_heartbeat import StandIn
 
 

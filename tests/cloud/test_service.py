@@ -252,7 +252,6 @@ async def test_metrics_vllm_stats_and_weights_in_status(cloud, stub):
 async def test_shutdown_drains_in_flight_sessions_and_refuses_new_ones(cloud):
     from coinfer.cloud.config import CloudConfig
     from coinfer.cloud.server import create_server
-
     from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
 
     srv = await create_server(CloudConfig(engine=cloud.cfg.engine, limits=cloud.cfg.limits))
@@ -289,9 +288,8 @@ async def _collect(call) -> list:
 
 
 async def test_finished_samples_come_as_they_finish_and_stopping_early_aborts_the_rest(cloud):
-    from coinfer.cloud.engine import GenParams
-
     from coinfer.chat import ChatMessage
+    from coinfer.cloud.engine import GenParams
 
     eng = cloud.core.engine
     prompt = eng.render([ChatMessage("user", ARITH)])

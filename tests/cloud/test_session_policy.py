@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import asyncio
 
+from coinfer import types as t
 from coinfer.cloud.config import CloudConfig
 from coinfer.cloud.engine import Chunk, EngineStats, GenParams, TargetEngine
 from coinfer.cloud.session import DraftsDone, Session
-
-from coinfer import types as t
 from coinfer.extract import Extraction
 from coinfer.rules import Rule, RuleSet
 from coinfer.tasks import OPEN
@@ -375,7 +374,6 @@ def test_the_clouds_own_generation_stops_when_it_falls_into_a_loop():
     session.cfg.policy.max_retries = 0
     summary = asyncio.run(_run(session, ["Tom buys 3 * 4 = 13 apples.\nAnswer: 13"]))[-1]
     from coinfer.cloud.answering import LOOP_CHECK_TOKENS
-
     from coinfer.repetition import repetition_error
 
     # stopped at the first check that saw the loop, not at its budget; then the candidates (4 here)

@@ -1,6 +1,7 @@
 """Judge output parsing: anything malformed becomes an invalid verdict with an error, never a crash."""
 
 import pytest
+
 from coinfer.cloud.verifier import JUDGE_SCHEMA, judge_prompt, parse_judge
 
 

@@ -65,11 +65,11 @@ def test_models_speak_chatml_and_stop_at_end_of_turn(artifacts):
 
 
 def test_both_models_load_in_transformers_and_vllm(artifacts):
-    from coinfer.cloud.config import EngineConfig
-    from coinfer.cloud.engine import GenParams, VllmEngine
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     from coinfer.chat import ChatFormat, ChatMessage
+    from coinfer.cloud.config import EngineConfig
+    from coinfer.cloud.engine import GenParams, VllmEngine
 
     for path in (artifacts.models.draft, artifacts.models.target):
         model = LlamaForCausalLM.from_pretrained(str(path))

@@ -4,7 +4,6 @@ import random
 from itertools import islice
 
 from coinfer.demo import run, wordprob
-
 from coinfer.tasks import TASKS, problems
 
 

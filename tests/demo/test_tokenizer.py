@@ -1,9 +1,9 @@
 """The demo tokenizer: byte-level BPE, digits one per token, ChatML template with BOS."""
 
-from coinfer.demo.tokenizer import BOS_ID, EOS_ID, IM_START_ID, PAD_ID, build_tokenizer, encode, save
 from transformers import AutoTokenizer
 
 from coinfer.chat import ChatFormat, ChatMessage
+from coinfer.demo.tokenizer import BOS_ID, EOS_ID, IM_START_ID, PAD_ID, build_tokenizer, encode, save
 
 TEXT = "If x=3 and y=5, compute (x+y)^2-x*y.\n3+5=8; answer 49"
 

@@ -4,6 +4,7 @@ import json
 from dataclasses import replace
 
 import pytest
+
 from coinfer.demo import train
 
 
@@ -27,3 +28,18 @@ def test_retraining_the_draft_alone_needs_a_matching_target(tmp_path):
     (tmp_path / "report.json").write_text(json.dumps({"target_key": "0" * 16}))
     with pytest.raises(SystemExit, match="retrain both"):
         train.retrain_draft(tmp_path)
+
+
+def test_the_keys_hash_code_with_the_project_modules_named_by_their_folders():
+    """An installed path (coinfer.demo.x) and its folder (demo.x) hash alike; any other change does not."""
+    def a():
+        from coinfer.demo.evaluate import _load  # noqa: F401
+
+    def b():
+        from demo.evaluate import _load  # noqa: F401
+
+    def c():
+        from demo.evaluate import _generate  # noqa: F401
+
+    assert train.code_text(a).replace("def a", "def b") == train.code_text(b)
+    assert train.code_text(b).replace("def b", "def c") != train.code_text(c)

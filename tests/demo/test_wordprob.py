@@ -3,7 +3,6 @@
 import random
 
 from coinfer.demo import wordprob as w
-
 from coinfer.tasks import is_held_out
 
 

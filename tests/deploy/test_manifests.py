@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from coinfer.cloud.config import ENV_PREFIX, CloudConfig
-from coinfer.cloud.server import build_parser
 from kubernetes.client import ApiClient
 
+from coinfer.cloud.config import ENV_PREFIX, CloudConfig
+from coinfer.cloud.server import build_parser
 from coinfer.serving import settings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,6 +1,7 @@
 """Edge config: TOML file < environment < flags; bad values name the setting."""
 
 import pytest
+
 from coinfer.edge.config import EdgeConfig
 
 

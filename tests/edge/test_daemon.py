@@ -10,10 +10,10 @@ import time
 import grpc
 import httpx
 import pytest
-from coinfer.edge.config import EdgeConfig
-from coinfer.edge.daemon import EdgeDaemon
 
 from coinfer.chat import ChatMessage
+from coinfer.edge.config import EdgeConfig
+from coinfer.edge.daemon import EdgeDaemon
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import edge_pb2 as epb
 from coinfer.v1 import edge_pb2_grpc as epb_grpc
@@ -307,8 +307,9 @@ async def test_openai_sdk_free_form_prompt_in_every_plan_streamed_and_not(daemon
 async def test_word_problem_with_marker_extraction_returns_the_extracted_answer(daemon):
     import random
 
-    from coinfer.demo import wordprob
     from openai import AsyncOpenAI
+
+    from coinfer.demo import wordprob
 
     p = next(wordprob.problems(random.Random(21), held_out=True))
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)

@@ -3,10 +3,10 @@
 import shutil
 
 import pytest
-from coinfer.edge.draft_engine import OrtDraftEngine
-from coinfer.edge.sampling import Sampling
 
 from coinfer.chat import ChatMessage
+from coinfer.edge.draft_engine import OrtDraftEngine
+from coinfer.edge.sampling import Sampling
 from coinfer.manifest import ManifestError
 
 pytestmark = pytest.mark.slow

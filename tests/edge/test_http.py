@@ -3,7 +3,6 @@
 import json
 
 from coinfer.edge.http import failure, lone_surrogate
-
 from coinfer.errors import CoinferError, DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
 
 
@@ -32,11 +31,11 @@ def test_unpaired_surrogates_are_found_with_their_path():
 
 async def test_a_failure_after_the_stream_began_ends_it_with_an_error_event(monkeypatch, tmp_path):
     import httpx
+
+    from coinfer import types as t
     from coinfer.edge.config import EdgeConfig
     from coinfer.edge.http import create_app
     from coinfer.edge.service import EdgeCore
-
-    from coinfer import types as t
 
     core = EdgeCore(EdgeConfig(model=str(tmp_path), warm=False))  # lazy: never loaded here
 
@@ -60,12 +59,12 @@ async def test_a_failure_after_the_stream_began_ends_it_with_an_error_event(monk
 
 async def test_the_coinfer_block_carries_the_plans_that_ran_and_the_clouds_tokens(monkeypatch, tmp_path):
     import httpx
+
+    from coinfer import types as t
     from coinfer.edge.config import EdgeConfig
     from coinfer.edge.http import create_app
     from coinfer.edge.pipeline import EdgeResult
     from coinfer.edge.service import CloudTokens, Done, EdgeCore
-
-    from coinfer import types as t
 
     core = EdgeCore(EdgeConfig(model=str(tmp_path), warm=False))  # lazy: never loaded here
     result = EdgeResult(answer="x+y = 8", source="refined", valid=True, task="arith", rounds=2)

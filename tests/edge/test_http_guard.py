@@ -7,6 +7,7 @@ import asyncio
 
 import httpx
 import pytest
+
 from coinfer.edge.config import EdgeConfig
 from coinfer.edge.daemon import EdgeDaemon
 

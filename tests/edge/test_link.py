@@ -7,10 +7,10 @@ import json
 
 import grpc
 import pytest
-from coinfer.edge.link import CLOUD_SERVICE, SERVICE_CONFIG
-from coinfer.edge.targets import parse_targets
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from coinfer.edge.link import CLOUD_SERVICE, SERVICE_CONFIG
+from coinfer.edge.targets import parse_targets
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
 

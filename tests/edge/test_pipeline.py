@@ -1,10 +1,10 @@
 """Pure logic of the edge pipeline (the pipeline itself runs against real engines in tests/integration)."""
 
 import grpc
-from coinfer.edge.pipeline import cloud_failed, follow_advice, request_fault
-from coinfer.edge.sampling import Sampling
 
 from coinfer import types as t
+from coinfer.edge.pipeline import cloud_failed, follow_advice, request_fault
+from coinfer.edge.sampling import Sampling
 
 
 def test_retry_advice_changes_exploration_and_keeps_the_users_limits():
@@ -20,7 +20,6 @@ def test_retry_advice_changes_exploration_and_keeps_the_users_limits():
 
 def test_capacity_and_deadlines_do_not_count_against_the_cloud():
     from coinfer.edge.pipeline import failure_kind
-
     from coinfer.errors import Reason
 
     assert not cloud_failed(Reason.SESSIONS_FULL) and not cloud_failed(Reason.DEADLINE)
@@ -32,9 +31,8 @@ def test_capacity_and_deadlines_do_not_count_against_the_cloud():
 
 
 def test_a_finished_draft_beats_a_truncated_one_with_a_better_score():
-    from coinfer.edge.pipeline import EdgePipeline
-
     from coinfer import types as t
+    from coinfer.edge.pipeline import EdgePipeline
     from coinfer.rules import RuleSet
     from coinfer.tasks import OPEN
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
-from coinfer.edge.sampling import PRUNE_NATS, Sampling, apply_penalties, nucleus, penalize, sample_next, top_p_filter
 
+from coinfer.edge.sampling import PRUNE_NATS, Sampling, apply_penalties, nucleus, penalize, sample_next, top_p_filter
 from coinfer.errors import InvalidArgument
 
 
@@ -55,6 +55,7 @@ def test_seed_defaults():
 
 def test_sampled_frequencies_follow_the_distribution():
     import numpy as np
+
     from coinfer.edge.sampling import Sampling, sample_next
 
     probs = np.array([0.1, 0.2, 0.0, 0.7])

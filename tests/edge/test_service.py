@@ -6,13 +6,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+
+from coinfer import types as t
 from coinfer.edge.config import EdgeConfig
 from coinfer.edge.pipeline import EdgeResult, Plan, ResultBuilder
 from coinfer.edge.planner.planner import EXPLORE_RUNS
 from coinfer.edge.service import CloudTokens, Done, EdgeCore, SolveRequest
 from coinfer.edge.servicer import result_to_pb
-
-from coinfer import types as t
 
 ARITH = "If x=3 and y=5, compute x+y."
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 
 import pytest
-from coinfer.edge.pipeline import EdgePipeline, Plan
-from coinfer.edge.sampling import Sampling
 
 from coinfer import types as t
+from coinfer.edge.pipeline import EdgePipeline, Plan
+from coinfer.edge.sampling import Sampling
 from coinfer.rules import RuleSet
 from coinfer.tasks import TASKS, problems
 

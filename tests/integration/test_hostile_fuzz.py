@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from coinfer.edge.config import EdgeConfig
 from coinfer.edge.daemon import EdgeDaemon
-
 from scenarios.hostile import Clients, Endpoints, Tally, alive, run_target, targets
 
 pytestmark = pytest.mark.slow

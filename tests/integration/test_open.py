@@ -7,13 +7,13 @@ import random
 
 import grpc
 import pytest
-from coinfer.demo import wordprob
-from coinfer.edge.pipeline import EdgePipeline, Plan
-from coinfer.edge.sampling import Sampling
 
 from coinfer import convert
 from coinfer import types as t
 from coinfer.chat import ChatMessage
+from coinfer.demo import wordprob
+from coinfer.edge.pipeline import EdgePipeline, Plan
+from coinfer.edge.sampling import Sampling
 from coinfer.extract import Extraction
 from coinfer.rules import Rule
 from coinfer.v1 import coinfer_pb2 as pb

@@ -2,13 +2,13 @@ import json
 
 import onnxruntime as ort
 import pytest
+
+from coinfer.chat import ChatMessage
 from coinfer.edge.draft_engine import OrtDraftEngine
 from coinfer.edge.sampling import Sampling
 from coinfer.quantize.artifact import ArtifactError
 from coinfer.quantize.decoder_graph import io_names
 from coinfer.quantize.export import ExportError, export_dir
-
-from coinfer.chat import ChatMessage
 
 pytestmark = pytest.mark.slow
 
@@ -85,10 +85,9 @@ def test_fp16_export_runs_on_the_edge_engine(artifacts, tmp_path):
 
 def test_an_export_that_fails_parity_is_not_published(artifacts, tmp_path, monkeypatch):
     """Parity is forced to fail (the check's outcome is under test here, not torch vs ONNX Runtime)."""
+    from coinfer.manifest import ManifestError
     from coinfer.quantize import export as ex
     from coinfer.quantize.cli import main as cli
-
-    from coinfer.manifest import ManifestError
 
     monkeypatch.setattr(ex, "parity", lambda *a, **kw: ex.Parity(3.5, False, 16))
     out = tmp_path / "bad"
@@ -106,6 +105,7 @@ def test_the_lm_head_runs_on_the_last_position_only(artifacts):
     """A prefill's logits are [B, 1, V], not [B, T, V]: a long prompt at a real vocabulary would
     otherwise allocate T x V floats (1 GB at 2k tokens x 128k)."""
     import numpy as np
+
     from coinfer.edge.onnx_lm import OnnxLM
 
     lm = OnnxLM(artifacts.draft_onnx / "model.onnx", providers=["CPUExecutionProvider"])

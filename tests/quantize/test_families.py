@@ -30,12 +30,12 @@ def _linear_count(model_dir, fused: bool = False) -> int:
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request, tmp_path_factory):
     """name, root: root/hf (source), root/onnx (export, parity checked), root/<scheme> (INT8)."""
-    from coinfer.quantize.build import BuildOptions, int8_dir
-    from coinfer.quantize.export import export_dir
-    from coinfer.quantize.int8 import QuantConfig
     from transformers import AutoTokenizer
 
     from coinfer.chat import ChatFormat, ChatMessage
+    from coinfer.quantize.build import BuildOptions, int8_dir
+    from coinfer.quantize.export import export_dir
+    from coinfer.quantize.int8 import QuantConfig
 
     name, root = request.param, tmp_path_factory.mktemp(request.param)
     hf = build(name, root / "hf")
@@ -87,10 +87,9 @@ def test_the_gates_judge_a_model_without_tasks(family):
 
 
 def test_edge_drafts_five_for_a_chat_prompt_and_honours_stop_strings(family):
+    from coinfer.chat import ChatMessage
     from coinfer.edge.draft_engine import OrtDraftEngine
     from coinfer.edge.sampling import Sampling
-
-    from coinfer.chat import ChatMessage
 
     name, root = family
     engine = OrtDraftEngine(root / "static")  # static INT8: batch-invariant, so a row's tokens ignore its batch-mates
@@ -113,11 +112,11 @@ def test_edge_drafts_five_for_a_chat_prompt_and_honours_stop_strings(family):
 
 def test_vllm_serves_the_same_directory(family):
     """The cloud's engine loads the source directory as vLLM and decodes what transformers decodes."""
-    from coinfer.cloud.config import EngineConfig
-    from coinfer.cloud.engine import VllmEngine
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from coinfer.chat import ChatMessage
+    from coinfer.cloud.config import EngineConfig
+    from coinfer.cloud.engine import VllmEngine
 
     name, root = family
 
@@ -147,9 +146,9 @@ def test_vllm_serves_the_same_directory(family):
 
 
 def test_a_rope_scaling_that_depends_on_the_length_is_refused_by_name(tmp_path):
-    from coinfer.quantize.export import ExportError, export_dir
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from coinfer.quantize.export import ExportError, export_dir
     from tests.families import COMMON
 
     cfg = LlamaConfig(**COMMON, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
@@ -162,12 +161,11 @@ def test_a_rope_scaling_that_depends_on_the_length_is_refused_by_name(tmp_path):
 def test_external_data_through_export_int8_and_the_edge(tmp_path):
     """A model over 2 GB cannot be one protobuf file: its weights go to model.onnx.data (forced here on a
     small model), and every INT8 scheme reads and writes that layout, so the edge runs it."""
+    from coinfer.chat import ChatMessage
     from coinfer.edge.draft_engine import OrtDraftEngine
     from coinfer.edge.sampling import Sampling
     from coinfer.quantize.artifact import has_external_data
     from coinfer.quantize.cli import main
-
-    from coinfer.chat import ChatMessage
 
     build("qwen2", tmp_path / "hf")
     assert main(["export", str(tmp_path / "hf"), str(tmp_path / "onnx"), "--external-data", "always", "--quiet"]) == 0
@@ -193,6 +191,9 @@ def test_kv_buffer_export_writes_the_cache_in_place(name, tmp_path):
     windows), INT8 keeps it, and the edge's drafts equal the concatenating export's."""
     import numpy as np
     import onnx
+    from transformers import AutoTokenizer
+
+    from coinfer.chat import ChatFormat, ChatMessage
     from coinfer.edge.draft_engine import OrtDraftEngine
     from coinfer.edge.onnx_lm import Buffers
     from coinfer.edge.sampling import Sampling
@@ -200,9 +201,6 @@ def test_kv_buffer_export_writes_the_cache_in_place(name, tmp_path):
     from coinfer.quantize.check import check_structure
     from coinfer.quantize.export import export_dir
     from coinfer.quantize.int8 import QuantConfig
-    from transformers import AutoTokenizer
-
-    from coinfer.chat import ChatFormat, ChatMessage
 
     hf = build(name, tmp_path / "hf")
     text = ChatFormat.from_dir(hf).render([ChatMessage("user", LONG_TURN)])

@@ -9,6 +9,7 @@ import shutil
 
 import numpy as np
 import pytest
+
 from coinfer.quantize.gates import TASK_FREE, GateConfig, Tally, accuracy_gate, log_softmax
 
 
@@ -77,7 +78,6 @@ def llama(tmp_path_factory):
     from coinfer.quantize.build import BuildOptions, int8_dir
     from coinfer.quantize.export import export_dir
     from coinfer.quantize.int8 import QuantConfig
-
     from tests.families import build
 
     root = tmp_path_factory.mktemp("gates")
@@ -121,9 +121,10 @@ def test_a_scale_corrupted_on_one_layer_fails_naming_the_measure(llama, tmp_path
     greedy match 12/12: the old greedy-match gate passed it), but whose next-token distributions moved
     (NLL delta 0.76, KL 0.53; the intact INT8 model: 0.000 and 0.000)."""
     import onnx
+    from onnx import numpy_helper
+
     from coinfer.quantize.check import check_structure
     from coinfer.quantize.cli import main
-    from onnx import numpy_helper
 
     rc, intact = _check(main, capsys, llama / "onnx", llama / "dynamic")
     assert rc == 0, [g["message"] for g in intact.values()]

@@ -7,9 +7,9 @@ import json
 
 import numpy as np
 import pytest
+
 from coinfer.quantize.cli import main
 from coinfer.quantize.gguf_import import GGUF_ARCHITECTURES, end_of_turn
-
 from tests.families import FAMILIES, tokenizer
 
 

@@ -6,16 +6,16 @@ import random
 import numpy as np
 import onnx
 import pytest
+from onnx import numpy_helper
+
+from coinfer.chat import ChatMessage
 from coinfer.edge.draft_engine import OrtDraftEngine
 from coinfer.edge.sampling import Sampling
+from coinfer.manifest import ManifestError
 from coinfer.quantize.artifact import copy_sidecars
 from coinfer.quantize.check import check_structure
 from coinfer.quantize.cli import main
 from coinfer.quantize.int8 import SCHEMES, QuantConfig, quantize_model
-from onnx import numpy_helper
-
-from coinfer.chat import ChatMessage
-from coinfer.manifest import ManifestError
 from coinfer.tasks import TASKS, problems
 
 pytestmark = pytest.mark.slow
@@ -83,9 +83,10 @@ def _build_raw(artifacts, out, cfg: QuantConfig):
     copy_sidecars(artifacts.draft_onnx, out)
     reader = None
     if cfg.scheme == "static":
+        from tokenizers import Tokenizer
+
         from coinfer.quantize.calibrate import KvCalibrationReader
         from coinfer.quantize.prompts import task_prompts
-        from tokenizers import Tokenizer
 
         tok = Tokenizer.from_file(str(artifacts.draft_onnx / "tokenizer.json"))
         reader = lambda: KvCalibrationReader(artifacts.draft_onnx / "model.onnx", tok,  # noqa: E731
@@ -214,8 +215,9 @@ def test_cli_bad_input_exits_2_and_leaves_nothing(tmp_path, artifacts, capsys):
 
 
 def test_fp16_embeddings_only_touch_tables_read_by_gather_alone(tmp_path):
-    from coinfer.quantize.int8 import fp16_embeddings
     from onnx import TensorProto, helper
+
+    from coinfer.quantize.int8 import fp16_embeddings
 
     table = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3), "table")
     shared = numpy_helper.from_array(np.ones((4, 3), np.float32), "shared")  # tied: also a MatMul weight
@@ -278,8 +280,9 @@ def test_keep_float_leaves_the_named_matmuls_float_and_auto_keeps_none_of_the_de
     ("model.layers.11.mlp.up_proj", ("down_proj",), False),
 ])
 def test_keep_float_names_match_whole_module_suffixes(name, keep, kept):
-    from coinfer.quantize.int8 import kept_float
     from onnx import helper
+
+    from coinfer.quantize.int8 import kept_float
 
     node = helper.make_node("MatMul", ["x", "w"], ["y"], name="node_linear_7")
     node.metadata_props.add(key="pkg.torch.onnx.name_scopes", value=f"['', '{name}', 'linear_7']")

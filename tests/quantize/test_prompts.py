@@ -3,9 +3,9 @@
 import json
 
 import pytest
-from coinfer.quantize.prompts import PromptFileError, read_prompt_file, task_prompts
 
 from coinfer.chat import ChatFormat
+from coinfer.quantize.prompts import PromptFileError, read_prompt_file, task_prompts
 from coinfer.tasks import is_held_out
 
 

@@ -12,8 +12,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def tied_export(tmp_path_factory):
-    from coinfer.quantize.export import export_dir
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from coinfer.quantize.export import export_dir
 
     root = tmp_path_factory.mktemp("tied")
     torch.manual_seed(0)
@@ -40,9 +41,10 @@ def test_tied_head_is_quantized_per_channel(tied_export):
 
 
 def test_a_head_left_float_fails_the_structure_check(tied_export, tmp_path):
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
     from coinfer.quantize.check import check_structure
     from coinfer.quantize.int8 import _named, weight_matmuls
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
     named = _named(tied_export / "onnx" / "model.onnx", tmp_path / "named.onnx")
     nodes = weight_matmuls(named)

@@ -3,11 +3,11 @@ and the guard leaves health (unary and streaming) and reflection working."""
 
 import grpc
 import pytest
-from coinfer.cloud.config import CloudConfig, EngineConfig
-from coinfer.cloud.server import create_server
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from coinfer.cloud.config import CloudConfig, EngineConfig
+from coinfer.cloud.server import create_server
 from coinfer.v1 import coinfer_pb2 as pb
 
 GARBAGE = [b"\xff\xff\xff", b"\x0a", b"\x0a\x02\xff\xfe"]  # corrupt, truncated, invalid UTF-8 in a string

@@ -4,9 +4,9 @@ included, every field a flag documented by its dataclass docstring, bad values n
 from __future__ import annotations
 
 import pytest
+
 from coinfer.cloud.config import ENV_PREFIX, CloudConfig
 from coinfer.cloud.server import build_parser, load_config
-
 from coinfer.serving import settings
 
 

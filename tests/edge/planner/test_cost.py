@@ -3,6 +3,9 @@
 import dataclasses
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from coinfer.edge.planner.cost import (
     CloudProfile,
     EdgeProfile,
@@ -13,8 +16,6 @@ from coinfer.edge.planner.cost import (
     cold_start_ms,
     predict,
 )
-from hypothesis import given
-from hypothesis import strategies as st
 
 EDGE = EdgeProfile(model_bytes=200_000_000, disk_read_bps=500e6, pcie_h2d_bps=None, session_ms=400, warmup_ms=30,
                    prefill_ms_per_token=0.2, step_ms={1: 5.0, 5: 7.0})

@@ -85,9 +85,8 @@ def test_a_cloud_plan_never_run_is_predicted_from_the_answers_the_task_gets():
 
 
 def _result(rounds: int, drafting: float, total: float, summary=None):
-    from coinfer.edge.pipeline import EdgeResult
-
     from coinfer import types as t
+    from coinfer.edge.pipeline import EdgeResult
 
     drafts = [t.Draft(i, "3+5=8; answer 8", 10, -0.1, drafting) for i in range(5)]
     return EdgeResult("3+5=8; answer 8", "refined", True, drafts=drafts, summary=summary, rounds=rounds,
@@ -160,6 +159,7 @@ def test_an_escalated_request_teaches_the_edge_and_the_split_apart():
 
 async def test_failed_probes_fall_back_and_say_so(tmp_path):
     import grpc
+
     from coinfer.edge.planner import probes
 
     class DownStub:  # the cloud unreachable: every RPC fails as grpc.aio would

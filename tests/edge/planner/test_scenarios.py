@@ -7,8 +7,8 @@ import asyncio
 import json
 
 import pytest
-from coinfer.edge.plan import main as plan_main
 
+from coinfer.edge.plan import main as plan_main
 from scenarios.planner import Runner, Scenario, summarise
 
 pytestmark = pytest.mark.slow
