@@ -180,6 +180,21 @@ Event = t.Draft | t.CloudEvent
 OnEvent = Callable[[Event], None]
 
 
+def _prepare_replay(why: str, result: ResultBuilder, answered: list[bool], emit: OnEvent) -> list[t.Draft]:
+    """Ready ``result`` for a replay of its cloud session on another replica; returns the drafts written
+    so far, which travel again as the replay's first round (no re-drafting)."""
+    log.warning("cloud session failed before its summary (%s): replaying on another replica", why)
+    result.replays.append(why)
+    if answered:  # the streamed answer is withdrawn: the replay writes its own
+        answered.clear()
+        emit(t.AnswerReset(why))
+    # Each index once: a replay after a kill once sent index 4 twice and lost the request to
+    # INVALID_ARGUMENT (CI, test_replicas; the path that doubled it not found)
+    drafts = list({d.index: d for d in result.drafts}.values())
+    result.drafts, result.verdicts, result.summary = [], {}, None
+    return drafts
+
+
 class EdgePipeline:
     def __init__(self, engine: OrtDraftEngine | None, channel: grpc.aio.Channel | None, replays: int = 2) -> None:
         """``engine`` may be None for a cloud-only request (the edge model is still loading). A cloud
@@ -339,17 +354,7 @@ class EdgePipeline:
                     except (grpc.aio.AioRpcError, ConnectionError) as exc:
                         if len(result.replays) >= self.replays or not replayable(exc) or not await self._replica_ready():
                             raise
-                        why = failure_reason(exc)
-                        log.warning("cloud session failed before its summary (%s): replaying on another replica", why)
-                        result.replays.append(why)
-                        if answered:  # the streamed answer is withdrawn: the replay writes its own
-                            answered.clear()
-                            emit(t.AnswerReset(why))
-                        # the drafts written so far travel again as the replay's first round: no re-drafting.
-                        # Each index once: a replay after a kill once sent index 4 twice and lost the
-                        # request to INVALID_ARGUMENT (CI, test_replicas; the path that doubled it not found)
-                        drafts = list({d.index: d for d in result.drafts}.values()) or drafts
-                        result.drafts, result.verdicts, result.summary = [], {}, None
+                        drafts = _prepare_replay(failure_reason(exc), result, answered, emit) or drafts
         except (grpc.aio.AioRpcError, TimeoutError, ConnectionError) as exc:
             reason = failure_reason(exc)
             if isinstance(exc, grpc.aio.AioRpcError) and request_fault(exc):
