@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,10 +90,17 @@ def parity_prompt(model_dir: Path) -> list[int]:
 INT8_SOURCES = (*EXPORT_SOURCES, "quantize/*.py", "demo/artifacts.py")
 
 
-def _drop_stale(root: Path, prefix: str, keep: Path) -> None:
-    """Artefacts built by older code (and the unkeyed name of earlier builds) are not reused: remove them."""
+STALE_AFTER_S = 24 * 3600
+"""Another key's artefact is removed once it is this old: younger, it may be another checkout's in use
+(a CI clone beside a working tree shares the cache; removing its export failed 22 of its tests)."""
+
+
+def _drop_stale(root: Path, prefix: str, keep: Path, now: float | None = None) -> None:
+    """Artefacts built by other code (and the unkeyed name of earlier builds) are not reused: remove
+    those older than ``STALE_AFTER_S`` (a few MB each)."""
+    now = time.time() if now is None else now
     for old in root.glob(f"{prefix}*"):
-        if old != keep and old.is_dir():
+        if old != keep and old.is_dir() and now - old.stat().st_mtime > STALE_AFTER_S:
             shutil.rmtree(old, ignore_errors=True)
 
 
