@@ -63,6 +63,24 @@ class BreakerState(StrEnum):
     HALF_OPEN = "half_open"
 
 
+class ResultSource(StrEnum):
+    """Where an edge answer came from (``SolveResult.source``, the HTTP ``coinfer.source``)."""
+
+    REFINED = "refined"
+    """The cloud refined the drafts."""
+    DRAFT = "draft"
+    """A verified draft, as the cloud accepted it."""
+    CLOUD = "cloud"
+    """The cloud answered alone (the cloud plan, or no usable draft)."""
+    EDGE_ONLY = "edge_only"
+    """The edge answered alone: the edge plan, or the local fallback when the cloud failed."""
+
+    @classmethod
+    def of(cls, source: int) -> ResultSource:
+        """The edge's name for the cloud's ``AnswerSource``."""
+        return cls(AnswerSource(source).name.lower())
+
+
 class VerifierKind(StrEnum):
     """The cloud's LLM verifier after the rules."""
 

@@ -123,8 +123,7 @@ class EdgeResult:
     ``ResultBuilder`` while it runs; later layers add to a result with ``dataclasses.replace``)."""
 
     answer: str
-    source: str
-    """refined | draft | cloud (cloud answered) or edge_only (local fallback / edge plan)."""
+    source: t.ResultSource
     valid: bool
     drafts: list[t.Draft] = field(default_factory=list)
     verdicts: dict[int, t.Verdict] = field(default_factory=dict)
@@ -159,7 +158,7 @@ class _Filling:
     def take(self, summary: t.Summary) -> None:
         """The cloud's answer: adopt its summary."""
         self.summary, self.answer, self.valid = summary, summary.answer, summary.answer_valid
-        self.source = t.AnswerSource(summary.source).name.lower()
+        self.source = t.ResultSource.of(summary.source)
         self.fields, self.refine_mode = dict(summary.fields), summary.refine_mode
         self.finish_reason = summary.finish_reason or "stop"
 
@@ -300,7 +299,7 @@ class EdgePipeline:
         s.validate()
         req.expected_drafts = len(drafts) if drafts else s.n
         emit = on_event or (lambda ev: None)
-        result = ResultBuilder("", "edge_only", False, task=task_name)
+        result = ResultBuilder("", t.ResultSource.EDGE_ONLY, False, task=task_name)
         model_prompt = self.engine.render(req.conversation) if self.engine is not None else ""
         local_stop = t0 + deadline_s - LOCAL_FINISH_S  # local drafts end in time for the rules and the reply
         if plan is Plan.EDGE or self.stub is None:
@@ -373,7 +372,7 @@ class EdgePipeline:
                 result.drafts = (list(drafts) if drafts else await early if early is not None
                                  else await self._draft_round(model_prompt, s, 0, t0, lambda d: None, stop))
             await self._finish_local(result, ruleset)
-            result.source, result.fallback_reason, result.summary = "edge_only", reason, None
+            result.source, result.fallback_reason, result.summary = t.ResultSource.EDGE_ONLY, reason, None
             result.fallback_kind = failure_kind(exc)
             result.refine_mode = ""
             result.timings["total"] = (time.perf_counter() - t0) * 1e3
@@ -390,13 +389,13 @@ class EdgePipeline:
                                  deadline_ms=req.deadline_ms)
         if req.refine is not None:
             msg.sampling.CopyFrom(convert.to_pb(req.refine, pb.SamplingParams))
-        result = ResultBuilder("", "cloud", False, task=req.task)
+        result = ResultBuilder("", t.ResultSource.CLOUD, False, task=req.task)
         async for m in self.stub.Generate(msg, timeout=deadline_s):
             ev = convert.event_from_pb(m)
             emit(ev)
             if isinstance(ev, t.Summary):
                 result.take(ev)
-                result.source = "cloud"
+                result.source = t.ResultSource.CLOUD
         result.timings = {"total": (time.perf_counter() - t0) * 1e3}
         return result
 
