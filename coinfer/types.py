@@ -77,8 +77,9 @@ class ResultSource(StrEnum):
 
     @classmethod
     def of(cls, source: int) -> ResultSource:
-        """The edge's name for the cloud's ``AnswerSource``."""
-        return cls(AnswerSource(source).name.lower())
+        """The edge's name for the cloud's ``AnswerSource``; one it does not name (0: unset, or a newer
+        cloud's) is the cloud's answer."""
+        return {AnswerSource.REFINED: cls.REFINED, AnswerSource.DRAFT: cls.DRAFT}.get(source, cls.CLOUD)
 
 
 class VerifierKind(StrEnum):
