@@ -46,7 +46,7 @@ demo-real: setup
 
 # artefacts first, outside pytest: a fresh machine builds them here (cached after)
 test: artifacts
-	$(PY) -m pytest -q -ra tests
+	$(PY) -m pytest -q -ra --durations=15 tests
 
 lint: setup
 	$(PY) -m ruff check .

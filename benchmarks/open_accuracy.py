@@ -59,7 +59,7 @@ class Case:
 
     kind: str  # "arith", "select" or "words"
     prompt: str
-    item: object  # demo.train.Item: the truth and the grader
+    item: object  # coinfer.demo.train.Item: the truth and the grader
 
     @property
     def task(self) -> str:
