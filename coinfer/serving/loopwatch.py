@@ -156,12 +156,18 @@ class LoopWatch:
     def _warn(self, lag: float, busy: float, queued: float, collecting: float, stack: str | None) -> None:
         self.stalls += 1
         self.worst_s = max(self.worst_s, lag)
-        where = stack or "  (no Python frame was seen: the watchdog did not run either, so the process was not " \
-                         "scheduled or a native call in another thread held the GIL)\n"
         split = "" if self._schedstat is None else f", {queued * 1e3:.0f} ms waiting for a core"
         split += f", {collecting * 1e3:.0f} ms collecting garbage"
+        if stack is None or idle_in_select(stack):
+            # no code on the loop to name: a stack of the loop's own select would only be noise (a 2-core
+            # demo printed a 25-line one per stall); INFO, and one line on what it means
+            log.info("event loop held %.0f ms (threshold %.0f ms), %.0f ms of it on CPU%s; the loop thread was "
+                     "in:\n  (%s: no code on the loop held it; the process was not scheduled or a native call in "
+                     "another thread held the GIL)", lag * 1e3, self.threshold_s * 1e3, busy * 1e3, split,
+                     "idle in select" if stack else "no Python frame was seen")
+            return
         log.warning("event loop held %.0f ms (threshold %.0f ms), %.0f ms of it on CPU%s; the loop thread was "
-                    "in:\n%s", lag * 1e3, self.threshold_s * 1e3, busy * 1e3, split, where.rstrip())
+                    "in:\n%s", lag * 1e3, self.threshold_s * 1e3, busy * 1e3, split, stack.rstrip())
 
     def _watch(self) -> None:
         while not self._stop.wait(self.period_s):
@@ -171,6 +177,13 @@ class LoopWatch:
                 frame = sys._current_frames().get(self._loop_thread)
                 if frame is not None:
                     self._stack = "".join(traceback.format_stack(frame, limit=self.frames))
+
+
+def idle_in_select(stack: str) -> bool:
+    """The stack (innermost frame last, as ``traceback.format_stack`` writes it) is the loop waiting in
+    its selector: nothing on the loop was running when the watchdog looked."""
+    frames = [line for line in stack.splitlines() if line.lstrip().startswith("File ")]
+    return bool(frames) and frames[-1].split('"')[1].endswith("selectors.py")
 
 
 def lag_histogram(registry) -> Callable[[float], None]:

@@ -1,7 +1,8 @@
 """The servers' own view of their event loops: the stalls ``coinfer.serving.loopwatch`` logs, read back from the
 servers' stderr logs and counted over the campaign and per target.
 
-Each stall is a WARNING line (the log's timestamp is local time, written when the stall ended)::
+Each stall is a WARNING line, INFO where no code on the loop held it (the loop idle in select, or no Python
+frame seen); the log's timestamp is local time, written when the stall ended::
 
     2026-11-30 21:13:15,190 WARNING coinfer.loop: event loop held 63 ms (threshold 50 ms), 37 ms of it on CPU; the loop thread was in:
       File "...", line 12, in handler
@@ -22,7 +23,7 @@ ON_CPU_MS = 50.0
 STACKS_KEPT = 3
 
 STAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
-STALL = re.compile(r"(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) WARNING coinfer\.loop: event loop held "
+STALL = re.compile(r"(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (?:WARNING|INFO) coinfer\.loop: event loop held "
                    r"(?P<held>[\d.]+) ms \(threshold (?P<threshold>[\d.]+) ms\), (?P<cpu>[\d.]+) ms of it on CPU"
                    r"(?:, (?P<queued>[\d.]+) ms waiting for a core)?(?:, (?P<gc>[\d.]+) ms collecting garbage)?")
 SUPPRESSED = re.compile(r"\[(\d+) similar lines suppressed")

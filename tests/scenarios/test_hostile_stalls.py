@@ -69,3 +69,12 @@ def test_no_stall_and_no_target_give_zeros():
     assert stall_report("", {"a": (0.0, 1.0)})["stalls"] == 0
     empty = stall_report(LOG, {})
     assert (empty["stalls"], empty["by_target"], empty["on_cpu_stacks"]) == (0, {}, [])
+
+
+def test_an_info_stall_of_an_idle_loop_is_counted_too():
+    line = ("2026-12-02 01:00:00,000 INFO coinfer.loop: event loop held 71 ms (threshold 50 ms), 2 ms of it on CPU, "
+            "46 ms waiting for a core, 0 ms collecting garbage; the loop thread was in:\n"
+            "  (idle in select: no code on the loop held it; the process was not scheduled or a native call in "
+            "another thread held the GIL)\n")
+    (stall,) = parse_stalls(line)
+    assert (stall.held_ms, stall.on_cpu_ms, stall.queued_ms) == (71.0, 2.0, 46.0) and "idle in select" in stall.stack

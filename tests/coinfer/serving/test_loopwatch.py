@@ -5,7 +5,7 @@ import logging
 import sys
 import time
 
-from coinfer.serving.loopwatch import LoopWatch
+from coinfer.serving.loopwatch import LoopWatch, idle_in_select
 
 
 def _hold_the_loop(seconds: float) -> None:
@@ -138,3 +138,23 @@ def test_freezing_the_heap_hides_the_loaded_objects_from_later_collections():
         assert freeze_heap() >= len(keep)
     finally:
         gc.unfreeze()
+
+
+IDLE = ('  File "/x/asyncio/base_events.py", line 1884, in _run_once\n    event_list = self._selector.select(timeout)\n'
+        '  File "/usr/lib/python3.11/selectors.py", line 468, in select\n'
+        '    fd_event_list = self._selector.poll(timeout, max_ev)\n')
+HELD = IDLE + '  File "/x/edge/service.py", line 227, in parse\n    json.loads(body)\n'
+
+
+def test_a_stall_with_the_loop_idle_in_select_is_info_without_a_stack(caplog):
+    """Only code on the loop is worth a warning and its stack; the loop's own select is not."""
+    assert idle_in_select(IDLE) and not idle_in_select(HELD) and not idle_in_select("")
+    watch = LoopWatch()
+    with caplog.at_level(logging.INFO, logger="coinfer.loop"):
+        for stack in (IDLE, None, HELD):
+            watch._warn(0.09, 0.001, 0.05, 0.0, stack)
+    idle, unseen, held = caplog.records
+    assert idle.levelno == unseen.levelno == logging.INFO and held.levelno == logging.WARNING
+    assert "selectors.py" not in idle.getMessage() and "idle in select" in idle.getMessage()
+    assert "no Python frame" in unseen.getMessage() and "json.loads(body)" in held.getMessage()
+    assert watch.stalls == 3  # each still counts
