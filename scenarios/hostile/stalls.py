@@ -1,8 +1,8 @@
 """The servers' own view of their event loops: the stalls ``coinfer.serving.loopwatch`` logs, read back from the
 servers' stderr logs and counted over the campaign and per target.
 
-Each stall is a WARNING line, INFO where no code on the loop held it (the loop idle in select, or no Python
-frame seen); the log's timestamp is local time, written when the stall ended::
+Each stall is a WARNING line, INFO where no code on the loop held it (the loop idle in select; the
+log's timestamp is local time, written when the stall ended)::
 
     2026-11-30 21:13:15,190 WARNING coinfer.loop: event loop held 63 ms (threshold 50 ms), 37 ms of it on CPU; the loop thread was in:
       File "...", line 12, in handler

@@ -153,8 +153,10 @@ def test_a_stall_with_the_loop_idle_in_select_is_info_without_a_stack(caplog):
     with caplog.at_level(logging.INFO, logger="coinfer.loop"):
         for stack in (IDLE, None, HELD):
             watch._warn(0.09, 0.001, 0.05, 0.0, stack)
-    idle, unseen, held = caplog.records
-    assert idle.levelno == unseen.levelno == logging.INFO and held.levelno == logging.WARNING
+        watch._warn(0.09, 0.08, 0.0, 0.0, IDLE)  # 80 ms on the loop's CPU, back in select when seen
+    idle, unseen, held, busy_then_idle = caplog.records
+    assert idle.levelno == logging.INFO and unseen.levelno == held.levelno == busy_then_idle.levelno == logging.WARNING
     assert "selectors.py" not in idle.getMessage() and "idle in select" in idle.getMessage()
+    # no frame seen: maybe a native call on the loop (a full collection) kept the watchdog out: still warned
     assert "no Python frame" in unseen.getMessage() and "json.loads(body)" in held.getMessage()
-    assert watch.stalls == 3  # each still counts
+    assert watch.stalls == 4  # each still counts
