@@ -146,15 +146,27 @@ IDLE = ('  File "/x/asyncio/base_events.py", line 1884, in _run_once\n    event_
 HELD = IDLE + '  File "/x/edge/service.py", line 227, in parse\n    json.loads(body)\n'
 
 
-def test_a_stall_with_the_loop_idle_in_select_is_info_without_a_stack(caplog):
+def test_a_stall_with_the_loop_idle_in_select_is_info_without_a_stack():
     """Only code on the loop is worth a warning and its stack; the loop's own select is not."""
     assert idle_in_select(IDLE) and not idle_in_select(HELD) and not idle_in_select("")
     watch = LoopWatch()
-    with caplog.at_level(logging.INFO, logger="coinfer.loop"):
+    # a handler of its own: once a daemon test ran ``logs.setup``, pytest's capture handlers are
+    # rate-limited per call site, and the warnings of other tests' watches spend that site's burst
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("coinfer.loop")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
         for stack in (IDLE, None, HELD):
             watch._warn(0.09, 0.001, 0.05, 0.0, stack)
         watch._warn(0.09, 0.08, 0.0, 0.0, IDLE)  # 80 ms on the loop's CPU, back in select when seen
-    idle, unseen, held, busy_then_idle = caplog.records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    idle, unseen, held, busy_then_idle = records
     assert idle.levelno == logging.INFO and unseen.levelno == held.levelno == busy_then_idle.levelno == logging.WARNING
     assert "selectors.py" not in idle.getMessage() and "idle in select" in idle.getMessage()
     # no frame seen: maybe a native call on the loop (a full collection) kept the watchdog out: still warned
