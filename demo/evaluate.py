@@ -112,7 +112,7 @@ def refine_accuracy(draft_dir: Path, target_dir: Path, recipe: Recipe, n: int | 
     return {
         "refine_verified_accuracy": rate([grade(it, t) for it, t in zip(items, verified)]),
         "refine_raw_accuracy": rate([grade(it, t) for it, t in zip(items, raw)]),
-        "refinements_rejected": sum(not rules.check(t[0])[0].valid for t in via),
+        "refinements_rejected": sum(verified[i] is not raw[i] for i in todo),  # cloud_answer kept the candidate
         "refined_share": rate([bool(c) for c in chosen]),
         "refine_accuracy": rate([grade(it, t[0]) for it, t in zip(items, refined)]),
         "target_greedy": rate([grade(it, t[0]) for it, t in zip(items, alone)]),

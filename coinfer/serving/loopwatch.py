@@ -158,21 +158,20 @@ class LoopWatch:
         self.worst_s = max(self.worst_s, lag)
         split = "" if self._schedstat is None else f", {queued * 1e3:.0f} ms waiting for a core"
         split += f", {collecting * 1e3:.0f} ms collecting garbage"
+        head = "event loop held %.0f ms (threshold %.0f ms), %.0f ms of it on CPU%s; the loop thread was in:\n%s"
+        args = (lag * 1e3, self.threshold_s * 1e3, busy * 1e3, split)
         if stack is not None and idle_in_select(stack) and busy < self.threshold_s / 2:
             # no code on the loop to name (it was waiting in select, and barely on the CPU): the stack of the
             # loop's own select would only be noise (a 2-core demo printed a 25-line one per stall); INFO,
             # and one line on what it means. No stack at all stays a warning: the watchdog could not run,
             # which a native call on the loop (a full garbage collection) causes as well as another thread;
             # so does a loop on the CPU that was back in select by the time the watchdog looked.
-            log.info("event loop held %.0f ms (threshold %.0f ms), %.0f ms of it on CPU%s; the loop thread was "
-                     "in:\n  (idle in select: no code on the loop held it; the process was not scheduled or a "
-                     "native call in another thread held the GIL)", lag * 1e3, self.threshold_s * 1e3, busy * 1e3,
-                     split)
+            log.info(head, *args, "  (idle in select: no code on the loop held it; the process was not scheduled "
+                                  "or a native call in another thread held the GIL)")
             return
         where = stack or "  (no Python frame was seen: the watchdog did not run either, so the process was not " \
                          "scheduled or a native call held the GIL)\n"
-        log.warning("event loop held %.0f ms (threshold %.0f ms), %.0f ms of it on CPU%s; the loop thread was "
-                    "in:\n%s", lag * 1e3, self.threshold_s * 1e3, busy * 1e3, split, where.rstrip())
+        log.warning(head, *args, where.rstrip())
 
     def _watch(self) -> None:
         while not self._stop.wait(self.period_s):
