@@ -138,8 +138,9 @@ class TargetEngine(ABC):
     @abstractmethod
     def max_model_len(self) -> int: ...
 
-    async def close(self) -> None:  # noqa: B027 - optional
-        pass
+    async def close(self, wait_s: float | None = None) -> None:  # noqa: B027 - optional
+        """Stop the engine. ``wait_s``: how long its processes get to exit before they are killed (None: the
+        engine's default); a failed engine is closed with 0, nothing in it being worth waiting for."""
 
 
 OFF_LOOP_CHARS = 4096
@@ -152,6 +153,22 @@ request; a client sending 1e-45 would fill the log. We raise it ourselves, silen
 
 def vllm_temperature(t: float) -> float:
     return t if t == 0 or t >= VLLM_MIN_TEMPERATURE else VLLM_MIN_TEMPERATURE
+
+
+def engine_args(cfg: EngineConfig) -> dict:
+    """vLLM's engine arguments for ``cfg`` (``AsyncEngineArgs`` here; tests load the same arguments into
+    vLLM's offline ``LLM``)."""
+    return dict(
+        model=cfg.model, tokenizer=cfg.model, max_model_len=cfg.max_model_len or None,
+        served_model_name=cfg.model_name,
+        dtype=cfg.dtype, max_num_seqs=cfg.max_num_seqs, enforce_eager=cfg.enforce_eager,
+        gpu_memory_utilization=cfg.gpu_memory_utilization, seed=cfg.seed,
+        disable_log_stats=True, enable_prefix_caching=True,
+        tensor_parallel_size=cfg.tensor_parallel_size, data_parallel_size=cfg.data_parallel_size,
+        speculative_config=({"method": "ngram", "num_speculative_tokens": cfg.ngram_speculative_tokens,
+                             "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+                            if cfg.ngram_speculative_tokens else None),
+    )
 
 
 class VllmEngine(TargetEngine):
@@ -190,17 +207,7 @@ class VllmEngine(TargetEngine):
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = AsyncEngineArgs(
-            model=self.cfg.model, tokenizer=self.cfg.model, max_model_len=self.cfg.max_model_len or None,
-            served_model_name=self.cfg.model_name,
-            dtype=self.cfg.dtype, max_num_seqs=self.cfg.max_num_seqs, enforce_eager=self.cfg.enforce_eager,
-            gpu_memory_utilization=self.cfg.gpu_memory_utilization, seed=self.cfg.seed,
-            disable_log_stats=True, enable_prefix_caching=True,
-            tensor_parallel_size=self.cfg.tensor_parallel_size, data_parallel_size=self.cfg.data_parallel_size,
-            speculative_config=({"method": "ngram", "num_speculative_tokens": self.cfg.ngram_speculative_tokens,
-                                 "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-                                if self.cfg.ngram_speculative_tokens else None),
-        )
+        args = AsyncEngineArgs(**engine_args(self.cfg))
         # engine start is blocking (spawns the engine-core process, loads weights)
         self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args,
                                             stat_loggers=[self._stat_logger_factory()])
@@ -358,7 +365,7 @@ class VllmEngine(TargetEngine):
                            waiting=getattr(sched, "num_waiting_reqs", 0),
                            kv_cache_usage=float(getattr(sched, "kv_cache_usage", 0.0)))
 
-    async def close(self) -> None:
+    async def close(self, wait_s: float | None = None) -> None:
         if self._llm is not None:
             llm, self._llm = self._llm, None
             # requests still waiting on a hung engine fail now (UNAVAILABLE: the edge replays them
@@ -375,4 +382,5 @@ class VllmEngine(TargetEngine):
             if isinstance(handler, asyncio.Task) and not handler.done():
                 handler.cancel()
                 await asyncio.gather(handler, return_exceptions=True)
-            await asyncio.to_thread(llm.shutdown)  # waits for the engine processes: off the loop
+            # waits for the engine processes (vLLM's default: 5 s, then they are killed): off the loop
+            await asyncio.to_thread(llm.shutdown, wait_s)

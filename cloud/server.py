@@ -98,7 +98,9 @@ class CloudServer:
     async def _restart(self) -> None:
         old, self.core.engine = self.core.engine, None  # admission: UNAVAILABLE "restarting" meanwhile
         try:
-            await old.close()  # kills its processes; requests still on it fail UNAVAILABLE (the edge replays)
+            # kills its processes now (a hung engine would only run out vLLM's 5 s shutdown wait); requests
+            # still on it fail UNAVAILABLE (the edge replays them)
+            await old.close(wait_s=0.0)
         except Exception:  # noqa: BLE001 - a broken engine may fail to shut down cleanly; start anyway
             log.exception("closing the failed engine")
         delay = 1.0

@@ -56,10 +56,15 @@ class Sizes:
     slow_streams: int = 200
     idle_connections: int = 300
     abandoned: int = 1000
+    open_timeout_s: float = 10.0
+    """The cloud's ``limits.open_timeout_s``: how long the silent streams of ``slow_clients`` live."""
+    heartbeat_timeout_s: float = 10.0
+    """The cloud's ``heartbeat_timeout_s`` (period 1 s): how soon ``engine_hang`` is detected."""
 
     @classmethod
     def short(cls) -> Sizes:
-        return cls(edges=2, concurrency=4, load_s=15.0, slow_streams=40, idle_connections=60, abandoned=100)
+        return cls(edges=2, concurrency=4, load_s=9.0, slow_streams=40, idle_connections=60, abandoned=100,
+                   open_timeout_s=3.0, heartbeat_timeout_s=5.0)
 
 
 class Probes:
@@ -200,7 +205,8 @@ class Campaign:
         self.sizes, self.work = sizes, work
         self.art = ensure_artifacts()
         self.replica = Replica(self.art.target, free_ports(1)[0], work, grace_s=5.0,
-                               extra=("--heartbeat-period-s", "1", "--heartbeat-timeout-s", "10"))
+                               extra=("--heartbeat-period-s", "1", "--heartbeat-timeout-s", str(sizes.heartbeat_timeout_s),
+                                      "--limits.open-timeout-s", str(sizes.open_timeout_s)))
         self.cloud = f"127.0.0.1:{self.replica.port}"
 
     async def _status(self) -> pb.StatusResponse:

@@ -38,6 +38,17 @@ async def cloud(artifacts):
     await srv.stop(grace=1.0)
 
 
+@pytest.fixture(scope="session")
+def offline_vllm():
+    """vLLM's offline engine in one helper process: loads model directories and decodes greedily, vLLM imported
+    once for all of them (``tests/vllm_offline.py``)."""
+    from tests.vllm_offline import OfflineVllm
+
+    helper = OfflineVllm()
+    yield helper
+    helper.close()
+
+
 @pytest.fixture
 async def channel(cloud):
     async with grpc.aio.insecure_channel(f"127.0.0.1:{cloud.port}") as ch:

@@ -21,7 +21,7 @@ class StandIn(TargetEngine):
     """Answers one token at once, or (hung) never."""
 
     def __init__(self, hung: bool = False) -> None:
-        self.hung, self.closed = hung, False
+        self.hung, self.closed, self.close_wait_s = hung, False, None
 
     async def generate(self, prompt, params, request_id):
         if self.hung:
@@ -35,8 +35,8 @@ class StandIn(TargetEngine):
     def stats(self) -> EngineStats:
         return EngineStats(0, 4, not self.closed)
 
-    async def close(self) -> None:
-        self.closed = True
+    async def close(self, wait_s: float | None = None) -> None:
+        self.closed, self.close_wait_s = True, wait_s
 
     def count_tokens(self, text): return len(text)
     async def sample(self, *a): return []
@@ -88,6 +88,7 @@ async def test_a_hung_engine_is_restarted_and_the_replica_serves_again():
         await asyncio.sleep(0.05)
     assert await _status(srv.port) == health_pb2.HealthCheckResponse.NOT_SERVING
     assert first.closed and srv.core.engine is None  # new sessions: UNAVAILABLE "restarting"
+    assert first.close_wait_s == 0  # its processes killed at once: a hung engine is not waited for
     started.set()
     for _ in range(50):
         if srv.core.engine is fresh:

@@ -1,7 +1,5 @@
 """The built demo models: accuracy targets, chat template, and both load in vLLM and transformers."""
 
-import asyncio
-
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -64,12 +62,12 @@ def test_models_speak_chatml_and_stop_at_end_of_turn(artifacts):
                                                tokenize=False, add_generation_prompt=True)
 
 
-def test_both_models_load_in_transformers_and_vllm(artifacts):
+def test_both_models_load_in_transformers_and_vllm(artifacts, offline_vllm):
+    """Both load in transformers; the draft in vLLM too (the target is the session's cloud engine)."""
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     from coinfer.chat import ChatFormat, ChatMessage
     from coinfer.cloud.config import EngineConfig
-    from coinfer.cloud.engine import GenParams, VllmEngine
 
     for path in (artifacts.models.draft, artifacts.models.target):
         model = LlamaForCausalLM.from_pretrained(str(path))
@@ -77,18 +75,11 @@ def test_both_models_load_in_transformers_and_vllm(artifacts):
         assert model.config.head_dim in (32, 64) and not model.config.tie_word_embeddings
         assert AutoTokenizer.from_pretrained(str(path)).chat_template
 
+    tok = AutoTokenizer.from_pretrained(str(artifacts.models.draft))
     prompt = ChatFormat.from_dir(artifacts.models.draft).render([ChatMessage("user", "If x=2 and y=3, compute x*y+x+y.")])
-
-    async def vllm_answers() -> str:
-        eng = await VllmEngine(EngineConfig(model=str(artifacts.models.draft))).start()
-        try:
-            out = [d async for d in eng.generate(prompt, GenParams(max_tokens=40), "t")]
-        finally:
-            await eng.close()
-        assert all(c.tokens >= 1 for c in out)  # every chunk says what it cost
-        return "".join(c.text for c in out)
-
-    text = asyncio.run(vllm_answers())
+    ids = offline_vllm.greedy(EngineConfig(model=str(artifacts.models.draft)),
+                              tok(prompt, add_special_tokens=False)["input_ids"], 40)
+    text = tok.decode(ids, skip_special_tokens=True)
     assert "answer" in text, text
 
 

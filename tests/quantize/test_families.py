@@ -3,7 +3,6 @@ their chat template: export parity with torch over 16 decode steps, every weight
 channel in each scheme (a tied head included), gates that judge a model without tasks, the edge
 drafting 5 drafts for a free-form chat prompt with stop strings, and vLLM serving the same directory."""
 
-import asyncio
 import json
 
 import pytest
@@ -110,31 +109,18 @@ def test_edge_drafts_five_for_a_chat_prompt_and_honours_stop_strings(family):
             assert b.text == a.text
 
 
-def test_vllm_serves_the_same_directory(family):
-    """The cloud's engine loads the source directory as vLLM and decodes what transformers decodes."""
+def test_vllm_serves_the_same_directory(family, offline_vllm):
+    """vLLM, with the cloud engine's arguments, loads the source directory and decodes what transformers
+    decodes."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from coinfer.chat import ChatMessage
+    from coinfer.chat import ChatFormat, ChatMessage
     from coinfer.cloud.config import EngineConfig
-    from coinfer.cloud.engine import VllmEngine
 
     name, root = family
-
-    async def served() -> tuple[list[int], list[int]]:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        eng = await VllmEngine(EngineConfig(model=str(root / "hf"), dtype="float32")).start()
-        try:
-            prompt = eng.render([ChatMessage("user", "Hi")])  # short: inside every sliding window
-            ids = AutoTokenizer.from_pretrained(str(root / "hf"))(prompt, add_special_tokens=False)["input_ids"]
-            sp = SamplingParams(max_tokens=8, temperature=0.0, output_kind=RequestOutputKind.FINAL_ONLY)
-            outs = [o async for o in eng._llm.generate({"prompt_token_ids": ids}, sp, "fam")]  # token ids, not text
-            return ids, list(outs[-1].outputs[0].token_ids)
-        finally:
-            await eng.close()
-
-    ids, served_ids = asyncio.run(served())
+    prompt = ChatFormat.from_dir(root / "hf").render([ChatMessage("user", "Hi")])  # short: inside every sliding window
+    ids = AutoTokenizer.from_pretrained(str(root / "hf"))(prompt, add_special_tokens=False)["input_ids"]
+    served_ids = offline_vllm.greedy(EngineConfig(model=str(root / "hf"), dtype="float32"), ids, 8)  # ids, not text
     hf = AutoModelForCausalLM.from_pretrained(str(root / "hf"), dtype=torch.float32, attn_implementation="eager")
     with torch.no_grad():  # transformers' logits along vLLM's greedy path
         logits = hf(torch.tensor([ids + served_ids])).logits[0, len(ids) - 1:-1]
