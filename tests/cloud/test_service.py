@@ -287,6 +287,16 @@ async def _collect(call) -> list:
     return [convert.event_from_pb(m) async for m in call]
 
 
+async def test_every_generated_chunk_says_what_it_cost(cloud):
+    """The cloud engine's stream: each chunk carries its tokens so far (the cloud's token accounting)."""
+    from coinfer.chat import ChatMessage
+    from coinfer.cloud.engine import GenParams
+
+    eng = cloud.core.engine
+    out = [c async for c in eng.generate(eng.render([ChatMessage("user", ARITH)]), GenParams(max_tokens=40), "cost")]
+    assert out and all(c.tokens >= 1 for c in out)
+
+
 async def test_finished_samples_come_as_they_finish_and_stopping_early_aborts_the_rest(cloud):
     from coinfer.chat import ChatMessage
     from coinfer.cloud.engine import GenParams
