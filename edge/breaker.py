@@ -38,16 +38,25 @@ class CircuitBreaker:
             self._opened_at = self.clock()
             self._trial = False
 
+    def would_allow(self) -> bool:
+        """Would ``allow()`` let a request through now? Asked without taking the half-open trial:
+        auto's planner asks before it knows whether its plan uses the cloud at all."""
+        if self.state is BreakerState.OPEN:
+            return self.clock() - self._opened_at >= self.reset_s
+        if self.state is BreakerState.HALF_OPEN:
+            # one trial at a time (a trial that never reported is replaced after reset_s)
+            return not self._trial or self.clock() - self._trial_at >= self.reset_s
+        return True
+
     def allow(self) -> bool:
-        """May this request use the cloud?"""
-        if self.state is BreakerState.OPEN and self.clock() - self._opened_at >= self.reset_s:
+        """May this request use the cloud? A yes while not closed takes the half-open trial."""
+        if not self.would_allow():
+            return False
+        if self.state is BreakerState.OPEN:
             self._to(BreakerState.HALF_OPEN, "reset timeout")
         if self.state is BreakerState.HALF_OPEN:
-            if self._trial and self.clock() - self._trial_at < self.reset_s:
-                return False  # one trial at a time (a trial that never reported is replaced after reset_s)
             self._trial, self._trial_at = True, self.clock()
-            return True
-        return self.state is BreakerState.CLOSED
+        return True
 
     def success(self) -> None:
         self._fails = 0

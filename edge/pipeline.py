@@ -360,11 +360,11 @@ class EdgePipeline:
                 # the request itself is wrong: falling back would hide it; the cloud's message names the field
                 kind = InvalidArgument if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else ResourceExhausted
                 raise kind(exc.details() or "request: refused by the cloud") from None
+            if answered:  # what the cloud streamed is withdrawn: the answer now comes from the edge
+                emit(t.AnswerReset(reason))
             if self.engine is None:
                 raise CloudFailed(reason, failure_kind(exc)) from exc  # the caller loads the edge model, answers locally
             log.warning("cloud failed (%s): answering from local drafts", reason)
-            if answered:
-                emit(t.AnswerReset(reason))
             if not result.drafts:  # drafts already written (escalated, or before a replay) are not written again
                 early = hedge()
                 # past the deadline already: a short round still (an answer, late by at most this)

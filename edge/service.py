@@ -264,7 +264,9 @@ class EdgeCore:
         asked = self.cfg.plan if req.plan == "auto" and self.cfg.plan != "auto" else req.plan
         edge = self._edge_state()
         self._pool_queue()
-        cloud_ok = self.link.enabled and self.link.breaker.state is not t.BreakerState.OPEN
+        # an open circuit past its cool-down is offered too: the half-open trial is the only way back
+        # to the cloud (taken by allow() below only if the plan chosen uses the cloud)
+        cloud_ok = self.link.enabled and self.link.breaker.would_allow()
         choice = None
         if asked == "auto":
             choice = self.planner.choose(req.task or "open", *size, n, edge, cloud_ok)

@@ -44,3 +44,14 @@ def test_health_watch_opens_and_closes_at_once():
     b.health(True)
     assert b.state == "closed" and b.allow()
     assert [s for s, _ in b.transitions] == ["open", "closed"]
+
+
+def test_asking_whether_a_probe_would_pass_takes_no_trial():
+    clk = Clock()
+    b = CircuitBreaker(failures=1, reset_s=10, clock=clk)
+    b.failure()
+    assert not b.would_allow()
+    clk.now = 10.0
+    assert b.would_allow() and b.would_allow() and b.state == "open"  # asked twice: still the trial to take
+    assert b.allow() and b.state == "half_open"
+    assert not b.would_allow() and not b.allow()  # taken: one trial at a time

@@ -1,18 +1,25 @@
 """EdgeCore.solve around its pipeline (a fake one: no model, no cloud): auto's edge plan escalating
-a rule-failing answer reports both plans, learns each with its own outcome, and the cloud's tokens."""
+a rule-failing answer reports both plans, learns each with its own outcome, and the cloud's tokens;
+auto probes an open circuit once it has cooled down. With the real pipeline, a stand-in draft engine
+and a tiny gRPC cloud on 127.0.0.1: a cold edge withdraws what a failed cloud streamed."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
+import grpc
 import pytest
 
+from coinfer import convert
 from coinfer import types as t
 from coinfer.edge.config import EdgeConfig
-from coinfer.edge.pipeline import EdgeResult, Plan, ResultBuilder
+from coinfer.edge.draft_engine import DraftResult
+from coinfer.edge.pipeline import EdgePipeline, EdgeResult, Plan, ResultBuilder
 from coinfer.edge.planner.planner import EXPLORE_RUNS
 from coinfer.edge.service import CloudTokens, Done, EdgeCore, SolveRequest
 from coinfer.edge.servicer import result_to_pb
+from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
 
 ARITH = "If x=3 and y=5, compute x+y."
 
@@ -127,3 +134,87 @@ def test_the_grpc_result_carries_the_plans_and_the_cloud_tokens():
     assert (msg.cloud_tokens.generated, msg.cloud_tokens.prompt) == (84, 34)  # summed over sessions
     alone = result_to_pb(Done(result=edge, plan="edge"))  # no list given: the plan that ran
     assert list(alone.plans) == ["edge"] and (alone.cloud_tokens.generated, alone.cloud_tokens.prompt) == (0, 0)
+
+
+class PassingEdgePipeline(FakePipeline):
+    """The edge's answer passes the rules: no escalation, so auto reaches the cloud only by choosing it."""
+
+    async def solve(self, task, prompt, rules, s, plan, deadline_s, request_id, on_event, *, drafts=None, **kw):
+        r = await super().solve(task, prompt, rules, s, plan, deadline_s, request_id, on_event, drafts=drafts, **kw)
+        return dataclasses.replace(r, answer="3+5=8; answer 8", valid=True) if plan is Plan.EDGE else r
+
+
+async def test_auto_probes_an_open_circuit_once_it_has_cooled_down(core, monkeypatch):
+    monkeypatch.setattr("coinfer.edge.lifecycle.EdgePipeline", PassingEdgePipeline)
+    breaker, now = core.link.breaker, [0.0]
+    breaker.clock = lambda: now[0]
+    breaker.health(False)  # the cloud went away (no health watch runs here to see it come back)
+    req = SolveRequest(prompt=ARITH, num_drafts=3)
+    _, done = await _done(core, req)
+    assert done.plans == ["edge"] and breaker.state is t.BreakerState.OPEN  # cooling down: the cloud is not offered
+    now[0] = breaker.reset_s
+    _, done = await _done(core, req)  # offered, but auto still prefers the edge (its answers pass)
+    assert done.plans == ["edge"] and breaker.state is t.BreakerState.OPEN  # the half-open trial is not taken
+    core.planner.est.observe("quality.edge.arith", 0.0, replace=True)  # now they fail: auto wants the cloud
+    _, done = await _done(core, req)
+    assert done.plans[0] in ("split", "cloud")  # the trial request, the only way back to the cloud
+    assert FakePipeline.calls[-1][0] is not Plan.EDGE and breaker.state is t.BreakerState.CLOSED
+
+
+class FailsMidAnswer(pb_grpc.CoinferCloudServicer):
+    """A cloud whose answer stops halfway: two chunks streamed, then the replica fails."""
+
+    async def Generate(self, request, context):
+        for text in ("3+5=", "9"):
+            yield convert.event_to_pb(t.AnswerChunk(text))
+        await context.abort(grpc.StatusCode.INTERNAL, "the engine died mid-answer")
+
+
+class LocalDrafts:
+    """Stands in for the draft engine the cold edge loads once the cloud has failed."""
+
+    providers, runs = ["CPUExecutionProvider"], 0
+
+    def render(self, messages) -> str:
+        return messages[-1].content
+
+    def generate(self, prompt, s, on_draft=None, cancelled=None) -> list[DraftResult]:
+        out = [DraftResult(i, "3+5=8; answer 8", [1] * 10, -0.1, 1.0, "stop") for i in range(s.n)]
+        for d in out:
+            on_draft(d)
+        return out
+
+
+def _shown(events: list) -> str:
+    """What a client that shows chunks as they come ends on: the text after the last AnswerReset."""
+    shown = ""
+    for ev in events:
+        if isinstance(ev, t.AnswerReset):
+            shown = ""
+        elif isinstance(ev, t.AnswerChunk):
+            shown += ev.text
+    return shown
+
+
+async def test_a_cold_edge_withdraws_a_failed_clouds_streamed_text_before_answering_locally(core, monkeypatch):
+    monkeypatch.setattr("coinfer.edge.lifecycle.EdgePipeline", EdgePipeline)  # the real pipeline this time
+    server = grpc.aio.server()
+    pb_grpc.add_CoinferCloudServicer_to_server(FailsMidAnswer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    core.engine, core.model_state, core.cfg.replays = None, t.ModelState.COLD, 0  # cold; no replica to replay on
+
+    async def load() -> LocalDrafts:
+        core.engine = core.engine or LocalDrafts()
+        return core.engine
+
+    monkeypatch.setattr(core, "ensure_engine", load)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            core.link.channel = ch
+            events, done = await _done(core, SolveRequest(prompt=ARITH, num_drafts=3, plan="cloud"))
+    finally:
+        await server.stop(None)
+    assert done.result.fallback_reason.startswith("INTERNAL") and done.result.answer == "3+5=8; answer 8"
+    assert [e.text for e in events if isinstance(e, t.AnswerChunk)][:2] == ["3+5=", "9"]  # the cloud's, then withdrawn
+    assert _shown(events) == done.result.answer
