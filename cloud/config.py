@@ -85,6 +85,18 @@ class Limits:
     max_message_bytes: int = 4 << 20
     max_deadline_ms: int = 600_000
 
+    def validate(self) -> None:
+        # a limit below 1 refuses every request it bounds (max_sessions -1: every session)
+        for name in ("max_prompt_chars", "max_draft_chars", "max_drafts", "max_sessions", "max_message_bytes",
+                     "max_deadline_ms"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"limits.{name}: must be >= 1, got {getattr(self, name)}")
+        if self.max_sessions_per_edge < 0:
+            raise ValueError(f"limits.max_sessions_per_edge: must be >= 0 (0 = no per-edge limit), "
+                             f"got {self.max_sessions_per_edge}")
+        if not self.open_timeout_s > 0:
+            raise ValueError(f"limits.open_timeout_s: must be > 0, got {self.open_timeout_s}")
+
 
 @dataclass
 class PolicyConfig:
@@ -250,6 +262,7 @@ class CloudConfig:
 
     def validate(self) -> None:
         self.engine.validate()
+        self.limits.validate()
         self.policy.validate()
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert / tls_key: give both or neither")
