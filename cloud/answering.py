@@ -5,6 +5,13 @@ sampled candidates); each answer re-checked before it replaces the drafts (docs/
 
 A mixin of ``coinfer.cloud.session.Session`` (its state; its stream: ``_chunk``, ``_withdraw``,
 ``_replace_streamed``).
+
+Each chunk says whether the answer streamed so far is final (``AnswerChunk.final``): it is when every
+answer the session can still end on begins with it. A draft accepted as is is final; a continuation or
+a prefix refinement is final while it writes what its fallback (the best draft) says, since a rejection
+returns that draft; the cloud's own answer is final where nothing but the loop watch can refuse it
+(``RuleSet.only_loop_watch``), and is then kept whatever follows (no correction, no candidates: they
+would withdraw it). Everything else is held by a client that cannot take text back (docs/api.md).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from coinfer import types as t
@@ -20,12 +28,21 @@ from coinfer.chat import refine_question, with_question
 from coinfer.cloud.engine import GenParams
 from coinfer.cloud.policy import consensus_prefix, mean_logprob, refine_max_tokens
 from coinfer.cloud.session_state import Judged, Ranked, SessionState
+from coinfer.repetition import FINISH_REASON as LOOP
 from coinfer.repetition import repetition_error
 from coinfer.tasks import OPEN, Parsed
 from coinfer.tasks.base import split_steps
 
 LOOP_CHECK_TOKENS = 16
 """How often (in generated tokens) the cloud's own generation is checked for a loop."""
+
+
+def _never(text: str) -> bool:
+    return False
+
+
+def _always(text: str) -> bool:
+    return True
 
 
 def _join_steps(steps: list[str]) -> str:
@@ -92,15 +109,16 @@ class Answering(SessionState):
                          presence_penalty=sp.presence_penalty, frequency_penalty=sp.frequency_penalty, seed=sp.seed,
                          stop=sp.stop)
 
-    async def _generate(self, prompt: str, prefix: str, max_tokens: int, tag: str,
-                        out: asyncio.Queue) -> tuple[str, float, int, str]:
-        """Stream the target's answer to ``prompt`` after ``prefix``; returns (text, TTFT ms, tokens,
-        finish reason: "stop" or "length"). A generation that falls into a loop is stopped there
-        (checked every ``LOOP_CHECK_TOKENS``; reported "length"): the rules would refuse it anyway, and
-        SmolLM2's looping greedy haiku otherwise ran to its 192-token budget before candidates began."""
+    async def _generate(self, prompt: str, prefix: str, max_tokens: int, tag: str, out: asyncio.Queue,
+                        final: Callable[[str], bool] = _never) -> tuple[str, float, int, str]:
+        """Stream the target's answer to ``prompt`` after ``prefix``, each chunk final when ``final``
+        holds for the text so far; returns (text, TTFT ms, tokens, finish reason: "stop", "length" or
+        "repetition"). A generation that falls into a loop is stopped there (checked every
+        ``LOOP_CHECK_TOKENS``): the rules would refuse it anyway, and SmolLM2's looping greedy haiku
+        otherwise ran to its 192-token budget before candidates began."""
         t_start, ttft = time.perf_counter(), 0.0
         if prefix:
-            await self._chunk(out, prefix)
+            await self._chunk(out, prefix, final(prefix))
         text, tokens, finish, checked = prefix, 0, "stop", 0
         stream = self.engine.generate(prompt + prefix, self._params(max_tokens), f"{self.key}-{tag}")
         async with contextlib.aclosing(stream):  # leaving early closes it: the engine aborts the request
@@ -111,11 +129,11 @@ class Answering(SessionState):
                 finish = _finish_reason(delta.finish_reason, finish)
                 if delta.text:
                     text += delta.text
-                    await self._chunk(out, delta.text)
+                    await self._chunk(out, delta.text, final(text))
                 if tokens - checked >= LOOP_CHECK_TOKENS and delta.finish_reason is None:
                     checked = tokens
                     if repetition_error(text):  # linear in the text, which is bounded by max_tokens
-                        finish = "length"
+                        finish = LOOP
                         break
         return text, ttft, tokens, finish
 
@@ -224,7 +242,7 @@ class Answering(SessionState):
 
     async def _answer_as_is(self, ranked: Ranked, out: asyncio.Queue) -> Answer:
         best, _, agree = ranked[0]
-        await self._chunk(out, best.draft.text)
+        await self._chunk(out, best.draft.text, final=True)
         return self._draft_answer(best, t.RefineMode.ACCEPTED,
                                   f"best draft accepted as is (score {best.verdict.score:.2f}, agreement {agree:.2f})")
 
@@ -244,8 +262,10 @@ class Answering(SessionState):
         answer's own budget (the draft is the verified prefix; only the rest is decoded). A continuation
         that fails the rules (a loop) is dropped: the draft as it stands."""
         best, _, agree = ranked[0]
+        # the draft is final (a failed continuation returns it), its continuation is held
         text, ttft, steps, finish = await self._generate(self.prompt_text, best.draft.text,
-                                                         self._answer_budget - best.draft.num_tokens, "c", out)
+                                                         self._answer_budget - best.draft.num_tokens, "c", out,
+                                                         final=best.draft.text.startswith)
         ok, why, parsed = await self._accept(text, likelihood=False)
         note = (f"best draft accepted as is (score {best.verdict.score:.2f}, agreement {agree:.2f}), "
                 f"cut at its {best.draft.num_tokens}-token budget: continued by the target")
@@ -268,14 +288,17 @@ class Answering(SessionState):
         # latency-aware budget (docs/design.md §4.4), but never shorter than twice the longest draft used
         max_tokens = max(refine_max_tokens(best.verdict.score, p.refine_max_tokens),
                          min(p.refine_max_tokens, 2 * max(j.draft.num_tokens for j in chosen) + 16))
-        text, ttft, steps, finish = await self._generate(prompt, prefix, max_tokens, f"r{self.attempt}", out)
+        # final while it writes what the best draft says (a rejection returns that draft); a candidates
+        # refinement may lose a leading label once done, so none of it is final before then
+        same = best.draft.text.startswith if mode is t.RefineMode.PREFIX else _never
+        text, ttft, steps, finish = await self._generate(prompt, prefix, max_tokens, f"r{self.attempt}", out, same)
         if mode is t.RefineMode.CANDIDATES:
             text = _strip_candidate_label(text, p.candidate_format, len(chosen))
         if why := _scaffolding_error(text, p.refine_template):
             ok, parsed = False, None
         else:
             ok, why, parsed = await self._accept(text, than=self.mean_lp.get(best.draft.index),
-                                                 truncated=finish == "length")
+                                                 truncated=finish != "stop")
         if ok and (why := await self._refinement_error(ranked, text, parsed)):
             ok = False
         note = f"refined from {len(chosen)} draft(s) as {mode} (not as is: {not_as_is})"
@@ -297,14 +320,17 @@ class Answering(SessionState):
         verified = await asyncio.to_thread(lambda: [self._prefix_steps(j.draft.text) for j in self.judged.values()])
         prefix_steps = consensus_prefix([v for v in verified if v], 1)
         prefix = _join_steps(prefix_steps)
-        text, ttft, steps, finish = await self._generate(self.prompt_text, prefix, p.refine_max_tokens, "cloud", out)
+        # only the loop watch can refuse it: it streams as final and is kept (a loop is cut, not replaced)
+        commit = self.rules.only_loop_watch
+        text, ttft, steps, finish = await self._generate(self.prompt_text, prefix, p.refine_max_tokens, "cloud", out,
+                                                         _always if commit else _never)
         valid, why, parsed = await self._accept(text, likelihood=False)
         a = Answer(text, t.AnswerSource.CLOUD, valid, parsed, [],
                     t.RefineMode.PREFIX if prefix_steps else t.RefineMode.ALONE,  # a verified prefix is the drafts' work
-                    finish, "", ttft, steps, steps)
-        if not valid and p.calculator_fixes:
+                    finish, "streamed as final: a loop cut" if finish == LOOP and commit else "", ttft, steps, steps)
+        if not valid and p.calculator_fixes and not commit:
             why = await self._calculator_fixed(a, why, out)
-        if not a.valid and p.cloud_candidates > 0:
+        if not a.valid and p.cloud_candidates > 0 and not commit:
             # candidates continue from the greedy answer's own steps before its first mistake (right
             # steps kept, fewer tokens decoded: select's candidates cost 0.6x)
             own = self.task.verified_prefix(self.spec, a.text)

@@ -64,9 +64,11 @@ class Session(Judging, Answering):
         await out.put(self._summary(ranked, a, t.Timings(verify_ms, a.ttft_ms, (time.perf_counter() - t_ref) * 1e3,
                                                          self._ms(), a.steps, a.generated)))
 
-    async def _chunk(self, out: asyncio.Queue, text: str) -> None:
+    async def _chunk(self, out: asyncio.Queue, text: str, final: bool = False) -> None:
+        """Stream ``text``; ``final``: every answer the session can still end on begins with what was
+        streamed so far, this included (``coinfer.cloud.answering``'s docstring says where)."""
         self.shown += text
-        await out.put(t.AnswerChunk(text))
+        await out.put(t.AnswerChunk(text, final))
 
     async def _withdraw(self, out: asyncio.Queue, reason: str) -> None:
         """Withdraw what was streamed (``AnswerReset``): the answer will be streamed anew."""
@@ -80,7 +82,7 @@ class Session(Judging, Answering):
         if self.shown == answer:
             return
         await self._withdraw(out, reason)
-        await self._chunk(out, answer)
+        await self._chunk(out, answer, final=True)  # decided: this is the answer
 
     def _summary(self, ranked: Ranked, a: Answer, timings: t.Timings) -> t.Summary:
         rank_of = {j.draft.index: r for j, r, _ in ranked}

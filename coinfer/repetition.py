@@ -31,6 +31,9 @@ TAIL_WORDS = 36
 """A phrase of up to 12 words repeated 3 times fills it (a refrain in prose is further apart)."""
 MIN_COMPRESSION_BYTES = 200
 MIN_COMPRESSION = 0.12
+FINISH_REASON = "repetition"
+"""The ``finish_reason`` of an answer whose generation was stopped where it fell into a loop (OpenAI's
+own are "stop" and "length"; a loop is neither: the model did not end, nor reach its budget)."""
 
 
 def _repeated(words: list[str]) -> tuple[float, tuple[str, ...], int]:

@@ -413,6 +413,13 @@ class RuleSet:
     def labels(self) -> list[str]:
         return [c.rule.label for c in self.rules]
 
+    @property
+    def only_loop_watch(self) -> bool:
+        """Nothing but the built-in repetition check can refuse an answer (an open request with no rules
+        and nothing to extract, whose parse cannot fail): no check waits for the whole answer, so the
+        cloud's own answer can stream as final (docs/api.md, Streaming)."""
+        return not self.rules and not self.task.name and (self.extraction.kind or "none") == "none"
+
     def check(self, text: str, parsed: Parsed | None = None) -> tuple[RuleResult, Parsed]:
         """Parse (unless given), reject degenerate repetition (``coinfer.repetition``: built in, every
         request), then run every rule in order; stop at the first failure."""

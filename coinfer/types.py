@@ -175,6 +175,9 @@ class Verdict:
 @dataclass
 class AnswerChunk:
     text: str
+    final: bool = False
+    """The answer streamed so far, this chunk included, begins every answer the session can still end
+    on: it may leave where text cannot be taken back (an OpenAI stream). False: it may be withdrawn."""
 
 
 @dataclass

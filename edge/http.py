@@ -14,10 +14,18 @@ cloud's refinement; unset ones keep the daemon's draft defaults (docs/design.md 
 ...) and the cloud's refinement defaults (greedy). ``usage`` counts the draft model's tokenizer
 tokens of the prompt and the answer.
 
-Streaming carries only the final answer's text: the cloud re-verifies its refinement and may
-return the best draft instead, so content is sent once the answer is decided. Until then the
-stream carries progress chunks with an empty delta and a ``coinfer`` object (each draft and
-each verdict as it happens). The last chunk's ``coinfer`` holds the result (source, validity,
+Streaming sends answer text the moment it is final and never takes it back (an OpenAI stream cannot):
+the cloud marks each chunk final when every answer it can still end on begins with the text so far
+(``AnswerChunk.final``): a draft accepted as is, the part of a continuation or prefix refinement that
+says what its fallback draft says, and the cloud's own answer to an open request with no rules and
+nothing to extract (only the loop watch judges it; a loop is cut, ``finish_reason: "repetition"``,
+not replaced). Text a check of the whole answer may still refuse (a refinement, a preset's or a
+ruled request's answer) is held until the answer is decided, then sent; a local (edge) answer
+arrives whole. After an ``AnswerReset`` the text already sent is not sent again. Should a replica fail
+after final text left and the answer end differently (a local fallback), the stream ends with an
+error event instead of an answer it does not begin (docs/api.md, Streaming). Progress chunks carry an
+empty delta and a ``coinfer`` object (each draft and each verdict as it happens). The last chunk's
+``coinfer`` holds the result (source, validity,
 extracted ``fields``, timings), as does a whole answer's ``coinfer`` object: among them ``plan`` (the
 plan that produced the answer), ``plans`` (every plan that ran, in order: ``["edge", "split"]`` when
 auto's edge answer failed the rules and was escalated) and ``cloud_tokens`` (``{"generated": N,
@@ -281,6 +289,36 @@ async def _respond(core: EdgeCore, body: _Base, prompt: str, chat: bool,
     return await completion.whole() if not body.stream else StreamingResponse(completion.sse(), media_type="text/event-stream")
 
 
+class Release:
+    """What of the answer may leave over HTTP, where nothing sent can be taken back: a chunk marked final
+    sends the text since the last reset up to its end (held chunks before it too); the rest waits for
+    the answer. After an ``AnswerReset`` the chunks that follow repeat what was sent: only text past it
+    leaves."""
+
+    def __init__(self) -> None:
+        self.text = ""  # the answer streamed since the last reset
+        self.sent = ""  # what left over HTTP
+
+    def chunk(self, ev: t.AnswerChunk) -> str:
+        """The text to send now for ``ev`` ("" to hold it)."""
+        self.text += ev.text
+        # text that does not extend what was sent (a replay's own answer after a failure) waits for the answer
+        if not ev.final or len(self.text) <= len(self.sent) or not self.text.startswith(self.sent):
+            return ""
+        new, self.sent = self.text[len(self.sent):], self.text
+        return new
+
+    def reset(self) -> None:
+        self.text = ""
+
+    def rest(self, answer: str) -> str | None:
+        """The text of ``answer`` still to send; None when what was sent does not begin it."""
+        if not answer.startswith(self.sent):
+            return None
+        rest, self.sent = answer[len(self.sent):], answer
+        return rest
+
+
 class _Completion:
     """One OpenAI-style response to a validated request: its id, object names and events."""
 
@@ -333,21 +371,26 @@ class _Completion:
         yield "data: [DONE]\n\n"
 
     async def _stream_events(self):
-        pieces: list[str] = []
+        release = Release()
         async for ev in self.all_events():
             if isinstance(ev, t.Draft):
                 yield self.chunk(None, None, {"event": "draft", "draft": _draft_info(ev)})
             elif isinstance(ev, t.Verdict):
                 yield self.chunk(None, None, {"event": "verdict", "verdict": _verdict_info(ev)})
-            elif isinstance(ev, t.AnswerChunk) and ev.text:
-                pieces.append(ev.text)  # held until the cloud says which answer is final
+            elif isinstance(ev, t.AnswerChunk):
+                if text := release.chunk(ev):
+                    yield self.chunk(text)
             elif isinstance(ev, t.AnswerReset):
-                pieces.clear()  # the replica failed mid-answer: the replay's answer replaces it
+                release.reset()  # a rejected refinement, or a replay after a failure: its answer follows
             elif isinstance(ev, Done):
                 answer = ev.result.answer
-                # the refinement's own chunks when it is the answer, else the answer whole
-                for piece in (pieces if "".join(pieces) == answer else [answer]):
-                    yield self.chunk(piece)
+                rest = release.rest(answer)
+                if rest is None:  # sent text cannot be withdrawn: no answer rather than a wrong one
+                    raise Unavailable(f"answer: the cloud failed after {len(release.sent)} chars of its answer "
+                                      f"were streamed, and the answer came from elsewhere "
+                                      f"({ev.result.fallback_reason or 'a replay'}): retry the request")
+                if rest:
+                    yield self.chunk(rest)
                 info = _info(ev) | {"usage": self.core.usage(self.req, ev), "answer": answer}
                 yield self.chunk(None, ev.result.finish_reason, info)
 

@@ -49,7 +49,7 @@ class EdgeServicer(epb_grpc.CoinferEdgeServicer):
                 elif isinstance(ev, t.Verdict):
                     yield epb.SolveEvent(verdict=convert.to_pb(ev, pb.Verdict))
                 elif isinstance(ev, t.AnswerChunk):
-                    yield epb.SolveEvent(chunk=pb.AnswerChunk(text=ev.text))
+                    yield epb.SolveEvent(chunk=pb.AnswerChunk(text=ev.text, final=ev.final))
                 elif isinstance(ev, t.AnswerReset):
                     yield epb.SolveEvent(reset=pb.AnswerReset(reason=ev.reason))
         except Exception as exc:  # noqa: BLE001 - never crash the daemon

@@ -380,4 +380,81 @@ def test_the_clouds_own_generation_stops_when_it_falls_into_a_loop():
     first = next(n for n in range(LOOP_CHECK_TOKENS, 181, LOOP_CHECK_TOKENS)
                  if repetition_error(" ".join(loop.split()[:n])))
     assert first < 60 and engine.generated == first + session.cfg.policy.cloud_candidates
-    assert not summary.answer_valid and summary.finish_reason == "length"
+    assert not summary.answer_valid and summary.finish_reason == "repetition"
+
+
+def _final(events: list) -> str:
+    """What a client that cannot take text back (an OpenAI stream) sent: the text up to the last chunk
+    marked final, streamed again after a reset; checked to begin the answer the session ended on."""
+    text, sent = "", ""
+    for e in events:
+        if isinstance(e, t.AnswerReset):
+            text = ""
+        elif isinstance(e, t.AnswerChunk):
+            text += e.text
+            if e.final:
+                assert text.startswith(sent) or sent.startswith(text), (sent, text)
+                sent = max(sent, text, key=len)
+    assert events[-1].answer.startswith(sent), (sent, events[-1].answer)
+    return sent
+
+
+def test_text_streamed_as_final_begins_every_answer_the_session_can_end_on():
+    # a draft accepted as is: final at once
+    engine = ScriptedEngine({RIGHT: [-0.05] * 12}, reply="unused")
+    assert _final(asyncio.run(_run(_session(engine), [RIGHT, RIGHT + " "]))) == RIGHT
+    # a draft continued: the draft is final, the continuation held until the summary
+    engine = ScriptedEngine({RIGHT: [-0.05] * 12}, reply=" That is all.")
+    assert _final(asyncio.run(_run(_session(engine), [RIGHT, RIGHT + " "], truncated=True))) == RIGHT
+    # ... and a continuation that fails the rules leaves the draft, already sent
+    engine = ScriptedEngine({RIGHT: [-0.05] * 12}, reply=" and 2 + 2 = 5")
+    assert _final(asyncio.run(_run(_session(engine), [RIGHT, RIGHT + " "], truncated=True))) == RIGHT
+    # a refinement from candidates: nothing final until it is decided; rejected, the draft is
+    right2 = RIGHT.replace("Tom", "Tom then")
+    engine = ScriptedEngine({RIGHT: [-0.1] * 12, right2: [-0.1] * 12, WRONG: [-0.3] * 12}, reply=WRONG)
+    events = asyncio.run(_run(_refining(engine), [RIGHT, right2]))
+    reset = next(i for i, e in enumerate(events) if isinstance(e, t.AnswerReset))
+    assert not any(e.final for e in events[:reset] if isinstance(e, t.AnswerChunk))
+    assert _final(events) == events[-1].answer == right2
+    # the deadline during a refinement: the best draft, final
+    engine = ScriptedEngine({RIGHT: [-0.1] * 12}, reply=RIGHT, delay_s=1.0)
+    session = _refining(engine)
+    session.deadline_s = 0.5
+    assert _final(asyncio.run(_run(session, [RIGHT]))) == RIGHT
+    # a task's own answer (the rules judge it whole): held, then corrected or replaced as before
+    engine = ScriptedEngine({}, reply=WRONG)
+    session = _session(engine)
+    session.cfg.policy.max_retries = 0
+    events = asyncio.run(_run(session, ["Tom buys 3 * 4 = 13 apples.\nAnswer: 13"]))
+    first = next((i for i, e in enumerate(events) if isinstance(e, t.AnswerReset)), len(events))
+    assert not any(e.final for e in events[:first] if isinstance(e, t.AnswerChunk))
+    _final(events)
+
+
+def _open_alone(engine: ScriptedEngine) -> Session:
+    """The cloud plan of an open request with no rules: only the loop watch judges its answer."""
+    session = _session(engine)
+    session.req.rules, session.req.extraction = [], Extraction()
+    session.rules = RuleSet([], OPEN, {})
+    return session
+
+
+def test_an_open_requests_own_answer_streams_as_final_and_a_loop_is_cut_not_replaced():
+    engine = ScriptedEngine({}, reply=RIGHT)
+    events = asyncio.run(_collect(_open_alone(engine).run(_no_drafts())))
+    chunks = [e for e in events if isinstance(e, t.AnswerChunk)]
+    assert len(chunks) > 1 and all(c.final for c in chunks) and _final(events) == events[-1].answer == RIGHT
+    assert events[-1].finish_reason == "stop" and events[-1].answer_valid
+    # a loop: cut where the watch sees it, kept as streamed (no candidates would withdraw it), and said so
+    loop = " ".join(["a leaf falls"] * 60)
+    engine = ScriptedEngine({}, reply=loop)
+    events = asyncio.run(_collect(_open_alone(engine).run(_no_drafts())))
+    summary = events[-1]
+    assert summary.finish_reason == "repetition" and not summary.answer_valid and "a loop cut" in summary.trace
+    assert _final(events) == summary.answer and engine.generated == len(summary.answer.split())
+    assert not any(isinstance(e, t.AnswerReset) for e in events)
+
+
+async def _no_drafts():
+    return
+    yield  # pragma: no cover - makes this an async generator

@@ -87,3 +87,94 @@ async def test_the_coinfer_block_carries_the_plans_that_ran_and_the_clouds_token
         events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
         last = events[-1]["coinfer"]
         assert last["plans"] == ["edge", "split"] and last["cloud_tokens"] == {"generated": 42, "prompt": 17}
+
+
+def test_final_text_leaves_at_once_and_held_text_waits_for_the_answer():
+    from coinfer import types as t
+    from coinfer.edge.http import Release
+
+    r = Release()
+    assert r.chunk(t.AnswerChunk("3+5=8;", final=False)) == ""  # a refinement the rules may still refuse
+    assert r.chunk(t.AnswerChunk(" 8^2=64;", final=True)) == "3+5=8; 8^2=64;"  # final: the held text before it too
+    assert r.chunk(t.AnswerChunk(" 3*5=16;")) == ""
+    r.reset()  # the refinement was rejected: the draft follows, beginning with what was sent
+    assert r.chunk(t.AnswerChunk("3+5=8; 8^2=64;", final=True)) == ""  # already sent
+    assert r.chunk(t.AnswerChunk(" 3*5=15; answer 49", final=True)) == " 3*5=15; answer 49"
+    assert r.rest("3+5=8; 8^2=64; 3*5=15; answer 49") == ""
+    # held to the end: the answer whole at Done
+    r = Release()
+    assert r.chunk(t.AnswerChunk("Paris")) == "" and r.rest("Paris.") == "Paris."
+    # final text a later answer does not begin (a replica failed, the answer came from elsewhere)
+    r = Release()
+    assert r.chunk(t.AnswerChunk("The sky", final=True)) == "The sky"
+    r.reset()
+    assert r.chunk(t.AnswerChunk("Blue light", final=True)) == ""  # never sent over what was
+    assert r.rest("Blue light scatters.") is None
+
+
+async def _streamed(monkeypatch, tmp_path, events: list) -> list[dict]:
+    """The server-sent events (parsed) of a streamed chat completion whose core yields ``events``."""
+    import httpx
+
+    from coinfer.edge.config import EdgeConfig
+    from coinfer.edge.http import create_app
+    from coinfer.edge.service import EdgeCore
+
+    core = EdgeCore(EdgeConfig(model=str(tmp_path), warm=False))  # lazy: never loaded here
+
+    async def solve(req):
+        for ev in events:
+            yield ev
+
+    monkeypatch.setattr(core, "solve", solve)
+    monkeypatch.setattr(core, "usage", lambda req, done: {"prompt_tokens": 1, "completion_tokens": 1,
+                                                          "total_tokens": 2, "draft_tokens": 0})
+    transport = httpx.ASGITransport(app=create_app(core))
+    async with httpx.AsyncClient(transport=transport, base_url="http://edge") as http:
+        body = {"model": core.cfg.model_name, "messages": [{"role": "user", "content": "Why is the sky blue?"}],
+                "stream": True}
+        r = await http.post("/v1/chat/completions", json=body)
+    lines = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert r.status_code == 200 and lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def _content(events: list[dict]) -> list[str]:
+    return [e["choices"][0]["delta"]["content"] for e in events if "content" in e.get("choices", [{}])[0].get("delta", {})]
+
+
+async def test_a_stream_sends_final_chunks_as_they_come_and_never_withdraws_them(monkeypatch, tmp_path):
+    from coinfer import types as t
+    from coinfer.edge.pipeline import EdgeResult
+    from coinfer.edge.service import CloudTokens, Done
+
+    answer = "Rayleigh scattering: blue light scatters most."
+    result = EdgeResult(answer=answer, source="cloud", valid=True, task="", finish_reason="stop")
+    done = Done(result=result, plan="cloud", plans=["cloud"], cloud_tokens=CloudTokens(generated=9, prompt=7))
+    events = await _streamed(monkeypatch, tmp_path, [
+        t.AnswerChunk("Rayleigh", final=True), t.AnswerChunk(" scattering:", final=True),
+        t.AnswerChunk(" red light", final=False),  # refused later: withdrawn before it left
+        t.AnswerReset("refinement rejected"),
+        t.AnswerChunk("Rayleigh scattering: blue light scatters most.", final=True), done])
+    content = _content(events)
+    assert content == ["Rayleigh", " scattering:", " blue light scatters most."] and "".join(content) == answer
+    # each piece left before the end: the content chunks precede the one with the finish reason and the result
+    assert events[-1]["choices"][0]["finish_reason"] == "stop" and events[-1]["coinfer"]["answer"] == answer
+    # nothing final: the answer whole once decided (a refinement judged whole, an older cloud)
+    events = await _streamed(monkeypatch, tmp_path, [t.AnswerChunk("Rayleigh"), t.AnswerChunk(" scattering."), done])
+    assert _content(events) == [answer]
+
+
+async def test_a_stream_whose_sent_text_the_answer_does_not_begin_ends_in_an_error(monkeypatch, tmp_path):
+    from coinfer import types as t
+    from coinfer.edge.pipeline import EdgeResult
+    from coinfer.edge.service import CloudTokens, Done
+
+    local = EdgeResult(answer="Because of the sea.", source="edge_only", valid=True, task="",
+                       fallback_reason="UNAVAILABLE: replica gone")
+    events = await _streamed(monkeypatch, tmp_path, [
+        t.AnswerChunk("Rayleigh", final=True), t.AnswerReset("UNAVAILABLE: replica gone"),
+        Done(result=local, plan="cloud", plans=["cloud"], cloud_tokens=CloudTokens())])
+    assert _content(events) == ["Rayleigh"]
+    error = events[-1]["error"]
+    assert error["type"] == "server_error" and "replica gone" in error["message"]
