@@ -2,7 +2,11 @@
 
 Usage::
 
-    python -m coinfer.cloud.server --model ~/.cache/coinfer/models/<key>/target --port 50051
+    coinfer-cloud ~/.cache/coinfer/models/<key>/target --port 50051
+
+(``python -m coinfer.cloud.server`` alike.) The target model is the positional ``MODEL``, as in ``vllm
+serve MODEL``; ``--engine.model`` (the setting's own name: ``[cloud.engine] model`` in TOML,
+``COINFER_CLOUD_ENGINE__MODEL``) and ``--model`` (the edge daemon's name for its model) say the same.
 
 Health is NOT_SERVING while the engine loads, SERVING once it answers, and back
 to NOT_SERVING when the server drains for shutdown (SIGTERM/SIGINT: stop taking
@@ -196,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "[cloud.engine], [cloud.limits], [cloud.policy] for the sections)")
     ap.add_argument("--auth-tokens", type=Path, help='JSON file {"edge-id": "token", ...}; callers need '
                     "'authorization: Bearer <token>' (health and reflection stay open)")
+    settings.add_model_positional(ap, "--engine.model and --model")
+    ap.add_argument("--model", dest="model_alias", metavar="MODEL", help="the same as --engine.model (the edge "
+                    "daemon's name for its model)")
     ap.coinfer_settings = settings.add_flags(ap, CloudConfig, ENV_PREFIX)
     return ap
 
@@ -203,10 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
 def load_config(ap: argparse.ArgumentParser, args: argparse.Namespace, env=None, secrets: bool = True) -> CloudConfig:
     """The parsed command line as a validated ``CloudConfig`` (``secrets``: read the token file)."""
     tokens = load_tokens(args.auth_tokens) if secrets and args.auth_tokens else None
+    model = settings.named_model(args, **{"--engine.model": getattr(args, "engine.model", None),
+                                          "--model": args.model_alias})
     cfg = settings.load(CloudConfig, ENV_PREFIX, "cloud", args.config, env, ap.coinfer_settings, args,
-                        auth_tokens=tokens)
+                        auth_tokens=tokens, engine={"model": model} if model else None)
     if not cfg.engine.model:
-        raise ValueError("--engine.model: the target model directory is required")
+        raise ValueError("MODEL: the target model directory is required, positional or --engine.model")
     cfg.validate()
     return cfg
 

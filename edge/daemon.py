@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m coinfer.edge.daemon --model INT8_DIR --cloud cloud.example:50051 --token-file /etc/coinfer/token
+    coinfer-edge INT8_DIR --cloud cloud.example:50051 --token-file /etc/coinfer/token   # or --model INT8_DIR
     python -m coinfer.edge.daemon --config /etc/coinfer/edge.toml      # [edge] table; COINFER_EDGE_* env overrides
 
 Prints ``GRPC <port>`` and ``HTTP <port>`` once serving (ports may be 0 = any free one).
@@ -119,8 +119,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m coinfer.edge.daemon", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", type=Path, help="TOML file ([edge] table with EdgeConfig fields)")
     ap.add_argument("--token-file", type=Path, help="file holding this edge's bearer token")
+    settings.add_model_positional(ap, "--model")
     ap.coinfer_settings = settings.add_flags(ap, EdgeConfig, ENV_PREFIX)
     return ap
+
+
+def load_config(ap: argparse.ArgumentParser, args: argparse.Namespace, token: str | None = None,
+                env: dict[str, str] | None = None) -> EdgeConfig:
+    """The parsed command line as a validated ``EdgeConfig``: the draft model is the positional ``MODEL``
+    or ``--model`` (ValueError when both are given and differ)."""
+    model = settings.named_model(args, **{"--model": getattr(args, "model", None)})
+    return EdgeConfig.load(args.config, env, cli=ap.coinfer_settings, args=args, token=token, model=model)
 
 
 async def serve(cfg: EdgeConfig) -> None:
@@ -144,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     process.raise_fd_limit()
     try:
         token = args.token_file.read_text().strip() if args.token_file else None
-        cfg = EdgeConfig.load(args.config, cli=ap.coinfer_settings, args=args, token=token)
+        cfg = load_config(ap, args, token)
     except (OSError, ValueError) as exc:
         ap.error(str(exc))
     try:

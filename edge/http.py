@@ -344,7 +344,7 @@ class _Completion:
                   if self.chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish})
         return JSONResponse({"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
                              "created": self.created, "model": self.body.model, "choices": [choice],
-                             "usage": self.core.usage(self.req, done), "coinfer": _info(done)})
+                             "usage": self.core.usage(self.req, done), "coinfer": _info(done) | {"answer": text}})
 
     def chunk(self, delta: str | None, finish: str | None = None, extra: dict | None = None,
               role: bool = False) -> str:

@@ -85,6 +85,26 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, prefix: str) -> CliSet
                              cli_implicit_flags=True, cli_avoid_json=True, cli_parse_none_str="null")
 
 
+MODEL_DEST = "model_positional"
+
+
+def add_model_positional(parser: argparse.ArgumentParser, same_as: str) -> None:
+    """A positional ``MODEL``, as in ``vllm serve MODEL``: the same setting as the flag ``same_as``."""
+    parser.add_argument(MODEL_DEST, nargs="?", metavar="MODEL",
+                        help=f"the model to serve (the same as {same_as}, which also works; give one or both alike)")
+
+
+def named_model(args: argparse.Namespace, **flags: str | None) -> str | None:
+    """The model the positional ``MODEL`` and the ``flags`` that spell the same setting (flag -> value
+    given, None when not) name; None when none does. ValueError when two of them name different models:
+    neither silently wins."""
+    given = {k: v for k, v in ({"MODEL": getattr(args, MODEL_DEST, None)} | flags).items() if v}
+    if len(set(given.values())) > 1:
+        raise ValueError("MODEL: " + " and ".join(f"{k} {v!r}" for k, v in given.items())
+                         + " name different models: give one")
+    return next(iter(given.values()), None)
+
+
 class _Env(EnvSettingsSource):
     """The environment source over a given mapping (tests; None: ``os.environ``)."""
 

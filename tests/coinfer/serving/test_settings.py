@@ -37,7 +37,7 @@ def test_every_layer_overrides_the_one_before_sections_included(tmp_path):
     (["--engine.model", "/m"], {"COINFER_CLOUD_POLICY__CLOUD_TEMPERATURE": "hot"},
      "COINFER_CLOUD_POLICY__CLOUD_TEMPERATURE: expected float"),
     (["--engine.model", "/m", "--policy.verifier", "oracle"], {}, "policy.verifier: must be"),
-    ([], {}, "--engine.model: the target model directory is required"),
+    ([], {}, "MODEL: the target model directory is required, positional or --engine.model"),
 ])
 def test_a_bad_value_is_named_by_where_it_came_from(argv, env, msg, tmp_path):
     with pytest.raises(ValueError, match=msg.replace(".", r"\.").replace("(", r"\(")):
@@ -62,3 +62,22 @@ def test_help_lists_every_field_with_its_docstring_and_no_secret_flag():
     edge_help = edge_parser().format_help()
     assert "--http-port" in edge_help and "--token-file" in edge_help and "--token " not in edge_help
     assert ENV_PREFIX == "COINFER_CLOUD_"
+
+
+def test_the_model_is_a_positional_on_both_daemons_as_in_vllm_serve(tmp_path):
+    from coinfer.edge.daemon import build_parser as edge_parser
+    from coinfer.edge.daemon import load_config as edge_config
+
+    for argv in (["/t"], ["--engine.model", "/t"], ["--model", "/t"], ["/t", "--engine.model", "/t", "--port", "7"]):
+        assert _cloud(argv, {}, tmp_path).engine.model == "/t", argv
+    # the command line over the environment and the file, as every flag
+    assert _cloud(["/t"], {"COINFER_CLOUD_ENGINE__MODEL": "/env"}, tmp_path, '[cloud.engine]\nmodel = "/f"\n').engine.model == "/t"
+    for argv in (["/a", "--engine.model", "/t"], ["--model", "/a", "--engine.model", "/t"]):
+        with pytest.raises(ValueError, match="name different models: give one"):
+            _cloud(argv, {}, tmp_path)
+    assert "MODEL" in build_parser().format_usage()
+    ap = edge_parser()
+    for argv in (["/d"], ["--model", "/d"], ["/d", "--model", "/d", "--http-port", "0"]):
+        assert edge_config(ap, ap.parse_args(argv), env={}).model == "/d", argv
+    with pytest.raises(ValueError, match=r"MODEL '/d' and --model '/e' name different models"):
+        edge_config(ap, ap.parse_args(["/d", "--model", "/e"]), env={})
