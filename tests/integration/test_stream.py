@@ -1,0 +1,112 @@
+"""OpenAI streams on the real path (official openai SDK -> edge daemon: ONNX Runtime INT8 drafts -> gRPC ->
+cloud: vLLM): answer text leaves as soon as it is final, and what a stream sends is the answer, the
+same the whole (non-streamed) answer and gRPC ``Solve`` end on for the same seed, in every plan."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import pytest
+
+from coinfer import convert
+from coinfer import types as t
+from coinfer.edge.config import EdgeConfig
+from coinfer.edge.daemon import EdgeDaemon
+from coinfer.v1 import coinfer_pb2 as pb
+from coinfer.v1 import edge_pb2 as epb
+from coinfer.v1 import edge_pb2_grpc as epb_grpc
+
+pytestmark = pytest.mark.slow
+ARITH = "If x=3 and y=5, compute (x+y)^2-x*y."
+OPEN = "Explain why the sky is blue."
+SEED = 7
+
+
+@pytest.fixture(scope="module")
+async def daemon(int8_draft, cloud):
+    d = await EdgeDaemon(EdgeConfig(model=str(int8_draft), cloud=f"127.0.0.1:{cloud.port}", grpc_port=0,
+                                    http_port=0)).start()
+    for _ in range(100):  # the health watch sees SERVING
+        if d.core.link.serving:
+            break
+        await asyncio.sleep(0.05)
+    yield d
+    await d.stop()
+
+
+def _client(daemon):
+    from openai import AsyncOpenAI
+
+    return AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
+
+
+async def _streamed(daemon, prompt: str, plan: str) -> tuple[list[tuple[float, str]], float, str, dict]:
+    """(each content delta with its arrival time, the finishing chunk's time, its finish_reason, its coinfer block)."""
+    stream = await _client(daemon).chat.completions.create(
+        model="coinfer-edge", messages=[{"role": "user", "content": prompt}], stream=True, seed=SEED,
+        extra_body={"coinfer": {"plan": plan}})
+    deltas, finished, finish, info = [], 0.0, "", {}
+    async for chunk in stream:
+        now = time.perf_counter()
+        choice = chunk.choices[0]
+        if choice.delta.content:
+            deltas.append((now, choice.delta.content))
+        if choice.finish_reason:
+            finished, finish, info = now, choice.finish_reason, (chunk.model_extra or {})["coinfer"]
+    return deltas, finished, finish, info
+
+
+async def _whole(daemon, prompt: str, plan: str) -> tuple[str, dict]:
+    r = await _client(daemon).chat.completions.create(
+        model="coinfer-edge", messages=[{"role": "user", "content": prompt}], seed=SEED,
+        extra_body={"coinfer": {"plan": plan}})
+    return r.choices[0].message.content, r.model_extra["coinfer"]
+
+
+async def _solved(daemon, prompt: str, plan: str) -> tuple[str, epb.SolveResult]:
+    """What a gRPC client showing chunks as they come ends on (resets withdraw), and the result."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.grpc_port}") as ch:
+        req = epb.SolveRequest(problem=pb.Problem(messages=[pb.ChatMessage(role="user", content=prompt)]), plan=plan,
+                               # the drafts' defaults as HTTP's (over gRPC, 0 is greedy), seeded alike
+                               sampling=convert.to_pb(t.SamplingParams(seed=SEED), pb.SamplingParams))
+        events = [ev async for ev in epb_grpc.CoinferEdgeStub(ch).Solve(req, timeout=120)]
+    shown = ""
+    for ev in events:
+        if ev.WhichOneof("kind") == "reset":
+            shown = ""
+        elif ev.WhichOneof("kind") == "chunk":
+            shown += ev.chunk.text
+    return shown, events[-1].result
+
+
+async def _same_answer_three_ways(daemon, prompt: str, plan: str) -> tuple[list[tuple[float, str]], float, str]:
+    deltas, finished, finish, info = await _streamed(daemon, prompt, plan)
+    streamed = "".join(text for _, text in deltas)
+    whole, whole_info = await _whole(daemon, prompt, plan)
+    shown, result = await _solved(daemon, prompt, plan)
+    assert info["plan"] == whole_info["plan"] == result.plan == plan, (info["plan"], whole_info["plan"], result.plan)
+    assert streamed == info["answer"], (streamed, info["answer"])  # what was sent is the answer it ends on
+    assert streamed == whole == whole_info["answer"], (streamed, whole)  # the same seed, not streamed
+    assert streamed == shown == result.answer, (streamed, result.answer)  # gRPC Solve
+    assert finish == whole_info["finish_reason"] == result.finish_reason
+    return deltas, finished, streamed
+
+
+async def test_the_cloud_plan_streams_its_answer_as_the_target_writes_it(daemon):
+    t0 = time.perf_counter()
+    deltas, finished, answer = await _same_answer_three_ways(daemon, OPEN, "cloud")
+    assert len(deltas) > 1, deltas  # token by token, not the answer whole at the end
+    first = deltas[0][0]
+    # the first words arrive while the rest is written: well before the finishing chunk (held to the
+    # end, the gap was the few milliseconds between two writes of one event loop)
+    assert finished - first > 0.2 * (finished - t0), (first - t0, finished - t0, answer)
+
+
+async def test_the_split_plans_stream_is_its_answer(daemon):
+    await _same_answer_three_ways(daemon, ARITH, "split")
+
+
+async def test_the_edge_plans_stream_is_its_answer(daemon):
+    await _same_answer_three_ways(daemon, ARITH, "edge")
