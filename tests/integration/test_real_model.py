@@ -78,6 +78,9 @@ async def test_natural_prompts_are_answered_by_the_plan_asked_within_the_deadlin
                                                  extra_body={"coinfer": {"plan": plan}})
         info = r.model_extra["coinfer"]
         assert time.perf_counter() - t0 < 30.0, info
-        assert info["plans"] == [plan] and not info["fallback_reason"] and info["valid"], info
+        # the cloud's own answer streams as it is written (docs/api.md, Streaming): a loop is cut there and
+        # said so, not replaced by a candidate, which would withdraw what was streamed
+        cut = plan == "cloud" and r.choices[0].finish_reason == "repetition" and "a loop cut" in info["trace"]
+        assert info["plans"] == [plan] and not info["fallback_reason"] and (info["valid"] or cut), info
         assert info["source"] in (("draft", "refined") if plan == "split" else ("cloud",)), info
         assert r.choices[0].message.content.strip(), info
