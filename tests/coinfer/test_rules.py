@@ -84,3 +84,16 @@ def test_first_failure_stops_and_passed_lists_the_rest():
 def test_parse_failure_is_the_first_rule():
     res = check([], "", ARITH, ASPEC)
     assert (res.valid, res.failed_rule, res.error) == (False, "parse", "parse_error: no 'answer <int>' found (empty)")
+
+
+def test_only_an_open_request_with_no_rule_and_nothing_to_extract_is_judged_by_the_loop_watch_alone():
+    # such an answer can stream as final (docs/api.md, Streaming); any rule or extraction waits for the whole
+    from coinfer.extract import Extraction
+    from coinfer.tasks import OPEN
+
+    assert RuleSet([], OPEN, {}).only_loop_watch
+    assert RuleSet([], OPEN, {}, extraction=Extraction("none")).only_loop_watch
+    assert not RuleSet([Rule("length", {"max": 50})], OPEN, {}).only_loop_watch
+    assert not RuleSet([], OPEN, {}, extraction=Extraction("marker")).only_loop_watch
+    arith = get_task("arith")
+    assert not RuleSet([], arith, arith.parse_problem("If x=3 and y=5, compute x+y.")).only_loop_watch
