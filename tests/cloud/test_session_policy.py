@@ -458,3 +458,30 @@ def test_an_open_requests_own_answer_streams_as_final_and_a_loop_is_cut_not_repl
 async def _no_drafts():
     return
     yield  # pragma: no cover - makes this an async generator
+
+
+def test_a_prefix_refinement_is_final_while_it_writes_what_the_best_draft_says():
+    from coinfer.tasks import TASKS
+
+    arith, prompt = TASKS["arith"], "If x=3 and y=5, compute (x+y)^2-x*y."
+    spec = arith.parse_problem(prompt)
+    best, other = "3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 49", "3+5=8; 8^2=64; 5*3=15; 64-15=49; answer 49"
+
+    def refined(reply: str) -> list:
+        engine = ScriptedEngine({best: [-0.05] * 12, other: [-0.1] * 12}, reply=reply)
+        req = t.OpenRequest(request_id="r", task="arith", prompt=prompt)
+        session = Session(CloudConfig(), engine, req, arith, spec, RuleSet([], arith, spec), recommended_drafts=5,
+                          deadline_s=10.0)
+        session.cfg.policy.accept_min_score = 2.0  # refine: the consensus steps "3+5=8; 8^2=64;" continued
+        return asyncio.run(_run(session, [best, other]))
+
+    # the target writes the best draft's own steps: every chunk final, the prefix the first
+    events = refined(" 3*5=15; 64-15=49; answer 49")
+    chunks = [e for e in events if isinstance(e, t.AnswerChunk)]
+    assert events[-1].refine_mode == "prefix" and chunks[0].text == "3+5=8; 8^2=64;" and all(c.final for c in chunks)
+    # it departs from the draft: final up to there, the rest held (accepted here: the answer is the refinement)
+    events = refined(" 5*3=15; 64-15=49; answer 49")
+    assert _final(events) == "3+5=8; 8^2=64; " and events[-1].answer == other
+    # refused by the rules: the draft it fell back to begins with what was final, streamed again after the reset
+    events = refined(" 3*5=16; 64-16=48; answer 48")
+    assert any(isinstance(e, t.AnswerReset) for e in events) and _final(events) == events[-1].answer == best
