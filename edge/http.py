@@ -23,10 +23,11 @@ not replaced). Text a check of the whole answer may still refuse (a refinement, 
 ruled request's answer) is held until the answer is decided, then sent; a local (edge) answer
 arrives whole. After an ``AnswerReset`` the text already sent is not sent again. Should a replica fail
 after final text left and the answer end differently (a local fallback), the stream ends with an
-error event instead of an answer it does not begin (docs/api.md, Streaming). Progress chunks carry an
-empty delta and a ``coinfer`` object (each draft and each verdict as it happens). The last chunk's
-``coinfer`` holds the result (source, validity,
-extracted ``fields``, timings), as does a whole answer's ``coinfer`` object: among them ``plan`` (the
+error event instead of an answer it does not begin (docs/api.md, Streaming).
+
+Progress chunks carry an empty delta and a ``coinfer`` object (each draft and each verdict as it
+happens). The last chunk's ``coinfer`` holds the result (answer, source, validity, extracted ``fields``,
+timings), as does a whole answer's ``coinfer`` object: among them ``plan`` (the
 plan that produced the answer), ``plans`` (every plan that ran, in order: ``["edge", "split"]`` when
 auto's edge answer failed the rules and was escalated) and ``cloud_tokens`` (``{"generated": N,
 "prompt": M}``, the cloud's target-model tokens for the request; zeros when it was not used).
