@@ -34,7 +34,7 @@ async def ask(client, messages: list[dict], coinfer: dict, stream: bool = False,
     async for c in await client.chat.completions.create(stream=True, **kw):
         if c.choices:
             delta = c.choices[0].delta.content
-            if delta:  # the edge holds the answer until the cloud has verified it: the first token is late
+            if delta:  # text leaves once final: at once in the cloud plan, else when decided (docs/api.md, Streaming)
                 ttft = ttft or (time.perf_counter() - t0) * 1e3
                 text += delta
             finish = c.choices[0].finish_reason or finish
