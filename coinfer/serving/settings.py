@@ -91,7 +91,7 @@ MODEL_DEST = "model_positional"
 def add_model_positional(parser: argparse.ArgumentParser, same_as: str) -> None:
     """A positional ``MODEL``, as in ``vllm serve MODEL``: the same setting as the flag ``same_as``."""
     parser.add_argument(MODEL_DEST, nargs="?", metavar="MODEL",
-                        help=f"the model to serve (the same as {same_as}, which also works; give one or both alike)")
+                        help=f"the model to serve, as in `vllm serve MODEL` (also: {same_as}; two that differ are refused)")
 
 
 def named_model(args: argparse.Namespace, **flags: str | None) -> str | None:
