@@ -185,7 +185,10 @@ class Answering(SessionState):
     def _accept_as_is(self, ranked: Ranked) -> str:
         """The best verified draft is the answer as it stands: the target finds it likely (mean and
         least likely token) and the drafts agree on its answer. Refining it would spend cloud decode
-        tokens to write what the draft already says. Returns "" to accept, else why not (the trace)."""
+        tokens to write what the draft already says. Returns "" to accept, else why not (the trace).
+        Where the rules decide, a draft that passed them is right: accepted."""
+        if self.rules_decide:
+            return ""
         p = self.cfg.policy
         best, _, agree = ranked[0]
         min_lp = self.min_logprob.get(best.draft.index, 0.0 if p.verifier == t.VerifierKind.JUDGE else -float("inf"))
@@ -254,8 +257,9 @@ class Answering(SessionState):
     def _cut_short(self, best: Judged) -> bool:
         """The best draft stopped at the edge's draft budget, shorter than the answer budget this request
         gives the cloud (drafts: 256 tokens by default, the cloud's answer 512): taken as is, the answer
-        would end where the target's own would not."""
-        return best.draft.truncated and self._answer_budget > best.draft.num_tokens
+        would end where the target's own would not. Not where the rules decide: the draft passed checkers
+        that grade a whole answer, so it is one."""
+        return not self.rules_decide and best.draft.truncated and self._answer_budget > best.draft.num_tokens
 
     async def _answer_continued(self, ranked: Ranked, out: asyncio.Queue) -> Answer:
         """A draft good enough to take as is but cut at the draft budget: the target continues it to the

@@ -126,6 +126,15 @@ class PolicyConfig:
     accept_min_token_logprob: float = -3.0
     """A single wrong number in a long draft barely moves its mean logprob but is a token the
     target finds very unlikely: the minimum catches it."""
+    rules_decide: bool = True
+    """Where the rules in force grade a draft exactly (a preset's own checkers: ``RuleSet.exact``), a draft
+    that passes them is right: no LLM verifier is asked, and the best such draft is the answer as is (no
+    refinement, no continuation). The verifier's prefill per draft and the refinement were most of what a
+    split answer cost the cloud (benchmarks/capacity.py); off: every valid draft is scored as on open requests."""
+    min_round_odds: float = 0.1
+    """Advise another round of drafts only where rounds of the same kind of request (task and rules) held a
+    draft the rules pass at least this often lately (``coinfer.cloud.policy.RoundOdds``; every tenth refusal
+    retries anyway, to keep measuring); 0: retry up to ``max_retries`` always."""
     max_retries: int = 2
     """Retry rounds advised to the edge before the cloud drafts itself."""
     refine_temperature: float = 0.0

@@ -18,6 +18,7 @@ from coinfer.cloud.engine import TargetEngine
 from coinfer.cloud.learning import WeightLearner
 from coinfer.cloud.load import DraftCountController
 from coinfer.cloud.metrics import CloudMetrics
+from coinfer.cloud.policy import RoundOdds
 from coinfer.cloud.session import EdgeItem, Session
 from coinfer.errors import InvalidArgument, Reason, ResourceExhausted, Unavailable
 from coinfer.rules import RuleSet
@@ -42,6 +43,7 @@ class CloudCore:
         self._idle.set()
         self.controller = DraftCountController()
         p = cfg.policy
+        self.round_odds = RoundOdds()
         self.learner = WeightLearner.open(p.a, p.b, p.g, p.learn_every, p.learn_alpha, cfg.state_path)
         self.metrics = CloudMetrics()
         self._publish_weights()
@@ -132,7 +134,7 @@ class CloudCore:
         deadline_ms = req.deadline_ms or self.cfg.policy.default_deadline_ms
         w = self.learner.weights
         s = Session(self.cfg, self.engine, req, task, spec, rules, self.controller.recommended, deadline_ms / 1e3,
-                    weights=(w.a, w.b, w.g), load=self.controller.smoothed)
+                    weights=(w.a, w.b, w.g), load=self.controller.smoothed, round_odds=self.round_odds)
         self.active += 1
         self.per_edge[edge] += 1
         self._idle.clear()

@@ -74,6 +74,8 @@ class Judging(SessionState):
 
     async def _llm_verdict(self, index: int, text: str, passed: list[str], own: float | None = None,
                            truncated: bool = False) -> t.Verdict:
+        if self.rules_decide:  # exact checkers passed: the draft is right, no model time to say so
+            return t.Verdict(draft_index=index, valid=True, score=1.0, rules_passed=passed)
         if self.cfg.policy.verifier == t.VerifierKind.JUDGE:
             out = await self.engine.judge(judge_prompt(self.req.question, text), JUDGE_SCHEMA, JUDGE_MAX_TOKENS,
                                           f"{self.key}-j{index}")

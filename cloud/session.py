@@ -129,6 +129,16 @@ class Session(Judging, Answering):
         n = min(self.cfg.limits.max_drafts - len(self.seen), self.recommended_drafts + 2 * self.attempt)
         return t.RetryAdvice(self.attempt, n, sampling, reason)
 
+    @property
+    def _kind(self) -> tuple:
+        """What rounds of drafts are counted by (``RoundOdds``): the task and the rules in force."""
+        return self.req.task, tuple(self.rules.labels)
+
+    def _another_round_pays(self) -> bool:
+        """Whether another round of drafts is worth its wait: rounds of this kind of request lately held a
+        valid draft often enough (``PolicyConfig.min_round_odds``)."""
+        return self.round_odds is None or self.round_odds.pays(self._kind, self.cfg.policy.min_round_odds)
+
     # ---- driver ---------------------------------------------------------------------
     async def _consume(self, inbox: AsyncIterator[EdgeItem], out: asyncio.Queue) -> None:
         round_tasks: list[asyncio.Task] = []
@@ -167,7 +177,10 @@ class Session(Judging, Answering):
             round_tasks.clear()
             sent_in_round = 0
             budget_left = self.cfg.limits.max_drafts - len(self.seen)
-            if self._ranked() or self.attempt >= self.cfg.policy.max_retries or budget_left < 1:
+            found = bool(self._ranked())
+            if self.round_odds is not None:
+                self.round_odds.observe(self._kind, found)
+            if found or self.attempt >= self.cfg.policy.max_retries or budget_left < 1 or not self._another_round_pays():
                 await self._finish(out, verify_ms)
                 return
             self.attempt += 1

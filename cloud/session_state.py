@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from coinfer import types as t
 from coinfer.cloud.config import CloudConfig
 from coinfer.cloud.engine import TargetEngine
+from coinfer.cloud.policy import RoundOdds
 from coinfer.rules import RuleSet
 from coinfer.tasks import Parsed, Task
 
@@ -49,6 +50,8 @@ class SessionState:
     key: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     weights: tuple[float, float, float] | None = None
     """Scheduler weights (a, b, g) in force; None = the configured ones."""
+    round_odds: RoundOdds | None = None
+    """The service's record of how often a round of drafts holds a valid one (None: retry as configured)."""
     load: float = 0.0
     """Engine load at open: raises the latency weight."""
     outcome: list[tuple[float, float, float, float]] = field(default_factory=list)
@@ -59,3 +62,8 @@ class SessionState:
     """Per verified draft: its mean per-token logprob under the target (likelihood verifier)."""
     shown: str = ""
     """The answer text streamed so far (since the last reset): an answer other than it withdraws it first."""
+
+    @property
+    def rules_decide(self) -> bool:
+        """The rules alone judge a draft (``PolicyConfig.rules_decide``): no LLM verifier, no refinement."""
+        return self.cfg.policy.rules_decide and self.rules.exact

@@ -390,6 +390,9 @@ class RuleSet:
 
     def __init__(self, rules: Sequence[Rule], task: Task, spec: dict[str, Any], where: str = "problem.rules",
                  extraction: Extraction | None = None) -> None:
+        self.exact = not rules and bool(task.name)
+        """The preset's own checkers are in force (the request named no rules of its own): they grade an
+        answer exactly against the problem (``Task.default_rules``), so an answer that passes them is right."""
         rules = list(rules) or task.default_rules(spec)
         self.task, self.spec = task, spec
         self.extraction = extraction or Extraction()

@@ -62,3 +62,16 @@ def test_answer_agreement_is_the_support_share_of_each_drafts_answer():
     assert ranks[0] > ranks[2]  # the majority answer outranks a slightly likelier lone one
     assert rank_scores([0.5, 0.7], [0.0, 0.0], 1.0, 0.3, 0.0) == rank_scores([0.5, 0.7], [0.0, 0.0], 1.0, 0.3, 0.0,
                                                                              agree=[0.9, 0.9])
+
+
+def test_round_odds_stop_retries_where_rounds_never_hold_a_valid_draft_and_still_explore():
+    from coinfer.cloud.policy import RoundOdds
+
+    odds = RoundOdds(explore_every=4)
+    assert odds.pays("select", 0.1)  # unseen: the prior (1 in 2) retries as before
+    for _ in range(40):
+        odds.observe("select", False)
+        odds.observe("arith", True)
+    assert odds.odds("select") < 0.1 < odds.odds("arith")
+    assert [odds.pays("select", 0.1) for _ in range(8)] == [False, False, False, True] * 2  # every 4th explores
+    assert odds.pays("arith", 0.1) and odds.pays("select", 0.0)  # 0: always

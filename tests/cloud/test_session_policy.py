@@ -473,6 +473,7 @@ def test_a_prefix_refinement_is_final_while_it_writes_what_the_best_draft_says()
         session = Session(CloudConfig(), engine, req, arith, spec, RuleSet([], arith, spec), recommended_drafts=5,
                           deadline_s=10.0)
         session.cfg.policy.accept_min_score = 2.0  # refine: the consensus steps "3+5=8; 8^2=64;" continued
+        session.cfg.policy.rules_decide = False  # the preset's checkers would accept the draft as is
         return asyncio.run(_run(session, [best, other]))
 
     # the target writes the best draft's own steps: every chunk final, the prefix the first
@@ -485,3 +486,68 @@ def test_a_prefix_refinement_is_final_while_it_writes_what_the_best_draft_says()
     # refused by the rules: the draft it fell back to begins with what was final, streamed again after the reset
     events = refined(" 3*5=16; 64-16=48; answer 48")
     assert any(isinstance(e, t.AnswerReset) for e in events) and _final(events) == events[-1].answer == best
+
+
+class Counting(ScriptedEngine):
+    """A scripted engine that counts the verifier's scoring calls."""
+
+    scored = 0
+
+    async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str,
+                                    end: bool = True) -> list[float]:
+        self.scored += 1
+        return await super().continuation_logprobs(prompt, continuation, request_id, end)
+
+
+def _preset(engine: TargetEngine, rules: list[Rule] | None = None) -> tuple[Session, str]:
+    import random
+
+    from coinfer.tasks import TASKS
+
+    task = TASKS["arith"]
+    problem = task.generate(random.Random(3))  # 'If x=2 and y=5, compute (x-y)^2+x*y.'
+    spec = task.parse_problem(problem.prompt)
+    req = t.OpenRequest(request_id="r", task="arith", prompt=problem.prompt, rules=list(rules or []))
+    ruleset = RuleSet(req.rules, task, spec)
+    return Session(CloudConfig(), engine, req, task, spec, ruleset, recommended_drafts=5, deadline_s=10.0), task.solve(spec)
+
+
+def test_where_a_presets_own_checkers_pass_a_draft_no_model_is_asked_and_it_is_the_answer():
+    # the target doubts a token (-6: refined on an open request), but the exact checkers passed the draft
+    engine = Counting({}, reply="unused")
+    session, right = _preset(engine)
+    engine.logprobs = {right: [-0.05] * 10 + [-6.0]}
+    wrong = right.replace("9+10=19; answer 19", "9+10=18; answer 18")
+    events = asyncio.run(_run(session, [wrong, right], truncated=True))  # cut at the draft budget: not continued
+    summary = events[-1]
+    assert summary.answer == right and summary.refine_mode == "accepted" and summary.source == t.AnswerSource.DRAFT
+    assert engine.scored == 0 and engine.generated == 0
+    verdicts = {e.draft_index: e for e in events if isinstance(e, t.Verdict)}
+    assert not verdicts[0].valid and verdicts[1].valid
+
+
+def test_a_preset_with_rules_of_its_own_or_the_switch_off_is_verified_by_the_model_as_before():
+    for rules, decide in (([Rule("numeric_bounds", {"field": "answer", "min": -100, "max": 100})], True), (None, False)):
+        engine = Counting({}, reply="unused")
+        session, right = _preset(engine, rules)
+        session.cfg.policy.rules_decide = decide
+        engine.logprobs = {right: [-0.05] * 10 + [-6.0]}
+        summary = asyncio.run(_run(session, [right]))[-1]
+        assert engine.scored >= 1 and summary.refine_mode != "accepted"
+
+
+def test_no_retry_is_advised_where_rounds_of_this_kind_never_held_a_valid_draft():
+    from coinfer.cloud.policy import RoundOdds
+
+    odds = RoundOdds(explore_every=1000)
+    for retried in (True, False):
+        engine = ScriptedEngine({}, reply=RIGHT)
+        session = _session(engine)
+        session.round_odds = odds
+        if not retried:  # the same kind of request found nothing in its rounds many times
+            for _ in range(30):
+                odds.observe(session._kind, False)
+        events = asyncio.run(_run(session, [WRONG.replace("4 + 12 = 16", "4 + 12 = 15")]))
+        assert any(isinstance(e, t.RetryAdvice) for e in events) is retried
+        if not retried:
+            assert isinstance(events[-1], t.Summary) and events[-1].answer == RIGHT  # the cloud answered at once

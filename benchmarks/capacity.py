@@ -1,0 +1,615 @@
+"""What one cloud replica serves: coinfer's plans against plain vLLM on the same target, under open-loop load.
+
+    .venv/bin/python -m benchmarks.capacity [--workloads arith select words real-open] [--json]
+    .venv/bin/python -m benchmarks.capacity --workloads arith --systems split vllm-greedy --step-s 3
+
+One cloud replica with its engine on one core (core 0: the server process and vLLM's engine core,
+``taskset`` and ``VLLM_CPU_OMP_THREADS_BIND``); the edges and the load generator on the other (this
+process). Systems, each on the same requests, the same target weights and dtype (vLLM's ``auto``),
+prefix caching on, eager mode, 64 sequences a step:
+
+- ``split``, ``cloud``, ``auto``: coinfer's cloud service (``python -m coinfer.cloud.server``) behind an
+  edge core in this process (``coinfer.edge.service.EdgeCore``: planner, breaker, pipeline, rules);
+- ``vllm-greedy``: vLLM's own OpenAI server on the target, greedy, streamed, the cloud's answer budget;
+- ``vllm-best-of-5``: the same server, ``n=5`` at temperature 0.7, majority vote on the extracted answer.
+
+The edges' drafts are the real INT8 draft model's (ONNX Runtime), written once per request in a
+recording pass before the load (``ReplayDrafts``) and replayed under load at the times the draft model
+wrote them: in production every user has an edge box of their own, and one core here could not draft
+for dozens of concurrent users without making the edge, not the cloud, the bottleneck. A draft request
+not recorded (sampling the recording did not see) is drafted for real and counted (``draft_misses``).
+
+Per workload, the SLO is ``--slo-factor`` (3) x the unloaded p50 latency of plain vLLM greedy on those
+requests (the issue's suggestion): a system's capacity is the highest Poisson arrival rate at which the
+p95 latency stayed within it with no request failed. Rates rise by ``--rate-step`` from half of what the
+unloaded pass says one core can serve, each held for ``--step-s`` seconds of arrivals, the requests drained
+before the next rate. Reported per system and workload at that rate: answers/s, the cloud's CPU-seconds
+per answer (every process of the replica: ``/proc`` user + system time over the step, over the answers:
+verification prefill, sessions and gRPC included), accuracy (null for open prompts), p50 / p95 latency and
+the p50 time to first content. One run, one machine: ratios side by side, no thresholds.
+
+``--json`` prints one JSON object last on stdout; progress lines (one per rate) go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SYSTEMS = ("split", "cloud", "auto", "vllm-greedy", "vllm-best-of-5")
+COINFER_SYSTEMS = ("split", "cloud", "auto")
+DEMO_KINDS = ("arith", "select", "words")
+REAL = "real-open"
+WORKLOADS = (*DEMO_KINDS, REAL)
+CLOUD_CORE = 0
+"""The replica's core; the edges and the load generator take the others."""
+BEST_OF = 5
+BEST_OF_TEMPERATURE = 0.7
+REAL_MAX_TOKENS = 96
+"""Every system's answer budget on open prompts (a 135M model's prose on one core: ~20 tokens/s)."""
+REAL_MAX_MODEL_LEN = 2048
+"""Both servers' context on the real model (its own is 8192; the demo target's own 1024 is kept)."""
+DEMO_MAX_TOKENS = 512
+"""The demo pair's answer budget: the cloud's default (``PolicyConfig.refine_max_tokens``)."""
+
+REAL_PROMPTS = [
+    "Explain why the sky is blue.", "What is the capital of France? Answer in one word.",
+    "Write a haiku about autumn.", "Give three tips for sleeping well.", "What does a compiler do?",
+    "Name two planets in the solar system.", "How do plants make food?", "Describe a cat in one sentence.",
+    "Why do we need sleep?", "What is the boiling point of water in Celsius?", "Suggest a name for a pet dog.",
+    "What is photosynthesis?", "Write one sentence about the sea.", "How many days are in a week?",
+    "What is the largest ocean on Earth?", "Give one reason to learn a second language.",
+]
+
+
+# ---- pure: percentiles, the ladder and the capacity it shows ------------------------------------
+
+def pct(xs: list[float], q: float) -> float:
+    """The ``q`` quantile (nearest rank); 0.0 for no values."""
+    if not xs:
+        return 0.0
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def arrivals(rate: float, duration_s: float, rng: random.Random) -> list[float]:
+    """Poisson arrival offsets (s) in ``[0, duration_s)`` at ``rate`` per second; at least one."""
+    out, t = [], rng.expovariate(rate)
+    while t < duration_s:
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out or [0.0]
+
+
+@dataclass
+class Step:
+    """One rate of the ladder, measured."""
+
+    rate: float
+    answers: int
+    failed: int
+    wall_s: float
+    cpu_s: float
+    p50_s: float
+    p95_s: float
+    ttft_p50_s: float
+    accuracy: float | None
+    sources: dict = field(default_factory=dict)
+
+    def held(self, slo_s: float) -> bool:
+        return self.failed == 0 and self.answers > 0 and self.p95_s <= slo_s
+
+    @property
+    def cpu_per_answer(self) -> float:
+        return self.cpu_s / max(1, self.answers)
+
+
+def capacity(steps: list[Step], slo_s: float) -> Step | None:
+    """The highest-rate step that held the SLO (None: not even the first)."""
+    held = [s for s in steps if s.held(slo_s)]
+    return max(held, key=lambda s: s.rate) if held else None
+
+
+def summary(steps: list[Step], slo_s: float, sat: Step) -> dict:
+    """The output contract's entry of one system on one workload: the capacity step's latency and accuracy,
+    the saturated run's cost (``cloud_cpu_s_per_answer``) and throughput."""
+    best = capacity(steps, slo_s)
+    at = best if best is not None else (steps[0] if steps else sat)
+    return {"capacity_rps": round(best.rate, 3) if best is not None else 0.0,
+            "cloud_cpu_s_per_answer": round(sat.cpu_per_answer, 4), "accuracy": at.accuracy,
+            "p50_s": at.p50_s, "p95_s": at.p95_s, "ttft_p50_s": at.ttft_p50_s,
+            "saturated_answers_per_s": round(sat.answers / max(sat.wall_s, 1e-9), 3), "saturated_accuracy": sat.accuracy,
+            "sources": at.sources, "saturated": dataclasses.asdict(sat), "steps": [dataclasses.asdict(s) for s in steps]}
+
+
+# ---- the replica's processes and their CPU time ----------------------------------------------------
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and all its descendants, now."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            c = p.cpu_times()
+            total += c.user + c.system
+    return total
+
+
+def _pinned_env() -> dict:
+    """The environment of a replica on ``CLOUD_CORE``: vLLM's OpenMP threads bound there, its KV cache 1 GiB
+    (both servers alike), no inherited thread-count override."""
+    return dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=str(CLOUD_CORE), VLLM_CPU_KVCACHE_SPACE="1")
+
+
+class Server:
+    """A replica's process group on ``CLOUD_CORE`` (coinfer's cloud service or vLLM's OpenAI server)."""
+
+    def __init__(self, argv: list[str], log_dir: Path, name: str) -> None:
+        self.log = log_dir / f"{name}.log"
+        self.proc = subprocess.Popen(["taskset", "-c", str(CLOUD_CORE), sys.executable, *argv],
+                                     stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=_pinned_env())
+
+    def cpu_s(self) -> float:
+        return tree_cpu_s(self.proc.pid)
+
+    def check(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{self.log.stem} exited with {self.proc.returncode}: see {self.log}")
+
+    def stop(self) -> None:
+        import signal
+
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+async def _wait(ready: Callable[[], object], server: Server, what: str, timeout_s: float = 300.0) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        server.check()
+        with contextlib.suppress(Exception):
+            if await ready():
+                return
+        await asyncio.sleep(0.5)
+    raise TimeoutError(f"{what} not ready after {timeout_s:.0f} s (log: {server.log})")
+
+
+# ---- the edges: recorded drafts replayed ------------------------------------------------------------
+
+class ReplayDrafts:
+    """The edge's draft engine for a load run: a request's drafts (prompt + sampling) are drafted once by
+    the real engine and recorded with their times; later the same request's drafts are handed over at
+    those times again (the worker thread sleeps: no CPU), as an edge box of the user's own would."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+        self.recorded: dict[tuple, list] = {}
+        self.misses = 0
+        self.recording = True
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str):  # render, encode, runs, providers, lm, ...: the real engine's
+        return getattr(self.real, name)
+
+    def generate(self, prompt: str, s, on_draft=None, cancelled=None) -> list:
+        key = (prompt, tuple(sorted(dataclasses.asdict(s).items(), key=lambda kv: kv[0])).__repr__())
+        with self._lock:
+            drafts = self.recorded.get(key)
+        if drafts is None:
+            if not self.recording:
+                self.misses += 1
+            drafts = self.real.generate(prompt, s, on_draft, cancelled)
+            with self._lock:
+                self.recorded[key] = drafts
+            return drafts
+        t0 = time.perf_counter()
+        out = []
+        for d in sorted(drafts, key=lambda d: d.edge_ms):
+            wait = d.edge_ms / 1e3 - (time.perf_counter() - t0)
+            if wait > 0:
+                time.sleep(wait)
+            if cancelled is not None and cancelled():
+                break
+            out.append(d)
+            if on_draft is not None:
+                on_draft(d)
+        return out
+
+
+# ---- one request, per kind of system ------------------------------------------------------------------
+
+@dataclass
+class Request:
+    """One workload request as every system sends it."""
+
+    messages: list[dict]
+    case: object | None  # benchmarks.open_accuracy.Case (graded); None: an open prompt (not graded)
+    max_tokens: int
+
+    def grade(self, text: str) -> bool | None:
+        return None if self.case is None else self.case.grade(text)
+
+
+@dataclass
+class Result:
+    ok: bool | None
+    latency_s: float
+    ttft_s: float
+    failed: str = ""
+    source: str = ""
+
+
+def workload(name: str, n: int, seed: int) -> list[Request]:
+    if name == REAL:
+        prompts = (REAL_PROMPTS * (n // len(REAL_PROMPTS) + 1))[:n]
+        return [Request([{"role": "user", "content": p}], None, REAL_MAX_TOKENS) for p in prompts]
+    from benchmarks.open_accuracy import cases
+
+    return [Request([{"role": "user", "content": c.prompt}], c, DEMO_MAX_TOKENS) for c in cases((name,), n, seed)]
+
+
+def _solve_request(req: Request, plan: str, rid: str, deadline_ms: int):
+    from coinfer import types as t
+    from coinfer.chat import ChatMessage
+    from coinfer.edge.service import SolveRequest
+    from coinfer.extract import Extraction
+
+    case = req.case
+    sampling = None if case is not None else t.SamplingParams(max_new_tokens=req.max_tokens)
+    return SolveRequest(prompt="", messages=[ChatMessage(m["role"], m["content"]) for m in req.messages],
+                        task=case.task if case is not None else "", rules=case.rules() if case is not None else [],
+                        extraction=case.extraction() if case is not None else Extraction(),
+                        sampling=sampling, refine=sampling, plan=plan, deadline_ms=deadline_ms, request_id=rid)
+
+
+async def ask_coinfer(core, req: Request, plan: str, rid: str, deadline_ms: int) -> Result:
+    from coinfer import types as t
+    from coinfer.edge.service import Done
+
+    t0 = time.perf_counter()
+    ttft, done = 0.0, None
+    async for ev in core.solve(_solve_request(req, plan, rid, deadline_ms)):
+        if isinstance(ev, t.AnswerChunk) and ev.text and not ttft:
+            ttft = time.perf_counter() - t0
+        elif isinstance(ev, Done):
+            done = ev
+    lat = time.perf_counter() - t0
+    r = done.result
+    fell_back = f"fallback: {r.fallback_kind}" if r.fallback_reason else ""
+    return Result(req.grade(r.answer), lat, ttft or lat, fell_back, "->".join(done.plans) + f":{r.source}")
+
+
+async def ask_vllm(client, model: str, req: Request, best_of: bool) -> Result:
+    t0 = time.perf_counter()
+    if not best_of:
+        text, ttft = "", 0.0
+        stream = await client.chat.completions.create(model=model, messages=req.messages, max_tokens=req.max_tokens,
+                                                      temperature=0.0, stream=True)
+        async for c in stream:
+            if c.choices and c.choices[0].delta.content:
+                ttft = ttft or time.perf_counter() - t0
+                text += c.choices[0].delta.content
+        lat = time.perf_counter() - t0
+        return Result(req.grade(text), lat, ttft or lat, source="greedy")
+    r = await client.chat.completions.create(model=model, messages=req.messages, max_tokens=req.max_tokens,
+                                             temperature=BEST_OF_TEMPERATURE, n=BEST_OF)
+    texts = [c.message.content or "" for c in r.choices]
+    lat = time.perf_counter() - t0
+    if req.case is None:  # open prose: nothing to vote on, the most frequent text (else the first)
+        text = Counter(" ".join(x.split()) for x in texts).most_common(1)[0][0]
+        return Result(None, lat, lat, source="vote")
+    votes = Counter(k for x in texts if (k := req.case.vote_key(x)) is not None)
+    winner = votes.most_common(1)[0][0] if votes else None
+    text = next((x for x in texts if winner is not None and req.case.vote_key(x) == winner), texts[0])
+    return Result(req.grade(text), lat, lat, source="vote")
+
+
+# ---- the ladder ----------------------------------------------------------------------------------------
+
+Ask = Callable[[Request, str], "asyncio.Future[Result]"]
+
+
+async def run_step(ask: Ask, reqs: list[Request], rate: float, step_s: float, server: Server, rng: random.Random,
+                   tag: str) -> Step:
+    """Poisson arrivals at ``rate`` for ``step_s`` seconds (requests in turn from ``reqs``), drained."""
+    offsets = arrivals(rate, step_s, rng)
+    t0 = time.perf_counter()
+    cpu0 = server.cpu_s()
+
+    async def one(i: int, at: float) -> Result:
+        await asyncio.sleep(max(0.0, at - (time.perf_counter() - t0)))
+        try:
+            return await ask(reqs[i % len(reqs)], f"{tag}-{i}")
+        except Exception as exc:  # noqa: BLE001 - a failed request is what this measures
+            return Result(None, time.perf_counter() - t0 - at, 0.0, failed=f"{type(exc).__name__}: {exc}"[:160])
+
+    results = await asyncio.gather(*(one(i, at) for i, at in enumerate(offsets)))
+    return _step(rate, results, time.perf_counter() - t0, server.cpu_s() - cpu0)
+
+
+def _step(rate: float, results: list[Result], wall: float, cpu: float) -> Step:
+    good = [r for r in results if not r.failed]
+    graded = [r.ok for r in good if r.ok is not None]
+    return Step(rate=round(rate, 3), answers=len(good), failed=len(results) - len(good), wall_s=round(wall, 2),
+                cpu_s=round(cpu, 3), p50_s=round(pct([r.latency_s for r in good], 0.5), 3),
+                p95_s=round(pct([r.latency_s for r in results], 0.95), 3),
+                ttft_p50_s=round(pct([r.ttft_s for r in good], 0.5), 3),
+                accuracy=round(sum(graded) / len(graded), 3) if graded else None,
+                sources=dict(Counter(r.source if not r.failed else r.failed for r in results)))
+
+
+async def unloaded(ask: Ask, reqs: list[Request], server: Server, tag: str) -> Step:
+    """The requests one at a time (the recording pass for coinfer's edges)."""
+    t0, cpu0 = time.perf_counter(), server.cpu_s()
+    results = [await ask(r, f"{tag}-u{i}") for i, r in enumerate(reqs)]
+    return _step(0.0, results, time.perf_counter() - t0, server.cpu_s() - cpu0)
+
+
+async def saturated(ask: Ask, reqs: list[Request], concurrency: int, server: Server, tag: str) -> Step:
+    """Every request with ``concurrency`` in flight (closed loop): the replica busy throughout, so that its CPU
+    time is its work. vLLM's worker spins between steps while requests come (its shared-memory queue and
+    OpenMP threads), so at a lower load CPU time follows wall time rather than work."""
+    sem = asyncio.Semaphore(concurrency)
+    t0, cpu0 = time.perf_counter(), server.cpu_s()
+
+    async def one(i: int, r: Request) -> Result:
+        async with sem:
+            t1 = time.perf_counter()
+            try:
+                return await ask(r, f"{tag}-s{i}")
+            except Exception as exc:  # noqa: BLE001 - a failed request is what this measures
+                return Result(None, time.perf_counter() - t1, 0.0, failed=f"{type(exc).__name__}: {exc}"[:160])
+
+    results = await asyncio.gather(*(one(i, r) for i, r in enumerate(reqs)))
+    return _step(0.0, results, time.perf_counter() - t0, server.cpu_s() - cpu0)
+
+
+async def ladder(ask: Ask, reqs: list[Request], start: float, slo_s: float, args, server: Server, tag: str,
+                 progress: Callable[[str], None]) -> list[Step]:
+    """Rising rates from ``start`` (half the saturated throughput) until the SLO breaks or ``--max-steps``; when
+    the first rate misses it, falling rates (a system whose unloaded latency is near the SLO holds it only
+    well below saturation) down to ``--min-rate``."""
+    rng = random.Random(args.seed)
+    rate = max(args.min_rate, start)
+    steps: list[Step] = []
+    for _ in range(args.max_steps):
+        step = await run_step(ask, reqs, rate, args.step_s, server, rng, f"{tag}-{rate:.2f}")
+        steps.append(step)
+        held = step.held(slo_s)
+        progress(f"{tag}: rate {rate:.2f}/s -> {step.answers} answers, {step.failed} failed, p50 {step.p50_s:.2f} s, "
+                 f"p95 {step.p95_s:.2f} s (SLO {slo_s:.2f}), accuracy {step.accuracy}, {'held' if held else 'MISSED'}")
+        falling = not steps[0].held(slo_s)
+        if falling and (held or rate <= args.min_rate):
+            break
+        if not falling and not held:
+            break
+        rate = max(args.min_rate, rate / args.rate_step ** 2) if falling else rate * args.rate_step
+    return steps
+
+
+async def measure(ask: Ask, reqs: list[Request], base: Step, slo_s: float, args, server: Server, tag: str,
+                  progress: Callable[[str], None]) -> dict:
+    """The saturated throughput and cost, then the ladder from half that throughput."""
+    sat = await saturated(ask, reqs * args.saturate_rounds, args.saturate_concurrency, server, tag)
+    through = sat.answers / max(sat.wall_s, 1e-9)
+    progress(f"{tag}: saturated ({args.saturate_concurrency} in flight) {through:.2f} answers/s, "
+             f"{sat.cpu_per_answer:.3f} cloud CPU-s/answer, accuracy {sat.accuracy}")
+    steps = await ladder(ask, reqs, 0.5 * through, slo_s, args, server, tag, progress)
+    return summary(steps, slo_s, sat) | {"unloaded": dataclasses.asdict(base)}
+
+
+# ---- the two stacks ------------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.asynccontextmanager
+async def vllm_server(model: Path, log_dir: Path, max_len: int):
+    """vLLM's own OpenAI server on the target, pinned like coinfer's replica; yields (server, client, name)."""
+    import httpx
+    from openai import AsyncOpenAI
+
+    port = _free_port()
+    srv = Server(["-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port),
+                  "--host", "127.0.0.1", "--served-model-name", "target", "--enforce-eager", "--dtype", "auto",
+                  "--max-num-seqs", "64", "--seed", "0", "--max-model-len", str(max_len)], log_dir, f"vllm-{model.name}")
+    try:
+        async with httpx.AsyncClient() as http:
+            async def ok() -> bool:
+                return (await http.get(f"http://127.0.0.1:{port}/v1/models", timeout=2)).status_code == 200
+            await _wait(ok, srv, "vLLM's OpenAI server")
+        client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=300,
+                             http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=512)))
+        yield srv, client, "target"
+    finally:
+        srv.stop()
+
+
+@contextlib.asynccontextmanager
+async def coinfer_stack(model: Path, draft: Path, log_dir: Path, max_len: int):
+    """coinfer's cloud service on the target (pinned) and an edge core here over it; yields (server, core, drafts)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from coinfer.edge.config import EdgeConfig
+    from coinfer.edge.service import EdgeCore
+
+    port = _free_port()
+    srv = Server(["-m", "coinfer.cloud.server", str(model), "--port", str(port), "--engine.max-model-len", str(max_len)],
+                 log_dir, f"coinfer-{model.name}")
+    core = None
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+
+            async def serving() -> bool:
+                r = await stub.Check(health_pb2.HealthCheckRequest(service="coinfer.v1.CoinferCloud"), timeout=2)
+                return r.status == health_pb2.HealthCheckResponse.SERVING
+            await _wait(serving, srv, "coinfer's cloud service")
+        with tempfile.TemporaryDirectory() as state:
+            core = EdgeCore(EdgeConfig(model=str(draft), cloud=f"127.0.0.1:{port}", grpc_port=0, http_port=0,
+                                       planner_state=str(Path(state) / "planner.json"), max_drafts=16))
+            await core.start()
+            for _ in range(100):  # the channel's health watch sees the replica SERVING
+                if core.link.serving:
+                    break
+                await asyncio.sleep(0.1)
+            real = await core.ensure_engine()
+            drafts = ReplayDrafts(real)
+            core.engine = drafts
+            yield srv, core, drafts
+    finally:
+        if core is not None:
+            await core.close()
+        srv.stop()
+
+
+# ---- the run -------------------------------------------------------------------------------------------
+
+async def _vllm_systems(wls: list[str], reqs: dict, args, model: Path, log_dir: Path, slo: dict, out: dict,
+                        progress, max_len: int) -> None:
+    async with vllm_server(model, log_dir, max_len) as (srv, client, name):
+        for wl in wls:
+            for system in [s for s in ("vllm-greedy", "vllm-best-of-5") if s in args.systems]:
+                async def ask(r: Request, rid: str, best=system == "vllm-best-of-5") -> Result:
+                    return await ask_vllm(client, name, r, best)
+                await ask(reqs[wl][0], "warm")  # lazy set-up out of the measurement
+                base = await unloaded(ask, reqs[wl][: args.unloaded], srv, f"{wl}/{system}")
+                if system == "vllm-greedy":
+                    slo[wl] = round(args.slo_factor * base.p50_s, 3)
+                progress(f"{wl}/{system}: unloaded p50 {base.p50_s:.3f} s, {base.cpu_per_answer:.3f} CPU-s/answer"
+                         + (f" -> SLO {slo[wl]:.3f} s" if system == "vllm-greedy" else ""))
+                out.setdefault(wl, {})[system] = await measure(ask, reqs[wl], base, slo[wl], args, srv, f"{wl}/{system}",
+                                                               progress)
+
+
+async def _coinfer_systems(wls: list[str], reqs: dict, args, model: Path, draft: Path, log_dir: Path, slo: dict,
+                           out: dict, progress, max_len: int) -> None:
+    deadline_ms = int(args.deadline_s * 1e3)
+    async with coinfer_stack(model, draft, log_dir, max_len) as (srv, core, drafts):
+        for wl in wls:
+            slo.setdefault(wl, args.slo_s)  # no vLLM greedy run to derive it from: the given SLO
+            for system in [s for s in COINFER_SYSTEMS if s in args.systems]:
+                async def ask(r: Request, rid: str, plan=system) -> Result:
+                    return await ask_coinfer(core, r, plan, rid, deadline_ms)
+                drafts.recording = True  # every request once, alone: its drafts recorded, the planner warmed
+                base = await unloaded(ask, reqs[wl], srv, f"{wl}/{system}")
+                drafts.recording = False
+                progress(f"{wl}/{system}: unloaded (recording) p50 {base.p50_s:.3f} s, "
+                         f"{base.cpu_per_answer:.3f} CPU-s/answer, accuracy {base.accuracy}")
+                misses = drafts.misses
+                out.setdefault(wl, {})[system] = await measure(ask, reqs[wl], base, slo[wl], args, srv, f"{wl}/{system}",
+                                                               progress) | {"draft_misses": drafts.misses - misses}
+
+
+async def run(args, progress: Callable[[str], None]) -> dict:
+    os.sched_setaffinity(0, {c for c in os.sched_getaffinity(0) if c != CLOUD_CORE} or {CLOUD_CORE})
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(128))  # replayed drafts sleep in threads
+    from coinfer.demo.artifacts import ensure_artifacts
+
+    out: dict = {}
+    slo: dict = {}
+    t0 = time.perf_counter()
+    log_dir = Path(tempfile.mkdtemp(prefix="capacity-"))  # the servers' logs, kept for a failed run
+    progress(f"server logs in {log_dir}")
+    if True:
+        demo = [w for w in args.workloads if w in DEMO_KINDS]
+        stacks = []
+        if demo:
+            art = ensure_artifacts()
+            stacks.append((demo, Path(art.target), Path(art.draft_int8), 1024))
+        if REAL in args.workloads:
+            from coinfer.quantize.real_model import edge_dir, imported_dir
+
+            stacks.append(([REAL], Path(imported_dir()), Path(edge_dir()), REAL_MAX_MODEL_LEN))
+        for wls, model, draft, max_len in stacks:
+            reqs = {w: workload(w, args.requests if w != REAL else args.real_requests, args.seed) for w in wls}
+            if any(s.startswith("vllm") for s in args.systems):
+                await _vllm_systems(wls, reqs, args, model, log_dir, slo, out, progress, max_len)
+            if any(s in COINFER_SYSTEMS for s in args.systems):
+                await _coinfer_systems(wls, reqs, args, model, draft, log_dir, slo, out, progress, max_len)
+    return {"slo_s": slo, "slo_rule": f"{args.slo_factor} x plain vLLM greedy's unloaded p50 on the workload",
+            "wall_s": round(time.perf_counter() - t0, 1), "workloads": out}
+
+
+def table(report: dict) -> str:
+    """The report as the markdown table docs/measurements.md keeps."""
+    rows = ["| workload | system | capacity (answers/s at SLO) | saturated answers/s | cloud CPU-s / answer | accuracy "
+            "| p50 s | p95 s | first content p50 s |", "|---|---|---|---|---|---|---|---|---|"]
+    for wl, systems in report["workloads"].items():
+        for name, r in systems.items():
+            rows.append(f"| {wl} (SLO {report['slo_s'].get(wl, 0):.2f} s) | {name} | {r['capacity_rps']} | "
+                        f"{r['saturated_answers_per_s']} | {r['cloud_cpu_s_per_answer']} | {r['accuracy']} | {r['p50_s']} | {r['p95_s']} | "
+                        f"{r['ttft_p50_s']} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    ap.add_argument("--requests", type=int, default=16, help="distinct held-out problems per demo workload")
+    ap.add_argument("--real-requests", type=int, default=8, help="distinct open prompts for the real model")
+    ap.add_argument("--unloaded", type=int, default=4, help="vLLM requests sent one at a time first (its SLO)")
+    ap.add_argument("--step-s", type=float, default=4.0, help="seconds of arrivals per rate")
+    ap.add_argument("--rate-step", type=float, default=1.35, help="each rate is the last times this")
+    ap.add_argument("--max-steps", type=int, default=6)
+    ap.add_argument("--saturate-concurrency", type=int, default=16, help="requests in flight in the saturated run")
+    ap.add_argument("--saturate-rounds", type=int, default=2, help="the workload's requests this many times there")
+    ap.add_argument("--min-rate", type=float, default=0.2)
+    ap.add_argument("--slo-factor", type=float, default=3.0)
+    ap.add_argument("--slo-s", type=float, default=10.0, help="the SLO where vLLM greedy is not run")
+    ap.add_argument("--deadline-s", type=float, default=60.0, help="coinfer requests' deadline")
+    ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--json", action="store_true", help="one JSON object last on stdout")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    report = asyncio.run(run(args, progress))
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(table(report))
+        print(f"SLO: {report['slo_rule']}; {report['wall_s']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
