@@ -416,15 +416,17 @@ async def ladder(ask: Ask, reqs: list[Request], start: float, slo_s: float, args
     return steps
 
 
-async def measure(ask: Ask, reqs: list[Request], base: Step, slo_s: float, args, server: Server, tag: str,
+async def measure(ask: Ask, reqs: list[Request], base: Step | None, slo_s: float, args, server: Server, tag: str,
                   progress: Callable[[str], None]) -> dict:
     """The saturated throughput and cost, then the ladder from half that throughput."""
     sat = await saturated(ask, reqs * args.saturate_rounds, args.saturate_concurrency, server, tag)
     through = sat.answers / max(sat.wall_s, 1e-9)
     progress(f"{tag}: saturated ({args.saturate_concurrency} in flight) {through:.2f} answers/s, "
              f"{sat.cpu_per_answer:.3f} cloud CPU-s/answer, accuracy {sat.accuracy}")
-    steps = await ladder(ask, reqs, 0.5 * through, slo_s, args, server, tag, progress)
-    return summary(steps, slo_s, sat) | {"unloaded": dataclasses.asdict(base)}
+    step_s = args.real_step_s if reqs[0].case is None else args.step_s
+    at = argparse.Namespace(**{**vars(args), "step_s": step_s})
+    steps = await ladder(ask, reqs, 0.5 * through, slo_s, at, server, tag, progress)
+    return summary(steps, slo_s, sat) | {"unloaded": dataclasses.asdict(base) if base is not None else None}
 
 
 # ---- the two stacks ------------------------------------------------------------------------------------
@@ -508,11 +510,11 @@ async def _vllm_systems(wls: list[str], reqs: dict, args, model: Path, log_dir: 
                 async def ask(r: Request, rid: str, best=system == "vllm-best-of-5") -> Result:
                     return await ask_vllm(client, name, r, best)
                 await ask(reqs[wl][0], "warm")  # lazy set-up out of the measurement
-                base = await unloaded(ask, reqs[wl][: args.unloaded], srv, f"{wl}/{system}")
-                if system == "vllm-greedy":
+                base = None
+                if system == "vllm-greedy":  # every request alone: the SLO's base (open prompts' lengths vary)
+                    base = await unloaded(ask, reqs[wl], srv, f"{wl}/{system}")
                     slo[wl] = round(args.slo_factor * base.p50_s, 3)
-                progress(f"{wl}/{system}: unloaded p50 {base.p50_s:.3f} s, {base.cpu_per_answer:.3f} CPU-s/answer"
-                         + (f" -> SLO {slo[wl]:.3f} s" if system == "vllm-greedy" else ""))
+                    progress(f"{wl}/{system}: unloaded p50 {base.p50_s:.3f} s -> SLO {slo[wl]:.3f} s")
                 out.setdefault(wl, {})[system] = await measure(ask, reqs[wl], base, slo[wl], args, srv, f"{wl}/{system}",
                                                                progress)
 
@@ -537,7 +539,16 @@ async def _coinfer_systems(wls: list[str], reqs: dict, args, model: Path, draft:
 
 
 async def run(args, progress: Callable[[str], None]) -> dict:
-    os.sched_setaffinity(0, {c for c in os.sched_getaffinity(0) if c != CLOUD_CORE} or {CLOUD_CORE})
+    """The whole measurement; this process (edges, load) runs off ``CLOUD_CORE`` meanwhile."""
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {c for c in cpus if c != CLOUD_CORE} or cpus)
+    try:
+        return await _run(args, progress)
+    finally:
+        os.sched_setaffinity(0, cpus)
+
+
+async def _run(args, progress: Callable[[str], None]) -> dict:
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(128))  # replayed drafts sleep in threads
     from coinfer.demo.artifacts import ensure_artifacts
 
@@ -583,9 +594,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     ap.add_argument("--requests", type=int, default=16, help="distinct held-out problems per demo workload")
-    ap.add_argument("--real-requests", type=int, default=8, help="distinct open prompts for the real model")
-    ap.add_argument("--unloaded", type=int, default=4, help="vLLM requests sent one at a time first (its SLO)")
-    ap.add_argument("--step-s", type=float, default=4.0, help="seconds of arrivals per rate")
+    ap.add_argument("--real-requests", type=int, default=6, help="distinct open prompts for the real model")
+    ap.add_argument("--step-s", type=float, default=3.0, help="seconds of arrivals per rate (demo workloads)")
+    ap.add_argument("--real-step-s", type=float, default=15.0, help="seconds of arrivals per rate (real model)")
     ap.add_argument("--rate-step", type=float, default=1.35, help="each rate is the last times this")
     ap.add_argument("--max-steps", type=int, default=6)
     ap.add_argument("--saturate-concurrency", type=int, default=16, help="requests in flight in the saturated run")

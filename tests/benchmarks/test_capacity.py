@@ -1,0 +1,72 @@
+"""benchmarks.capacity: the ladder's logic around a stand-in replica, and the whole benchmark at a tiny size
+on the real parts (vLLM's OpenAI server and coinfer's cloud service, each pinned, the demo pair)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from argparse import Namespace
+
+from benchmarks import capacity as cap
+
+
+class Idle:
+    """A replica that spends no CPU (the ladder's logic only)."""
+
+    def cpu_s(self) -> float:
+        return 0.0
+
+
+def _ask(latency_at):
+    """An ask whose latency grows with the number of requests in flight (a saturating server)."""
+    inflight = [0]
+
+    async def ask(req, rid):
+        inflight[0] += 1
+        try:
+            lat = latency_at(inflight[0])
+            await asyncio.sleep(lat)
+            return cap.Result(True, lat, lat / 2)
+        finally:
+            inflight[0] -= 1
+    return ask
+
+
+ARGS = Namespace(seed=1, min_rate=0.5, max_steps=6, step_s=0.5, rate_step=2.0)
+
+
+def test_poisson_arrivals_come_at_the_rate_asked():
+    offs = cap.arrivals(50.0, 20.0, random.Random(0))
+    assert 900 < len(offs) < 1100 and offs == sorted(offs) and offs[-1] < 20.0
+
+
+def test_the_ladder_rises_until_the_slo_breaks_and_capacity_is_the_last_rate_held():
+    ask = _ask(lambda n: 0.01 if n <= 2 else 0.5)  # fine while two are in flight, then slow
+    steps = asyncio.run(cap.ladder(ask, [None], 2.0, 0.2, ARGS, Idle(), "t", lambda _: None))
+    assert [s.rate for s in steps][:2] == [2.0, 4.0] and not steps[-1].held(0.2)
+    best = cap.capacity(steps, 0.2)
+    assert best is not None and best.rate == steps[-2].rate
+    entry = cap.summary(steps, 0.2, steps[0])
+    assert entry["capacity_rps"] == best.rate and entry["accuracy"] == 1.0
+
+
+def test_a_first_rate_that_misses_the_slo_makes_the_ladder_fall():
+    ask = _ask(lambda n: 0.01 if n <= 1 else 0.5)
+    steps = asyncio.run(cap.ladder(ask, [None], 32.0, 0.2, ARGS, Idle(), "t", lambda _: None))
+    assert steps[0].rate == 32.0 and not steps[0].held(0.2)
+    assert [s.rate for s in steps[1:]] == sorted((s.rate for s in steps[1:]), reverse=True)
+    assert steps[-1].held(0.2) or steps[-1].rate == ARGS.min_rate
+
+
+def test_the_benchmark_at_a_tiny_size_prints_the_contract(capsys):
+    assert cap.main(["--workloads", "arith", "--requests", "2", "--step-s", "1", "--max-steps", "1",
+                     "--saturate-rounds", "1", "--saturate-concurrency", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["slo_s"]["arith"] > 0
+    systems = report["workloads"]["arith"]
+    assert set(systems) == set(cap.SYSTEMS)
+    for name, entry in systems.items():
+        assert {"capacity_rps", "cloud_cpu_s_per_answer", "accuracy", "p50_s", "p95_s", "ttft_p50_s"} <= set(entry)
+        assert entry["saturated"]["answers"] == 2 and entry["saturated"]["failed"] == 0, name
+        assert entry["cloud_cpu_s_per_answer"] > 0, name  # the replica's processes were found and measured
