@@ -68,5 +68,5 @@ def test_the_benchmark_at_a_tiny_size_prints_the_contract(capsys):
     assert set(systems) == set(cap.SYSTEMS)
     for name, entry in systems.items():
         assert {"capacity_rps", "cloud_cpu_s_per_answer", "accuracy", "p50_s", "p95_s", "ttft_p50_s"} <= set(entry)
-        assert entry["saturated"]["answers"] == 2 and entry["saturated"]["failed"] == 0, name
+        assert entry["saturated"]["answers"] >= 1 and entry["saturated"]["failed"] == 0, name
         assert entry["cloud_cpu_s_per_answer"] > 0, name  # the replica's processes were found and measured
