@@ -119,19 +119,21 @@ class RoundOdds:
     exact checkers 16 times in 16 (3 rounds a request), and the cloud answered alone after each.
 
     Counts decay by ``decay`` per observation (recent traffic counts most), from a prior of ``prior_hits``
-    in ``prior_rounds`` (an unseen kind retries as before). Every ``explore_every``-th refusal retries
+    in ``prior_rounds``; a kind seen in fewer than ``min_rounds`` rounds retries as before. Every ``explore_every``-th refusal retries
     anyway, so that a kind whose drafts improve (a new draft model) is seen to."""
 
     def __init__(self, prior_hits: float = 1.0, prior_rounds: float = 2.0, decay: float = 0.98,
-                 explore_every: int = 10) -> None:
+                 explore_every: int = 10, min_rounds: int = 20) -> None:
         self.prior = (prior_hits, prior_rounds)
-        self.decay, self.explore_every = decay, explore_every
+        self.decay, self.explore_every, self.min_rounds = decay, explore_every, min_rounds
         self._counts: dict[object, tuple[float, float]] = {}
+        self._seen: dict[object, int] = {}
         self._refused: dict[object, int] = {}
 
     def observe(self, kind: object, hit: bool) -> None:
         hits, rounds = self._counts.get(kind, self.prior)
         self._counts[kind] = (hits * self.decay + hit, rounds * self.decay + 1)
+        self._seen[kind] = self._seen.get(kind, 0) + 1
 
     def odds(self, kind: object) -> float:
         hits, rounds = self._counts.get(kind, self.prior)
@@ -139,7 +141,7 @@ class RoundOdds:
 
     def pays(self, kind: object, min_odds: float) -> bool:
         """Whether another round is worth asking for (``min_odds`` <= 0: always)."""
-        if min_odds <= 0 or self.odds(kind) >= min_odds:
-            return True
+        if min_odds <= 0 or self._seen.get(kind, 0) < self.min_rounds or self.odds(kind) >= min_odds:
+            return True  # off, too few rounds seen to judge (``min_rounds``), or rounds pay
         n = self._refused[kind] = self._refused.get(kind, 0) + 1
         return n % self.explore_every == 0
