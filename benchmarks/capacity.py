@@ -52,6 +52,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scenarios.replicas import free_ports
+
 SYSTEMS = ("split", "cloud", "auto", "vllm-greedy", "vllm-best-of-5")
 COINFER_SYSTEMS = ("split", "cloud", "auto")
 DEMO_KINDS = ("arith", "select", "words")
@@ -440,21 +442,13 @@ async def measure(ask: Ask, reqs: list[Request], base: Step | None, slo_s: float
 
 # ---- the two stacks ------------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.asynccontextmanager
 async def vllm_server(model: Path, log_dir: Path, max_len: int):
     """vLLM's own OpenAI server on the target, pinned like coinfer's replica; yields (server, client, name)."""
     import httpx
     from openai import AsyncOpenAI
 
-    port = _free_port()
+    (port,) = free_ports(1)
     srv = Server(["-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port),
                   "--host", "127.0.0.1", "--served-model-name", "target", "--enforce-eager", "--dtype", "auto",
                   "--max-num-seqs", "64", "--seed", "0", "--max-model-len", str(max_len)], log_dir, f"vllm-{model.name}")
@@ -479,7 +473,7 @@ async def coinfer_stack(model: Path, draft: Path, log_dir: Path, max_len: int):
     from coinfer.edge.config import EdgeConfig
     from coinfer.edge.service import EdgeCore
 
-    port = _free_port()
+    (port,) = free_ports(1)
     srv = Server(["-m", "coinfer.cloud.server", str(model), "--port", str(port), "--engine.max-model-len", str(max_len)],
                  log_dir, f"coinfer-{model.name}")
     core = None
@@ -566,22 +560,21 @@ async def _run(args, progress: Callable[[str], None]) -> dict:
     t0 = time.perf_counter()
     log_dir = Path(tempfile.mkdtemp(prefix="capacity-"))  # the servers' logs, kept for a failed run
     progress(f"server logs in {log_dir}")
-    if True:
-        demo = [w for w in args.workloads if w in DEMO_KINDS]
-        stacks = []
-        if demo:
-            art = ensure_artifacts()
-            stacks.append((demo, Path(art.target), Path(art.draft_int8), 1024))
-        if REAL in args.workloads:
-            from coinfer.quantize.real_model import edge_dir, imported_dir
+    demo = [w for w in args.workloads if w in DEMO_KINDS]
+    stacks = []
+    if demo:
+        art = ensure_artifacts()
+        stacks.append((demo, Path(art.target), Path(art.draft_int8), 1024))
+    if REAL in args.workloads:
+        from coinfer.quantize.real_model import edge_dir, imported_dir
 
-            stacks.append(([REAL], Path(imported_dir()), Path(edge_dir()), REAL_MAX_MODEL_LEN))
-        for wls, model, draft, max_len in stacks:
-            reqs = {w: workload(w, args.requests if w != REAL else args.real_requests, args.seed) for w in wls}
-            if any(s.startswith("vllm") for s in args.systems):
-                await _vllm_systems(wls, reqs, args, model, log_dir, slo, out, progress, max_len)
-            if any(s in COINFER_SYSTEMS for s in args.systems):
-                await _coinfer_systems(wls, reqs, args, model, draft, log_dir, slo, out, progress, max_len)
+        stacks.append(([REAL], Path(imported_dir()), Path(edge_dir()), REAL_MAX_MODEL_LEN))
+    for wls, model, draft, max_len in stacks:
+        reqs = {w: workload(w, args.requests if w != REAL else args.real_requests, args.seed) for w in wls}
+        if any(s.startswith("vllm") for s in args.systems):
+            await _vllm_systems(wls, reqs, args, model, log_dir, slo, out, progress, max_len)
+        if any(s in COINFER_SYSTEMS for s in args.systems):
+            await _coinfer_systems(wls, reqs, args, model, draft, log_dir, slo, out, progress, max_len)
     return {"slo_s": slo, "slo_rule": f"{args.slo_factor} x plain vLLM greedy's unloaded p50 on the workload",
             "wall_s": round(time.perf_counter() - t0, 1), "workloads": out}
 

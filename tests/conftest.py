@@ -73,3 +73,22 @@ def smollm2_hf():
     from coinfer.quantize.real_model import imported_dir
 
     return imported_dir()
+
+
+@pytest.fixture(scope="module")
+async def daemon(int8_draft, cloud):
+    """An edge daemon on the INT8 demo draft over the session's cloud, its ports free ones, once the health
+    watch sees the cloud SERVING (a module that needs another daemon defines its own ``daemon``)."""
+    import asyncio
+
+    from coinfer.edge.config import EdgeConfig
+    from coinfer.edge.daemon import EdgeDaemon
+
+    d = await EdgeDaemon(EdgeConfig(model=str(int8_draft), cloud=f"127.0.0.1:{cloud.port}", grpc_port=0,
+                                    http_port=0)).start()
+    for _ in range(100):
+        if d.core.link.serving:
+            break
+        await asyncio.sleep(0.05)
+    yield d
+    await d.stop()

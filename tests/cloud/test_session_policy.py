@@ -14,6 +14,7 @@ from coinfer.cloud.session import DraftsDone, Session
 from coinfer.extract import Extraction
 from coinfer.rules import Rule, RuleSet
 from coinfer.tasks import OPEN
+from tests.streams import shown as _shown
 
 RIGHT = "Tom buys 3 * 4 = 12 apples.\nNow he has 5 + 12 = 17 apples.\nAnswer: 17"
 WRONG = "Tom buys 3 * 4 = 12 apples.\nNow he has 4 + 12 = 16 apples.\nAnswer: 16"
@@ -122,17 +123,6 @@ def test_a_refinement_that_contradicts_agreeing_drafts_is_refused():
     assert summary.answer in (RIGHT, right2)
     assert summary.source == t.AnswerSource.DRAFT and summary.fields["answer"] == 17
     assert "contradicts" in summary.trace
-
-
-def _shown(events: list) -> str:
-    """What a client that shows chunks as they come ends on: the text after the last AnswerReset."""
-    text = ""
-    for ev in events:
-        if isinstance(ev, t.AnswerReset):
-            text = ""
-        elif isinstance(ev, t.AnswerChunk):
-            text += ev.text
-    return text
 
 
 def test_a_rejected_refinement_withdraws_what_it_streamed():

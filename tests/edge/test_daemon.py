@@ -22,18 +22,6 @@ pytestmark = pytest.mark.slow
 ARITH = "If x=3 and y=5, compute (x+y)^2-x*y."
 
 
-@pytest.fixture(scope="module")
-async def daemon(int8_draft, cloud):
-    d = await EdgeDaemon(EdgeConfig(model=str(int8_draft), cloud=f"127.0.0.1:{cloud.port}", grpc_port=0,
-                                    http_port=0)).start()
-    for _ in range(100):  # the health watch sees SERVING
-        if d.core.link.serving:
-            break
-        await asyncio.sleep(0.05)
-    yield d
-    await d.stop()
-
-
 async def solve(port: int, **kw) -> list[epb.SolveEvent]:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         stub = epb_grpc.CoinferEdgeStub(ch)

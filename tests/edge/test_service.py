@@ -20,6 +20,7 @@ from coinfer.edge.planner.planner import EXPLORE_RUNS
 from coinfer.edge.service import CloudTokens, Done, EdgeCore, SolveRequest
 from coinfer.edge.servicer import result_to_pb
 from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
+from tests.streams import shown as _shown
 
 ARITH = "If x=3 and y=5, compute x+y."
 
@@ -183,17 +184,6 @@ class LocalDrafts:
         for d in out:
             on_draft(d)
         return out
-
-
-def _shown(events: list) -> str:
-    """What a client that shows chunks as they come ends on: the text after the last AnswerReset."""
-    shown = ""
-    for ev in events:
-        if isinstance(ev, t.AnswerReset):
-            shown = ""
-        elif isinstance(ev, t.AnswerChunk):
-            shown += ev.text
-    return shown
 
 
 async def test_a_cold_edge_withdraws_a_failed_clouds_streamed_text_before_answering_locally(core, monkeypatch):

@@ -4,7 +4,6 @@ same the whole (non-streamed) answer and gRPC ``Solve`` end on for the same seed
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import grpc
@@ -12,8 +11,6 @@ import pytest
 
 from coinfer import convert
 from coinfer import types as t
-from coinfer.edge.config import EdgeConfig
-from coinfer.edge.daemon import EdgeDaemon
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import edge_pb2 as epb
 from coinfer.v1 import edge_pb2_grpc as epb_grpc
@@ -22,18 +19,6 @@ pytestmark = pytest.mark.slow
 ARITH = "If x=3 and y=5, compute (x+y)^2-x*y."
 OPEN = "Explain why the sky is blue."
 SEED = 7
-
-
-@pytest.fixture(scope="module")
-async def daemon(int8_draft, cloud):
-    d = await EdgeDaemon(EdgeConfig(model=str(int8_draft), cloud=f"127.0.0.1:{cloud.port}", grpc_port=0,
-                                    http_port=0)).start()
-    for _ in range(100):  # the health watch sees SERVING
-        if d.core.link.serving:
-            break
-        await asyncio.sleep(0.05)
-    yield d
-    await d.stop()
 
 
 def _client(daemon):
