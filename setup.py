@@ -23,8 +23,13 @@ class BuildWithStubs(build_py):
 # and so on, so no module named ``edge`` or ``demo`` collides with another project's. A folder absent
 # from the build context (the edge image copies coinfer/ and edge/ only) is left out.
 ROOT = Path(__file__).resolve().parent
-FOLDERS = {"coinfer": "coinfer", "coinfer.edge": "edge", "coinfer.cloud": "cloud",
-           "coinfer.quantize": "quantize", "coinfer.demo": "demo"}
+FOLDERS = {
+    "coinfer": "coinfer",
+    "coinfer.edge": "edge",
+    "coinfer.cloud": "cloud",
+    "coinfer.quantize": "quantize",
+    "coinfer.demo": "demo",
+}
 PACKAGE_DIR = {ns: d for ns, d in FOLDERS.items() if (ROOT / d / "__init__.py").is_file()}
 PACKAGES = [p for ns, d in PACKAGE_DIR.items() for p in [ns, *(f"{ns}.{sub}" for sub in find_packages(str(ROOT / d)))]]
 

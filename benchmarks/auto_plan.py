@@ -60,26 +60,39 @@ async def _ask(client, case: Case, plan: str, stream: bool = False) -> dict:
     escalated = len(info["plans"]) > 1
     # the prediction for the outcome that happened: the attempt, plus the escalation's cost if it came
     outcome = pred.get("attempt_ms", 0.0) + (pred.get("escalation_cost_ms", 0.0) if escalated else 0.0)
-    return {"kind": case.kind, "plan": plan, "ran": " -> ".join(info["plans"]), "ok": case.grade(content),
-            "ms": ms, "ttft_ms": ttft, "predicted_ms": pred.get("total_ms", 0.0), "outcome_predicted_ms": outcome,
-            "cloud_tokens": info["cloud_tokens"]["generated"], "source": info["source"],
-            "plan_reason": info["plan_reason"]}
+    return {
+        "kind": case.kind,
+        "plan": plan,
+        "ran": " -> ".join(info["plans"]),
+        "ok": case.grade(content),
+        "ms": ms,
+        "ttft_ms": ttft,
+        "predicted_ms": pred.get("total_ms", 0.0),
+        "outcome_predicted_ms": outcome,
+        "cloud_tokens": info["cloud_tokens"]["generated"],
+        "source": info["source"],
+        "plan_reason": info["plan_reason"],
+    }
 
 
 def summarize(rows: list[dict]) -> dict:
     """Accuracy, latency, cloud tokens and (where the planner predicted) measured / predicted."""
     n = max(1, len(rows))
-    out = {"requests": len(rows), "accuracy": round(sum(r["ok"] for r in rows) / n, 3),
-           "median_ms": round(statistics.median(r["ms"] for r in rows), 1) if rows else 0.0,
-           "mean_ms": round(statistics.mean(r["ms"] for r in rows), 1) if rows else 0.0,
-           "cloud_tokens_per_answer": round(statistics.mean(r["cloud_tokens"] for r in rows), 1) if rows else 0.0,
-           "ran": dict(Counter(r["ran"] for r in rows))}
+    out = {
+        "requests": len(rows),
+        "accuracy": round(sum(r["ok"] for r in rows) / n, 3),
+        "median_ms": round(statistics.median(r["ms"] for r in rows), 1) if rows else 0.0,
+        "mean_ms": round(statistics.mean(r["ms"] for r in rows), 1) if rows else 0.0,
+        "cloud_tokens_per_answer": round(statistics.mean(r["cloud_tokens"] for r in rows), 1) if rows else 0.0,
+        "ran": dict(Counter(r["ran"] for r in rows)),
+    }
     if rows and any(r.get("ttft_ms") for r in rows):
         out["median_first_token_ms"] = round(statistics.median(r["ttft_ms"] for r in rows), 1)
     predicted = [r for r in rows if r["predicted_ms"] > 0]
     if predicted:
         out["mean_measured_over_mean_predicted"] = round(
-            statistics.mean(r["ms"] for r in predicted) / statistics.mean(r["predicted_ms"] for r in predicted), 3)
+            statistics.mean(r["ms"] for r in predicted) / statistics.mean(r["predicted_ms"] for r in predicted), 3
+        )
         ratios = sorted(r["ms"] / r["outcome_predicted_ms"] for r in predicted if r["outcome_predicted_ms"] > 0)
         if ratios:
             out["outcome_ratio_median"] = round(statistics.median(ratios), 3)
@@ -93,10 +106,12 @@ def goals(report: dict) -> dict:
     best = max(single, key=lambda p: (single[p]["accuracy"], -single[p]["median_ms"]))
     auto = plans["auto"]
     ratio = auto.get("mean_measured_over_mean_predicted", 0.0)
-    return {"best_single_plan": best,
-            "auto accuracy >= best - 2 pts": auto["accuracy"] >= single[best]["accuracy"] - 0.02,
-            "auto median latency <= best's": auto["median_ms"] <= single[best]["median_ms"],
-            "auto measured / predicted within 1.3x": 1 / 1.3 <= ratio <= 1.3}
+    return {
+        "best_single_plan": best,
+        "auto accuracy >= best - 2 pts": auto["accuracy"] >= single[best]["accuracy"] - 0.02,
+        "auto median latency <= best's": auto["median_ms"] <= single[best]["median_ms"],
+        "auto measured / predicted within 1.3x": 1 / 1.3 <= ratio <= 1.3,
+    }
 
 
 async def run(counts: dict[str, int], warmup: int, seed: int, stream: bool = False) -> dict:
@@ -114,10 +129,12 @@ async def run(counts: dict[str, int], warmup: int, seed: int, stream: bool = Fal
     srv = await create_server(cfg)
     engine = await VllmEngine(cfg.engine).start()
     await srv.attach_engine(engine)
-    daemon = await EdgeDaemon(EdgeConfig(model=str(art.draft_int8), cloud=f"127.0.0.1:{srv.port}", grpc_port=0,
-                                         http_port=0)).start()
-    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0,
-                         timeout=120)
+    daemon = await EdgeDaemon(
+        EdgeConfig(model=str(art.draft_int8), cloud=f"127.0.0.1:{srv.port}", grpc_port=0, http_port=0)
+    ).start()
+    client = AsyncOpenAI(
+        base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0, timeout=120
+    )
     held_out = [c for kind, n in counts.items() if n for c in cases((kind,), n, seed)]
     warm = [c for kind in counts for c in cases((kind,), warmup // len(counts), seed + 1, held_out=False)]
     rows: list[dict] = []
@@ -135,10 +152,17 @@ async def run(counts: dict[str, int], warmup: int, seed: int, stream: bool = Fal
     finally:
         await daemon.stop()
         await srv.stop(grace=1.0)
-    report = {"requests_per_plan": len(held_out), "warmup": len(warm), "wall_s": round(time.perf_counter() - t0, 1),
-              "all": {p: summarize([r for r in rows if r["plan"] == p]) for p in PLANS},
-              "by_task": {k: {p: summarize([r for r in rows if r["plan"] == p and r["kind"] == k]) for p in PLANS}
-                          for k, n in counts.items() if n}}
+    report = {
+        "requests_per_plan": len(held_out),
+        "warmup": len(warm),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "all": {p: summarize([r for r in rows if r["plan"] == p]) for p in PLANS},
+        "by_task": {
+            k: {p: summarize([r for r in rows if r["plan"] == p and r["kind"] == k]) for p in PLANS}
+            for k, n in counts.items()
+            if n
+        },
+    }
     report["goals"] = goals(report)
     report["rows"] = rows
     return report
@@ -155,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream", action="store_true", help="streamed requests: also the time to the first content token")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    report = asyncio.run(run({WORDS: args.words, "arith": args.arith, "select": args.select}, args.warmup, args.seed, args.stream))
+    report = asyncio.run(
+        run({WORDS: args.words, "arith": args.arith, "select": args.select}, args.warmup, args.seed, args.stream)
+    )
     rows = report.pop("rows")
     print(json.dumps(report, indent=2))
     if args.json:  # the file also keeps every request's row

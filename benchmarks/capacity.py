@@ -71,16 +71,27 @@ DEMO_MAX_TOKENS = 512
 """The demo pair's answer budget: the cloud's default (``PolicyConfig.refine_max_tokens``)."""
 
 REAL_PROMPTS = [
-    "Explain why the sky is blue.", "What is the capital of France? Answer in one word.",
-    "Write a haiku about autumn.", "Give three tips for sleeping well.", "What does a compiler do?",
-    "Name two planets in the solar system.", "How do plants make food?", "Describe a cat in one sentence.",
-    "Why do we need sleep?", "What is the boiling point of water in Celsius?", "Suggest a name for a pet dog.",
-    "What is photosynthesis?", "Write one sentence about the sea.", "How many days are in a week?",
-    "What is the largest ocean on Earth?", "Give one reason to learn a second language.",
+    "Explain why the sky is blue.",
+    "What is the capital of France? Answer in one word.",
+    "Write a haiku about autumn.",
+    "Give three tips for sleeping well.",
+    "What does a compiler do?",
+    "Name two planets in the solar system.",
+    "How do plants make food?",
+    "Describe a cat in one sentence.",
+    "Why do we need sleep?",
+    "What is the boiling point of water in Celsius?",
+    "Suggest a name for a pet dog.",
+    "What is photosynthesis?",
+    "Write one sentence about the sea.",
+    "How many days are in a week?",
+    "What is the largest ocean on Earth?",
+    "Give one reason to learn a second language.",
 ]
 
 
 # ---- pure: percentiles, the ladder and the capacity it shows ------------------------------------
+
 
 def pct(xs: list[float], q: float) -> float:
     """The ``q`` quantile (nearest rank); 0.0 for no values."""
@@ -133,14 +144,23 @@ def summary(steps: list[Step], slo_s: float, sat: Step) -> dict:
     the saturated run's cost (``cloud_cpu_s_per_answer``) and throughput."""
     best = capacity(steps, slo_s)
     at = best if best is not None else (steps[0] if steps else sat)
-    return {"capacity_rps": round(best.rate, 3) if best is not None else 0.0,
-            "cloud_cpu_s_per_answer": round(sat.cpu_per_answer, 4), "accuracy": at.accuracy,
-            "p50_s": at.p50_s, "p95_s": at.p95_s, "ttft_p50_s": at.ttft_p50_s,
-            "saturated_answers_per_s": round(sat.answers / max(sat.wall_s, 1e-9), 3), "saturated_accuracy": sat.accuracy,
-            "sources": at.sources, "saturated": dataclasses.asdict(sat), "steps": [dataclasses.asdict(s) for s in steps]}
+    return {
+        "capacity_rps": round(best.rate, 3) if best is not None else 0.0,
+        "cloud_cpu_s_per_answer": round(sat.cpu_per_answer, 4),
+        "accuracy": at.accuracy,
+        "p50_s": at.p50_s,
+        "p95_s": at.p95_s,
+        "ttft_p50_s": at.ttft_p50_s,
+        "saturated_answers_per_s": round(sat.answers / max(sat.wall_s, 1e-9), 3),
+        "saturated_accuracy": sat.accuracy,
+        "sources": at.sources,
+        "saturated": dataclasses.asdict(sat),
+        "steps": [dataclasses.asdict(s) for s in steps],
+    }
 
 
 # ---- the replica's processes and their CPU time ----------------------------------------------------
+
 
 def tree_cpu_s(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` and all its descendants, now."""
@@ -170,9 +190,13 @@ class Server:
 
     def __init__(self, argv: list[str], log_dir: Path, name: str) -> None:
         self.log = log_dir / f"{name}.log"
-        self.proc = subprocess.Popen(["taskset", "-c", str(CLOUD_CORE), sys.executable, *argv],
-                                     stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
-                                     env=_pinned_env())
+        self.proc = subprocess.Popen(
+            ["taskset", "-c", str(CLOUD_CORE), sys.executable, *argv],
+            stdout=self.log.open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=_pinned_env(),
+        )
 
     def cpu_s(self) -> float:
         return tree_cpu_s(self.proc.pid)
@@ -206,6 +230,7 @@ async def _wait(ready: Callable[[], object], server: Server, what: str, timeout_
 
 
 # ---- the edges: recorded drafts replayed ------------------------------------------------------------
+
 
 class ReplayDrafts:
     """The edge's draft engine for a load run: a request's drafts (prompt + sampling) are drafted once by
@@ -249,6 +274,7 @@ class ReplayDrafts:
 
 # ---- one request, per kind of system ------------------------------------------------------------------
 
+
 @dataclass
 class Request:
     """One workload request as every system sends it."""
@@ -287,10 +313,18 @@ def _solve_request(req: Request, plan: str, rid: str, deadline_ms: int):
 
     case = req.case
     sampling = None if case is not None else t.SamplingParams(max_new_tokens=req.max_tokens)
-    return SolveRequest(prompt="", messages=[ChatMessage(m["role"], m["content"]) for m in req.messages],
-                        task=case.task if case is not None else "", rules=case.rules() if case is not None else [],
-                        extraction=case.extraction() if case is not None else Extraction(),
-                        sampling=sampling, refine=sampling, plan=plan, deadline_ms=deadline_ms, request_id=rid)
+    return SolveRequest(
+        prompt="",
+        messages=[ChatMessage(m["role"], m["content"]) for m in req.messages],
+        task=case.task if case is not None else "",
+        rules=case.rules() if case is not None else [],
+        extraction=case.extraction() if case is not None else Extraction(),
+        sampling=sampling,
+        refine=sampling,
+        plan=plan,
+        deadline_ms=deadline_ms,
+        request_id=rid,
+    )
 
 
 async def ask_coinfer(core, req: Request, plan: str, rid: str, deadline_ms: int) -> Result:
@@ -314,16 +348,18 @@ async def ask_vllm(client, model: str, req: Request, best_of: bool) -> Result:
     t0 = time.perf_counter()
     if not best_of:
         text, ttft = "", 0.0
-        stream = await client.chat.completions.create(model=model, messages=req.messages, max_tokens=req.max_tokens,
-                                                      temperature=0.0, stream=True)
+        stream = await client.chat.completions.create(
+            model=model, messages=req.messages, max_tokens=req.max_tokens, temperature=0.0, stream=True
+        )
         async for c in stream:
             if c.choices and c.choices[0].delta.content:
                 ttft = ttft or time.perf_counter() - t0
                 text += c.choices[0].delta.content
         lat = time.perf_counter() - t0
         return Result(req.grade(text), lat, ttft or lat, source="greedy")
-    r = await client.chat.completions.create(model=model, messages=req.messages, max_tokens=req.max_tokens,
-                                             temperature=BEST_OF_TEMPERATURE, n=BEST_OF)
+    r = await client.chat.completions.create(
+        model=model, messages=req.messages, max_tokens=req.max_tokens, temperature=BEST_OF_TEMPERATURE, n=BEST_OF
+    )
     texts = [c.message.content or "" for c in r.choices]
     lat = time.perf_counter() - t0
     if req.case is None:  # open prose: nothing to vote on, the most frequent text (else the first)
@@ -340,8 +376,9 @@ async def ask_vllm(client, model: str, req: Request, best_of: bool) -> Result:
 Ask = Callable[[Request, str], "asyncio.Future[Result]"]
 
 
-async def run_step(ask: Ask, reqs: list[Request], rate: float, step_s: float, server: Server, rng: random.Random,
-                   tag: str) -> Step:
+async def run_step(
+    ask: Ask, reqs: list[Request], rate: float, step_s: float, server: Server, rng: random.Random, tag: str
+) -> Step:
     """Poisson arrivals at ``rate`` for ``step_s`` seconds (requests in turn from ``reqs``), drained."""
     offsets = arrivals(rate, step_s, rng)
     t0 = time.perf_counter()
@@ -361,12 +398,18 @@ async def run_step(ask: Ask, reqs: list[Request], rate: float, step_s: float, se
 def _step(rate: float, results: list[Result], wall: float, cpu: float) -> Step:
     good = [r for r in results if not r.failed]
     graded = [r.ok for r in good if r.ok is not None]
-    return Step(rate=round(rate, 3), answers=len(good), failed=len(results) - len(good), wall_s=round(wall, 2),
-                cpu_s=round(cpu, 3), p50_s=round(pct([r.latency_s for r in good], 0.5), 3),
-                p95_s=round(pct([r.latency_s for r in results], 0.95), 3),
-                ttft_p50_s=round(pct([r.ttft_s for r in good], 0.5), 3),
-                accuracy=round(sum(graded) / len(graded), 3) if graded else None,
-                sources=dict(Counter(r.source if not r.failed else r.failed for r in results)))
+    return Step(
+        rate=round(rate, 3),
+        answers=len(good),
+        failed=len(results) - len(good),
+        wall_s=round(wall, 2),
+        cpu_s=round(cpu, 3),
+        p50_s=round(pct([r.latency_s for r in good], 0.5), 3),
+        p95_s=round(pct([r.latency_s for r in results], 0.95), 3),
+        ttft_p50_s=round(pct([r.ttft_s for r in good], 0.5), 3),
+        accuracy=round(sum(graded) / len(graded), 3) if graded else None,
+        sources=dict(Counter(r.source if not r.failed else r.failed for r in results)),
+    )
 
 
 async def unloaded(ask: Ask, reqs: list[Request], server: Server, tag: str) -> Step:
@@ -404,8 +447,16 @@ async def saturated(ask: Ask, reqs: list[Request], concurrency: int, server: Ser
     return step
 
 
-async def ladder(ask: Ask, reqs: list[Request], start: float, slo_s: float, args, server: Server, tag: str,
-                 progress: Callable[[str], None]) -> list[Step]:
+async def ladder(
+    ask: Ask,
+    reqs: list[Request],
+    start: float,
+    slo_s: float,
+    args,
+    server: Server,
+    tag: str,
+    progress: Callable[[str], None],
+) -> list[Step]:
     """Rising rates from ``start`` (half the saturated throughput) until the SLO breaks or ``--max-steps``; when
     the first rate misses it, falling rates (a system whose unloaded latency is near the SLO holds it only
     well below saturation) down to ``--min-rate``."""
@@ -416,24 +467,36 @@ async def ladder(ask: Ask, reqs: list[Request], start: float, slo_s: float, args
         step = await run_step(ask, reqs, rate, args.step_s, server, rng, f"{tag}-{rate:.2f}")
         steps.append(step)
         held = step.held(slo_s)
-        progress(f"{tag}: rate {rate:.2f}/s -> {step.answers} answers, {step.failed} failed, p50 {step.p50_s:.2f} s, "
-                 f"p95 {step.p95_s:.2f} s (SLO {slo_s:.2f}), accuracy {step.accuracy}, {'held' if held else 'MISSED'}")
+        progress(
+            f"{tag}: rate {rate:.2f}/s -> {step.answers} answers, {step.failed} failed, p50 {step.p50_s:.2f} s, "
+            f"p95 {step.p95_s:.2f} s (SLO {slo_s:.2f}), accuracy {step.accuracy}, {'held' if held else 'MISSED'}"
+        )
         falling = not steps[0].held(slo_s)
         if falling and (held or rate <= args.min_rate):
             break
         if not falling and not held:
             break
-        rate = max(args.min_rate, rate / args.rate_step ** 2) if falling else rate * args.rate_step
+        rate = max(args.min_rate, rate / args.rate_step**2) if falling else rate * args.rate_step
     return steps
 
 
-async def measure(ask: Ask, reqs: list[Request], base: Step | None, slo_s: float, args, server: Server, tag: str,
-                  progress: Callable[[str], None]) -> dict:
+async def measure(
+    ask: Ask,
+    reqs: list[Request],
+    base: Step | None,
+    slo_s: float,
+    args,
+    server: Server,
+    tag: str,
+    progress: Callable[[str], None],
+) -> dict:
     """The saturated throughput and cost, then the ladder from half that throughput."""
     sat = await saturated(ask, reqs * args.saturate_rounds, args.saturate_concurrency, server, tag)
     through = sat.answers / max(sat.wall_s, 1e-9)
-    progress(f"{tag}: saturated ({args.saturate_concurrency} in flight) {through:.2f} answers/s, "
-             f"{sat.cpu_per_answer:.3f} cloud CPU-s/answer, accuracy {sat.accuracy}")
+    progress(
+        f"{tag}: saturated ({args.saturate_concurrency} in flight) {through:.2f} answers/s, "
+        f"{sat.cpu_per_answer:.3f} cloud CPU-s/answer, accuracy {sat.accuracy}"
+    )
     step_s = args.real_step_s if reqs[0].case is None else args.step_s
     at = argparse.Namespace(**{**vars(args), "step_s": step_s})
     steps = await ladder(ask, reqs, 0.5 * through, slo_s, at, server, tag, progress)
@@ -442,6 +505,7 @@ async def measure(ask: Ask, reqs: list[Request], base: Step | None, slo_s: float
 
 # ---- the two stacks ------------------------------------------------------------------------------------
 
+
 @contextlib.asynccontextmanager
 async def vllm_server(model: Path, log_dir: Path, max_len: int):
     """vLLM's own OpenAI server on the target, pinned like coinfer's replica; yields (server, client, name)."""
@@ -449,16 +513,45 @@ async def vllm_server(model: Path, log_dir: Path, max_len: int):
     from openai import AsyncOpenAI
 
     (port,) = free_ports(1)
-    srv = Server(["-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port),
-                  "--host", "127.0.0.1", "--served-model-name", "target", "--enforce-eager", "--dtype", "auto",
-                  "--max-num-seqs", "64", "--seed", "0", "--max-model-len", str(max_len)], log_dir, f"vllm-{model.name}")
+    srv = Server(
+        [
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model),
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--served-model-name",
+            "target",
+            "--enforce-eager",
+            "--dtype",
+            "auto",
+            "--max-num-seqs",
+            "64",
+            "--seed",
+            "0",
+            "--max-model-len",
+            str(max_len),
+        ],
+        log_dir,
+        f"vllm-{model.name}",
+    )
     try:
         async with httpx.AsyncClient() as http:
+
             async def ok() -> bool:
                 return (await http.get(f"http://127.0.0.1:{port}/v1/models", timeout=2)).status_code == 200
+
             await _wait(ok, srv, "vLLM's OpenAI server")
-        client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=300,
-                             http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=512)))
+        client = AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1",
+            api_key="unused",
+            max_retries=0,
+            timeout=300,
+            http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=512)),
+        )
         yield srv, client, "target"
     finally:
         srv.stop()
@@ -474,8 +567,11 @@ async def coinfer_stack(model: Path, draft: Path, log_dir: Path, max_len: int):
     from coinfer.edge.service import EdgeCore
 
     (port,) = free_ports(1)
-    srv = Server(["-m", "coinfer.cloud.server", str(model), "--port", str(port), "--engine.max-model-len", str(max_len)],
-                 log_dir, f"coinfer-{model.name}")
+    srv = Server(
+        ["-m", "coinfer.cloud.server", str(model), "--port", str(port), "--engine.max-model-len", str(max_len)],
+        log_dir,
+        f"coinfer-{model.name}",
+    )
     core = None
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
@@ -484,10 +580,19 @@ async def coinfer_stack(model: Path, draft: Path, log_dir: Path, max_len: int):
             async def serving() -> bool:
                 r = await stub.Check(health_pb2.HealthCheckRequest(service="coinfer.v1.CoinferCloud"), timeout=2)
                 return r.status == health_pb2.HealthCheckResponse.SERVING
+
             await _wait(serving, srv, "coinfer's cloud service")
         with tempfile.TemporaryDirectory() as state:
-            core = EdgeCore(EdgeConfig(model=str(draft), cloud=f"127.0.0.1:{port}", grpc_port=0, http_port=0,
-                                       planner_state=str(Path(state) / "planner.json"), max_drafts=16))
+            core = EdgeCore(
+                EdgeConfig(
+                    model=str(draft),
+                    cloud=f"127.0.0.1:{port}",
+                    grpc_port=0,
+                    http_port=0,
+                    planner_state=str(Path(state) / "planner.json"),
+                    max_drafts=16,
+                )
+            )
             await core.start()
             for _ in range(100):  # the channel's health watch sees the replica SERVING
                 if core.link.serving:
@@ -505,40 +610,60 @@ async def coinfer_stack(model: Path, draft: Path, log_dir: Path, max_len: int):
 
 # ---- the run -------------------------------------------------------------------------------------------
 
-async def _vllm_systems(wls: list[str], reqs: dict, args, model: Path, log_dir: Path, slo: dict, out: dict,
-                        progress, max_len: int) -> None:
+
+async def _vllm_systems(
+    wls: list[str], reqs: dict, args, model: Path, log_dir: Path, slo: dict, out: dict, progress, max_len: int
+) -> None:
     async with vllm_server(model, log_dir, max_len) as (srv, client, name):
         for wl in wls:
             for system in [s for s in ("vllm-greedy", "vllm-best-of-5") if s in args.systems]:
+
                 async def ask(r: Request, rid: str, best=system == "vllm-best-of-5") -> Result:
                     return await ask_vllm(client, name, r, best)
+
                 await ask(reqs[wl][0], "warm")  # lazy set-up out of the measurement
                 base = None
                 if system == "vllm-greedy":  # every request alone: the SLO's base (open prompts' lengths vary)
                     base = await unloaded(ask, reqs[wl], srv, f"{wl}/{system}")
                     slo[wl] = round(args.slo_factor * base.p50_s, 3)
                     progress(f"{wl}/{system}: unloaded p50 {base.p50_s:.3f} s -> SLO {slo[wl]:.3f} s")
-                out.setdefault(wl, {})[system] = await measure(ask, reqs[wl], base, slo[wl], args, srv, f"{wl}/{system}",
-                                                               progress)
+                out.setdefault(wl, {})[system] = await measure(
+                    ask, reqs[wl], base, slo[wl], args, srv, f"{wl}/{system}", progress
+                )
 
 
-async def _coinfer_systems(wls: list[str], reqs: dict, args, model: Path, draft: Path, log_dir: Path, slo: dict,
-                           out: dict, progress, max_len: int) -> None:
+async def _coinfer_systems(
+    wls: list[str],
+    reqs: dict,
+    args,
+    model: Path,
+    draft: Path,
+    log_dir: Path,
+    slo: dict,
+    out: dict,
+    progress,
+    max_len: int,
+) -> None:
     deadline_ms = int(args.deadline_s * 1e3)
     async with coinfer_stack(model, draft, log_dir, max_len) as (srv, core, drafts):
         for wl in wls:
             slo.setdefault(wl, args.slo_s)  # no vLLM greedy run to derive it from: the given SLO
             for system in [s for s in COINFER_SYSTEMS if s in args.systems]:
+
                 async def ask(r: Request, rid: str, plan=system) -> Result:
                     return await ask_coinfer(core, r, plan, rid, deadline_ms)
+
                 drafts.recording = True  # every request once, alone: its drafts recorded, the planner warmed
                 base = await unloaded(ask, reqs[wl], srv, f"{wl}/{system}")
                 drafts.recording = False
-                progress(f"{wl}/{system}: unloaded (recording) p50 {base.p50_s:.3f} s, "
-                         f"{base.cpu_per_answer:.3f} CPU-s/answer, accuracy {base.accuracy}")
+                progress(
+                    f"{wl}/{system}: unloaded (recording) p50 {base.p50_s:.3f} s, "
+                    f"{base.cpu_per_answer:.3f} CPU-s/answer, accuracy {base.accuracy}"
+                )
                 misses = drafts.misses
-                out.setdefault(wl, {})[system] = await measure(ask, reqs[wl], base, slo[wl], args, srv, f"{wl}/{system}",
-                                                               progress) | {"draft_misses": drafts.misses - misses}
+                out.setdefault(wl, {})[system] = await measure(
+                    ask, reqs[wl], base, slo[wl], args, srv, f"{wl}/{system}", progress
+                ) | {"draft_misses": drafts.misses - misses}
 
 
 async def run(args, progress: Callable[[str], None]) -> dict:
@@ -575,19 +700,28 @@ async def _run(args, progress: Callable[[str], None]) -> dict:
             await _vllm_systems(wls, reqs, args, model, log_dir, slo, out, progress, max_len)
         if any(s in COINFER_SYSTEMS for s in args.systems):
             await _coinfer_systems(wls, reqs, args, model, draft, log_dir, slo, out, progress, max_len)
-    return {"slo_s": slo, "slo_rule": f"{args.slo_factor} x plain vLLM greedy's unloaded p50 on the workload",
-            "wall_s": round(time.perf_counter() - t0, 1), "workloads": out}
+    return {
+        "slo_s": slo,
+        "slo_rule": f"{args.slo_factor} x plain vLLM greedy's unloaded p50 on the workload",
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "workloads": out,
+    }
 
 
 def table(report: dict) -> str:
     """The report as the markdown table docs/measurements.md keeps."""
-    rows = ["| workload | system | capacity (answers/s at SLO) | saturated answers/s | cloud CPU-s / answer | accuracy "
-            "| p50 s | p95 s | first content p50 s |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| workload | system | capacity (answers/s at SLO) | saturated answers/s | cloud CPU-s / answer | accuracy "
+        "| p50 s | p95 s | first content p50 s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for wl, systems in report["workloads"].items():
         for name, r in systems.items():
-            rows.append(f"| {wl} (SLO {report['slo_s'].get(wl, 0):.2f} s) | {name} | {r['capacity_rps']} | "
-                        f"{r['saturated_answers_per_s']} | {r['cloud_cpu_s_per_answer']} | {r['accuracy']} | {r['p50_s']} | {r['p95_s']} | "
-                        f"{r['ttft_p50_s']} |")
+            rows.append(
+                f"| {wl} (SLO {report['slo_s'].get(wl, 0):.2f} s) | {name} | {r['capacity_rps']} | "
+                f"{r['saturated_answers_per_s']} | {r['cloud_cpu_s_per_answer']} | {r['accuracy']} | {r['p50_s']} | {r['p95_s']} | "
+                f"{r['ttft_p50_s']} |"
+            )
     return "\n".join(rows)
 
 

@@ -46,8 +46,13 @@ def make_workload(n: int, drafts: int, seed: int = 3) -> list[tuple[t.OpenReques
     out = []
     for i in range(n):
         p = next(stream)
-        texts = [d.text for d in eng.generate(eng.render([ChatMessage("user", p.prompt)]), Sampling(
-            n=drafts, temperature=0.7, presence_penalty=0.0, frequency_penalty=0.0, seed=100 * i))]
+        texts = [
+            d.text
+            for d in eng.generate(
+                eng.render([ChatMessage("user", p.prompt)]),
+                Sampling(n=drafts, temperature=0.7, presence_penalty=0.0, frequency_penalty=0.0, seed=100 * i),
+            )
+        ]
         out.append((t.OpenRequest(f"bench-{i}", p.task, p.prompt, expected_drafts=drafts), texts))
     return out
 
@@ -69,8 +74,14 @@ async def one_session(stub, req: t.OpenRequest, texts: list[str]) -> dict:
             summary = ev
     wall = (time.perf_counter() - t0) * 1e3
     tm = summary.timings
-    return {"wall_ms": wall, "verify_ms": tm.verify_ms, "ttft_ms": tm.refine_ttft_ms, "refine_ms": tm.refine_ms,
-            "total_ms": tm.total_ms, "source": int(summary.source)}
+    return {
+        "wall_ms": wall,
+        "verify_ms": tm.verify_ms,
+        "ttft_ms": tm.refine_ttft_ms,
+        "refine_ms": tm.refine_ms,
+        "total_ms": tm.total_ms,
+        "source": int(summary.source),
+    }
 
 
 async def run(concurrency: int, stub, work) -> tuple[float, list[dict]]:
@@ -86,8 +97,10 @@ async def run(concurrency: int, stub, work) -> tuple[float, list[dict]]:
 
 
 def stages(rows: list[dict]) -> dict:
-    return {k: {"p50": pct([r[k] for r in rows], 0.5), "p95": pct([r[k] for r in rows], 0.95)}
-            for k in ("verify_ms", "ttft_ms", "refine_ms", "total_ms")}
+    return {
+        k: {"p50": pct([r[k] for r in rows], 0.5), "p95": pct([r[k] for r in rows], 0.95)}
+        for k in ("verify_ms", "ttft_ms", "refine_ms", "total_ms")
+    }
 
 
 async def main_async(args) -> dict:
@@ -111,12 +124,16 @@ async def main_async(args) -> dict:
     refined = [r for r in rows1 if r["source"] == int(t.AnswerSource.REFINED)] or rows1
     overhead = [(r["total_ms"] - r["refine_ms"]) / r["refine_ms"] for r in refined if r["refine_ms"] > 0]
     return {
-        "sessions": args.sessions, "drafts_per_session": args.drafts, "concurrency": args.concurrency,
+        "sessions": args.sessions,
+        "drafts_per_session": args.drafts,
+        "concurrency": args.concurrency,
         "verify_overhead_median": statistics.median(overhead) if overhead else None,
         "verify_overhead_sessions": len(overhead),
-        "throughput_1": args.sessions / wall1, f"throughput_{args.concurrency}": args.sessions / wall16,
+        "throughput_1": args.sessions / wall1,
+        f"throughput_{args.concurrency}": args.sessions / wall16,
         "throughput_ratio": wall1 / wall16,
-        "stages_1": stages(rows1), f"stages_{args.concurrency}": stages(rows16),
+        "stages_1": stages(rows1),
+        f"stages_{args.concurrency}": stages(rows16),
     }
 
 
@@ -132,10 +149,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(res, indent=2))
         return 0
     c = args.concurrency
-    print(f"verification of {args.drafts} drafts adds {100 * res['verify_overhead_median']:.1f}% (median, "
-          f"{res['verify_overhead_sessions']} refined sessions) to the refinement time (target <= 10%)")
-    print(f"throughput: {res['throughput_1']:.2f} sessions/s at 1, {res[f'throughput_{c}']:.2f} at {c}: "
-          f"{res['throughput_ratio']:.2f}x (target >= 8x)")
+    print(
+        f"verification of {args.drafts} drafts adds {100 * res['verify_overhead_median']:.1f}% (median, "
+        f"{res['verify_overhead_sessions']} refined sessions) to the refinement time (target <= 10%)"
+    )
+    print(
+        f"throughput: {res['throughput_1']:.2f} sessions/s at 1, {res[f'throughput_{c}']:.2f} at {c}: "
+        f"{res['throughput_ratio']:.2f}x (target >= 8x)"
+    )
     for key in ("stages_1", f"stages_{c}"):
         print(key, "  ".join(f"{k} p50 {v['p50']:.0f} / p95 {v['p95']:.0f}" for k, v in res[key].items()))
     return 0

@@ -32,8 +32,15 @@ def batch_ratio(model_dir: Path, prompt: str, reps: int = 5, n: int = 5, tokens:
     def wall(k: int) -> float:
         times = []
         for r in range(reps):
-            s = Sampling(n=k, temperature=1.0, top_p=1.0, presence_penalty=0.0, frequency_penalty=0.0,
-                         max_new_tokens=tokens, seed=r)
+            s = Sampling(
+                n=k,
+                temperature=1.0,
+                top_p=1.0,
+                presence_penalty=0.0,
+                frequency_penalty=0.0,
+                max_new_tokens=tokens,
+                seed=r,
+            )
             t0 = time.perf_counter()
             eng.generate(prompt, s)
             times.append(time.perf_counter() - t0)
@@ -65,19 +72,25 @@ async def split_overhead(problems_n: int) -> dict:
             stream = problems(random.Random(7), tuple(TASKS), held_out=True)
             for i in range(problems_n + 2):
                 p = next(stream)
-                r = await pipe.solve(p.task, p.prompt, sampling=Sampling(n=5, presence_penalty=0.0,
-                                                                       frequency_penalty=0.0, seed=i),
-                                     plan=Plan.SPLIT)
+                r = await pipe.solve(
+                    p.task,
+                    p.prompt,
+                    sampling=Sampling(n=5, presence_penalty=0.0, frequency_penalty=0.0, seed=i),
+                    plan=Plan.SPLIT,
+                )
                 if i < 2 or r.summary is None or r.rounds != 1:
                     continue  # warm-up, or a retry round (its critical path has more legs)
                 crit = r.timings["drafting"] + r.summary.timings.refine_ms
                 rows.append({"total_ms": r.timings["total"], "critical_ms": crit, "ratio": r.timings["total"] / crit})
     finally:
         await srv.stop(grace=1)
-    return {"sessions": len(rows), "ratio_median": statistics.median(r["ratio"] for r in rows),
-            "ratio_p90": sorted(r["ratio"] for r in rows)[int(0.9 * (len(rows) - 1))],
-            "total_ms_median": statistics.median(r["total_ms"] for r in rows),
-            "critical_ms_median": statistics.median(r["critical_ms"] for r in rows)}
+    return {
+        "sessions": len(rows),
+        "ratio_median": statistics.median(r["ratio"] for r in rows),
+        "ratio_p90": sorted(r["ratio"] for r in rows)[int(0.9 * (len(rows) - 1))],
+        "total_ms_median": statistics.median(r["total_ms"] for r in rows),
+        "critical_ms_median": statistics.median(r["critical_ms"] for r in rows),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,23 +110,36 @@ def main(argv: list[str] | None = None) -> int:
         large = prepare(skip_large=False)["llama-134M-random"]
         res["batch"] += [batch_ratio(large[0], prompt), batch_ratio(large[2], prompt)]
         floor = bench.run([large[0], large[2]], bench.BenchConfig(batch=5), progress=False)
-        res["floor"] = [{"model": r["model"], "decode_ms_b1": r["decode_ms_b1"], "floor_ms": r["floor_ms"],
-                         "floor_over_measured": r["floor_over_measured_b1"]} for r in floor["rows"]]
+        res["floor"] = [
+            {
+                "model": r["model"],
+                "decode_ms_b1": r["decode_ms_b1"],
+                "floor_ms": r["floor_ms"],
+                "floor_over_measured": r["floor_over_measured_b1"],
+            }
+            for r in floor["rows"]
+        ]
         res["read_bandwidth_gbs"] = floor["read_bandwidth_gbs"]
     res["split"] = asyncio.run(split_overhead(args.problems))
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
     for b in res["batch"]:
-        print(f"{Path(b['model']).parent.name}/{Path(b['model']).name}: 1 draft {b['ms_1']:.1f} ms, 5 drafts "
-              f"{b['ms_5']:.1f} ms: {b['ratio']:.2f}x (target <= 1.5x)")
+        print(
+            f"{Path(b['model']).parent.name}/{Path(b['model']).name}: 1 draft {b['ms_1']:.1f} ms, 5 drafts "
+            f"{b['ms_5']:.1f} ms: {b['ratio']:.2f}x (target <= 1.5x)"
+        )
     for f in res.get("floor", []):
-        print(f"{Path(f['model']).name}: decode {f['decode_ms_b1']:.2f} ms/token, floor {f['floor_ms']:.2f} ms "
-              f"({f['floor_over_measured']:.2f} of the floor) at {res['read_bandwidth_gbs']:.1f} GB/s")
+        print(
+            f"{Path(f['model']).name}: decode {f['decode_ms_b1']:.2f} ms/token, floor {f['floor_ms']:.2f} ms "
+            f"({f['floor_over_measured']:.2f} of the floor) at {res['read_bandwidth_gbs']:.1f} GB/s"
+        )
     s = res["split"]
-    print(f"split plan: total / (drafting + refinement) median {s['ratio_median']:.3f}, p90 {s['ratio_p90']:.3f} "
-          f"over {s['sessions']} single-round sessions (target <= 1.10); medians {s['total_ms_median']:.0f} ms "
-          f"vs {s['critical_ms_median']:.0f} ms")
+    print(
+        f"split plan: total / (drafting + refinement) median {s['ratio_median']:.3f}, p90 {s['ratio_p90']:.3f} "
+        f"over {s['sessions']} single-round sessions (target <= 1.10); medians {s['total_ms_median']:.0f} ms "
+        f"vs {s['critical_ms_median']:.0f} ms"
+    )
     return 0
 
 

@@ -22,8 +22,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--short", action="store_true", help="the CI form: fewer edges, shorter load, fewer clients")
     ap.add_argument("--out", type=Path, default=Path("docs/faults"), help="report directory")
-    ap.add_argument("--hostile-examples", type=int, default=0,
-                    help="also run benchmarks.hostile with this many inputs per target (0: skip)")
+    ap.add_argument(
+        "--hostile-examples",
+        type=int,
+        default=0,
+        help="also run benchmarks.hostile with this many inputs per target (0: skip)",
+    )
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="coinfer-faults-"))
     report = asyncio.run(Campaign(Sizes.short() if args.short else Sizes(), work).run(args.hostile_examples))

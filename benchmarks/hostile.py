@@ -36,7 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1, default=str) + "\n")
-    ok = not report["failure"] and not report["crashes"] and all(v.startswith("ok") for v in report["alive_after"].values())
+    ok = (
+        not report["failure"]
+        and not report["crashes"]
+        and all(v.startswith("ok") for v in report["alive_after"].values())
+    )
     return 0 if ok else 1
 
 

@@ -45,6 +45,7 @@ async def _measure(model: str, k: int, prompts: list[str]) -> dict:
             if first and toks > 1:
                 rates.append((toks - 1) / max(1e-6, time.perf_counter() - first))
             texts.append(text)
+
         # the same prompts, all at once: the engine batches them (as it does under load)
         async def one(i: int, prompt: str) -> str:
             return "".join([c.text async for c in eng.generate(prompt, GenParams(max_tokens=128), f"ngc{k}-{i}")])
@@ -77,14 +78,18 @@ async def run(n: int, k: int) -> dict:
         prompts.append(fmt.render([ChatMessage("user", q)]))
     base = await _measure(str(art.target), 0, prompts)
     spec = await _measure(str(art.target), k, prompts)
-    report = {"problems": n, "baseline": {x: v for x, v in base.items() if not x.startswith("texts")},
-              "ngram": {x: v for x, v in spec.items() if not x.startswith("texts")}}
+    report = {
+        "problems": n,
+        "baseline": {x: v for x, v in base.items() if not x.startswith("texts")},
+        "ngram": {x: v for x, v in spec.items() if not x.startswith("texts")},
+    }
     if "texts" in base and "texts" in spec:
         report["identical_answers"] = sum(a == b for a, b in zip(base["texts"], spec["texts"]))
         # greedy answers must not depend on batching: with and without speculation
         report["identical_answers_concurrent"] = {
             "baseline": sum(a == b for a, b in zip(base["texts"], base["texts_concurrent"])),
-            "ngram": sum(a == b for a, b in zip(base["texts"], spec["texts_concurrent"]))}
+            "ngram": sum(a == b for a, b in zip(base["texts"], spec["texts_concurrent"])),
+        }
         report["speedup"] = round(spec["decode_tok_per_s_median"] / base["decode_tok_per_s_median"], 3)
     return report
 

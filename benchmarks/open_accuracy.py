@@ -113,9 +113,14 @@ async def _target_alone(engine, prompt: str, case: Case, n: int, key: str) -> di
     votes = Counter(k for s in samples if (k := case.vote_key(s.text)) is not None)
     winner = votes.most_common(1)[0][0] if votes else None
     best = next((s.text for s in samples if winner is not None and case.vote_key(s.text) == winner), "")
-    return {"greedy_ok": case.grade(text), "greedy_tokens": toks, "greedy_ms": greedy_ms,
-            "bo5_ok": bool(best) and case.grade(best), "bo5_tokens": sum(s.tokens for s in samples),
-            "bo5_steps": max((s.tokens for s in samples), default=0)}
+    return {
+        "greedy_ok": case.grade(text),
+        "greedy_tokens": toks,
+        "greedy_ms": greedy_ms,
+        "bo5_ok": bool(best) and case.grade(best),
+        "bo5_tokens": sum(s.tokens for s in samples),
+        "bo5_steps": max((s.tokens for s in samples), default=0),
+    }
 
 
 def _threshold_table(rows: list[dict], configured: float) -> list[dict]:
@@ -127,11 +132,15 @@ def _threshold_table(rows: list[dict], configured: float) -> list[dict]:
     for thr in sorted({-3.0, -2.0, -1.5, -1.0, -0.75, -0.5, -0.3, -0.2, -0.1, configured}):
         kept = sum(v >= thr for v in good) / max(1, len(good))
         rejected = sum(v < thr for v in bad) / max(1, len(bad))
-        out.append({"threshold": thr, "correct_kept": round(kept, 3), "wrong_rejected": round(rejected, 3),
-                    "balanced": round((kept + rejected) / 2, 3)})
+        out.append(
+            {
+                "threshold": thr,
+                "correct_kept": round(kept, 3),
+                "wrong_rejected": round(rejected, 3),
+                "balanced": round((kept + rejected) / 2, 3),
+            }
+        )
     return out
-
-
 
 
 async def _one(pipe, engine, case: Case, i: int, drafts: int, seed: int) -> dict:
@@ -142,9 +151,16 @@ async def _one(pipe, engine, case: Case, i: int, drafts: int, seed: int) -> dict
     from coinfer.types import FROM_DRAFTS
 
     t0 = time.perf_counter()
-    res = await pipe.solve(case.task, case.prompt, case.rules(),
-                           Sampling(n=drafts, seed=seed + i, presence_penalty=0.0, frequency_penalty=0.0),
-                           Plan.SPLIT, 120.0, f"b{i}", extraction=case.extraction())
+    res = await pipe.solve(
+        case.task,
+        case.prompt,
+        case.rules(),
+        Sampling(n=drafts, seed=seed + i, presence_penalty=0.0, frequency_penalty=0.0),
+        Plan.SPLIT,
+        120.0,
+        f"b{i}",
+        extraction=case.extraction(),
+    )
     split_ms = (time.perf_counter() - t0) * 1e3
     alone = await _target_alone(engine, engine.render([ChatMessage("user", case.prompt)]), case, drafts, f"b{i}")
     scores = {s.draft_index: s for s in (res.summary.scores if res.summary else [])}
@@ -153,18 +169,35 @@ async def _one(pipe, engine, case: Case, i: int, drafts: int, seed: int) -> dict
         v = res.verdicts.get(d.index)
         sc = scores.get(d.index)
         score = (v.score if v else 0.0) or (sc.score if sc else 0.0)
-        d_rows.append({"index": d.index, "correct": case.grade(d.text),
-                       "rules_ok": bool(v and (v.valid or v.failed_rule == "likelihood")),
-                       "mean_lp": math.log(score) if score > 0 else -math.inf, "valid": bool(v and v.valid)})
+        d_rows.append(
+            {
+                "index": d.index,
+                "correct": case.grade(d.text),
+                "rules_ok": bool(v and (v.valid or v.failed_rule == "likelihood")),
+                "mean_lp": math.log(score) if score > 0 else -math.inf,
+                "valid": bool(v and v.valid),
+            }
+        )
     tm = res.summary.timings if res.summary else None
-    return {"i": i, "kind": case.kind, "split_ok": case.grade(res.answer), "source": res.source,
-            "answer": res.answer, "trace": res.summary.trace if res.summary else "", "prompt": case.prompt,
-            "refine_mode": res.refine_mode, "from_drafts": res.refine_mode in FROM_DRAFTS, "rounds": res.rounds,
-            "split_ms": split_ms, "split_decode_steps": tm.decode_steps if tm else 0,
-            "split_decode_tokens": tm.decode_tokens if tm else 0,
-            "first_draft_ok": bool(d_rows and d_rows[0]["correct"]),
-            "any_draft_ok": any(d["correct"] for d in d_rows if d["index"] < drafts),
-            "drafts": d_rows, **alone}
+    return {
+        "i": i,
+        "kind": case.kind,
+        "split_ok": case.grade(res.answer),
+        "source": res.source,
+        "answer": res.answer,
+        "trace": res.summary.trace if res.summary else "",
+        "prompt": case.prompt,
+        "refine_mode": res.refine_mode,
+        "from_drafts": res.refine_mode in FROM_DRAFTS,
+        "rounds": res.rounds,
+        "split_ms": split_ms,
+        "split_decode_steps": tm.decode_steps if tm else 0,
+        "split_decode_tokens": tm.decode_tokens if tm else 0,
+        "first_draft_ok": bool(d_rows and d_rows[0]["correct"]),
+        "any_draft_ok": any(d["correct"] for d in d_rows if d["index"] < drafts),
+        "drafts": d_rows,
+        **alone,
+    }
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -179,45 +212,70 @@ def summarize(rows: list[dict]) -> dict:
 
     out = {
         "problems": len(rows),
-        "accuracy": {"split": acc("split_ok"), "edge_first_draft": acc("first_draft_ok"),
-                     "target_greedy": acc("greedy_ok"), "target_best_of_5": acc("bo5_ok"),
-                     "any_first_round_draft": acc("any_draft_ok")},
+        "accuracy": {
+            "split": acc("split_ok"),
+            "edge_first_draft": acc("first_draft_ok"),
+            "target_greedy": acc("greedy_ok"),
+            "target_best_of_5": acc("bo5_ok"),
+            "any_first_round_draft": acc("any_draft_ok"),
+        },
         # every target token generated per answer (a batched request counts all its samples)
-        "cloud_decode_tokens_per_answer": {"split": mean("split_decode_tokens"), "target_greedy": mean("greedy_tokens"),
-                                           "target_best_of_5": mean("bo5_tokens")},
+        "cloud_decode_tokens_per_answer": {
+            "split": mean("split_decode_tokens"),
+            "target_greedy": mean("greedy_tokens"),
+            "target_best_of_5": mean("bo5_tokens"),
+        },
         # the critical path: tokens decoded one after another (best-of-5 is one batched request)
-        "cloud_decode_steps_per_answer": {"split": mean("split_decode_steps"), "target_greedy": mean("greedy_tokens"),
-                                          "target_best_of_5": mean("bo5_steps")},
+        "cloud_decode_steps_per_answer": {
+            "split": mean("split_decode_steps"),
+            "target_greedy": mean("greedy_tokens"),
+            "target_best_of_5": mean("bo5_steps"),
+        },
         "from_drafts": acc("from_drafts"),
         "sources": dict(Counter(str(r["source"]) for r in rows)),
         "refine_modes": dict(Counter(r["refine_mode"] for r in rows)),
         # where split loses to the target alone: accuracy of each way an answer was built
-        "accuracy_by_mode": {m: round(sum(r["split_ok"] for r in rows if r["refine_mode"] == m)
-                                      / sum(r["refine_mode"] == m for r in rows), 3)
-                             for m in sorted({r["refine_mode"] for r in rows})},
-        "median_ms": {"split": round(statistics.median(r["split_ms"] for r in rows)) if rows else 0,
-                      "target_greedy": round(statistics.median(r["greedy_ms"] for r in rows)) if rows else 0},
+        "accuracy_by_mode": {
+            m: round(
+                sum(r["split_ok"] for r in rows if r["refine_mode"] == m) / sum(r["refine_mode"] == m for r in rows), 3
+            )
+            for m in sorted({r["refine_mode"] for r in rows})
+        },
+        "median_ms": {
+            "split": round(statistics.median(r["split_ms"] for r in rows)) if rows else 0,
+            "target_greedy": round(statistics.median(r["greedy_ms"] for r in rows)) if rows else 0,
+        },
     }
     a, tk = out["accuracy"], out["cloud_decode_tokens_per_answer"]
-    out["gaps_points"] = {"split_minus_target_greedy": round(100 * (a["split"] - a["target_greedy"]), 1),
-                          "split_minus_edge_first_draft": round(100 * (a["split"] - a["edge_first_draft"]), 1)}
-    out["split_tokens_over"] = {"target_best_of_5": round(tk["split"] / max(tk["target_best_of_5"], 1e-9), 3),
-                                "target_greedy": round(tk["split"] / max(tk["target_greedy"], 1e-9), 3)}
-    out["goals"] = {"split >= target greedy + 5 pts": out["gaps_points"]["split_minus_target_greedy"] >= 5,
-                    "split >= edge first draft + 20 pts": out["gaps_points"]["split_minus_edge_first_draft"] >= 20,
-                    "split tokens <= 0.25x best-of-5": out["split_tokens_over"]["target_best_of_5"] <= 0.25,
-                    "split tokens <= 1.5x greedy": out["split_tokens_over"]["target_greedy"] <= 1.5,
-                    ">= 50% of answers from drafts": out["from_drafts"] >= 0.5}
+    out["gaps_points"] = {
+        "split_minus_target_greedy": round(100 * (a["split"] - a["target_greedy"]), 1),
+        "split_minus_edge_first_draft": round(100 * (a["split"] - a["edge_first_draft"]), 1),
+    }
+    out["split_tokens_over"] = {
+        "target_best_of_5": round(tk["split"] / max(tk["target_best_of_5"], 1e-9), 3),
+        "target_greedy": round(tk["split"] / max(tk["target_greedy"], 1e-9), 3),
+    }
+    out["goals"] = {
+        "split >= target greedy + 5 pts": out["gaps_points"]["split_minus_target_greedy"] >= 5,
+        "split >= edge first draft + 20 pts": out["gaps_points"]["split_minus_edge_first_draft"] >= 20,
+        "split tokens <= 0.25x best-of-5": out["split_tokens_over"]["target_best_of_5"] <= 0.25,
+        "split tokens <= 1.5x greedy": out["split_tokens_over"]["target_greedy"] <= 1.5,
+        ">= 50% of answers from drafts": out["from_drafts"] >= 0.5,
+    }
     return out
 
 
 def _verifier(rows: list[dict], floor: float) -> dict:
     good = [d["mean_lp"] for r in rows for d in r["drafts"] if d["rules_ok"] and d["correct"]]
     bad = [d["mean_lp"] for r in rows for d in r["drafts"] if d["rules_ok"] and not d["correct"]]
-    return {"configured_min_mean_logprob": floor,
-            "median_mean_logprob_correct": round(statistics.median(good), 3) if good else None,
-            "median_mean_logprob_wrong": round(statistics.median(bad), 3) if bad else None,
-            "drafts_correct": len(good), "drafts_wrong": len(bad), "thresholds": _threshold_table(rows, floor)}
+    return {
+        "configured_min_mean_logprob": floor,
+        "median_mean_logprob_correct": round(statistics.median(good), 3) if good else None,
+        "median_mean_logprob_wrong": round(statistics.median(bad), 3) if bad else None,
+        "drafts_correct": len(good),
+        "drafts_wrong": len(bad),
+        "thresholds": _threshold_table(rows, floor),
+    }
 
 
 def policy_overrides(pairs: list[str]) -> dict:
@@ -237,8 +295,16 @@ def policy_overrides(pairs: list[str]) -> dict:
     return out
 
 
-async def run(n_problems: int, drafts: int, seed: int, dtype_check: bool, concurrency: int,
-              kinds: tuple[str, ...] = KINDS, policy: dict | None = None, held_out: bool = True) -> dict:
+async def run(
+    n_problems: int,
+    drafts: int,
+    seed: int,
+    dtype_check: bool,
+    concurrency: int,
+    kinds: tuple[str, ...] = KINDS,
+    policy: dict | None = None,
+    held_out: bool = True,
+) -> dict:
     from coinfer.cloud.config import CloudConfig, EngineConfig, Limits
     from coinfer.cloud.engine import VllmEngine
     from coinfer.cloud.server import create_server
@@ -267,10 +333,17 @@ async def run(n_problems: int, drafts: int, seed: int, dtype_check: bool, concur
                 return await _one(pipe, engine, case, i, drafts, seed)
 
         rows = await asyncio.gather(*(one(i, c) for i, c in enumerate(probs)))
-    report = {"problems_per_task": n_problems, "side": "held-out" if held_out else "train", "policy": policy or {}, "drafts": drafts, "wall_s": round(time.perf_counter() - t_start, 1),
-              "dtype": cfg.engine.dtype, "tasks": {k: summarize([r for r in rows if r["kind"] == k]) for k in kinds},
-              "verifier": _verifier([r for r in rows if r["kind"] == WORDS], cfg.policy.min_mean_logprob),
-              "rows": rows}
+    report = {
+        "problems_per_task": n_problems,
+        "side": "held-out" if held_out else "train",
+        "policy": policy or {},
+        "drafts": drafts,
+        "wall_s": round(time.perf_counter() - t_start, 1),
+        "dtype": cfg.engine.dtype,
+        "tasks": {k: summarize([r for r in rows if r["kind"] == k]) for k in kinds},
+        "verifier": _verifier([r for r in rows if r["kind"] == WORDS], cfg.policy.min_mean_logprob),
+        "rows": rows,
+    }
     await srv.stop(grace=1.0)
     await engine.close()
     if dtype_check:
@@ -290,8 +363,14 @@ async def _dtype_check(model: str, probs) -> dict:
         ok, times = 0, []
         for i, p in enumerate(probs):
             t0 = time.perf_counter()
-            text = "".join([c.text async for c in eng.generate(eng.render([ChatMessage("user", p.prompt)]),
-                                                                 GenParams(max_tokens=256), f"dt{dtype}{i}")])
+            text = "".join(
+                [
+                    c.text
+                    async for c in eng.generate(
+                        eng.render([ChatMessage("user", p.prompt)]), GenParams(max_tokens=256), f"dt{dtype}{i}"
+                    )
+                ]
+            )
             times.append((time.perf_counter() - t0) * 1e3)
             ok += p.grade(text)
         await eng.close()
@@ -308,10 +387,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=4, help="problems in flight")
     ap.add_argument("--dtype-check", action="store_true", help="also compare the target's float32 and auto dtype")
     ap.add_argument("--json", help="write the report here")
-    ap.add_argument("--policy", action="append", default=[], metavar="FIELD=VALUE",
-                    help="override a cloud PolicyConfig field (repeatable), e.g. --policy cloud_temperature=0.3")
-    ap.add_argument("--train-side", action="store_true",
-                    help="draw problems from the train side of the split (to tune --policy; report held-out)")
+    ap.add_argument(
+        "--policy",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a cloud PolicyConfig field (repeatable), e.g. --policy cloud_temperature=0.3",
+    )
+    ap.add_argument(
+        "--train-side",
+        action="store_true",
+        help="draw problems from the train side of the split (to tune --policy; report held-out)",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     kinds = tuple(k.strip() for k in args.tasks.split(",") if k.strip())
@@ -322,8 +409,18 @@ def main(argv: list[str] | None = None) -> int:
         policy = policy_overrides(args.policy)
     except ValueError as exc:
         ap.error(str(exc))
-    report = asyncio.run(run(args.problems, args.drafts, args.seed, args.dtype_check, args.concurrency, kinds,
-                             policy, not args.train_side))
+    report = asyncio.run(
+        run(
+            args.problems,
+            args.drafts,
+            args.seed,
+            args.dtype_check,
+            args.concurrency,
+            kinds,
+            policy,
+            not args.train_side,
+        )
+    )
     rows = report.pop("rows")
     print(json.dumps(report, indent=2))
     if args.json:  # the file also keeps every problem's answer and trace

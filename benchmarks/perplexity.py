@@ -42,9 +42,17 @@ def run(dirs: list[Path], text: str, tokens: int = 1024) -> list[dict]:
         tally.add(ref, logits, ids[1:])
         gates = {g.name: g.value for g in tally.results(GateConfig())}
         n = tally.positions
-        rows.append({"model": str(d), "tokens": n, "perplexity": math.exp(tally.nll_cand / n),
-                     "perplexity_ratio": math.exp(gates["nll_delta"]), "nll_delta": gates["nll_delta"],
-                     "top1_agreement": gates["top1_agreement"], "kl_divergence": gates["kl_divergence"]})
+        rows.append(
+            {
+                "model": str(d),
+                "tokens": n,
+                "perplexity": math.exp(tally.nll_cand / n),
+                "perplexity_ratio": math.exp(gates["nll_delta"]),
+                "nll_delta": gates["nll_delta"],
+                "top1_agreement": gates["top1_agreement"],
+                "kl_divergence": gates["kl_divergence"],
+            }
+        )
     return rows
 
 
@@ -63,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"{'model':>40}  {'tokens':>6}  {'ppl':>8}  {'ppl x':>6}  {'NLL delta':>9}  {'top-1':>6}  {'KL':>6}")
     for r in rows:
-        print(f"{Path(r['model']).name[-40:]:>40}  {r['tokens']:>6}  {r['perplexity']:>8.3f}  {r['perplexity_ratio']:>6.3f}"
-              f"  {r['nll_delta']:>+9.4f}  {r['top1_agreement']:>6.3f}  {r['kl_divergence']:>6.4f}")
+        print(
+            f"{Path(r['model']).name[-40:]:>40}  {r['tokens']:>6}  {r['perplexity']:>8.3f}  {r['perplexity_ratio']:>6.3f}"
+            f"  {r['nll_delta']:>+9.4f}  {r['top1_agreement']:>6.3f}  {r['kl_divergence']:>6.4f}"
+        )
     return 0
 
 

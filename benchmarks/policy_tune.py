@@ -34,7 +34,9 @@ def train_cases(kinds: tuple[str, ...], per_kind: int, seed: int, held_out: bool
     from coinfer.demo.train import sample_item
 
     rng = random.Random(seed)
-    return [Case(k, (it := sample_item(rng, k, held_out=held_out)).question, it) for k in kinds for _ in range(per_kind)]
+    return [
+        Case(k, (it := sample_item(rng, k, held_out=held_out)).question, it) for k in kinds for _ in range(per_kind)
+    ]
 
 
 async def _record(case: Case, edge, engine, i: int) -> dict:
@@ -47,16 +49,26 @@ async def _record(case: Case, edge, engine, i: int) -> dict:
     conv = [ChatMessage("user", case.prompt)]
     task = get_task(case.task)
     rules = RuleSet(case.rules(), task, task.parse_problem(case.prompt), extraction=case.extraction())
-    drafts = await asyncio.to_thread(edge.generate, edge.render(conv), Sampling(n=5, seed=1000 + i, presence_penalty=0.0, frequency_penalty=0.0))
+    drafts = await asyncio.to_thread(
+        edge.generate, edge.render(conv), Sampling(n=5, seed=1000 + i, presence_penalty=0.0, frequency_penalty=0.0)
+    )
     prompt = engine.render(conv)
     rows = []
     for d in drafts:
         res, parsed = rules.check(d.text)
         lps = await engine.continuation_logprobs(prompt, d.text, f"p{i}-{d.index}") if res.valid else []
-        rows.append({"text": d.text, "valid": res.valid, "correct": case.grade(d.text), "tokens": d.num_tokens,
-                     "key": str(task.answer_key(parsed)) if res.valid else None,
-                     "mean_lp": sum(lps) / len(lps) if lps else None, "min_lp": min(lps) if lps else None,
-                     "own_lp": d.mean_logprob})
+        rows.append(
+            {
+                "text": d.text,
+                "valid": res.valid,
+                "correct": case.grade(d.text),
+                "tokens": d.num_tokens,
+                "key": str(task.answer_key(parsed)) if res.valid else None,
+                "mean_lp": sum(lps) / len(lps) if lps else None,
+                "min_lp": min(lps) if lps else None,
+                "own_lp": d.mean_logprob,
+            }
+        )
 
     async def gen(p: str, tag: str) -> tuple[str, int]:
         text, toks = "", 0
@@ -72,11 +84,19 @@ async def _record(case: Case, edge, engine, i: int) -> dict:
         text, toks = await gen(engine.render(with_question(conv, q)), "r")
         res, parsed = rules.check(text)
         lps = await engine.continuation_logprobs(prompt, text, f"p{i}-rl")
-        refined = {"correct": case.grade(text), "tokens": toks, "valid": res.valid,
-                   "key": str(task.answer_key(parsed)) if res.valid else None,
-                   "mean_lp": sum(lps) / len(lps) if lps else None}
-    return {"kind": case.kind, "drafts": rows, "greedy": {"correct": case.grade(greedy), "tokens": greedy_toks},
-            "refined": refined}
+        refined = {
+            "correct": case.grade(text),
+            "tokens": toks,
+            "valid": res.valid,
+            "key": str(task.answer_key(parsed)) if res.valid else None,
+            "mean_lp": sum(lps) / len(lps) if lps else None,
+        }
+    return {
+        "kind": case.kind,
+        "drafts": rows,
+        "greedy": {"correct": case.grade(greedy), "tokens": greedy_toks},
+        "refined": refined,
+    }
 
 
 async def collect(per_kind: int, seed: int, out: Path, held_out: bool = False) -> None:
@@ -123,8 +143,11 @@ def simulate(recs: list[dict]) -> list[dict]:
             rs = [simulate_one(r, score, agree, min_lp) for r in recs if r["kind"] == kind]
             if rs:
                 n = len(rs)
-                row[kind] = {"acc": round(sum(c for c, _, _ in rs) / n, 3), "tokens": round(sum(t for _, t, _ in rs) / n, 1),
-                             "from_drafts": round(sum(m != "alone" for _, _, m in rs) / n, 3)}
+                row[kind] = {
+                    "acc": round(sum(c for c, _, _ in rs) / n, 3),
+                    "tokens": round(sum(t for _, t, _ in rs) / n, 1),
+                    "from_drafts": round(sum(m != "alone" for _, _, m in rs) / n, 3),
+                }
         out.append(row)
     return out
 
@@ -142,15 +165,21 @@ def refinement_guard(recs: list[dict], override_nats: float = 0.2) -> dict:
         agreed += 1
         ref, drafts_right = r["refined"], valid[0]["correct"]
         best = max(d["mean_lp"] for d in valid)
-        kept = ref.get("key") == valid[0]["key"] or (ref.get("mean_lp") is not None
-                                                     and ref["mean_lp"] >= best + override_nats)
+        kept = ref.get("key") == valid[0]["key"] or (
+            ref.get("mean_lp") is not None and ref["mean_lp"] >= best + override_nats
+        )
         after = ref["correct"] if kept and ref.get("valid", True) else drafts_right
         broke += drafts_right and not ref["correct"]
         fixed += not drafts_right and ref["correct"]
         broke_after += drafts_right and not after
         fixed_after += not drafts_right and after
-    return {"agreed": agreed, "broke_correct_before": broke, "broke_correct_after": broke_after,
-            "fixed_wrong_before": fixed, "fixed_wrong_after": fixed_after}
+    return {
+        "agreed": agreed,
+        "broke_correct_before": broke,
+        "broke_correct_after": broke_after,
+        "fixed_wrong_before": fixed,
+        "fixed_wrong_after": fixed_after,
+    }
 
 
 def own_likelihood(recs: list[dict]) -> dict:
@@ -158,11 +187,16 @@ def own_likelihood(recs: list[dict]) -> dict:
     (``mean_lp``) and the draft model's own (``own_lp``), for correct and wrong drafts."""
     out = {}
     for label in (True, False):
-        ds = [d for r in recs for d in r["drafts"] if d["valid"] and d["correct"] is label and d.get("own_lp") is not None]
+        ds = [
+            d for r in recs for d in r["drafts"] if d["valid"] and d["correct"] is label and d.get("own_lp") is not None
+        ]
         if ds:
             med = sorted(ds, key=lambda d: d["mean_lp"])[len(ds) // 2]
-            out["correct" if label else "wrong"] = {"n": len(ds), "median_target": round(med["mean_lp"], 3),
-                                                    "median_own": round(sorted(d["own_lp"] for d in ds)[len(ds) // 2], 3)}
+            out["correct" if label else "wrong"] = {
+                "n": len(ds),
+                "median_target": round(med["mean_lp"], 3),
+                "median_own": round(sorted(d["own_lp"] for d in ds)[len(ds) // 2], 3),
+            }
     return out
 
 
@@ -172,10 +206,12 @@ def baselines(recs: list[dict]) -> dict:
         rs = [r for r in recs if r["kind"] == kind]
         if rs:
             n = len(rs)
-            out[kind] = {"greedy_acc": round(sum(r["greedy"]["correct"] for r in rs) / n, 3),
-                         "greedy_tokens": round(sum(r["greedy"]["tokens"] for r in rs) / n, 1),
-                         "first_draft_acc": round(sum(r["drafts"][0]["correct"] for r in rs) / n, 3),
-                         "any_draft": round(sum(any(d["correct"] for d in r["drafts"]) for r in rs) / n, 3)}
+            out[kind] = {
+                "greedy_acc": round(sum(r["greedy"]["correct"] for r in rs) / n, 3),
+                "greedy_tokens": round(sum(r["greedy"]["tokens"] for r in rs) / n, 1),
+                "first_draft_acc": round(sum(r["drafts"][0]["correct"] for r in rs) / n, 3),
+                "any_draft": round(sum(any(d["correct"] for d in r["drafts"]) for r in rs) / n, 3),
+            }
     return out
 
 
@@ -185,17 +221,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("policy.jsonl"))
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--simulate", type=Path, help="replay a recording under a grid of policies")
-    ap.add_argument("--held-out", action="store_true",
-                    help="record held-out problems (to measure, never to tune: the grid is for train-side recordings)")
+    ap.add_argument(
+        "--held-out",
+        action="store_true",
+        help="record held-out problems (to measure, never to tune: the grid is for train-side recordings)",
+    )
     ap.add_argument("--json", action="store_true", help="print the whole report (the grid too) as JSON")
     args = ap.parse_args(argv)
     if args.collect:
         asyncio.run(collect(args.collect, args.seed, args.out, args.held_out))
     if args.simulate:
         recs = load(args.simulate)  # read once for both
-        report = {"baselines": baselines(recs), "refinement_guard": refinement_guard(recs),
-                  "likelihood": own_likelihood(recs), "grid": simulate(recs)}
-        print(json.dumps(report) if args.json else json.dumps({k: v for k, v in report.items() if k != "grid"}, indent=1))
+        report = {
+            "baselines": baselines(recs),
+            "refinement_guard": refinement_guard(recs),
+            "likelihood": own_likelihood(recs),
+            "grid": simulate(recs),
+        }
+        print(
+            json.dumps(report) if args.json else json.dumps({k: v for k, v in report.items() if k != "grid"}, indent=1)
+        )
     return 0
 
 

@@ -48,18 +48,31 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "hf"
         torch.manual_seed(0)
-        cfg = LlamaConfig(vocab_size=args.vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                          num_attention_heads=2, num_key_value_heads=2, head_dim=32,
-                          max_position_embeddings=max(2048, args.prompt + 16), tie_word_embeddings=False)
+        cfg = LlamaConfig(
+            vocab_size=args.vocab,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=32,
+            max_position_embeddings=max(2048, args.prompt + 16),
+            tie_word_embeddings=False,
+        )
         LlamaForCausalLM(cfg).save_pretrained(str(src))
         for name, all_logits in (("all_positions", True), ("last_position", False)):
             out = Path(tmp) / name
             t0 = time.perf_counter()
             export_dir(src, out, parity_prompt=[1, 10, 20, 30], parity_steps=2, all_logits=all_logits)
-            r = subprocess.run([sys.executable, "-c", _CHILD, str(out / "model.onnx"), str(args.prompt),
-                                str(args.vocab)], capture_output=True, text=True, check=True)
+            r = subprocess.run(
+                [sys.executable, "-c", _CHILD, str(out / "model.onnx"), str(args.prompt), str(args.vocab)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             report[name] = json.loads(r.stdout.strip().splitlines()[-1]) | {
-                "export_s": round(time.perf_counter() - t0, 1)}
+                "export_s": round(time.perf_counter() - t0, 1)
+            }
     report["peak_rss_ratio"] = round(report["last_position"]["peak_rss_mb"] / report["all_positions"]["peak_rss_mb"], 3)
     print(json.dumps(report, indent=2))
     return 0

@@ -24,8 +24,13 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def summary(ms: list[float], errors: int) -> dict:
-    return {"probes": len(ms), "errors": errors, "p50_ms": round(pct(ms, 0.5), 1), "p99_ms": round(pct(ms, 0.99), 1),
-            "max_ms": round(max(ms, default=0.0), 1)}
+    return {
+        "probes": len(ms),
+        "errors": errors,
+        "p50_ms": round(pct(ms, 0.5), 1),
+        "p99_ms": round(pct(ms, 0.99), 1),
+        "max_ms": round(max(ms, default=0.0), 1),
+    }
 
 
 async def _loop(fn: Callable[[], Awaitable[object]], period_s: float, ms: list[float], errors: list[int]) -> None:
@@ -57,6 +62,7 @@ async def main_async(args: argparse.Namespace) -> dict:
 
         async def healthz() -> None:
             (await http.get(args.http, timeout=5)).raise_for_status()
+
         probes["edge /healthz"] = healthz
     results = {name: ([], [0]) for name in probes}
     tasks = [asyncio.create_task(_loop(fn, args.period_ms / 1e3, *results[name])) for name, fn in probes.items()]

@@ -53,10 +53,19 @@ def build_large(recipe: LargeRecipe) -> Path:
     if (hf / "config.json").exists():
         return root
     torch.manual_seed(recipe.seed)
-    cfg = LlamaConfig(vocab_size=recipe.vocab, hidden_size=recipe.hidden, intermediate_size=recipe.intermediate,
-                      num_hidden_layers=recipe.layers, num_attention_heads=recipe.heads,
-                      num_key_value_heads=recipe.heads, max_position_embeddings=2048, tie_word_embeddings=False,
-                      bos_token_id=chartok.BOS_ID, eos_token_id=chartok.EOS_ID, pad_token_id=chartok.PAD_ID)
+    cfg = LlamaConfig(
+        vocab_size=recipe.vocab,
+        hidden_size=recipe.hidden,
+        intermediate_size=recipe.intermediate,
+        num_hidden_layers=recipe.layers,
+        num_attention_heads=recipe.heads,
+        num_key_value_heads=recipe.heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=chartok.BOS_ID,
+        eos_token_id=chartok.EOS_ID,
+        pad_token_id=chartok.PAD_ID,
+    )
     model = LlamaForCausalLM(cfg).eval()
     print(f"built random Llama: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters", file=sys.stderr)
     root.mkdir(parents=True, exist_ok=True)
@@ -112,8 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-large", action="store_true", help="only the demo draft")
     ap.add_argument("--batch", type=int, default=5)
     ap.add_argument("--prepare-only", action="store_true", help="build and cache every variant, measure nothing")
-    ap.add_argument("--list-dirs", action="store_true",
-                    help="print each model's directories on one line, FP16 first (the GPU script's baseline)")
+    ap.add_argument(
+        "--list-dirs",
+        action="store_true",
+        help="print each model's directories on one line, FP16 first (the GPU script's baseline)",
+    )
     args = ap.parse_args(argv)
     models = prepare(args.skip_large)
     if args.prepare_only:
@@ -130,8 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, res in results.items():
         print(f"\n## {name}\n{bench.table(res)}")
         dyn = next(r for r in res["rows"] if r["scheme"] == "dynamic")
-        print(f"dynamic vs FP32: decode b1 {dyn['speedup_b1']:.2f}x faster (target >= 2.5x), file "
-              f"{dyn['size_ratio']:.2f}x (target <= 0.3x), session creation {dyn['session_ratio']:.2f}x")
+        print(
+            f"dynamic vs FP32: decode b1 {dyn['speedup_b1']:.2f}x faster (target >= 2.5x), file "
+            f"{dyn['size_ratio']:.2f}x (target <= 0.3x), session creation {dyn['session_ratio']:.2f}x"
+        )
     return 0
 
 

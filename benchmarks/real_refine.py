@@ -94,12 +94,20 @@ def outcome(events, answer_re: str) -> dict:
     right_answers = len(texts) >= 2 and all(right.search(t) for t in texts)
     refused = next((i for i, r in enumerate(resets) if r.startswith(CONTRADICTS)), None)
     without = streamed[refused] if refused is not None else result.answer
-    return {"drafts": [drafts[i] for i in sorted(drafts)], "valid": sorted(valid), "agreed": agreed,
-            "agreed_on_answer": right_answers,
-            "drafts_right": bool(texts) and all(right.search(t) for t in texts),
-            "source": result.source, "refine_mode": result.refine_mode, "resets": resets,
-            "answer": result.answer, "without_guard": without,
-            "right_with": bool(right.search(result.answer)), "right_without": bool(right.search(without))}
+    return {
+        "drafts": [drafts[i] for i in sorted(drafts)],
+        "valid": sorted(valid),
+        "agreed": agreed,
+        "agreed_on_answer": right_answers,
+        "drafts_right": bool(texts) and all(right.search(t) for t in texts),
+        "source": result.source,
+        "refine_mode": result.refine_mode,
+        "resets": resets,
+        "answer": result.answer,
+        "without_guard": without,
+        "right_with": bool(right.search(result.answer)),
+        "right_without": bool(right.search(without)),
+    }
 
 
 def tally(rows: list[dict]) -> dict:
@@ -108,15 +116,20 @@ def tally(rows: list[dict]) -> dict:
     cannot see that agreement: it compares free text as text), answers broken with and without it."""
     agreed = [r for r in rows if r["agreed"]]
     right = [r for r in rows if r["agreed_on_answer"]]
-    return {"questions": len(rows), "refined": sum(r["refine_mode"] == "candidates" for r in rows),
-            "agreed": len(agreed), "agreed_right": sum(r["drafts_right"] for r in agreed),
-            "guard_refused": sum(r["without_guard"] != r["answer"] for r in rows),
-            "broke_without_guard": sum(r["drafts_right"] and not r["right_without"] for r in agreed),
-            "broke_with_guard": sum(r["drafts_right"] and not r["right_with"] for r in agreed),
-            "fixed_without_guard": sum(not r["drafts_right"] and r["right_without"] for r in agreed),
-            "fixed_with_guard": sum(not r["drafts_right"] and r["right_with"] for r in agreed),
-            "drafts_all_right": len(right), "broke_all_right_without_guard": sum(not r["right_without"] for r in right),
-            "broke_all_right_with_guard": sum(not r["right_with"] for r in right)}
+    return {
+        "questions": len(rows),
+        "refined": sum(r["refine_mode"] == "candidates" for r in rows),
+        "agreed": len(agreed),
+        "agreed_right": sum(r["drafts_right"] for r in agreed),
+        "guard_refused": sum(r["without_guard"] != r["answer"] for r in rows),
+        "broke_without_guard": sum(r["drafts_right"] and not r["right_without"] for r in agreed),
+        "broke_with_guard": sum(r["drafts_right"] and not r["right_with"] for r in agreed),
+        "fixed_without_guard": sum(not r["drafts_right"] and r["right_without"] for r in agreed),
+        "fixed_with_guard": sum(not r["drafts_right"] and r["right_with"] for r in agreed),
+        "drafts_all_right": len(right),
+        "broke_all_right_without_guard": sum(not r["right_without"] for r in right),
+        "broke_all_right_with_guard": sum(not r["right_with"] for r in right),
+    }
 
 
 async def run(n: int, repeat: int) -> dict:
@@ -133,17 +146,30 @@ async def run(n: int, repeat: int) -> dict:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.grpc_port}") as ch:
             stub = epb_grpc.CoinferEdgeStub(ch)
             for i, (question, answer_re) in enumerate(QUESTIONS[:n] * repeat):
-                req = epb.SolveRequest(request_id=f"refine-{i}", plan="split",
-                                       problem=pb.Problem(messages=[pb.ChatMessage(role="user", content=question + SUFFIX)]))  # the daemon's sampling
+                req = epb.SolveRequest(
+                    request_id=f"refine-{i}",
+                    plan="split",
+                    problem=pb.Problem(messages=[pb.ChatMessage(role="user", content=question + SUFFIX)]),
+                )  # the daemon's sampling
                 t0 = time.perf_counter()
                 events = [ev async for ev in stub.Solve(req, timeout=120)]
-                row = {"question": question, "ms": round((time.perf_counter() - t0) * 1e3), **outcome(events, answer_re)}
+                row = {
+                    "question": question,
+                    "ms": round((time.perf_counter() - t0) * 1e3),
+                    **outcome(events, answer_re),
+                }
                 rows.append(row)
                 mark = "agreed" if row["agreed"] else "      "
-                print(f"{mark} drafts {'right' if row['drafts_right'] else 'wrong'}  {row['source']:8} "
-                      f"{row['ms']:5} ms  {question[:44]!r:46} -> {_norm(row['answer'])[:60]!r}"
-                      + (f"  [guard kept the drafts over {_norm(row['without_guard'])[:50]!r}]"
-                         if row["without_guard"] != row["answer"] else ""), flush=True)
+                print(
+                    f"{mark} drafts {'right' if row['drafts_right'] else 'wrong'}  {row['source']:8} "
+                    f"{row['ms']:5} ms  {question[:44]!r:46} -> {_norm(row['answer'])[:60]!r}"
+                    + (
+                        f"  [guard kept the drafts over {_norm(row['without_guard'])[:50]!r}]"
+                        if row["without_guard"] != row["answer"]
+                        else ""
+                    ),
+                    flush=True,
+                )
     return {"tally": tally(rows), "rows": rows}
 
 

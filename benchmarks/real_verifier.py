@@ -41,7 +41,11 @@ def rates(good: list[tuple[float, float, float]], bad: list[tuple[float, float, 
     """``accept(target mean, own mean, target's least likely token)`` over good and bad drafts."""
     kept = sum(accept(*g) for g in good) / max(1, len(good))
     rejected = sum(not accept(*b) for b in bad) / max(1, len(bad))
-    return {"good_kept": round(kept, 3), "bad_rejected": round(rejected, 3), "balanced": round((kept + rejected) / 2, 3)}
+    return {
+        "good_kept": round(kept, 3),
+        "bad_rejected": round(rejected, 3),
+        "balanced": round((kept + rejected) / 2, 3),
+    }
 
 
 def _pair(pair: str, n_prompts: int):
@@ -69,8 +73,12 @@ def _pair(pair: str, n_prompts: int):
         return OrtDraftEngine(art.draft_int8), EngineConfig(model=str(art.target)), [c.prompt for c in cs], graded
     from coinfer.quantize.real_model import edge_dir, imported_dir
 
-    prompts = [json.loads(line)["prompt"] for line in
-               (Path(__file__).resolve().parents[1] / "quantize/data/generic_prompts.jsonl").read_text().splitlines()]
+    prompts = [
+        json.loads(line)["prompt"]
+        for line in (Path(__file__).resolve().parents[1] / "quantize/data/generic_prompts.jsonl")
+        .read_text()
+        .splitlines()
+    ]
     prompts = prompts[1::2][:n_prompts]  # the odd lines: what the INT8 gates hold out
     return OrtDraftEngine(edge_dir()), EngineConfig(model=str(imported_dir()), max_model_len=2048), prompts, None
 
@@ -100,27 +108,38 @@ async def run(n_prompts: int, seed: int, pair: str = "real") -> dict:
                     continue
                 scored = [(d.text, good if right else wrong)] + [(corrupt(d.text, pool, rng), bad)] * right
                 for text, out in scored:
-                    lps = await engine.continuation_logprobs(prompt, text, f"v{i}-{d.index}-{len(out)}",
-                                                             end=d.finish_reason != "length")
+                    lps = await engine.continuation_logprobs(
+                        prompt, text, f"v{i}-{d.index}-{len(out)}", end=d.finish_reason != "length"
+                    )
                     if lps:
                         out.append((sum(lps) / len(lps), d.mean_logprob, min(lps)))
     finally:
         await engine.close()
-    report = {"pair": pair, "prompts": len(prompts), "good": len(good), "bad": len(bad), "wrong": len(wrong),
-              "median_target_good": sorted(g[0] for g in good)[len(good) // 2],
-              "median_target_bad": sorted(b[0] for b in bad)[len(bad) // 2],
-              "median_own": sorted(g[1] for g in good)[len(good) // 2],
-              "median_least_likely_token_good": sorted(g[2] for g in good)[len(good) // 2],
-              "median_least_likely_token_bad": sorted(b[2] for b in bad)[len(bad) // 2]}
+    report = {
+        "pair": pair,
+        "prompts": len(prompts),
+        "good": len(good),
+        "bad": len(bad),
+        "wrong": len(wrong),
+        "median_target_good": sorted(g[0] for g in good)[len(good) // 2],
+        "median_target_bad": sorted(b[0] for b in bad)[len(bad) // 2],
+        "median_own": sorted(g[1] for g in good)[len(good) // 2],
+        "median_least_likely_token_good": sorted(g[2] for g in good)[len(good) // 2],
+        "median_least_likely_token_bad": sorted(b[2] for b in bad)[len(bad) // 2],
+    }
     report["absolute"] = {str(a): rates(good, bad, lambda t, o, lo, a=a: t >= a) for a in ABSOLUTE}
     report["relative"] = {str(m): rates(good, bad, lambda t, o, lo, m=m: t >= min(-0.5, o - m)) for m in MARGINS}
     # accepted as is (no refinement): the target's mean within ``m`` of the draft model's own and no
     # token below ``tok`` (PolicyConfig.accept_free_text_margin, accept_min_token_logprob)
-    report["as_is"] = {f"{m}/{tok}": rates(good, bad, lambda t, o, lo, m=m, tok=tok: t >= o - m and lo >= tok)
-                       for m in (0.1, 0.25, 0.5) for tok in AS_IS_TOKEN}
+    report["as_is"] = {
+        f"{m}/{tok}": rates(good, bad, lambda t, o, lo, m=m, tok=tok: t >= o - m and lo >= tok)
+        for m in (0.1, 0.25, 0.5)
+        for tok in AS_IS_TOKEN
+    }
     if wrong:  # the draft model's own wrong answers as the bad ones (the demo pair's tasks grade them)
-        report["relative_vs_wrong"] = {str(m): rates(good, wrong, lambda t, o, lo, m=m: t >= min(-0.5, o - m))
-                                       for m in MARGINS}
+        report["relative_vs_wrong"] = {
+            str(m): rates(good, wrong, lambda t, o, lo, m=m: t >= min(-0.5, o - m)) for m in MARGINS
+        }
     pc = PolicyConfig()  # its validity rule as it stands: max(floor, min(absolute, own - margin))
 
     def default(t: float, o: float, lo: float) -> bool:
@@ -134,8 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--seed", type=int, default=3)
-    ap.add_argument("--pair", choices=("real", "demo"), default="real",
-                    help="real: SmolLM2 on both sides (generic prompts); demo: the demo pair on held-out task problems")
+    ap.add_argument(
+        "--pair",
+        choices=("real", "demo"),
+        default="real",
+        help="real: SmolLM2 on both sides (generic prompts); demo: the demo pair on held-out task problems",
+    )
     ap.add_argument("--json", help="also write the report here")
     args = ap.parse_args(argv)
     report = asyncio.run(run(args.prompts, args.seed, args.pair))

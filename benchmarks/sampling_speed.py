@@ -48,8 +48,10 @@ def run(vocab: int, rows: int, steps: int) -> dict:
     base = rng.normal(size=(rows, vocab)).astype(np.float32)
     base[:, rng.integers(0, vocab, 40)] += 6.0  # a few dozen likely tokens over a long tail
     out = {"vocab": vocab, "rows": rows, "steps": steps}
-    for name, fn in (("new", lambda lg, g: sample_next(lg, history, s, g)),
-                     ("old", lambda lg, g: _old_sample(lg, counts, s, g))):
+    for name, fn in (
+        ("new", lambda lg, g: sample_next(lg, history, s, g)),
+        ("old", lambda lg, g: _old_sample(lg, counts, s, g)),
+    ):
         gens = [np.random.default_rng(i) for i in range(rows)]
         fn(base, gens)  # warm-up
         t0 = time.perf_counter()

@@ -25,11 +25,13 @@ async def main_async(args) -> dict:
         for sc in matrix(args.quick):
             row = await runner.scenario(sc)
             rows.append(row)
-            print(f"{row['scenario']:>28}: " + "  ".join(
-                f"{p} {row['predicted_ms'][p]:.0f}/{row['measured_ms'][p]:.0f}" for p in PLANS)
+            print(
+                f"{row['scenario']:>28}: "
+                + "  ".join(f"{p} {row['predicted_ms'][p]:.0f}/{row['measured_ms'][p]:.0f}" for p in PLANS)
                 + f"  chose {row['chosen']} (best {row['best']}, regret {row['regret']:.2f}; split vs cloud: "
-                  f"{row['chosen_assisted']}, best {row['best_assisted']}, regret {row['regret_assisted']:.2f})",
-                  flush=True)
+                f"{row['chosen_assisted']}, best {row['best_assisted']}, regret {row['regret_assisted']:.2f})",
+                flush=True,
+            )
     finally:
         await runner.close()
     summary = summarise(rows)
@@ -50,10 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     res = asyncio.run(main_async(args))
     s = res["summary"]
-    print(json.dumps(res, indent=1) if args.json else
-          f"median |pred-meas|/meas {100 * s['median_abs_error']:.1f}% (goal <= 20%); regret <= 1.10 in "
-          f"{100 * s['regret_ok_fraction']:.0f}% of {s['scenarios']} scenarios (goal >= 90%); split vs cloud: "
-          f"{100 * s['assisted_regret_ok_fraction']:.0f}%")
+    print(
+        json.dumps(res, indent=1)
+        if args.json
+        else f"median |pred-meas|/meas {100 * s['median_abs_error']:.1f}% (goal <= 20%); regret <= 1.10 in "
+        f"{100 * s['regret_ok_fraction']:.0f}% of {s['scenarios']} scenarios (goal >= 90%); split vs cloud: "
+        f"{100 * s['assisted_regret_ok_fraction']:.0f}%"
+    )
     return 0
 
 

@@ -94,10 +94,30 @@ class Edge:
         self.log = log_dir / f"edge-{i}.log"
         with open(self.log, "w") as out:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "coinfer.edge.daemon", "--model", str(draft), "--cloud", f"127.0.0.1:{cloud_port}",
-                 "--token-file", str(token_file), "--grpc-port", "0", "--http-port", "0", "--no-probe-on-start",
-                 "--plan", "split", "--threads", "1"],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "coinfer.edge.daemon",
+                    "--model",
+                    str(draft),
+                    "--cloud",
+                    f"127.0.0.1:{cloud_port}",
+                    "--token-file",
+                    str(token_file),
+                    "--grpc-port",
+                    "0",
+                    "--http-port",
+                    "0",
+                    "--no-probe-on-start",
+                    "--plan",
+                    "split",
+                    "--threads",
+                    "1",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.http_port = 0
 
     async def ready(self, timeout_s: float = 180.0) -> None:
@@ -165,7 +185,8 @@ async def cloud_active(port: int, token: str) -> int:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         try:
             st = await coinfer_pb2_grpc.CoinferCloudStub(ch).Status(
-                coinfer_pb2.StatusRequest(), metadata=(("authorization", f"Bearer {token}"),), timeout=5)
+                coinfer_pb2.StatusRequest(), metadata=(("authorization", f"Bearer {token}"),), timeout=5
+            )
             return st.active_sessions
         except grpc.aio.AioRpcError:
             return -1
@@ -221,16 +242,25 @@ async def drive(args: argparse.Namespace, cloud: Replica, edges: list[Edge], tok
         usage = {k: await asyncio.to_thread(tree_usage, pids) for k, pids in trees.items()}
         total = {k: [sum(v[i] for v in u.values()) for i in range(4)] for k, u in usage.items()}
         rss, pss, uss = ({k: round(v[i], 1) for k, v in total.items()} for i in range(3))
-        return Sample(round(time.monotonic() - t0, 1), rss, pss, uss, {k: v[3] for k, v in total.items()},
-                      {f"{k}/{name}": round(v[2], 1) for k, u in usage.items() for name, v in u.items()},
-                      await cloud_active(cloud.port, token0), in_flight, len(results))
+        return Sample(
+            round(time.monotonic() - t0, 1),
+            rss,
+            pss,
+            uss,
+            {k: v[3] for k, v in total.items()},
+            {f"{k}/{name}": round(v[2], 1) for k, u in usage.items() for name, v in u.items()},
+            await cloud_active(cloud.port, token0),
+            in_flight,
+            len(results),
+        )
 
     # one pool for all clients, sized to the concurrency: connections are reused, never queued for
     # keepalive_expiry below uvicorn's 5 s keep-alive: with both at 5 s (httpx's default) a spare
     # pooled connection is sometimes reused just as the edge closes it (ReadError, no response:
     # a client-side race, seen once in 2,343 requests), which is not what this soak measures
-    limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency,
-                          keepalive_expiry=2.0)
+    limits = httpx.Limits(
+        max_connections=args.concurrency, max_keepalive_connections=args.concurrency, keepalive_expiry=2.0
+    )
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout_s)) as client:
         t0 = time.monotonic()
         end = t0 + args.minutes * 60
@@ -243,9 +273,14 @@ async def drive(args: argparse.Namespace, cloud: Replica, edges: list[Edge], tok
             edge = edges[w % len(edges)]
             while time.monotonic() < end:
                 i = next(counter)
-                body = {"model": model, "messages": [{"role": "user", "content": next(prompts)}],
-                        "stream": i % 2 == 0, "max_tokens": (48, 64, 96)[i % 3], "temperature": 0.3,
-                        "coinfer": {"plan": "split", **({"deadline_ms": args.deadline_ms} if args.deadline_ms else {})}}
+                body = {
+                    "model": model,
+                    "messages": [{"role": "user", "content": next(prompts)}],
+                    "stream": i % 2 == 0,
+                    "max_tokens": (48, 64, 96)[i % 3],
+                    "temperature": 0.3,
+                    "coinfer": {"plan": "split", **({"deadline_ms": args.deadline_ms} if args.deadline_ms else {})},
+                }
                 in_flight += 1
                 try:
                     results.append(await one(client, edge.url, body, timeout_s))
@@ -257,10 +292,15 @@ async def drive(args: argparse.Namespace, cloud: Replica, edges: list[Edge], tok
                 await asyncio.sleep(min(args.sample_s, max(0.0, end - time.monotonic())))
                 samples.append(await sample(t0))
                 s = samples[-1]
-                print(f"[{s.t:6.0f} s] " + " | ".join(
-                    f"{k} RSS {s.rss_mb[k]:7.1f} USS {s.uss_mb[k]:7.1f} MB {s.fds[k]:4d} fds" for k in trees)
+                print(
+                    f"[{s.t:6.0f} s] "
+                    + " | ".join(
+                        f"{k} RSS {s.rss_mb[k]:7.1f} USS {s.uss_mb[k]:7.1f} MB {s.fds[k]:4d} fds" for k in trees
+                    )
                     + f" | sessions {s.active_sessions:3d} | in flight {s.in_flight:3d} | done {s.done}",
-                    file=sys.stderr, flush=True)
+                    file=sys.stderr,
+                    flush=True,
+                )
 
         await asyncio.gather(sampler(), *(worker(w) for w in range(args.concurrency)))
         load_s = time.monotonic() - t0
@@ -275,12 +315,18 @@ def growth(samples: list[Sample], key: str, tree: str) -> dict:
     if len(vals) < 2:
         return {}
     first, last = statistics.mean(vals[:3]), statistics.mean(vals[-3:])
-    return {"first": round(first, 1), "last": round(last, 1), "abs": round(last - first, 1),
-            "ratio": round(last / first - 1, 4) if first else None, "overlap": len(vals) < 6}
+    return {
+        "first": round(first, 1),
+        "last": round(last, 1),
+        "abs": round(last - first, 1),
+        "ratio": round(last / first - 1, 4) if first else None,
+        "overlap": len(vals) < 6,
+    }
 
 
-def report(args: argparse.Namespace, results: list[Result], samples: list[Sample], drained: Sample,
-           load_s: float, t0: float) -> dict:
+def report(
+    args: argparse.Namespace, results: list[Result], samples: list[Sample], drained: Sample, load_s: float, t0: float
+) -> dict:
     run_s = args.minutes * 60
     warmup_s = max(0.2 * run_s, 60.0) if run_s >= 300 else 0.2 * run_s
     post = [s for s in samples if s.t >= warmup_s]
@@ -292,26 +338,54 @@ def report(args: argparse.Namespace, results: list[Result], samples: list[Sample
         if r.kind != "ok" and r.kind not in examples:
             examples[r.kind] = r.body
     return {
-        "config": {"minutes": args.minutes, "concurrency": args.concurrency, "edges": args.edges,
-                   "sample_s": args.sample_s, "deadline_ms": args.deadline_ms or "edge default (30000)",
-                   "cpus": os.cpu_count()},
-        "warmup_s": round(warmup_s, 1), "load_s": round(load_s, 1), "samples_after_warmup": len(post),
+        "config": {
+            "minutes": args.minutes,
+            "concurrency": args.concurrency,
+            "edges": args.edges,
+            "sample_s": args.sample_s,
+            "deadline_ms": args.deadline_ms or "edge default (30000)",
+            "cpus": os.cpu_count(),
+        },
+        "warmup_s": round(warmup_s, 1),
+        "load_s": round(load_s, 1),
+        "samples_after_warmup": len(post),
         "rss_growth": {tree: growth(post, "rss_mb", tree) for tree in ("cloud", "edge")},
         "pss_growth": {tree: growth(post, "pss_mb", tree) for tree in ("cloud", "edge")},
         "uss_growth": {tree: growth(post, "uss_mb", tree) for tree in ("cloud", "edge")},
-        "uss_growth_by_proc": {name: growth(post, "uss_by_proc", name)["ratio"] for name in post[-1].uss_by_proc
-                               if all(name in x.uss_by_proc for x in post)} if len(post) > 1 else {},
+        "uss_growth_by_proc": {
+            name: growth(post, "uss_by_proc", name)["ratio"]
+            for name in post[-1].uss_by_proc
+            if all(name in x.uss_by_proc for x in post)
+        }
+        if len(post) > 1
+        else {},
         "fd_growth": {tree: growth(post, "fds", tree) for tree in ("cloud", "edge")},
         "drained": asdict(drained),
-        "requests": len(results), "ok": len(ok), "errors": dict(errors), "error_examples": examples,
-        "failures": [{"kind": r.kind, "t_s": round(r.start - t0, 1), "ms": round(r.ms), "stream": r.stream,
-                      "status": r.status, "sse_lines": r.events, "body": r.body[:200]}
-                     for r in results if r.kind != "ok"][:30],
+        "requests": len(results),
+        "ok": len(ok),
+        "errors": dict(errors),
+        "error_examples": examples,
+        "failures": [
+            {
+                "kind": r.kind,
+                "t_s": round(r.start - t0, 1),
+                "ms": round(r.ms),
+                "stream": r.stream,
+                "status": r.status,
+                "sse_lines": r.events,
+                "body": r.body[:200],
+            }
+            for r in results
+            if r.kind != "ok"
+        ][:30],
         "sources": dict(Counter(r.source for r in ok)),
         "edge_only_reasons": Counter(r.fallback[:80] for r in ok if r.source == "edge_only").most_common(5),
-        "latency_ms": {"p50": round(_pct([r.ms for r in ok], 0.5)), "p95": round(_pct([r.ms for r in ok], 0.95)),
-                       "p50_after_warmup": round(_pct([r.ms for r in ok_post], 0.5)),
-                       "p95_after_warmup": round(_pct([r.ms for r in ok_post], 0.95))},
+        "latency_ms": {
+            "p50": round(_pct([r.ms for r in ok], 0.5)),
+            "p95": round(_pct([r.ms for r in ok], 0.95)),
+            "p50_after_warmup": round(_pct([r.ms for r in ok_post], 0.5)),
+            "p95_after_warmup": round(_pct([r.ms for r in ok_post], 0.95)),
+        },
         "throughput_rps": round(len(results) / load_s, 3) if load_s else 0.0,
         "ok_rps": round(len(ok) / load_s, 3) if load_s else 0.0,
         "samples": [asdict(s) for s in samples],
@@ -319,17 +393,23 @@ def report(args: argparse.Namespace, results: list[Result], samples: list[Sample
 
 
 def table(rep: dict) -> str:
-    rows = [f"{'tree':6} {'RSS first MB':>13} {'last MB':>9} {'growth':>8} {'USS growth':>11} "
-            f"{'fds first':>10} {'last':>6} {'growth':>8}"]
+    rows = [
+        f"{'tree':6} {'RSS first MB':>13} {'last MB':>9} {'growth':>8} {'USS growth':>11} "
+        f"{'fds first':>10} {'last':>6} {'growth':>8}"
+    ]
     for tree in ("cloud", "edge"):
         r, p, f = rep["rss_growth"][tree], rep["uss_growth"][tree], rep["fd_growth"][tree]
-        rows.append(f"{tree:6} {r.get('first', 0):13.1f} {r.get('last', 0):9.1f} {r.get('ratio') or 0:8.2%} "
-                    f"{p.get('ratio') or 0:11.2%} {f.get('first', 0):10.1f} {f.get('last', 0):6.1f} "
-                    f"{f.get('ratio') or 0:8.2%}")
+        rows.append(
+            f"{tree:6} {r.get('first', 0):13.1f} {r.get('last', 0):9.1f} {r.get('ratio') or 0:8.2%} "
+            f"{p.get('ratio') or 0:11.2%} {f.get('first', 0):10.1f} {f.get('last', 0):6.1f} "
+            f"{f.get('ratio') or 0:8.2%}"
+        )
     lat = rep["latency_ms"]
     rows.append(f"requests {rep['requests']} ok {rep['ok']} errors {rep['errors'] or 0} sources {rep['sources']}")
-    rows.append(f"latency p50 {lat['p50']} ms p95 {lat['p95']} ms; {rep['throughput_rps']} req/s; after drain: "
-                f"sessions {rep['drained']['active_sessions']} fds {rep['drained']['fds']}")
+    rows.append(
+        f"latency p50 {lat['p50']} ms p95 {lat['p95']} ms; {rep['throughput_rps']} req/s; after drain: "
+        f"sessions {rep['drained']['active_sessions']} fds {rep['drained']['fds']}"
+    )
     return "\n".join(rows)
 
 
@@ -337,8 +417,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--edges", type=int, default=0, help="edge daemons; 0 = one per 32 requests in flight "
-                    "(the cloud's per-edge session quota)")
+    ap.add_argument(
+        "--edges",
+        type=int,
+        default=0,
+        help="edge daemons; 0 = one per 32 requests in flight (the cloud's per-edge session quota)",
+    )
     ap.add_argument("--sample-s", type=float, default=10.0)
     ap.add_argument("--deadline-ms", type=int, default=0, help="per-request deadline; 0 = the edge's default")
     ap.add_argument("--out", type=Path)
@@ -360,8 +444,13 @@ def main(argv: list[str] | None = None) -> int:
         token_files.append(args.log_dir / f"{name}.token")
         token_files[-1].write_text(tok)
     # a repeated flag's last value wins: this soak's engine size and bearer tokens over Replica's defaults
-    cloud = Replica(art.target, free_ports(1)[0], args.log_dir, grace_s=5.0,
-                    extra=("--engine.max-num-seqs", str(max(16, args.concurrency)), "--auth-tokens", str(token_path)))
+    cloud = Replica(
+        art.target,
+        free_ports(1)[0],
+        args.log_dir,
+        grace_s=5.0,
+        extra=("--engine.max-num-seqs", str(max(16, args.concurrency)), "--auth-tokens", str(token_path)),
+    )
     edges: list[Edge] = []
     try:
         cloud.start()

@@ -75,7 +75,7 @@ def _strip_candidate_label(text: str, candidate_format: str, n: int) -> str:
     for i in range(1, n + 1):
         label = head.format(n=i)
         if label.strip() and stripped.startswith(label):
-            return stripped[len(label):]
+            return stripped[len(label) :]
     return text
 
 
@@ -105,12 +105,25 @@ class Answering(SessionState):
         sp = self.req.refine
         if sp is None:
             return GenParams(max_tokens=max_tokens, temperature=self.cfg.policy.refine_temperature)
-        return GenParams(max_tokens=min(max_tokens, sp.max_new_tokens), temperature=sp.temperature, top_p=sp.top_p,
-                         presence_penalty=sp.presence_penalty, frequency_penalty=sp.frequency_penalty, seed=sp.seed,
-                         stop=sp.stop)
+        return GenParams(
+            max_tokens=min(max_tokens, sp.max_new_tokens),
+            temperature=sp.temperature,
+            top_p=sp.top_p,
+            presence_penalty=sp.presence_penalty,
+            frequency_penalty=sp.frequency_penalty,
+            seed=sp.seed,
+            stop=sp.stop,
+        )
 
-    async def _generate(self, prompt: str, prefix: str, max_tokens: int, tag: str, out: asyncio.Queue,
-                        final: Callable[[str], bool] = _never) -> tuple[str, float, int, str]:
+    async def _generate(
+        self,
+        prompt: str,
+        prefix: str,
+        max_tokens: int,
+        tag: str,
+        out: asyncio.Queue,
+        final: Callable[[str], bool] = _never,
+    ) -> tuple[str, float, int, str]:
         """Stream the target's answer to ``prompt`` after ``prefix``, each chunk final when ``final``
         holds for the text so far; returns (text, TTFT ms, tokens, finish reason: "stop", "length" or
         "repetition"). A generation that falls into a loop is stopped there (checked every
@@ -137,8 +150,9 @@ class Answering(SessionState):
                         break
         return text, ttft, tokens, finish
 
-    async def _accept(self, text: str, likelihood: bool = True, than: float | None = None,
-                      truncated: bool = False) -> tuple[bool, str, Parsed]:
+    async def _accept(
+        self, text: str, likelihood: bool = True, than: float | None = None, truncated: bool = False
+    ) -> tuple[bool, str, Parsed]:
         """Re-verify a refined answer as a draft: extraction + rules, then the verifier's threshold,
         relative to ``than`` (the target's mean logprob of the draft the answer would replace: a
         refinement of free prose scored -0.81 against the conversation, under the absolute -0.5,
@@ -178,8 +192,10 @@ class Answering(SessionState):
             mean, floor = mean_logprob(lps), self.mean_lp[best.draft.index] + p.refine_override_nats
             if lps and mean >= floor:
                 return ""
-            return (f"contradicts: the drafts agree and the target prefers them (refinement mean logprob "
-                    f"{mean:.2f} < {floor:.2f} per token)")
+            return (
+                f"contradicts: the drafts agree and the target prefers them (refinement mean logprob "
+                f"{mean:.2f} < {floor:.2f} per token)"
+            )
         return "contradicts: the drafts agree on another answer"
 
     def _accept_as_is(self, ranked: Ranked) -> str:
@@ -234,20 +250,32 @@ class Answering(SessionState):
                 return t.RefineMode.PREFIX, self.prompt_text, _join_steps(prefix_steps), [best]
         chosen = [j for j, _, _ in ranked[: p.context_drafts]]  # duplicates were merged at verification
         conv = self.req.conversation
-        question = refine_question(self.req.question, [j.draft.text for j in chosen], p.refine_template,
-                                   p.candidate_format)
+        question = refine_question(
+            self.req.question, [j.draft.text for j in chosen], p.refine_template, p.candidate_format
+        )
         return t.RefineMode.CANDIDATES, self.engine.render(with_question(conv, question)), "", chosen
 
     @staticmethod
     def _draft_answer(best: Judged, mode: str, note: str) -> Answer:
-        return Answer(best.draft.text, t.AnswerSource.DRAFT, True, best.parsed, [best], mode,
-                       "length" if best.draft.truncated else "stop", note)
+        return Answer(
+            best.draft.text,
+            t.AnswerSource.DRAFT,
+            True,
+            best.parsed,
+            [best],
+            mode,
+            "length" if best.draft.truncated else "stop",
+            note,
+        )
 
     async def _answer_as_is(self, ranked: Ranked, out: asyncio.Queue) -> Answer:
         best, _, agree = ranked[0]
         await self._chunk(out, best.draft.text, final=True)
-        return self._draft_answer(best, t.RefineMode.ACCEPTED,
-                                  f"best draft accepted as is (score {best.verdict.score:.2f}, agreement {agree:.2f})")
+        return self._draft_answer(
+            best,
+            t.RefineMode.ACCEPTED,
+            f"best draft accepted as is (score {best.verdict.score:.2f}, agreement {agree:.2f})",
+        )
 
     @property
     def _answer_budget(self) -> int:
@@ -267,22 +295,30 @@ class Answering(SessionState):
         that fails the rules (a loop) is dropped: the draft as it stands."""
         best, _, agree = ranked[0]
         # the draft is final (a failed continuation returns it), its continuation is held
-        text, ttft, steps, finish = await self._generate(self.prompt_text, best.draft.text,
-                                                         self._answer_budget - best.draft.num_tokens, "c", out,
-                                                         final=best.draft.text.startswith)
+        text, ttft, steps, finish = await self._generate(
+            self.prompt_text,
+            best.draft.text,
+            self._answer_budget - best.draft.num_tokens,
+            "c",
+            out,
+            final=best.draft.text.startswith,
+        )
         ok, why, parsed = await self._accept(text, likelihood=False)
-        note = (f"best draft accepted as is (score {best.verdict.score:.2f}, agreement {agree:.2f}), "
-                f"cut at its {best.draft.num_tokens}-token budget: continued by the target")
+        note = (
+            f"best draft accepted as is (score {best.verdict.score:.2f}, agreement {agree:.2f}), "
+            f"cut at its {best.draft.num_tokens}-token budget: continued by the target"
+        )
         if ok:
             a = Answer(text, t.AnswerSource.REFINED, True, parsed, [best], t.RefineMode.PREFIX, finish, note)
         else:
-            a = self._draft_answer(best, t.RefineMode.ACCEPTED, f"{note}; the continuation failed ({why}), draft returned")
+            a = self._draft_answer(
+                best, t.RefineMode.ACCEPTED, f"{note}; the continuation failed ({why}), draft returned"
+            )
             await self._replace_streamed(out, a.text, f"continuation rejected: {why}")
         a.ttft_ms, a.steps, a.generated = ttft, steps, steps
         return a
 
-    async def _answer_refined(self, ranked: Ranked, not_as_is: str,
-                              out: asyncio.Queue) -> Answer:
+    async def _answer_refined(self, ranked: Ranked, not_as_is: str, out: asyncio.Queue) -> Answer:
         """The target refines the drafts (a verified prefix continued, or candidates in the prompt); a
         refinement that fails the rules, leaks the template, is unlikely or contradicts what the drafts
         agree on is withdrawn and the best draft returned: never worse than the best valid draft."""
@@ -290,8 +326,10 @@ class Answering(SessionState):
         best = ranked[0][0]
         mode, prompt, prefix, chosen = self._refine_plan(ranked)
         # latency-aware budget (docs/design.md §4.4), but never shorter than twice the longest draft used
-        max_tokens = max(refine_max_tokens(best.verdict.score, p.refine_max_tokens),
-                         min(p.refine_max_tokens, 2 * max(j.draft.num_tokens for j in chosen) + 16))
+        max_tokens = max(
+            refine_max_tokens(best.verdict.score, p.refine_max_tokens),
+            min(p.refine_max_tokens, 2 * max(j.draft.num_tokens for j in chosen) + 16),
+        )
         # final while it writes what the best draft says (a rejection returns that draft); a candidates
         # refinement may lose a leading label once done, so none of it is final before then
         same = best.draft.text.startswith if mode is t.RefineMode.PREFIX else _never
@@ -301,8 +339,9 @@ class Answering(SessionState):
         if why := _scaffolding_error(text, p.refine_template):
             ok, parsed = False, None
         else:
-            ok, why, parsed = await self._accept(text, than=self.mean_lp.get(best.draft.index),
-                                                 truncated=finish != "stop")
+            ok, why, parsed = await self._accept(
+                text, than=self.mean_lp.get(best.draft.index), truncated=finish != "stop"
+            )
         if ok and (why := await self._refinement_error(ranked, text, parsed)):
             ok = False
         note = f"refined from {len(chosen)} draft(s) as {mode} (not as is: {not_as_is})"
@@ -326,12 +365,23 @@ class Answering(SessionState):
         prefix = _join_steps(prefix_steps)
         # only the loop watch can refuse it: it streams as final and is kept (a loop is cut, not replaced)
         commit = self.rules.only_loop_watch
-        text, ttft, steps, finish = await self._generate(self.prompt_text, prefix, p.refine_max_tokens, "cloud", out,
-                                                         _always if commit else _never)
+        text, ttft, steps, finish = await self._generate(
+            self.prompt_text, prefix, p.refine_max_tokens, "cloud", out, _always if commit else _never
+        )
         valid, why, parsed = await self._accept(text, likelihood=False)
-        a = Answer(text, t.AnswerSource.CLOUD, valid, parsed, [],
-                    t.RefineMode.PREFIX if prefix_steps else t.RefineMode.ALONE,  # a verified prefix is the drafts' work
-                    finish, "streamed as final: a loop cut" if finish == LOOP and commit else "", ttft, steps, steps)
+        a = Answer(
+            text,
+            t.AnswerSource.CLOUD,
+            valid,
+            parsed,
+            [],
+            t.RefineMode.PREFIX if prefix_steps else t.RefineMode.ALONE,  # a verified prefix is the drafts' work
+            finish,
+            "streamed as final: a loop cut" if finish == LOOP and commit else "",
+            ttft,
+            steps,
+            steps,
+        )
         if not valid and p.calculator_fixes and not commit:
             why = await self._calculator_fixed(a, why, out)
         if not a.valid and p.cloud_candidates > 0 and not commit:
@@ -339,9 +389,15 @@ class Answering(SessionState):
             # steps kept, fewer tokens decoded: select's candidates cost 0.6x)
             own = self.task.verified_prefix(self.spec, a.text)
             await self._candidates(a, _join_steps(own) if len(own) > len(prefix_steps) else prefix, why, out)
-        a.note = ((f"no valid draft after retries: cloud answered alone from {len(prefix_steps)} verified steps"
-                   if self.judged else "no drafts (cloud plan): the cloud answered alone")
-                  + (f"; {a.note}" if a.note else "") + ("" if a.valid else " (its answer failed verification)"))
+        a.note = (
+            (
+                f"no valid draft after retries: cloud answered alone from {len(prefix_steps)} verified steps"
+                if self.judged
+                else "no drafts (cloud plan): the cloud answered alone"
+            )
+            + (f"; {a.note}" if a.note else "")
+            + ("" if a.valid else " (its answer failed verification)")
+        )
         return a
 
     def _prefix_steps(self, text: str) -> list[str]:
@@ -387,7 +443,9 @@ class Answering(SessionState):
         cands = self.engine.finished_samples(
             self.prompt_text + prefix,
             dataclasses.replace(self._params(p.refine_max_tokens), temperature=p.cloud_temperature, seed=None),
-            p.cloud_candidates, f"{self.key}-cands")
+            p.cloud_candidates,
+            f"{self.key}-cands",
+        )
         done, last = 0, 0
         async with contextlib.aclosing(cands):
             async for cand in cands:
@@ -395,8 +453,15 @@ class Answering(SessionState):
                 a.generated += cand.tokens
                 ok, _, parsed = await self._accept(prefix + cand.text, likelihood=False)
                 if ok:
-                    await self._replace_streamed(out, prefix + cand.text, f"the cloud's answer failed {why}; a candidate passed")
-                    a.text, a.valid, a.parsed, a.finish = prefix + cand.text, True, parsed, _finish_reason(cand.finish_reason)
+                    await self._replace_streamed(
+                        out, prefix + cand.text, f"the cloud's answer failed {why}; a candidate passed"
+                    )
+                    a.text, a.valid, a.parsed, a.finish = (
+                        prefix + cand.text,
+                        True,
+                        parsed,
+                        _finish_reason(cand.finish_reason),
+                    )
                     break
         # one batched request: its steps are the last finished candidate's tokens, and each candidate
         # aborted then had decoded as many (they advance in lockstep)

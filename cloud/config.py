@@ -87,13 +87,20 @@ class Limits:
 
     def validate(self) -> None:
         # a limit below 1 refuses every request it bounds (max_sessions -1: every session)
-        for name in ("max_prompt_chars", "max_draft_chars", "max_drafts", "max_sessions", "max_message_bytes",
-                     "max_deadline_ms"):
+        for name in (
+            "max_prompt_chars",
+            "max_draft_chars",
+            "max_drafts",
+            "max_sessions",
+            "max_message_bytes",
+            "max_deadline_ms",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"limits.{name}: must be >= 1, got {getattr(self, name)}")
         if self.max_sessions_per_edge < 0:
-            raise ValueError(f"limits.max_sessions_per_edge: must be >= 0 (0 = no per-edge limit), "
-                             f"got {self.max_sessions_per_edge}")
+            raise ValueError(
+                f"limits.max_sessions_per_edge: must be >= 0 (0 = no per-edge limit), got {self.max_sessions_per_edge}"
+            )
         if not self.open_timeout_s > 0:
             raise ValueError(f"limits.open_timeout_s: must be > 0, got {self.open_timeout_s}")
 
@@ -223,7 +230,9 @@ class PolicyConfig:
         if self.learn_every < 0 or not 0.0 < self.learn_alpha <= 1.0:
             raise ValueError("policy.learn_every >= 0 and policy.learn_alpha in (0, 1] required")
         if self.accept_free_text_margin is not None and not 0.0 <= self.accept_free_text_margin <= 10.0:
-            raise ValueError(f"policy.accept_free_text_margin: must be in [0, 10] or None, got {self.accept_free_text_margin}")
+            raise ValueError(
+                f"policy.accept_free_text_margin: must be in [0, 10] or None, got {self.accept_free_text_margin}"
+            )
         if self.relative_margin is not None and not 0.0 <= self.relative_margin <= 10.0:
             raise ValueError(f"policy.relative_margin: must be in [0, 10] or None, got {self.relative_margin}")
         if not self.min_mean_logprob_floor <= self.min_mean_logprob:

@@ -70,11 +70,19 @@ class CloudCore:
         return t.Status(
             # waiting: vLLM's own scheduler queue; before its first stats, requests beyond max_num_seqs
             queue_depth=(st.waiting or max(0, st.running - st.max_num_seqs)) if st else 0,
-            running=st.running if st else 0, utilisation=st.load if st else 0.0,
-            recommended_drafts=self.controller.recommended, active_sessions=self.active,
-            model=self.cfg.engine.model_name, ready=bool(st and st.ready), weight_a=w.a, weight_b=w.b, weight_g=w.g,
-            weight_updates=w.updates, kv_cache_usage=st.kv_cache_usage if st else 0.0,
-            load=self.controller.smoothed, draining=self.draining,
+            running=st.running if st else 0,
+            utilisation=st.load if st else 0.0,
+            recommended_drafts=self.controller.recommended,
+            active_sessions=self.active,
+            model=self.cfg.engine.model_name,
+            ready=bool(st and st.ready),
+            weight_a=w.a,
+            weight_b=w.b,
+            weight_g=w.g,
+            weight_updates=w.updates,
+            kv_cache_usage=st.kv_cache_usage if st else 0.0,
+            load=self.controller.smoothed,
+            draining=self.draining,
         )
 
     async def drained(self, timeout_s: float) -> bool:
@@ -119,22 +127,37 @@ class CloudCore:
         if self.engine is None or not self.engine.stats().ready:
             raise Unavailable("engine: not ready (loading or restarting); retry shortly")
         if self.active >= lim.max_sessions:
-            raise ResourceExhausted(f"sessions: {self.active} active, limit {lim.max_sessions}",
-                                    reason=Reason.SESSIONS_FULL)
+            raise ResourceExhausted(
+                f"sessions: {self.active} active, limit {lim.max_sessions}", reason=Reason.SESSIONS_FULL
+            )
         if lim.max_sessions_per_edge and self.per_edge[edge] >= lim.max_sessions_per_edge:
-            raise ResourceExhausted(f"sessions: {self.per_edge[edge]} active for this edge, "
-                                    f"limit {lim.max_sessions_per_edge} per edge", reason=Reason.SESSIONS_FULL)
+            raise ResourceExhausted(
+                f"sessions: {self.per_edge[edge]} active for this edge, limit {lim.max_sessions_per_edge} per edge",
+                reason=Reason.SESSIONS_FULL,
+            )
 
-    async def session(self, req: t.OpenRequest, inbox: AsyncIterator[EdgeItem],
-                      edge: str = "") -> AsyncIterator[t.CloudEvent]:
+    async def session(
+        self, req: t.OpenRequest, inbox: AsyncIterator[EdgeItem], edge: str = ""
+    ) -> AsyncIterator[t.CloudEvent]:
         """Run one session for caller ``edge``; raises CoinferError subclasses for bad input / limits."""
         task, spec, rules = await asyncio.to_thread(self._check_request, req)
         self._admit(edge)
         req.request_id = req.request_id or uuid.uuid4().hex[:16]
         deadline_ms = req.deadline_ms or self.cfg.policy.default_deadline_ms
         w = self.learner.weights
-        s = Session(self.cfg, self.engine, req, task, spec, rules, self.controller.recommended, deadline_ms / 1e3,
-                    weights=(w.a, w.b, w.g), load=self.controller.smoothed, round_odds=self.round_odds)
+        s = Session(
+            self.cfg,
+            self.engine,
+            req,
+            task,
+            spec,
+            rules,
+            self.controller.recommended,
+            deadline_ms / 1e3,
+            weights=(w.a, w.b, w.g),
+            load=self.controller.smoothed,
+            round_odds=self.round_odds,
+        )
         self.active += 1
         self.per_edge[edge] += 1
         self._idle.clear()
@@ -160,8 +183,13 @@ class CloudCore:
                 self._idle.set()
             self.metrics.active.dec()
             self.metrics.sessions.labels(outcome).inc()
-            log.info("session %s from %s %s in %.0f ms", logs.quoted(req.request_id), edge or "?", outcome,
-                     (time.perf_counter() - t0) * 1e3)
+            log.info(
+                "session %s from %s %s in %.0f ms",
+                logs.quoted(req.request_id),
+                edge or "?",
+                outcome,
+                (time.perf_counter() - t0) * 1e3,
+            )
 
     async def generate(self, req: t.OpenRequest, edge: str = "") -> AsyncIterator[t.CloudEvent]:
         """Cloud-only: a session with no drafts (the cloud drafts itself at once)."""

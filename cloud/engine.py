@@ -94,8 +94,9 @@ class TargetEngine(ABC):
             yield c
 
     @abstractmethod
-    async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str,
-                                    end: bool = True) -> list[float]:
+    async def continuation_logprobs(
+        self, prompt: str, continuation: str, request_id: str, end: bool = True
+    ) -> list[float]:
         """Log-probability of each token of ``continuation`` (then end of turn, unless ``end`` is
         False: a text cut at its token budget did not end there, and the end-of-turn token after a
         half sentence scored -27 nats, failing every truncated draft) given ``prompt``:
@@ -159,15 +160,29 @@ def engine_args(cfg: EngineConfig) -> dict:
     """vLLM's engine arguments for ``cfg`` (``AsyncEngineArgs`` here; tests load the same arguments into
     vLLM's offline ``LLM``)."""
     return dict(
-        model=cfg.model, tokenizer=cfg.model, max_model_len=cfg.max_model_len or None,
+        model=cfg.model,
+        tokenizer=cfg.model,
+        max_model_len=cfg.max_model_len or None,
         served_model_name=cfg.model_name,
-        dtype=cfg.dtype, max_num_seqs=cfg.max_num_seqs, enforce_eager=cfg.enforce_eager,
-        gpu_memory_utilization=cfg.gpu_memory_utilization, seed=cfg.seed,
-        disable_log_stats=True, enable_prefix_caching=True,
-        tensor_parallel_size=cfg.tensor_parallel_size, data_parallel_size=cfg.data_parallel_size,
-        speculative_config=({"method": "ngram", "num_speculative_tokens": cfg.ngram_speculative_tokens,
-                             "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-                            if cfg.ngram_speculative_tokens else None),
+        dtype=cfg.dtype,
+        max_num_seqs=cfg.max_num_seqs,
+        enforce_eager=cfg.enforce_eager,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        seed=cfg.seed,
+        disable_log_stats=True,
+        enable_prefix_caching=True,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        data_parallel_size=cfg.data_parallel_size,
+        speculative_config=(
+            {
+                "method": "ngram",
+                "num_speculative_tokens": cfg.ngram_speculative_tokens,
+                "prompt_lookup_max": 4,
+                "prompt_lookup_min": 2,
+            }
+            if cfg.ngram_speculative_tokens
+            else None
+        ),
     )
 
 
@@ -209,8 +224,7 @@ class VllmEngine(TargetEngine):
 
         args = AsyncEngineArgs(**engine_args(self.cfg))
         # engine start is blocking (spawns the engine-core process, loads weights)
-        self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args,
-                                            stat_loggers=[self._stat_logger_factory()])
+        self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[self._stat_logger_factory()])
         logs.limit_handlers("vllm")  # its own stdout handler: per-request warnings are client-driven
         from transformers import AutoTokenizer
 
@@ -245,8 +259,7 @@ class VllmEngine(TargetEngine):
 
     def span_ids(self, prompt: str, continuation: str) -> tuple[list[int], int]:
         """(ids of prompt + continuation tokenized together, index of the continuation's first token)."""
-        enc = self._tok(prompt + continuation, add_special_tokens=not self.chat.templated,
-                        return_offsets_mapping=True)
+        enc = self._tok(prompt + continuation, add_special_tokens=not self.chat.templated, return_offsets_mapping=True)
         ids, offsets = enc["input_ids"], enc["offset_mapping"]
         start = next((i for i, (_, end) in enumerate(offsets) if end > len(prompt)), len(ids))
         return list(ids), start
@@ -256,9 +269,15 @@ class VllmEngine(TargetEngine):
         from vllm.sampling_params import RequestOutputKind
 
         return SamplingParams(
-            max_tokens=min(p.max_tokens, room), temperature=vllm_temperature(p.temperature), top_p=p.top_p, seed=p.seed,
-            presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty, stop=list(p.stop) or None,
-            output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY, **extra,
+            max_tokens=min(p.max_tokens, room),
+            temperature=vllm_temperature(p.temperature),
+            top_p=p.top_p,
+            seed=p.seed,
+            presence_penalty=p.presence_penalty,
+            frequency_penalty=p.frequency_penalty,
+            stop=list(p.stop) or None,
+            output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY,
+            **extra,
         )
 
     async def _run(self, ids: list[int], sp, request_id: str) -> AsyncIterator:
@@ -321,8 +340,9 @@ class VllmEngine(TargetEngine):
                     if c.finish_reason:
                         yield Chunk(texts[c.index], tokens[c.index], c.finish_reason)
 
-    async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str,
-                                    end: bool = True) -> list[float]:
+    async def continuation_logprobs(
+        self, prompt: str, continuation: str, request_id: str, end: bool = True
+    ) -> list[float]:
         ids, start = await self._off_loop(len(prompt) + len(continuation), self.span_ids, prompt, continuation)
         ids = (ids + [self._tok.eos_token_id] * end)[: self.max_model_len - 1]
         if len(ids) <= start or start == 0:
@@ -337,8 +357,13 @@ class VllmEngine(TargetEngine):
     async def judge(self, prompt: str, schema: dict, max_tokens: int, request_id: str) -> str:
         from vllm.sampling_params import StructuredOutputsParams
 
-        out = await self.sample(prompt, GenParams(max_tokens=max_tokens), 1, request_id,
-                                structured_outputs=StructuredOutputsParams(json=schema))
+        out = await self.sample(
+            prompt,
+            GenParams(max_tokens=max_tokens),
+            1,
+            request_id,
+            structured_outputs=StructuredOutputsParams(json=schema),
+        )
         return out[0].text if out else ""
 
     async def abort(self, request_id: str) -> None:
@@ -361,9 +386,13 @@ class VllmEngine(TargetEngine):
 
     def stats(self) -> EngineStats:
         sched = self._sched
-        return EngineStats(self._running, self.cfg.max_num_seqs, self._llm is not None and not self._llm.errored,
-                           waiting=getattr(sched, "num_waiting_reqs", 0),
-                           kv_cache_usage=float(getattr(sched, "kv_cache_usage", 0.0)))
+        return EngineStats(
+            self._running,
+            self.cfg.max_num_seqs,
+            self._llm is not None and not self._llm.errored,
+            waiting=getattr(sched, "num_waiting_reqs", 0),
+            kv_cache_usage=float(getattr(sched, "kv_cache_usage", 0.0)),
+        )
 
     async def close(self, wait_s: float | None = None) -> None:
         if self._llm is not None:

@@ -36,8 +36,9 @@ class Judging(SessionState):
         t_start = time.perf_counter()
         res, parsed = await asyncio.to_thread(self.rules.check, d.text)  # client rules: off the loop
         if not res.valid:  # rules fail fast: no model time spent
-            v = t.Verdict(draft_index=d.index, valid=False, error=res.error, failed_rule=res.failed_rule,
-                          rules_passed=res.passed)
+            v = t.Verdict(
+                draft_index=d.index, valid=False, error=res.error, failed_rule=res.failed_rule, rules_passed=res.passed
+            )
         else:
             key = self.task.dedup_key(d.text, parsed)
             if key in pending:  # a duplicate: counted as support, not verified twice
@@ -72,27 +73,44 @@ class Judging(SessionState):
             return p.min_mean_logprob
         return max(p.min_mean_logprob_floor, min(p.min_mean_logprob, own - p.relative_margin))
 
-    async def _llm_verdict(self, index: int, text: str, passed: list[str], own: float | None = None,
-                           truncated: bool = False) -> t.Verdict:
+    async def _llm_verdict(
+        self, index: int, text: str, passed: list[str], own: float | None = None, truncated: bool = False
+    ) -> t.Verdict:
         if self.rules_decide:  # exact checkers passed: the draft is right, no model time to say so
             return t.Verdict(draft_index=index, valid=True, score=1.0, rules_passed=passed)
         if self.cfg.policy.verifier == t.VerifierKind.JUDGE:
-            out = await self.engine.judge(judge_prompt(self.req.question, text), JUDGE_SCHEMA, JUDGE_MAX_TOKENS,
-                                          f"{self.key}-j{index}")
+            out = await self.engine.judge(
+                judge_prompt(self.req.question, text), JUDGE_SCHEMA, JUDGE_MAX_TOKENS, f"{self.key}-j{index}"
+            )
             valid, score, error = parse_judge(out)
-            return t.Verdict(draft_index=index, valid=valid, score=score, error=error,
-                             failed_rule="" if valid else t.VerifierKind.JUDGE.value,
-                             rules_passed=passed + ([t.VerifierKind.JUDGE.value] if valid else []))
+            return t.Verdict(
+                draft_index=index,
+                valid=valid,
+                score=score,
+                error=error,
+                failed_rule="" if valid else t.VerifierKind.JUDGE.value,
+                rules_passed=passed + ([t.VerifierKind.JUDGE.value] if valid else []),
+            )
         lps = await self.engine.continuation_logprobs(self.prompt_text, text, f"{self.key}-v{index}", end=not truncated)
         mean = mean_logprob(lps)
         if index >= 0 and lps:
             self.min_logprob[index], self.mean_lp[index] = min(lps), mean
         floor = self._floor(own)
         if self._thresholded and mean < floor:
-            return t.Verdict(draft_index=index, valid=False, score=likelihood_score(lps), failed_rule=t.VerifierKind.LIKELIHOOD.value,
-                             error=f"low_likelihood: mean logprob {mean:.2f} < {floor:.2f} per token",
-                             rules_passed=passed)
-        return t.Verdict(draft_index=index, valid=True, score=likelihood_score(lps), rules_passed=passed + [t.VerifierKind.LIKELIHOOD.value])
+            return t.Verdict(
+                draft_index=index,
+                valid=False,
+                score=likelihood_score(lps),
+                failed_rule=t.VerifierKind.LIKELIHOOD.value,
+                error=f"low_likelihood: mean logprob {mean:.2f} < {floor:.2f} per token",
+                rules_passed=passed,
+            )
+        return t.Verdict(
+            draft_index=index,
+            valid=True,
+            score=likelihood_score(lps),
+            rules_passed=passed + [t.VerifierKind.LIKELIHOOD.value],
+        )
 
     def _ranked(self) -> Ranked:
         """Valid drafts, best first: (judged, rank score, agreement on the extracted answer). A draft
@@ -105,8 +123,14 @@ class Judging(SessionState):
         p = self.cfg.policy
         a, b, g = self.weights or (p.a, p.b, p.g)
         agree = answer_agreement([self.task.answer_key(j.parsed) for j in cands], [j.support for j in cands])
-        ranks = rank_scores([j.verdict.score for j in cands], [j.verdict.verify_ms / 1e3 for j in cands], a, b,
-                            load_scaled_g(g, self.load), agree=agree)
+        ranks = rank_scores(
+            [j.verdict.score for j in cands],
+            [j.verdict.verify_ms / 1e3 for j in cands],
+            a,
+            b,
+            load_scaled_g(g, self.load),
+            agree=agree,
+        )
         return sorted(zip(cands, ranks, agree), key=lambda x: (x[0].draft.truncated, -x[1]))
 
     def _outcome(self, ranked: Ranked, answer: str) -> None:

@@ -21,21 +21,26 @@ class CloudMetrics:
         self.active = Gauge("coinfer_sessions_active", "Sessions in flight", registry=r)
         self.drafts = Counter("coinfer_drafts_verified", "Drafts verified (rules, then the LLM verifier)", registry=r)
         self.duplicates = Counter("coinfer_drafts_duplicate", "Drafts merged into an equal earlier draft", registry=r)
-        self.rule_failures = Counter("coinfer_rule_failures", "Drafts that failed a rule, by rule", ["rule"],
-                                     registry=r)
+        self.rule_failures = Counter(
+            "coinfer_rule_failures", "Drafts that failed a rule, by rule", ["rule"], registry=r
+        )
         self.verify = Histogram("coinfer_verify_seconds", "Time to verify one draft", buckets=_MS, registry=r)
-        self.ttft = Histogram("coinfer_refine_ttft_seconds", "Refinement time to first token", buckets=_MS,
-                              registry=r)
-        self.refine_tps = Histogram("coinfer_refine_tokens_per_second", "Refinement decode speed (chunks/s)",
-                                    buckets=(1, 5, 10, 25, 50, 100, 250, 500, 1000, 5000), registry=r)
+        self.ttft = Histogram("coinfer_refine_ttft_seconds", "Refinement time to first token", buckets=_MS, registry=r)
+        self.refine_tps = Histogram(
+            "coinfer_refine_tokens_per_second",
+            "Refinement decode speed (chunks/s)",
+            buckets=(1, 5, 10, 25, 50, 100, 250, 500, 1000, 5000),
+            registry=r,
+        )
         self.session_seconds = Histogram("coinfer_session_seconds", "Session wall time", buckets=_MS, registry=r)
         self.retries = Counter("coinfer_retries", "Retry advice sent to the edge", registry=r)
         self.recommended = Gauge("coinfer_recommended_drafts", "Recommended draft count", registry=r)
         self.load = Gauge("coinfer_load", "Smoothed engine load in [0, 1] the draft count follows", registry=r)
         self.weights = Gauge("coinfer_scheduler_weight", "Scheduler score weights a, b, g", ["name"], registry=r)
         self.engine = Gauge("coinfer_engine_requests", "vLLM scheduler requests", ["state"], registry=r)
-        self.restarts = Counter("coinfer_engine_restarts", "Engine restarts after a failed heartbeat, by reason",
-                                ["reason"], registry=r)
+        self.restarts = Counter(
+            "coinfer_engine_restarts", "Engine restarts after a failed heartbeat, by reason", ["reason"], registry=r
+        )
         self.kv_usage = Gauge("coinfer_engine_kv_cache_usage", "vLLM KV-cache use in [0, 1]", registry=r)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:

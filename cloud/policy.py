@@ -26,8 +26,14 @@ def likelihood_score(logprobs: Sequence[float]) -> float:
     return math.exp(sum(logprobs) / len(logprobs))
 
 
-def rank_scores(scores: Sequence[float], latencies_s: Sequence[float], a: float, b: float, g: float,
-                agree: Sequence[float] | None = None) -> list[float]:
+def rank_scores(
+    scores: Sequence[float],
+    latencies_s: Sequence[float],
+    a: float,
+    b: float,
+    g: float,
+    agree: Sequence[float] | None = None,
+) -> list[float]:
     """Scheduler score per draft: ``a*score + b*agreement - g*latency`` (docs/design.md §3.1).
 
     ``agree`` per draft: the share of the session's valid drafts that reached the same
@@ -84,8 +90,9 @@ def load_scaled_g(g: float, load: float) -> float:
     return g * (1.0 + min(1.0, max(0.0, load)))
 
 
-def fit_weights(rows: Sequence[tuple[float, float, float, float]], total: float,
-                ridge: float = 1e-2) -> tuple[float, float, float] | None:
+def fit_weights(
+    rows: Sequence[tuple[float, float, float, float]], total: float, ridge: float = 1e-2
+) -> tuple[float, float, float] | None:
     """Least-squares fit of ``label ~ a*score + b*agreement - g*latency + c`` over outcome rows
     ``(score, agreement, latency_s, label)``; ridge-regularised, a, b, g clipped at 0 and
     rescaled to sum to ``total`` (ranks are invariant to a positive scale, so the sum is free
@@ -122,8 +129,14 @@ class RoundOdds:
     in ``prior_rounds``; a kind seen in fewer than ``min_rounds`` rounds retries as before. Every ``explore_every``-th refusal retries
     anyway, so that a kind whose drafts improve (a new draft model) is seen to."""
 
-    def __init__(self, prior_hits: float = 1.0, prior_rounds: float = 2.0, decay: float = 0.98,
-                 explore_every: int = 10, min_rounds: int = 20) -> None:
+    def __init__(
+        self,
+        prior_hits: float = 1.0,
+        prior_rounds: float = 2.0,
+        decay: float = 0.98,
+        explore_every: int = 10,
+        min_rounds: int = 20,
+    ) -> None:
         self.prior = (prior_hits, prior_rounds)
         self.decay, self.explore_every, self.min_rounds = decay, explore_every, min_rounds
         self._counts: dict[object, tuple[float, float]] = {}

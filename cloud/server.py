@@ -50,8 +50,14 @@ SERVICE = coinfer_pb2.DESCRIPTOR.services_by_name["CoinferCloud"].full_name
 class CloudServer:
     """A started server: ``port``, ``core``, ``health``; ``stop()`` drains and closes."""
 
-    def __init__(self, server: grpc.aio.Server, port: int, core: CloudCore, health_servicer: health.aio.HealthServicer,
-                 cfg: CloudConfig) -> None:
+    def __init__(
+        self,
+        server: grpc.aio.Server,
+        port: int,
+        core: CloudCore,
+        health_servicer: health.aio.HealthServicer,
+        cfg: CloudConfig,
+    ) -> None:
         self.server, self.port, self.core, self.health, self.cfg = server, port, core, health_servicer, cfg
         self.metrics_port: int | None = None
         self._watch: asyncio.Task | None = None
@@ -138,15 +144,20 @@ def server_credentials(cfg: CloudConfig) -> grpc.ServerCredentials | None:
     if not cfg.tls_cert:
         return None
     ca = Path(cfg.tls_client_ca).read_bytes() if cfg.tls_client_ca else None
-    return grpc.ssl_server_credentials([(Path(cfg.tls_key).read_bytes(), Path(cfg.tls_cert).read_bytes())],
-                                       root_certificates=ca, require_client_auth=ca is not None)
+    return grpc.ssl_server_credentials(
+        [(Path(cfg.tls_key).read_bytes(), Path(cfg.tls_cert).read_bytes())],
+        root_certificates=ca,
+        require_client_auth=ca is not None,
+    )
 
 
 async def create_server(cfg: CloudConfig, engine: TargetEngine | None = None) -> CloudServer:
     """Bind and start; health is NOT_SERVING until an engine is attached."""
     cfg.validate()
-    opts = [("grpc.max_receive_message_length", cfg.limits.max_message_bytes),
-            ("grpc.max_send_message_length", max(cfg.limits.max_message_bytes, 17 << 20))]
+    opts = [
+        ("grpc.max_receive_message_length", cfg.limits.max_message_bytes),
+        ("grpc.max_send_message_length", max(cfg.limits.max_message_bytes, 17 << 20)),
+    ]
     auth = BearerAuthInterceptor(cfg.auth_tokens) if cfg.auth_tokens else None
     server = grpc.aio.server(options=opts, interceptors=[DecodeGuard()] + ([auth] if auth else []))
     core = CloudCore(cfg)
@@ -194,15 +205,28 @@ async def serve(cfg: CloudConfig, ready: asyncio.Event | None = None) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """``--config``, ``--auth-tokens`` and a flag per ``CloudConfig`` field, sections included
     (``--engine.model``, ``--policy.min-mean-logprob``; ``coinfer.serving.settings``)."""
-    ap = argparse.ArgumentParser(prog="python -m coinfer.cloud.server",
-                                 description="coinfer cloud gRPC service (verify + refine on vLLM)")
-    ap.add_argument("--config", type=Path, help="TOML file ([cloud] table with CloudConfig fields; "
-                    "[cloud.engine], [cloud.limits], [cloud.policy] for the sections)")
-    ap.add_argument("--auth-tokens", type=Path, help='JSON file {"edge-id": "token", ...}; callers need '
-                    "'authorization: Bearer <token>' (health and reflection stay open)")
+    ap = argparse.ArgumentParser(
+        prog="python -m coinfer.cloud.server", description="coinfer cloud gRPC service (verify + refine on vLLM)"
+    )
+    ap.add_argument(
+        "--config",
+        type=Path,
+        help="TOML file ([cloud] table with CloudConfig fields; "
+        "[cloud.engine], [cloud.limits], [cloud.policy] for the sections)",
+    )
+    ap.add_argument(
+        "--auth-tokens",
+        type=Path,
+        help='JSON file {"edge-id": "token", ...}; callers need '
+        "'authorization: Bearer <token>' (health and reflection stay open)",
+    )
     settings.add_model_positional(ap, "--engine.model and --model")
-    ap.add_argument("--model", dest="model_alias", metavar="MODEL", help="the same as --engine.model (the edge "
-                    "daemon's name for its model)")
+    ap.add_argument(
+        "--model",
+        dest="model_alias",
+        metavar="MODEL",
+        help="the same as --engine.model (the edge daemon's name for its model)",
+    )
     ap.coinfer_settings = settings.add_flags(ap, CloudConfig, ENV_PREFIX)
     return ap
 
@@ -210,10 +234,20 @@ def build_parser() -> argparse.ArgumentParser:
 def load_config(ap: argparse.ArgumentParser, args: argparse.Namespace, env=None, secrets: bool = True) -> CloudConfig:
     """The parsed command line as a validated ``CloudConfig`` (``secrets``: read the token file)."""
     tokens = load_tokens(args.auth_tokens) if secrets and args.auth_tokens else None
-    model = settings.named_model(args, **{"--engine.model": getattr(args, "engine.model", None),
-                                          "--model": args.model_alias})
-    cfg = settings.load(CloudConfig, ENV_PREFIX, "cloud", args.config, env, ap.coinfer_settings, args,
-                        auth_tokens=tokens, engine={"model": model} if model else None)
+    model = settings.named_model(
+        args, **{"--engine.model": getattr(args, "engine.model", None), "--model": args.model_alias}
+    )
+    cfg = settings.load(
+        CloudConfig,
+        ENV_PREFIX,
+        "cloud",
+        args.config,
+        env,
+        ap.coinfer_settings,
+        args,
+        auth_tokens=tokens,
+        engine={"model": model} if model else None,
+    )
     if not cfg.engine.model:
         raise ValueError("MODEL: the target model directory is required, positional or --engine.model")
     cfg.validate()

@@ -60,14 +60,17 @@ class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
             ev.replica = self.replica
         return convert.event_to_pb(ev)
 
-    async def Session(self, request_iterator: AsyncIterator[pb.EdgeMessage],
-                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.CloudMessage]:
+    async def Session(
+        self, request_iterator: AsyncIterator[pb.EdgeMessage], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.CloudMessage]:
         try:
             try:  # a stream that never opens must not hold a connection and a handler forever
                 async with asyncio.timeout(self.core.cfg.limits.open_timeout_s):
                     first = await anext(aiter(request_iterator), None)
             except TimeoutError:
-                raise DeadlineExceeded(f"open: no SessionOpen within {self.core.cfg.limits.open_timeout_s:g} s") from None
+                raise DeadlineExceeded(
+                    f"open: no SessionOpen within {self.core.cfg.limits.open_timeout_s:g} s"
+                ) from None
             if first is None or first.WhichOneof("kind") != "open":
                 raise InvalidArgument("open: the first message of a session must be SessionOpen")
             req = await asyncio.to_thread(convert.open_from_pb, first.open)  # rule params: up to MiBs of Struct
@@ -87,12 +90,19 @@ class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
         except Exception as exc:  # noqa: BLE001 - mapped to a status, never crashes the server
             await abort(context, exc)
 
-    async def Generate(self, request: pb.GenerateRequest,
-                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.CloudMessage]:
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.CloudMessage]:
         try:
-            req = await asyncio.to_thread(convert.open_from_pb, pb.SessionOpen(
-                request_id=request.request_id, problem=request.problem, deadline_ms=request.deadline_ms,
-                refine=request.sampling if request.HasField("sampling") else None))
+            req = await asyncio.to_thread(
+                convert.open_from_pb,
+                pb.SessionOpen(
+                    request_id=request.request_id,
+                    problem=request.problem,
+                    deadline_ms=request.deadline_ms,
+                    refine=request.sampling if request.HasField("sampling") else None,
+                ),
+            )
             async for ev in self.core.generate(req, self._caller(context)):
                 yield self._out(ev)
         except Exception as exc:  # noqa: BLE001
@@ -103,8 +113,9 @@ class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
 
     async def Probe(self, request: pb.ProbeRequest, context: grpc.aio.ServicerContext) -> pb.ProbeResponse | bytes:
         if request.response_bytes > MAX_PROBE_BYTES:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"response_bytes: {request.response_bytes} > limit {MAX_PROBE_BYTES}")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"response_bytes: {request.response_bytes} > limit {MAX_PROBE_BYTES}"
+            )
         n, received = request.response_bytes, len(request.payload)
         if n <= 65536:
             return probe_answer(n, received)

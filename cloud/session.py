@@ -61,8 +61,13 @@ class Session(Judging, Answering):
             a = await self._answer_alone(out)
         if self.cfg.policy.learn_every:  # grading every draft only feeds the learner; parses client text: off the loop
             await asyncio.to_thread(self._outcome, ranked, a.text)
-        await out.put(self._summary(ranked, a, t.Timings(verify_ms, a.ttft_ms, (time.perf_counter() - t_ref) * 1e3,
-                                                         self._ms(), a.steps, a.generated)))
+        await out.put(
+            self._summary(
+                ranked,
+                a,
+                t.Timings(verify_ms, a.ttft_ms, (time.perf_counter() - t_ref) * 1e3, self._ms(), a.steps, a.generated),
+            )
+        )
 
     async def _chunk(self, out: asyncio.Queue, text: str, final: bool = False) -> None:
         """Stream ``text``; ``final``: every answer the session can still end on begins with what was
@@ -86,18 +91,36 @@ class Session(Judging, Answering):
 
     def _summary(self, ranked: Ranked, a: Answer, timings: t.Timings) -> t.Summary:
         rank_of = {j.draft.index: r for j, r, _ in ranked}
-        scores = [t.DraftScore(i, j.verdict.valid, j.verdict.score, rank_of.get(i, 0.0))
-                  for i, j in sorted(self.judged.items())]
-        trace = "; ".join(
-            f"Draft#{j.draft.index} " + (f"scored {j.verdict.score:.2f}, passed {','.join(j.verdict.rules_passed)}"
-                                         if j.verdict.valid else f"failed {j.verdict.failed_rule}: {j.verdict.error}")
-            for j in self.judged.values()) + f" | {a.note}"
+        scores = [
+            t.DraftScore(i, j.verdict.valid, j.verdict.score, rank_of.get(i, 0.0))
+            for i, j in sorted(self.judged.items())
+        ]
+        trace = (
+            "; ".join(
+                f"Draft#{j.draft.index} "
+                + (
+                    f"scored {j.verdict.score:.2f}, passed {','.join(j.verdict.rules_passed)}"
+                    if j.verdict.valid
+                    else f"failed {j.verdict.failed_rule}: {j.verdict.error}"
+                )
+                for j in self.judged.values()
+            )
+            + f" | {a.note}"
+        )
         return t.Summary(
-            answer=a.text, source=a.source, chosen_drafts=[j.draft.index for j in a.chosen], scores=scores,
-            timings=timings, trace=f"[THINKING_TRACE: {trace}]", answer_valid=a.valid,
-            recommended_drafts=self.recommended_drafts, request_id=self.req.request_id, refine_mode=a.mode,
+            answer=a.text,
+            source=a.source,
+            chosen_drafts=[j.draft.index for j in a.chosen],
+            scores=scores,
+            timings=timings,
+            trace=f"[THINKING_TRACE: {trace}]",
+            answer_valid=a.valid,
+            recommended_drafts=self.recommended_drafts,
+            request_id=self.req.request_id,
+            refine_mode=a.mode,
             fields=dict(a.parsed.fields) if a.parsed is not None and a.parsed.ok else {},
-            prompt_tokens=self.engine.count_tokens(self.prompt_text), answer_tokens=self.engine.count_tokens(a.text),
+            prompt_tokens=self.engine.count_tokens(self.prompt_text),
+            answer_tokens=self.engine.count_tokens(a.text),
             finish_reason=a.finish,
         )
 
@@ -108,7 +131,9 @@ class Session(Judging, Answering):
         ranked = self._ranked()
         if not ranked:
             return None
-        a = self._draft_answer(ranked[0][0], t.RefineMode.DEADLINE, "deadline reached: the best verified draft returned as is")
+        a = self._draft_answer(
+            ranked[0][0], t.RefineMode.DEADLINE, "deadline reached: the best verified draft returned as is"
+        )
         return self._summary(ranked, a, t.Timings(total_ms=self._ms()))
 
     def _advice(self) -> t.RetryAdvice:
@@ -121,7 +146,8 @@ class Session(Judging, Answering):
         # explore more each round: hotter, more diverse, a few more drafts
         base = t.SamplingParams()
         sampling = t.SamplingParams(
-            temperature=min(1.5, base.temperature + 0.3 * self.attempt), top_p=base.top_p,
+            temperature=min(1.5, base.temperature + 0.3 * self.attempt),
+            top_p=base.top_p,
             presence_penalty=min(2.0, base.presence_penalty + 0.2 * self.attempt),
             frequency_penalty=min(2.0, base.frequency_penalty + 0.1 * self.attempt),
             max_new_tokens=base.max_new_tokens,
@@ -154,8 +180,14 @@ class Session(Judging, Answering):
                 tk.cancel()
             await asyncio.gather(*round_tasks, return_exceptions=True)
 
-    async def _rounds(self, inbox: AsyncIterator[EdgeItem], out: asyncio.Queue, round_tasks: list[asyncio.Task],
-                      pending: dict, verify_and_emit) -> None:
+    async def _rounds(
+        self,
+        inbox: AsyncIterator[EdgeItem],
+        out: asyncio.Queue,
+        round_tasks: list[asyncio.Task],
+        pending: dict,
+        verify_and_emit,
+    ) -> None:
         lim = self.cfg.limits
         sent_in_round = 0
         async for item in inbox:
@@ -180,7 +212,12 @@ class Session(Judging, Answering):
             found = bool(self._ranked())
             if self.round_odds is not None:
                 self.round_odds.observe(self._kind, found)
-            if found or self.attempt >= self.cfg.policy.max_retries or budget_left < 1 or not self._another_round_pays():
+            if (
+                found
+                or self.attempt >= self.cfg.policy.max_retries
+                or budget_left < 1
+                or not self._another_round_pays()
+            ):
                 await self._finish(out, verify_ms)
                 return
             self.attempt += 1
@@ -202,8 +239,13 @@ class Session(Judging, Answering):
                 best = self._at_deadline()
                 if best is not None:  # what was streamed of an unfinished refinement is not the answer
                     await self._replace_streamed(out, best.answer, "deadline: the best verified draft, as is")
-                await out.put(best if best is not None else DeadlineExceeded(
-                    f"deadline_ms: session exceeded its {self.deadline_s * 1e3:.0f} ms deadline with no verified draft"))
+                await out.put(
+                    best
+                    if best is not None
+                    else DeadlineExceeded(
+                        f"deadline_ms: session exceeded its {self.deadline_s * 1e3:.0f} ms deadline with no verified draft"
+                    )
+                )
                 if best is not None:
                     await out.put(_END)
             except BaseException as exc:  # hand every failure to the reader below

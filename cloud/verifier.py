@@ -33,8 +33,10 @@ JUDGE_MAX_TOKENS = 96
 
 
 def judge_prompt(problem: str, draft: str) -> str:
-    return (f"You are a strict verifier. Problem:\n{problem.strip()}\nProposed solution:\n{draft.strip()}\n"
-            'Reply with JSON {"valid": true|false, "score": 0..1, "error": "<first wrong step or empty>"}.\n')
+    return (
+        f"You are a strict verifier. Problem:\n{problem.strip()}\nProposed solution:\n{draft.strip()}\n"
+        'Reply with JSON {"valid": true|false, "score": 0..1, "error": "<first wrong step or empty>"}.\n'
+    )
 
 
 def parse_judge(text: str) -> tuple[bool, float, str]:

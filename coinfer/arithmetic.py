@@ -30,11 +30,18 @@ def _tokens(text: str) -> tuple[list[str | Fraction], list[int]]:
         ch = text[i]
         if ch.isascii() and ch.isdigit():
             j = i
-            while j < n and (text[j].isascii() and text[j].isdigit() or
-                             (text[j] == "," and text[j + 1:j + 4].isdigit() and len(text[j + 1:j + 4]) == 3
-                              and not text[j + 4:j + 5].isdigit())):
+            while j < n and (
+                text[j].isascii()
+                and text[j].isdigit()
+                or (
+                    text[j] == ","
+                    and text[j + 1 : j + 4].isdigit()
+                    and len(text[j + 1 : j + 4]) == 3
+                    and not text[j + 4 : j + 5].isdigit()
+                )
+            ):
                 j += 4 if text[j] == "," else 1
-            if text[j:j + 1] == "." and text[j + 1:j + 2].isdigit():
+            if text[j : j + 1] == "." and text[j + 1 : j + 2].isdigit():
                 j += 1
                 while j < n and text[j].isascii() and text[j].isdigit():
                     j += 1
@@ -94,7 +101,7 @@ def _equations(text: str) -> list[tuple[str, Fraction, Fraction | None, int]]:
     for k, tok in enumerate(toks):
         if tok != "=":
             continue
-        after = toks[k + 1: k + 3]
+        after = toks[k + 1 : k + 3]
         if after and isinstance(after[0], Fraction):
             result = after[0]
         elif len(after) == 2 and after[0] == "-" and isinstance(after[1], Fraction):

@@ -38,7 +38,9 @@ PLAIN_FORMAT = "plain: '<system>\\n\\nUser: ...\\nAssistant: ...\\n...Assistant:
 # candidates; the target writes the final answer. ``{question}`` is the last user turn,
 # ``{candidates}`` the drafts, each formatted with CANDIDATE_FORMAT and joined by a newline.
 # The demo target is trained on exactly this format (demo/train.py).
-REFINE_TEMPLATE = "{question}\n\nCandidate solutions (they may contain mistakes):\n{candidates}\nWrite the correct solution."
+REFINE_TEMPLATE = (
+    "{question}\n\nCandidate solutions (they may contain mistakes):\n{candidates}\nWrite the correct solution."
+)
 CANDIDATE_FORMAT = "({n}) {text}"
 
 
@@ -59,8 +61,11 @@ def validate_messages(messages: Sequence[ChatMessage], field: str = "messages", 
         require(m.role in ROLES, f"{field}[{i}].role", f"must be one of {', '.join(ROLES)}, got {m.role!r}")
         require(isinstance(m.content, str), f"{field}[{i}].content", "must be a string")
         total += len(m.content)
-    require(messages[-1].role == "user", f"{field}[{len(messages) - 1}].role",
-            f"the last message must be the user's, got {messages[-1].role!r}")
+    require(
+        messages[-1].role == "user",
+        f"{field}[{len(messages) - 1}].role",
+        f"the last message must be the user's, got {messages[-1].role!r}",
+    )
     require(messages[-1].content.strip() != "", f"{field}[{len(messages) - 1}].content", "required")
     require(total <= max_chars, field, f"{total} chars > limit {max_chars}")
 
@@ -85,8 +90,9 @@ def with_question(messages: Sequence[ChatMessage], question: str) -> list[ChatMe
     return out
 
 
-def refine_question(question: str, drafts: Sequence[str], template: str = REFINE_TEMPLATE,
-                    candidate: str = CANDIDATE_FORMAT) -> str:
+def refine_question(
+    question: str, drafts: Sequence[str], template: str = REFINE_TEMPLATE, candidate: str = CANDIDATE_FORMAT
+) -> str:
     """The refinement's user turn: ``question`` plus ``drafts`` as numbered candidates."""
     cands = "\n".join(candidate.format(n=i + 1, text=d.strip()) for i, d in enumerate(drafts))
     return template.format(question=question.strip(), candidates=cands)
@@ -146,7 +152,10 @@ class ChatFormat:
             return plain(messages, add_generation_prompt)
         return _compile(self.template).render(
             messages=[{"role": m.role, "content": m.content} for m in messages],
-            add_generation_prompt=add_generation_prompt, bos_token=self.bos_token, eos_token=self.eos_token)
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+        )
 
 
 def plain(messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> str:

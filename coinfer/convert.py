@@ -25,8 +25,14 @@ from coinfer.v1 import coinfer_pb2 as pb
 
 T = TypeVar("T")
 
-_EVENT_FIELD = {t.SessionAccepted: "accepted", t.Verdict: "verdict", t.AnswerChunk: "chunk",
-                t.Summary: "summary", t.RetryAdvice: "retry", t.AnswerReset: "reset"}
+_EVENT_FIELD = {
+    t.SessionAccepted: "accepted",
+    t.Verdict: "verdict",
+    t.AnswerChunk: "chunk",
+    t.Summary: "summary",
+    t.RetryAdvice: "retry",
+    t.AnswerReset: "reset",
+}
 
 
 def to_pb(obj: Any, msg_cls: type) -> Any:
@@ -110,6 +116,7 @@ _ZERO_MEANS_DEFAULT = {"top_p": 1.0, "max_new_tokens": t.SamplingParams.max_new_
 def struct_to_dict(s: struct_pb2.Struct) -> dict[str, Any]:
     """A Struct as Python values. Not json_format.MessageToDict: that raises ValueError on NaN and inf,
     which any peer can put in a Struct (the receiver's validation refuses them, naming the field)."""
+
     def value(v: struct_pb2.Value) -> Any:
         kind = v.WhichOneof("kind")
         if kind == "struct_value":
@@ -185,23 +192,33 @@ def event_from_pb(msg: pb.CloudMessage) -> t.CloudEvent:
 def open_from_pb(msg: pb.SessionOpen) -> t.OpenRequest:
     p = msg.problem
     return t.OpenRequest(
-        request_id=msg.request_id, task=p.task, prompt=p.prompt, rules=[rule_from_pb(r) for r in p.rules],
+        request_id=msg.request_id,
+        task=p.task,
+        prompt=p.prompt,
+        rules=[rule_from_pb(r) for r in p.rules],
         refine=from_pb(msg.refine, t.SamplingParams) if msg.HasField("refine") else None,
-        expected_drafts=msg.expected_drafts, deadline_ms=msg.deadline_ms,
+        expected_drafts=msg.expected_drafts,
+        deadline_ms=msg.deadline_ms,
         messages=[ChatMessage(m.role, m.content) for m in p.messages],
         extraction=extraction_from_pb(p.extraction),
     )
 
 
 def problem_to_pb(req: t.OpenRequest) -> pb.Problem:
-    return pb.Problem(task=req.task, prompt=req.prompt, rules=[rule_to_pb(r) for r in req.rules],
-                      messages=[pb.ChatMessage(role=m.role, content=m.content) for m in req.messages],
-                      extraction=extraction_to_pb(req.extraction))
+    return pb.Problem(
+        task=req.task,
+        prompt=req.prompt,
+        rules=[rule_to_pb(r) for r in req.rules],
+        messages=[pb.ChatMessage(role=m.role, content=m.content) for m in req.messages],
+        extraction=extraction_to_pb(req.extraction),
+    )
 
 
 def open_to_pb(req: t.OpenRequest) -> pb.SessionOpen:
     msg = pb.SessionOpen(
-        request_id=req.request_id, expected_drafts=req.expected_drafts, deadline_ms=req.deadline_ms,
+        request_id=req.request_id,
+        expected_drafts=req.expected_drafts,
+        deadline_ms=req.deadline_ms,
         problem=problem_to_pb(req),
     )
     if req.refine is not None:

@@ -86,8 +86,9 @@ def status_of(exc: CoinferError) -> grpc.Status:
     from google.rpc import error_details_pb2, status_pb2
     from grpc_status import rpc_status
 
-    info = error_details_pb2.ErrorInfo(reason=exc.reason.value, domain=DOMAIN,
-                                       metadata={"field": exc.field} if exc.field else {})
+    info = error_details_pb2.ErrorInfo(
+        reason=exc.reason.value, domain=DOMAIN, metadata={"field": exc.field} if exc.field else {}
+    )
     status = status_pb2.Status(code=exc.code.value[0], message=exc.message)
     status.details.add().Pack(info)
     return rpc_status.to_status(status)

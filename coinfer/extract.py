@@ -48,6 +48,8 @@ _LONG_NUMBER = re.compile(rf"\d{{{MAX_DIGITS + 1}}}")
 def long_number(text: str) -> bool:
     """Whether ``text`` has a run of more than ``MAX_DIGITS`` digits."""
     return _LONG_NUMBER.search(text) is not None
+
+
 MAX_JSON_DEPTH = 16
 """Deepest JSON an extraction accepts: its fields go through recursive code (rules, JSON Schema, the
 wire's Struct, which protobuf parses at most 100 messages deep), and a draft of 2,000 brackets would
@@ -83,10 +85,10 @@ def number(text: str) -> int | float | None:
     if j == i:
         return None
     raw = s[:j]
-    while s[j:j + 1] == "," and _digits_end(s, j + 1) == j + 4:  # thousands separators
-        raw += s[j + 1:j + 4]
+    while s[j : j + 1] == "," and _digits_end(s, j + 1) == j + 4:  # thousands separators
+        raw += s[j + 1 : j + 4]
         j += 4
-    if s[j:j + 1] == "." and s[j + 1:j + 2] in _DIGITS:
+    if s[j : j + 1] == "." and s[j + 1 : j + 2] in _DIGITS:
         k = _digits_end(s, j + 1)
         if k - i > MAX_DIGITS:
             return None
@@ -107,8 +109,12 @@ def is_placeholder(value: Any) -> bool:
     v = value.strip()
     if v.lower() in PLACEHOLDERS:
         return True
-    return len(v) <= 40 and len(v) >= 3 and v[0] + v[-1] in ("<>", "[]", "{}") and \
-        v[1:-1].replace("_", " ").replace("-", " ").replace(" ", "").isalpha()
+    return (
+        len(v) <= 40
+        and len(v) >= 3
+        and v[0] + v[-1] in ("<>", "[]", "{}")
+        and v[1:-1].replace("_", " ").replace("-", " ").replace(" ", "").isalpha()
+    )
 
 
 def _answer(text: str) -> dict[str, Any]:
@@ -135,7 +141,7 @@ def _boxed(text: str) -> str | None:
             if boxed and (last is None or start > last[0]):
                 last = (start, i)
         i += 1
-    return text[last[0]:last[1]] if last else None
+    return text[last[0] : last[1]] if last else None
 
 
 def json_shape(value: Any, max_nodes: int = 1 << 16) -> tuple[int, int]:
@@ -163,8 +169,9 @@ def _no_constant(name: str) -> float:
 
 
 # numbers as JSON defines them: a long integer is a double (int() refuses 4,300 digits), NaN and inf are not numbers
-_DECODER = json.JSONDecoder(parse_int=lambda d: int(d) if len(d) <= MAX_DIGITS else _finite(d), parse_float=_finite,
-                            parse_constant=_no_constant)
+_DECODER = json.JSONDecoder(
+    parse_int=lambda d: int(d) if len(d) <= MAX_DIGITS else _finite(d), parse_float=_finite, parse_constant=_no_constant
+)
 
 
 def _json_object(text: str) -> Any:
@@ -199,12 +206,14 @@ class Extraction:
     """marker: the marker text; empty = ``Answer:``."""
 
     def validate(self, field: str = "extraction") -> None:
-        require(self.kind in KINDS + ("",), f"{field}.kind",
-                f"unknown extraction {self.kind!r} (known: {', '.join(KINDS)})")
+        require(
+            self.kind in KINDS + ("",), f"{field}.kind", f"unknown extraction {self.kind!r} (known: {', '.join(KINDS)})"
+        )
         require(len(self.marker) <= MAX_MARKER, f"{field}.marker", f"at most {MAX_MARKER} chars")
         if self.kind == "regex":
-            require(0 < len(self.pattern) <= MAX_PATTERN, f"{field}.pattern",
-                    f"required string of 1..{MAX_PATTERN} chars")
+            require(
+                0 < len(self.pattern) <= MAX_PATTERN, f"{field}.pattern", f"required string of 1..{MAX_PATTERN} chars"
+            )
             self.compiled(f"{field}.pattern")
 
     def compiled(self, field: str = "extraction.pattern") -> regex.Pattern:
@@ -234,7 +243,7 @@ class Extraction:
             at = clean.rfind(marker)
             if at < 0:
                 return Parsed({}, f"parse_error: no {marker!r} marker found{empty or ' (truncated?)'}")
-            line = clean[at + len(marker):].split("\n", 1)[0]
+            line = clean[at + len(marker) :].split("\n", 1)[0]
             if not line.strip():
                 return Parsed({}, f"parse_error: nothing after {marker!r}")
             return Parsed(_answer(line))

@@ -59,8 +59,11 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 def write_manifest(model_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     """Hash every regular file of ``model_dir`` and write ``manifest.json`` beside them."""
-    files = {p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-             for p in sorted(model_dir.iterdir()) if p.is_file() and p.name != MANIFEST}
+    files = {
+        p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+        for p in sorted(model_dir.iterdir())
+        if p.is_file() and p.name != MANIFEST
+    }
     manifest = {"format": FORMAT, "version": VERSION, **meta, "files": files}
     (model_dir / MANIFEST).write_text(json.dumps(manifest, indent=2))
     return manifest
@@ -72,8 +75,9 @@ def verify_manifest(model_dir: Path, allow_unverified: bool = False) -> dict[str
     if not path.is_file():
         if allow_unverified:
             return None
-        raise ManifestError(f"{path}: missing; refusing an unverified model (allow unverified models explicitly "
-                            "to load it anyway)")
+        raise ManifestError(
+            f"{path}: missing; refusing an unverified model (allow unverified models explicitly to load it anyway)"
+        )
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
         schema = Manifest.model_validate(manifest)
@@ -94,8 +98,10 @@ def verify_manifest(model_dir: Path, allow_unverified: bool = False) -> dict[str
             raise ManifestError(f"{f}: sha256 mismatch with the manifest (tampered or corrupt)")
     checks = manifest.get("checks") or {}
     if checks.get("passed") is False and not allow_unverified:
-        raise ManifestError(f"{path}: this model failed its build checks ({_first_failure(checks)}); "
-                            "allow unverified models explicitly to load it anyway")
+        raise ManifestError(
+            f"{path}: this model failed its build checks ({_first_failure(checks)}); "
+            "allow unverified models explicitly to load it anyway"
+        )
     return manifest
 
 

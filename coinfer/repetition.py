@@ -50,13 +50,17 @@ def repetition_error(text: str) -> str:
     if len(words) >= MIN_WORDS:
         share, top, n = _repeated(words)
         if share >= MAX_REPEATED_SHARE:
-            return (f"repetition: {share:.0%} of the text's {NGRAM}-word sequences occur "
-                    f"{MIN_REPEATS}+ times (e.g. {' '.join(top)[:60]!r} x{n})")
+            return (
+                f"repetition: {share:.0%} of the text's {NGRAM}-word sequences occur "
+                f"{MIN_REPEATS}+ times (e.g. {' '.join(top)[:60]!r} x{n})"
+            )
     if len(words) > TAIL_WORDS:
         share, top, n = _repeated(words[-TAIL_WORDS:])
         if share >= MAX_REPEATED_SHARE:
-            return (f"repetition: the text ends in a loop ({share:.0%} of its last {TAIL_WORDS} words' "
-                    f"{NGRAM}-word sequences occur {MIN_REPEATS}+ times, e.g. {' '.join(top)[:60]!r} x{n})")
+            return (
+                f"repetition: the text ends in a loop ({share:.0%} of its last {TAIL_WORDS} words' "
+                f"{NGRAM}-word sequences occur {MIN_REPEATS}+ times, e.g. {' '.join(top)[:60]!r} x{n})"
+            )
     raw = text.encode("utf-8", "surrogatepass")
     if len(raw) >= MIN_COMPRESSION_BYTES:
         ratio = len(zlib.compress(raw, 6)) / len(raw)

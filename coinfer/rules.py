@@ -82,8 +82,11 @@ def _num(params: Mapping[str, Any], key: str, where: str) -> float | None:
     v = params.get(key)
     if v is None:
         return None
-    require(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v), f"{where}.{key}",
-            f"must be a finite number, got {v!r}")
+    require(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+        f"{where}.{key}",
+        f"must be a finite number, got {v!r}",
+    )
     return float(v)
 
 
@@ -100,6 +103,7 @@ _schema_deadline: contextvars.ContextVar[float] = contextvars.ContextVar("schema
 
 def _timed(keyword: Any) -> Any:
     """A keyword's check behind the budget's clock: every nested check passes through one."""
+
     def check(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
         if time.perf_counter() > _schema_deadline.get():
             raise _SchemaTimeout
@@ -156,7 +160,9 @@ def _objects(value: Any) -> Iterator[Mapping]:
     level = [value]
     while level:
         yield from (v for v in level if isinstance(v, Mapping))
-        level = [x for v in level if isinstance(v, (Mapping, list)) for x in (v.values() if isinstance(v, Mapping) else v)]
+        level = [
+            x for v in level if isinstance(v, (Mapping, list)) for x in (v.values() if isinstance(v, Mapping) else v)
+        ]
 
 
 class _Rule:
@@ -177,6 +183,7 @@ def _kind(name: str):
     def register(cls: type[_Rule]) -> type[_Rule]:
         _KINDS[name] = cls
         return cls
+
     return register
 
 
@@ -210,8 +217,11 @@ class _Regex(_Rule):
     def __init__(self, rule: Rule, task: Task, spec: dict[str, Any], w: str) -> None:
         super().__init__(rule, task, spec, w)
         pattern = rule.params.get("pattern")
-        require(isinstance(pattern, str) and 0 < len(pattern) <= MAX_PATTERN, f"{w}.pattern",
-                f"required string of 1..{MAX_PATTERN} chars")
+        require(
+            isinstance(pattern, str) and 0 < len(pattern) <= MAX_PATTERN,
+            f"{w}.pattern",
+            f"required string of 1..{MAX_PATTERN} chars",
+        )
         try:
             self.regex = userregex.compile(pattern)
         except regex.error as exc:
@@ -239,8 +249,11 @@ class _TaskCheck(_Rule):
     def __init__(self, rule: Rule, task: Task, spec: dict[str, Any], w: str) -> None:
         super().__init__(rule, task, spec, w)
         check = rule.params.get("check")
-        require(check in task.checkers, f"{w}.check",
-                f"unknown checker {check!r} for task {task.name} (known: {', '.join(task.checkers)})")
+        require(
+            check in task.checkers,
+            f"{w}.check",
+            f"unknown checker {check!r} for task {task.name} (known: {', '.join(task.checkers)})",
+        )
         self.check_name = check
 
     def __call__(self, text: str, parsed: Parsed) -> str:
@@ -253,8 +266,11 @@ class _JsonSchema(_Rule):
         super().__init__(rule, task, spec, w)
         schema = rule.params.get("schema")
         require(isinstance(schema, Mapping), f"{w}.schema", "required object")
-        require(not any("patternProperties" in o for o in _objects(schema)), f"{w}.schema",
-                "patternProperties is not supported (its regexes would run without a time budget)")
+        require(
+            not any("patternProperties" in o for o in _objects(schema)),
+            f"{w}.schema",
+            "patternProperties is not supported (its regexes would run without a time budget)",
+        )
         cls = jsonschema.validators.validator_for(schema)
         # cls.check_schema, with the metaschema's keywords timed
         meta = _bounded(jsonschema.validators.validator_for(cls.META_SCHEMA, default=cls))
@@ -266,8 +282,9 @@ class _JsonSchema(_Rule):
                 if isinstance(o.get("pattern"), str):
                     userregex.compile(o["pattern"])
         except (_SchemaTimeout, userregex.RegexTimeout):
-            raise InvalidArgument(f"{w}.schema: too large: checking it took over "
-                                  f"{SCHEMA_BUDGET_S * 1e3:.0f} ms") from None
+            raise InvalidArgument(
+                f"{w}.schema: too large: checking it took over {SCHEMA_BUDGET_S * 1e3:.0f} ms"
+            ) from None
         except regex.error as exc:
             raise InvalidArgument(f"{w}.schema: invalid pattern: {exc}") from None
         self.validator = _bounded(cls)(schema)
@@ -372,8 +389,11 @@ def compile_rule(rule: Rule, task: Task, spec: dict[str, Any], where: str) -> _R
         raise InvalidArgument(f"{where}.kind: unknown rule kind {rule.kind!r} (known: {', '.join(RULE_KINDS)})")
     w = f"{where}.params"
     depth, nodes = json_shape(dict(rule.params), MAX_PARAMS_NODES)
-    require(depth <= MAX_PARAMS_DEPTH and nodes <= MAX_PARAMS_NODES, w,
-            f"at most {MAX_PARAMS_NODES} values nested at most {MAX_PARAMS_DEPTH} levels deep")
+    require(
+        depth <= MAX_PARAMS_DEPTH and nodes <= MAX_PARAMS_NODES,
+        w,
+        f"at most {MAX_PARAMS_NODES} values nested at most {MAX_PARAMS_DEPTH} levels deep",
+    )
     return _KINDS[rule.kind](rule, task, spec, w)
 
 
@@ -388,8 +408,14 @@ def _jsonable(v: Any) -> Any:
 class RuleSet:
     """The compiled rules of one request, bound to its task and problem spec."""
 
-    def __init__(self, rules: Sequence[Rule], task: Task, spec: dict[str, Any], where: str = "problem.rules",
-                 extraction: Extraction | None = None) -> None:
+    def __init__(
+        self,
+        rules: Sequence[Rule],
+        task: Task,
+        spec: dict[str, Any],
+        where: str = "problem.rules",
+        extraction: Extraction | None = None,
+    ) -> None:
         self.exact = not rules and bool(task.name)
         """The preset's own checkers are in force (the request named no rules of its own): they grade an
         answer exactly against the problem (``Task.default_rules``), so an answer that passes them is right."""

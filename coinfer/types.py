@@ -114,10 +114,16 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
             require(-2.0 <= v <= 2.0, f"{field}.{name}", f"must be in [-2, 2], got {v:g}")
-        require(1 <= self.max_new_tokens <= max_new_tokens, f"{field}.max_new_tokens",
-                f"must be in 1..{max_new_tokens}, got {self.max_new_tokens}")
-        require(len(self.stop) <= 8 and all(isinstance(x, str) and 0 < len(x) <= 64 for x in self.stop),
-                f"{field}.stop", "at most 8 strings of 1..64 chars")
+        require(
+            1 <= self.max_new_tokens <= max_new_tokens,
+            f"{field}.max_new_tokens",
+            f"must be in 1..{max_new_tokens}, got {self.max_new_tokens}",
+        )
+        require(
+            len(self.stop) <= 8 and all(isinstance(x, str) and 0 < len(x) <= 64 for x in self.stop),
+            f"{field}.stop",
+            "at most 8 strings of 1..64 chars",
+        )
 
 
 @dataclass

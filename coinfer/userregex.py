@@ -37,8 +37,9 @@ def compile(pattern: str) -> regex.Pattern:  # noqa: A001 - the module's own ver
     """Compile a client pattern (``regex.error`` if invalid or too large to compile quickly)."""
     size = expanded_size(pattern)
     if size > MAX_EXPANDED:
-        raise regex.error(f"pattern expands to about {size} elements (counted repeats multiplied out); "
-                          f"the limit is {MAX_EXPANDED}")
+        raise regex.error(
+            f"pattern expands to about {size} elements (counted repeats multiplied out); the limit is {MAX_EXPANDED}"
+        )
     return regex.compile(pattern)
 
 
@@ -51,7 +52,7 @@ def _repeat(pattern: str, i: int) -> tuple[int, int] | None:
     j, n = i + 1, len(pattern)
     while j < n and pattern[j].isdigit():
         j += 1
-    lo = pattern[i + 1:j]
+    lo = pattern[i + 1 : j]
     if j < n and pattern[j] == ",":
         j += 1
         while j < n and pattern[j].isdigit():

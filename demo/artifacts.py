@@ -49,8 +49,12 @@ class DemoArtifacts:
             calib, gated = self.models.root / "calibration.jsonl", self.models.root / "gate-prompts.jsonl"
             write_prompts(calib, held_out=False)
             write_prompts(gated, held_out=True, seed=2)
-            int8_dir(self.draft_onnx, out, QuantConfig(scheme="static"),
-                     BuildOptions(calibration_file=calib, gate_prompts=gated))
+            int8_dir(
+                self.draft_onnx,
+                out,
+                QuantConfig(scheme="static"),
+                BuildOptions(calibration_file=calib, gate_prompts=gated),
+            )
         return out
 
 

@@ -19,8 +19,14 @@ class Asked:
     finish: str | None
 
 
-async def ask(client, messages: list[dict], coinfer: dict, stream: bool = False, max_tokens: int | None = None,
-              model: str = "coinfer-edge") -> Asked:
+async def ask(
+    client,
+    messages: list[dict],
+    coinfer: dict,
+    stream: bool = False,
+    max_tokens: int | None = None,
+    model: str = "coinfer-edge",
+) -> Asked:
     """``messages`` with ``coinfer`` as the request's ``coinfer`` extension (plan, rules, ...)."""
     kw: dict = {"model": model, "messages": messages, "extra_body": {"coinfer": coinfer}}
     if max_tokens is not None:
@@ -28,8 +34,13 @@ async def ask(client, messages: list[dict], coinfer: dict, stream: bool = False,
     t0 = time.perf_counter()
     if not stream:
         r = await client.chat.completions.create(**kw)
-        return Asked((time.perf_counter() - t0) * 1e3, 0.0, r.model_extra["coinfer"], r.choices[0].message.content,
-                     r.choices[0].finish_reason)
+        return Asked(
+            (time.perf_counter() - t0) * 1e3,
+            0.0,
+            r.model_extra["coinfer"],
+            r.choices[0].message.content,
+            r.choices[0].finish_reason,
+        )
     text, info, finish, ttft = "", {}, None, 0.0
     async for c in await client.chat.completions.create(stream=True, **kw):
         if c.choices:

@@ -28,20 +28,27 @@ from coinfer.demo import tokenizer as bpe
 from coinfer.demo.train import SHIPPED, WORDS, Item, Recipe, grade, sample_item
 
 
-def _generate(model, tok, prompts: list[str], max_new_tokens: int, temperature: float = 0.0,
-              n: int = 1, chunk: int = 64) -> list[list[str]]:
+def _generate(
+    model, tok, prompts: list[str], max_new_tokens: int, temperature: float = 0.0, n: int = 1, chunk: int = 64
+) -> list[list[str]]:
     """Completions (``n`` each) of chat-rendered ``prompts``, batched by length."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     out: list[list[str]] = [[] for _ in prompts]
     gen = dict(do_sample=True, temperature=temperature, top_k=0) if temperature > 0 else dict(do_sample=False)
     for s in range(0, len(order), chunk):
-        idx = order[s: s + chunk]
+        idx = order[s : s + chunk]
         enc = tok([prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False)
-        rows = model.generate(**enc, max_new_tokens=max_new_tokens, num_return_sequences=n,
-                              pad_token_id=bpe.PAD_ID, eos_token_id=bpe.EOS_ID, **gen)
-        rows = rows[:, enc["input_ids"].shape[1]:]
+        rows = model.generate(
+            **enc,
+            max_new_tokens=max_new_tokens,
+            num_return_sequences=n,
+            pad_token_id=bpe.PAD_ID,
+            eos_token_id=bpe.EOS_ID,
+            **gen,
+        )
+        rows = rows[:, enc["input_ids"].shape[1] :]
         for j, i in enumerate(idx):
-            out[i] = [tok.decode(r, skip_special_tokens=True) for r in rows[j * n: (j + 1) * n]]
+            out[i] = [tok.decode(r, skip_special_tokens=True) for r in rows[j * n : (j + 1) * n]]
     return out
 
 
@@ -77,20 +84,38 @@ def accuracy(model_dir: Path, recipe: Recipe, n: int | None = None, temperature:
 
 
 @torch.no_grad()
-def refine_accuracy(draft_dir: Path, target_dir: Path, recipe: Recipe, n: int | None = None, k: int = 3,
-                    temperature: float = 0.7, seed: int = 4321) -> dict:
+def refine_accuracy(
+    draft_dir: Path,
+    target_dir: Path,
+    recipe: Recipe,
+    n: int | None = None,
+    k: int = 3,
+    temperature: float = 0.7,
+    seed: int = 4321,
+) -> dict:
     """The target on held-out word problems, alone (greedy) and refining ``k`` sampled drafts of the
     draft model (the cloud's refinement prompt), on the same problems."""
     items = held_out_items(recipe, n or recipe.refine_eval, seed, tasks=(WORDS,))
     torch.manual_seed(seed)
     dtok, dfmt, dmodel = _load(draft_dir)
-    drafts = _generate(dmodel, dtok, [dfmt.render([ChatMessage("user", it.question)]) for it in items],
-                       MAX_NEW_TOKENS, temperature, n=k)
+    drafts = _generate(
+        dmodel,
+        dtok,
+        [dfmt.render([ChatMessage("user", it.question)]) for it in items],
+        MAX_NEW_TOKENS,
+        temperature,
+        n=k,
+    )
     del dmodel
     ttok, tfmt, tmodel = _load(target_dir)
     alone = _generate(tmodel, ttok, [tfmt.render([ChatMessage("user", it.question)]) for it in items], MAX_NEW_TOKENS)
-    refined = _generate(tmodel, ttok, [tfmt.render([ChatMessage("user", refine_question(it.question, d))])
-                                       for it, d in zip(items, drafts)], MAX_NEW_TOKENS, chunk=32)
+    refined = _generate(
+        tmodel,
+        ttok,
+        [tfmt.render([ChatMessage("user", refine_question(it.question, d))]) for it, d in zip(items, drafts)],
+        MAX_NEW_TOKENS,
+        chunk=32,
+    )
 
     # as the cloud does it: only drafts that pass the rules (marker extraction, every equation right)
     # and the likelihood threshold are candidates (the best 2 by mean logprob); none: the target alone.
@@ -99,8 +124,13 @@ def refine_accuracy(draft_dir: Path, target_dir: Path, recipe: Recipe, n: int | 
     rules = _rules()
     chosen = [_verified(tmodel, ttok, tfmt, it, d, rules) for it, d in zip(items, drafts)]
     todo = [i for i, c in enumerate(chosen) if c]
-    via = _generate(tmodel, ttok, [tfmt.render([ChatMessage("user", refine_question(items[i].question, chosen[i]))])
-                                   for i in todo], MAX_NEW_TOKENS, chunk=32)
+    via = _generate(
+        tmodel,
+        ttok,
+        [tfmt.render([ChatMessage("user", refine_question(items[i].question, chosen[i]))]) for i in todo],
+        MAX_NEW_TOKENS,
+        chunk=32,
+    )
     verified, raw = [t[0] for t in alone], [t[0] for t in alone]
     for i, (t,) in zip(todo, via):
         raw[i] = t
@@ -118,9 +148,10 @@ def refine_accuracy(draft_dir: Path, target_dir: Path, recipe: Recipe, n: int | 
         "target_greedy": rate([grade(it, t[0]) for it, t in zip(items, alone)]),
         "draft_sample": rate([grade(it, x) for it, d in zip(items, drafts) for x in d]),
         "draft_any_of_k": rate([any(grade(it, x) for x in d) for it, d in zip(items, drafts)]),
-        "n": len(items), "k": k, "draft_temperature": temperature,
+        "n": len(items),
+        "k": k,
+        "draft_temperature": temperature,
     }
-
 
 
 def cloud_answer(refinement: str, candidates: list[str], rules) -> str:
@@ -149,8 +180,9 @@ def _verified(model, tok, fmt: ChatFormat, item: Item, drafts: list[str], rules,
     for d in dict.fromkeys(x.strip() for x in drafts):
         if not d or not rules.check(d)[0].valid:
             continue
-        enc = tok(prompt + d + tok.eos_token, return_offsets_mapping=True, add_special_tokens=False,
-                  return_tensors="pt")
+        enc = tok(
+            prompt + d + tok.eos_token, return_offsets_mapping=True, add_special_tokens=False, return_tensors="pt"
+        )
         start = next(i for i, (_, end) in enumerate(enc["offset_mapping"][0].tolist()) if end > len(prompt))
         ids = enc["input_ids"]
         logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
@@ -166,7 +198,9 @@ def goals(ev: dict) -> dict[str, bool]:
     out = {f"target >= draft + 0.20 on {t}": tg[t] >= d[t] + 0.20 for t in Recipe().tasks}
     out["target >= 0.60 on words"] = tg[WORDS] >= 0.60
     out["draft <= 0.60 on words"] = d[WORDS] <= 0.60
-    out["refine (verified candidates, as the cloud) >= target alone"] = r["refine_verified_accuracy"] >= r["target_greedy"]
+    out["refine (verified candidates, as the cloud) >= target alone"] = (
+        r["refine_verified_accuracy"] >= r["target_greedy"]
+    )
     return out
 
 

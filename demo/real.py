@@ -36,8 +36,10 @@ QUESTIONS = [
     [{"role": "user", "content": "What is the capital of France? Answer in one word."}],
     [{"role": "user", "content": "Explain why the sky is blue."}],
     [{"role": "user", "content": "Write a haiku about autumn."}],
-    [{"role": "system", "content": "You are a friendly chef."},
-     {"role": "user", "content": "What is your favourite food?"}],
+    [
+        {"role": "system", "content": "You are a friendly chef."},
+        {"role": "user", "content": "What is your favourite food?"},
+    ],
 ]
 
 
@@ -62,8 +64,9 @@ async def real_stack(policy=None):
     srv = await create_server(cfg)
     engine = await VllmEngine(cfg.engine).start()
     await srv.attach_engine(engine)
-    daemon = await EdgeDaemon(EdgeConfig(model=str(int8), cloud=f"127.0.0.1:{srv.port}", grpc_port=0,
-                                         http_port=0)).start()
+    daemon = await EdgeDaemon(
+        EdgeConfig(model=str(int8), cloud=f"127.0.0.1:{srv.port}", grpc_port=0, http_port=0)
+    ).start()
     try:
         yield engine, daemon
     finally:
@@ -71,8 +74,9 @@ async def real_stack(policy=None):
         await srv.stop(grace=1.0)
 
 
-async def run(plans: list[str], max_tokens: int, plain: bool = False, deadline_ms: int = 0,
-              stream: bool = False) -> int:
+async def run(
+    plans: list[str], max_tokens: int, plain: bool = False, deadline_ms: int = 0, stream: bool = False
+) -> int:
     from openai import AsyncOpenAI
 
     from coinfer.chat import ChatMessage
@@ -89,13 +93,23 @@ async def run(plans: list[str], max_tokens: int, plain: bool = False, deadline_m
                 t1 = time.perf_counter()
                 conv = [ChatMessage(m["role"], m["content"]) for m in messages]
                 budget = max_tokens or PolicyConfig().refine_max_tokens  # unset: the cloud plan's own budget
-                text = "".join([c.text async for c in engine.generate(engine.render(conv), GenParams(max_tokens=budget),
-                                                                        f"plain-{time.monotonic_ns()}")])
-                print(f"\n=== {messages[-1]['content']!r}  plain vLLM greedy, {(time.perf_counter() - t1) * 1e3:.0f} ms\n"
-                      f"  answer: {text.strip()[:400]}")
+                text = "".join(
+                    [
+                        c.text
+                        async for c in engine.generate(
+                            engine.render(conv), GenParams(max_tokens=budget), f"plain-{time.monotonic_ns()}"
+                        )
+                    ]
+                )
+                print(
+                    f"\n=== {messages[-1]['content']!r}  plain vLLM greedy, {(time.perf_counter() - t1) * 1e3:.0f} ms\n"
+                    f"  answer: {text.strip()[:400]}"
+                )
             for plan in plans:
                 for streamed in (False, True) if stream else (False,):
-                    a = await ask(client, messages, {"plan": plan, "deadline_ms": deadline_ms}, streamed, max_tokens or None)
+                    a = await ask(
+                        client, messages, {"plan": plan, "deadline_ms": deadline_ms}, streamed, max_tokens or None
+                    )
                     ms, info, content, finish = a.ms, a.info, a.content, a.finish
                     rows.append((messages[-1]["content"][:40], plan, streamed, ms, info))
                     _show(messages, plan, streamed, ms, info, content, finish)
@@ -105,19 +119,24 @@ async def run(plans: list[str], max_tokens: int, plain: bool = False, deadline_m
         for prompt, plan, streamed, ms, info in rows:
             over = ms / 1e3 - limit
             verdict = f"over by {over:.2f} s" if over > 0 else "within"
-            print(f"  {prompt!r:44} {plan:6} {'stream' if streamed else 'plain ':6} {ms:7.0f} ms  {verdict}  {info['source']}"
-                  + (f" ({info['fallback_reason'][:60]})" if info["fallback_reason"] else ""))
+            print(
+                f"  {prompt!r:44} {plan:6} {'stream' if streamed else 'plain ':6} {ms:7.0f} ms  {verdict}  {info['source']}"
+                + (f" ({info['fallback_reason'][:60]})" if info["fallback_reason"] else "")
+            )
         print(f"  worst: {max(ms for *_, ms, _ in rows) / 1e3 - limit:+.2f} s against the deadline")
     print(f"\ndone in {time.perf_counter() - t0:.0f} s")
     return 0
 
 
-def _show(messages: list[dict], plan: str, streamed: bool, ms: float, info: dict, content: str,
-          finish: str | None) -> None:
-    print(f"\n=== {messages[-1]['content']!r}  plan {plan}{' (streamed)' if streamed else ''} -> "
-          f"{' -> '.join(info['plans'])}, source {info['source']}, {ms:.0f} ms, finish {finish}, "
-          f"cloud tokens {info['cloud_tokens']['generated']}"
-          + (f", fallback: {info['fallback_reason']}" if info["fallback_reason"] else ""))
+def _show(
+    messages: list[dict], plan: str, streamed: bool, ms: float, info: dict, content: str, finish: str | None
+) -> None:
+    print(
+        f"\n=== {messages[-1]['content']!r}  plan {plan}{' (streamed)' if streamed else ''} -> "
+        f"{' -> '.join(info['plans'])}, source {info['source']}, {ms:.0f} ms, finish {finish}, "
+        f"cloud tokens {info['cloud_tokens']['generated']}"
+        + (f", fallback: {info['fallback_reason']}" if info["fallback_reason"] else "")
+    )
     verdicts = {v["draft_index"]: v for v in info.get("verdicts", [])}
     for d in info.get("drafts", []):
         v = verdicts.get(d["index"])
@@ -130,12 +149,22 @@ def _show(messages: list[dict], plan: str, streamed: bool, ms: float, info: dict
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--plans", nargs="+", default=["edge", "split", "cloud"], choices=["edge", "split", "cloud", "auto"])
-    ap.add_argument("--max-tokens", type=int, default=192,
-                    help="the OpenAI max_tokens of every request; 0: unset (drafts 256 tokens, the cloud's answer 512)")
+    ap.add_argument(
+        "--plans", nargs="+", default=["edge", "split", "cloud"], choices=["edge", "split", "cloud", "auto"]
+    )
+    ap.add_argument(
+        "--max-tokens",
+        type=int,
+        default=192,
+        help="the OpenAI max_tokens of every request; 0: unset (drafts 256 tokens, the cloud's answer 512)",
+    )
     ap.add_argument("--plain", action="store_true", help="also each prompt on plain vLLM greedy (no coinfer code)")
-    ap.add_argument("--deadline-ms", type=int, default=0, help="each request's deadline (0: the daemon's default); "
-                    "ends with each request's wall time against it")
+    ap.add_argument(
+        "--deadline-ms",
+        type=int,
+        default=0,
+        help="each request's deadline (0: the daemon's default); ends with each request's wall time against it",
+    )
     ap.add_argument("--stream", action="store_true", help="each request plain and streamed")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

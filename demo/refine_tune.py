@@ -59,15 +59,22 @@ def draft_pool(draft_dir: Path, recipe: Recipe, tune: RefineTune) -> list[tuple[
 
     rng = random.Random(tune.seed)
     torch.manual_seed(tune.seed)
-    items = [sample_item(rng, rng.choices(recipe.tasks, recipe.weights)[0], held_out=False)
-             for _ in range(tune.problems)]
+    items = [
+        sample_item(rng, rng.choices(recipe.tasks, recipe.weights)[0], held_out=False) for _ in range(tune.problems)
+    ]
     tok, fmt, model = _load(draft_dir)
     pool: list[tuple[Item, list[str]]] = []
     per = -(-len(items) // len(tune.temperatures))
     for i, temp in enumerate(tune.temperatures):
-        part = items[i * per: (i + 1) * per]
-        texts = _generate(model, tok, [fmt.render([ChatMessage("user", it.question)]) for it in part],
-                          tune.max_new_tokens, temp, n=tune.k)
+        part = items[i * per : (i + 1) * per]
+        texts = _generate(
+            model,
+            tok,
+            [fmt.render([ChatMessage("user", it.question)]) for it in part],
+            tune.max_new_tokens,
+            temp,
+            n=tune.k,
+        )
         pool += list(zip(part, texts))
     return pool
 
@@ -135,9 +142,14 @@ def tune_target(target_dir: Path, draft_dir: Path, recipe: Recipe, tune: RefineT
     model.eval()
     model.save_pretrained(str(target_dir))
     tok.save_pretrained(str(target_dir))
-    return {"pool_problems": len(pool), "pool_s": round(pool_s, 1),
-            "train_s": round(time.perf_counter() - t0 - pool_s, 1), "final_loss": round(loss_ewma or 0.0, 4),
-            "steps": tune.steps, "tokens": tokens}
+    return {
+        "pool_problems": len(pool),
+        "pool_s": round(pool_s, 1),
+        "train_s": round(time.perf_counter() - t0 - pool_s, 1),
+        "final_loss": round(loss_ewma or 0.0, 4),
+        "steps": tune.steps,
+        "tokens": tokens,
+    }
 
 
 STAGE2_CODE = (RefineTune, draft_pool, refine_batches, tune_target)

@@ -86,8 +86,13 @@ class Drafting:
     def sampling(self, case: Case) -> Sampling:
         from coinfer.edge.sampling import Sampling
 
-        return Sampling(n=self.n, seed=self.seed + case.index, temperature=self.temperature,
-                        presence_penalty=self.presence, frequency_penalty=self.frequency)
+        return Sampling(
+            n=self.n,
+            seed=self.seed + case.index,
+            temperature=self.temperature,
+            presence_penalty=self.presence,
+            frequency_penalty=self.frequency,
+        )
 
 
 def cases(rng: random.Random, per_task: int) -> list[Case]:
@@ -100,8 +105,14 @@ def cases(rng: random.Random, per_task: int) -> list[Case]:
         else:
             task = TASKS[kind]
             for k, p in enumerate(islice(problems(rng, (kind,), held_out=True), per_task)):
-                out.append(Case(kind, k, p.prompt,
-                                lambda text, spec=p.spec, task=task: task.grade(spec, task.parse_answer(text))))
+                out.append(
+                    Case(
+                        kind,
+                        k,
+                        p.prompt,
+                        lambda text, spec=p.spec, task=task: task.grade(spec, task.parse_answer(text)),
+                    )
+                )
     return out
 
 
@@ -116,7 +127,9 @@ def _printer(quiet: bool):
             status = f"VALID score={ev.score:.3f}" if ev.valid else f"INVALID {ev.failed_rule}: {ev.error}"
             print(f"    verdict #{ev.draft_index}: {status}{dup} [{ev.verify_ms:.0f} ms]")
         elif isinstance(ev, t.RetryAdvice):
-            print(f"    retry advice #{ev.attempt}: {ev.num_drafts} drafts at T={ev.sampling.temperature:.2f} ({ev.reason})")
+            print(
+                f"    retry advice #{ev.attempt}: {ev.num_drafts} drafts at T={ev.sampling.temperature:.2f} ({ev.reason})"
+            )
 
     return on_event
 
@@ -128,8 +141,9 @@ async def _split(pipe: EdgePipeline, case: Case, drafting: Drafting, quiet: bool
 
     sampling = drafting.sampling(case)
     if case.is_open:  # an open request: no task grammar
-        return await pipe.solve("", case.prompt, [Rule("arithmetic")], sampling, on_event=_printer(quiet),
-                                extraction=Extraction("marker"))
+        return await pipe.solve(
+            "", case.prompt, [Rule("arithmetic")], sampling, on_event=_printer(quiet), extraction=Extraction("marker")
+        )
     return await pipe.solve(case.kind, case.prompt, sampling=sampling, on_event=_printer(quiet))
 
 
@@ -145,8 +159,12 @@ async def _target_alone(target: VllmEngine, case: Case, max_tokens: int) -> dict
     async for chunk in target.generate(prompt, GenParams(max_tokens=max_tokens), f"alone-{case.kind}-{case.index}"):
         text += chunk.text
         tokens += chunk.tokens
-    return {"target_answer": text, "target_correct": case.grade(text), "target_tokens": tokens,
-            "target_ms": (time.perf_counter() - t0) * 1e3}
+    return {
+        "target_answer": text,
+        "target_correct": case.grade(text),
+        "target_tokens": tokens,
+        "target_ms": (time.perf_counter() - t0) * 1e3,
+    }
 
 
 def _row(case: Case, res: EdgeResult, alone: dict, n_drafts: int) -> dict:
@@ -154,13 +172,25 @@ def _row(case: Case, res: EdgeResult, alone: dict, n_drafts: int) -> dict:
     first_round = {d.index: case.grade(d.text) for d in res.drafts if d.index < n_drafts}  # retries sample hotter
     tm = res.summary.timings if res.summary else t.Timings()
     return {
-        "task": case.kind, "prompt": case.prompt, "answer": res.answer, "source": res.source,
-        "refine_mode": res.refine_mode, "correct": case.grade(res.answer), "drafts": len(first_round),
-        "drafts_correct": sum(first_round.values()), "first_draft_correct": first_round.get(0, False),
-        "rounds": res.rounds, "cloud_tokens": tm.decode_tokens,
-        "first_draft_ms": res.timings.get("first_draft", 0.0), "drafting_ms": res.timings.get("drafting", 0.0),
-        "verify_ms": tm.verify_ms, "refine_ttft_ms": tm.refine_ttft_ms, "refine_ms": tm.refine_ms,
-        "cloud_total_ms": tm.total_ms, "total_ms": res.timings.get("total", 0.0), **alone,
+        "task": case.kind,
+        "prompt": case.prompt,
+        "answer": res.answer,
+        "source": res.source,
+        "refine_mode": res.refine_mode,
+        "correct": case.grade(res.answer),
+        "drafts": len(first_round),
+        "drafts_correct": sum(first_round.values()),
+        "first_draft_correct": first_round.get(0, False),
+        "rounds": res.rounds,
+        "cloud_tokens": tm.decode_tokens,
+        "first_draft_ms": res.timings.get("first_draft", 0.0),
+        "drafting_ms": res.timings.get("drafting", 0.0),
+        "verify_ms": tm.verify_ms,
+        "refine_ttft_ms": tm.refine_ttft_ms,
+        "refine_ms": tm.refine_ms,
+        "cloud_total_ms": tm.total_ms,
+        "total_ms": res.timings.get("total", 0.0),
+        **alone,
     }
 
 
@@ -169,15 +199,21 @@ def _yes(ok: bool) -> str:
 
 
 def _print_row(row: dict, fields: dict) -> None:
-    print(f"  => answer: {row['answer']!r} fields={fields}\n     source={row['source']} "
-          f"refine={row['refine_mode'] or '-'} correct={_yes(row['correct'])} "
-          f"(first-round drafts correct {row['drafts_correct']}/{row['drafts']}, {row['rounds']} round(s)); "
-          f"cloud decoded {row['cloud_tokens']} tokens")
-    print(f"     timings ms: first draft {row['first_draft_ms']:.0f}, drafting {row['drafting_ms']:.0f}, "
-          f"verify (cloud, from open) {row['verify_ms']:.0f}, refine TTFT {row['refine_ttft_ms']:.0f}, "
-          f"refine {row['refine_ms']:.0f}, total {row['total_ms']:.0f}")
-    print(f"     target alone: correct={_yes(row['target_correct'])}, {row['target_tokens']} tokens, "
-          f"{row['target_ms']:.0f} ms")
+    print(
+        f"  => answer: {row['answer']!r} fields={fields}\n     source={row['source']} "
+        f"refine={row['refine_mode'] or '-'} correct={_yes(row['correct'])} "
+        f"(first-round drafts correct {row['drafts_correct']}/{row['drafts']}, {row['rounds']} round(s)); "
+        f"cloud decoded {row['cloud_tokens']} tokens"
+    )
+    print(
+        f"     timings ms: first draft {row['first_draft_ms']:.0f}, drafting {row['drafting_ms']:.0f}, "
+        f"verify (cloud, from open) {row['verify_ms']:.0f}, refine TTFT {row['refine_ttft_ms']:.0f}, "
+        f"refine {row['refine_ms']:.0f}, total {row['total_ms']:.0f}"
+    )
+    print(
+        f"     target alone: correct={_yes(row['target_correct'])}, {row['target_tokens']} tokens, "
+        f"{row['target_ms']:.0f} ms"
+    )
 
 
 async def _start(art) -> tuple[CloudServer, VllmEngine, OrtDraftEngine, dict]:
@@ -198,13 +234,23 @@ async def _start(art) -> tuple[CloudServer, VllmEngine, OrtDraftEngine, dict]:
     edge = await asyncio.to_thread(OrtDraftEngine, art.draft_int8)
     edge_load_ms = (time.perf_counter() - t1) * 1e3
     warm_ms = await asyncio.to_thread(edge.warm_up)
-    print(f"cloud up on 127.0.0.1:{srv.port} in {cloud_start:.1f} s; edge model loaded in {edge_load_ms:.0f} ms "
-          f"(+{warm_ms:.0f} ms warm-up) on {edge.providers[0]}")
+    print(
+        f"cloud up on 127.0.0.1:{srv.port} in {cloud_start:.1f} s; edge model loaded in {edge_load_ms:.0f} ms "
+        f"(+{warm_ms:.0f} ms warm-up) on {edge.providers[0]}"
+    )
     return srv, target, edge, {"cloud_start_s": round(cloud_start, 1), "edge_load_ms": round(edge_load_ms, 1)}
 
 
-async def run_demo(per_task: int, seed: int, quiet: bool, n_drafts: int, temperature: float = 0.3,
-                   presence: float = 0.0, frequency: float = 0.0, show: int | None = None) -> dict:
+async def run_demo(
+    per_task: int,
+    seed: int,
+    quiet: bool,
+    n_drafts: int,
+    temperature: float = 0.3,
+    presence: float = 0.0,
+    frequency: float = 0.0,
+    show: int | None = None,
+) -> dict:
     """Solve ``per_task`` problems of each kind; print the first ``show`` of each in full (all if None)."""
     from coinfer.edge.pipeline import EdgePipeline
 
@@ -226,9 +272,11 @@ async def run_demo(per_task: int, seed: int, quiet: bool, n_drafts: int, tempera
                     _print_row(rows[-1], res.fields)
                 else:
                     r = rows[-1]
-                    print(f"[{case.kind} {case.index + 1}/{per_task}] split {_yes(r['correct'])} "
-                          f"({r['refine_mode'] or r['source']}, {r['cloud_tokens']} tok), "
-                          f"target alone {_yes(r['target_correct'])} ({r['target_tokens']} tok)")
+                    print(
+                        f"[{case.kind} {case.index + 1}/{per_task}] split {_yes(r['correct'])} "
+                        f"({r['refine_mode'] or r['source']}, {r['cloud_tokens']} tok), "
+                        f"target alone {_yes(r['target_correct'])} ({r['target_tokens']} tok)"
+                    )
     finally:
         await srv.stop(grace=1.0)
     report = {"problems": rows, **startup}
@@ -255,19 +303,31 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
             "first_draft_accuracy": _mean([r["first_draft_correct"] for r in mine]),
             "target_alone_accuracy": _mean([r["target_correct"] for r in mine]),
             "draft_accuracy": sum(r["drafts_correct"] for r in mine) / max(1, sum(r["drafts"] for r in mine)),
-            "cloud_tokens_per_answer": {"split": _mean([r["cloud_tokens"] for r in mine]),
-                                        "target_alone": _mean([r["target_tokens"] for r in mine])},
+            "cloud_tokens_per_answer": {
+                "split": _mean([r["cloud_tokens"] for r in mine]),
+                "target_alone": _mean([r["target_tokens"] for r in mine]),
+            },
             **{f"median_{k}": statistics.median(r[k] for r in mine) for k in (*STAGES, "target_ms")},
         }
     return out
 
 
-COLUMNS = ("task", "n", "split acc", "first draft acc", "target acc", "split tok", "target tok", "split ms",
-           "target ms")
-LEGEND = ("acc: share correct of the split answer, of the edge's first draft alone, of the target alone "
-          "(greedy, no drafts)",
-          "tok: target tokens the cloud decoded per answer (verifying a draft is a prefill: not counted)",
-          "ms: median time per answer")
+COLUMNS = (
+    "task",
+    "n",
+    "split acc",
+    "first draft acc",
+    "target acc",
+    "split tok",
+    "target tok",
+    "split ms",
+    "target ms",
+)
+LEGEND = (
+    "acc: share correct of the split answer, of the edge's first draft alone, of the target alone (greedy, no drafts)",
+    "tok: target tokens the cloud decoded per answer (verifying a draft is a prefill: not counted)",
+    "ms: median time per answer",
+)
 
 
 def summary_table(report: dict) -> list[str]:
@@ -277,12 +337,24 @@ def summary_table(report: dict) -> list[str]:
         s = report.get(kind)
         if s:
             tok = s["cloud_tokens_per_answer"]
-            lines.append((kind, str(s["problems"]), f"{s['accuracy']:.0%}", f"{s['first_draft_accuracy']:.0%}",
-                          f"{s['target_alone_accuracy']:.0%}", f"{tok['split']:.1f}", f"{tok['target_alone']:.1f}",
-                          f"{s['median_total_ms']:.0f}", f"{s['median_target_ms']:.0f}"))
+            lines.append(
+                (
+                    kind,
+                    str(s["problems"]),
+                    f"{s['accuracy']:.0%}",
+                    f"{s['first_draft_accuracy']:.0%}",
+                    f"{s['target_alone_accuracy']:.0%}",
+                    f"{tok['split']:.1f}",
+                    f"{tok['target_alone']:.1f}",
+                    f"{s['median_total_ms']:.0f}",
+                    f"{s['median_target_ms']:.0f}",
+                )
+            )
     widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS))]
-    return ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))).rstrip()
-            for line in lines]
+    return [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))).rstrip()
+        for line in lines
+    ]
 
 
 def print_summary(report: dict) -> None:
@@ -292,16 +364,22 @@ def print_summary(report: dict) -> None:
     for kind in KINDS:
         s = report.get(kind)
         if s:
-            print(f"  {kind}: every first-round draft {s['draft_accuracy']:.0%} correct; split median ms: first draft "
-                  f"{s['median_first_draft_ms']:.0f}, drafting {s['median_drafting_ms']:.0f}, verify "
-                  f"{s['median_verify_ms']:.0f}, refine {s['median_refine_ms']:.0f}, total {s['median_total_ms']:.0f}")
+            print(
+                f"  {kind}: every first-round draft {s['draft_accuracy']:.0%} correct; split median ms: first draft "
+                f"{s['median_first_draft_ms']:.0f}, drafting {s['median_drafting_ms']:.0f}, verify "
+                f"{s['median_verify_ms']:.0f}, refine {s['median_refine_ms']:.0f}, total {s['median_total_ms']:.0f}"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--per-task", type=int, default=60,
-                    help="problems per kind (20 left split tied with the target alone on two kinds: a few points "
-                         "are one or two problems there)")
+    ap.add_argument(
+        "--per-task",
+        type=int,
+        default=60,
+        help="problems per kind (20 left split tied with the target alone on two kinds: a few points "
+        "are one or two problems there)",
+    )
     ap.add_argument("--show", type=int, default=2, help="problems per kind printed in full (drafts, verdicts, timings)")
     ap.add_argument("--drafts", type=int, default=5, help="drafts per problem (edge batch size)")
     ap.add_argument("--seed", type=int, default=7, help="problem and sampling seed")
@@ -315,8 +393,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the full report as JSON at the end")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    report = asyncio.run(run_demo(args.per_task, args.seed, args.quiet, args.drafts, args.temperature,
-                                  args.presence_penalty, args.frequency_penalty, args.show))
+    report = asyncio.run(
+        run_demo(
+            args.per_task,
+            args.seed,
+            args.quiet,
+            args.drafts,
+            args.temperature,
+            args.presence_penalty,
+            args.frequency_penalty,
+            args.show,
+        )
+    )
     print_summary(report)
     if args.json:
         print(json.dumps(report, indent=2))

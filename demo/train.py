@@ -101,17 +101,29 @@ class Recipe:
     # weaker than the draft (0.17 vs 0.24 held-out) and refinement halved its accuracy.
     # head_dim = hidden / heads must be one vLLM's CPU backend supports (32, 64).
     # Each model has its own tokenizer (vocabulary caps 640 / 1024: different merges).
-    draft: ModelSpec = ModelSpec(hidden=96, layers=4, heads=3, intermediate=256, steps=1800, batch=32, seed=1,
-                                 vocab=640)
-    target: ModelSpec = ModelSpec(hidden=256, layers=6, heads=4, intermediate=640, steps=5400, batch=32, seed=2,
-                                  lr=2e-3, warmup=200, refine_frac=0.25)
+    draft: ModelSpec = ModelSpec(
+        hidden=96, layers=4, heads=3, intermediate=256, steps=1800, batch=32, seed=1, vocab=640
+    )
+    target: ModelSpec = ModelSpec(
+        hidden=256,
+        layers=6,
+        heads=4,
+        intermediate=640,
+        steps=5400,
+        batch=32,
+        seed=2,
+        lr=2e-3,
+        warmup=200,
+        refine_frac=0.25,
+    )
     # Stage 2 (demo.refine_tune) tunes the target on refinement prompts whose candidates are samples
     # of this small model: the first draft recipe (0.57M, 1200 steps; held-out 0.21 / 0.21 / 0.11),
     # kept apart from the shipped draft so that the draft can be retuned alone in minutes
     # (``--draft``) without invalidating the target's two hours. Its mistakes are the ones the
     # target learned to see through; the refinement goal is measured with the shipped draft's.
-    sampler: ModelSpec = ModelSpec(hidden=96, layers=4, heads=3, intermediate=256, steps=1200, batch=32, seed=1,
-                                   vocab=640)
+    sampler: ModelSpec = ModelSpec(
+        hidden=96, layers=4, heads=3, intermediate=256, steps=1200, batch=32, seed=1, vocab=640
+    )
     tasks: tuple[str, ...] = ("arith", "select", WORDS)
     weights: tuple[float, ...] = (0.3, 0.15, 0.55)
     system_frac: float = 0.2
@@ -171,9 +183,9 @@ def corrupt(item: Item, rng: random.Random) -> str:
         if item.task == "select":
             pool = list(item.truth["pool"])
             return text[: i + 7] + ",".join(sorted(rng.sample(pool, item.truth["k"])))
-        return text[: i + 7] + str(int(text[i + 7:]) + rng.choice((-2, -1, 1, 2, 10)))
+        return text[: i + 7] + str(int(text[i + 7 :]) + rng.choice((-2, -1, 1, 2, 10)))
     # a number right after '=' or ':' (a step's result), changed a little
-    spots = [j + 1 for j, ch in enumerate(text[:i]) if ch in "=:" and text[j + 1: j + 2].isdigit()]
+    spots = [j + 1 for j, ch in enumerate(text[:i]) if ch in "=:" and text[j + 1 : j + 2].isdigit()]
     if not spots:
         return text[:i] + "answer 0"
     s = rng.choice(spots)
@@ -205,7 +217,9 @@ def make_example(rng: random.Random, recipe: Recipe, spec: ModelSpec) -> tuple[l
     return messages, item.solution
 
 
-def encode_examples(tok, fmt: ChatFormat, examples: list[tuple[list[ChatMessage], str]]) -> list[tuple[list[int], list[int]]]:
+def encode_examples(
+    tok, fmt: ChatFormat, examples: list[tuple[list[ChatMessage], str]]
+) -> list[tuple[list[int], list[int]]]:
     """Token ids and labels of each rendered conversation: the full text is tokenized once
     (canonical BPE, as at inference) and the labels (answer + <|im_end|>) come from offsets."""
     texts, starts = [], []
@@ -221,14 +235,15 @@ def encode_examples(tok, fmt: ChatFormat, examples: list[tuple[list[ChatMessage]
     return out
 
 
-def batches(rng: random.Random, recipe: Recipe, spec: ModelSpec, tok, fmt: ChatFormat,
-            pool: int = 8) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def batches(
+    rng: random.Random, recipe: Recipe, spec: ModelSpec, tok, fmt: ChatFormat, pool: int = 8
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless right-padded batches; examples are drawn ``pool`` batches at a time and grouped by
     length, which cuts the padding (a refinement prompt is 5x a short arith one)."""
     while True:
         enc = encode_examples(tok, fmt, [make_example(rng, recipe, spec) for _ in range(spec.batch * pool)])
         enc.sort(key=lambda e: len(e[0]))
-        groups = [enc[i: i + spec.batch] for i in range(0, len(enc), spec.batch)]
+        groups = [enc[i : i + spec.batch] for i in range(0, len(enc), spec.batch)]
         rng.shuffle(groups)
         for g in groups:
             # lengths rounded up to a multiple of 16: a few dozen distinct shapes instead of hundreds
@@ -248,11 +263,20 @@ def batches(rng: random.Random, recipe: Recipe, spec: ModelSpec, tok, fmt: ChatF
 
 def config_for(spec: ModelSpec, recipe: Recipe, vocab_size: int) -> LlamaConfig:
     return LlamaConfig(
-        vocab_size=vocab_size, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
-        num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.heads,
-        head_dim=spec.hidden // spec.heads, max_position_embeddings=recipe.max_positions,
-        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
-        bos_token_id=bpe.BOS_ID, eos_token_id=bpe.EOS_ID, pad_token_id=bpe.PAD_ID,
+        vocab_size=vocab_size,
+        hidden_size=spec.hidden,
+        intermediate_size=spec.intermediate,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.heads,
+        head_dim=spec.hidden // spec.heads,
+        max_position_embeddings=recipe.max_positions,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=bpe.BOS_ID,
+        eos_token_id=bpe.EOS_ID,
+        pad_token_id=bpe.PAD_ID,
         torch_dtype="float32",
     )
 
@@ -301,18 +325,32 @@ def train_one(name: str, spec: ModelSpec, recipe: Recipe, out: Path, tok_dir: Pa
     model.generation_config.pad_token_id = bpe.PAD_ID
     model.save_pretrained(str(out))
     tok.save_pretrained(str(out))
-    return {"params": params, "train_s": round(train_s, 1), "final_loss": round(loss_ewma or 0.0, 4),
-            "steps": spec.steps, "tokens": tokens}
-
-
+    return {
+        "params": params,
+        "train_s": round(train_s, 1),
+        "final_loss": round(loss_ewma or 0.0, 4),
+        "steps": spec.steps,
+        "tokens": tokens,
+    }
 
 
 # ---------------------------------------------------------------------------------- the recipe key
 
 # The functions whose behaviour decides the weights; their source (not the module's: an edit to the
 # CLI or to evaluation must not invalidate the shipped pair) is part of the key.
-TRAINING_CODE = (ModelSpec, sample_item, corrupt, candidates, make_example, encode_examples, batches, config_for,
-                 train_one, bpe.build_tokenizer, bpe._trained.__wrapped__)
+TRAINING_CODE = (
+    ModelSpec,
+    sample_item,
+    corrupt,
+    candidates,
+    make_example,
+    encode_examples,
+    batches,
+    config_for,
+    train_one,
+    bpe.build_tokenizer,
+    bpe._trained.__wrapped__,
+)
 FINGERPRINT_EXAMPLES = 256
 DATA_FIELDS = ("tasks", "weights", "system_frac", "history_frac", "max_positions", "data_version")
 """The recipe fields every model's training data depends on (the evaluation fields are not among them)."""
@@ -393,8 +431,11 @@ config.json (``coinfer_tasks``), so the quantize CLI gates its task accuracy on 
 
 def file_digests(root: Path) -> dict[str, str]:
     """sha256 of every file of a trained pair except the report (which records these)."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and p.name != "report.json"}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != "report.json"
+    }
 
 
 def _train_draft(root: Path, recipe: Recipe, report: dict) -> None:
@@ -426,10 +467,16 @@ def train_pair(out: Path, recipe: Recipe | None = None) -> dict:
     try:
         t0 = time.perf_counter()
         torch.set_num_threads(os.cpu_count() or 1)
-        report: dict = {**_keys(recipe), "recipe": asdict(recipe), "bf16_autocast": BF16_FAST, "torch": torch.__version__}
+        report: dict = {
+            **_keys(recipe),
+            "recipe": asdict(recipe),
+            "bf16_autocast": BF16_FAST,
+            "torch": torch.__version__,
+        }
         report["tokenizer"] = {"bos": bpe.BOS_ID, "eos": bpe.EOS_ID, "im_start": bpe.IM_START_ID, "pad": bpe.PAD_ID}
-        report["target"], report["tokenizer"]["vocab_target"] = _train_model("target", recipe.target, recipe,
-                                                                             tmp / "target")
+        report["target"], report["tokenizer"]["vocab_target"] = _train_model(
+            "target", recipe.target, recipe, tmp / "target"
+        )
         sampler = tmp / "sampler"
         # stage 2's candidates come from the sampler (a small model trained as the first draft recipe
         # was); it is the shipped draft only where the recipe says so
@@ -469,8 +516,10 @@ def retrain_draft(pair: Path, recipe: Recipe | None = None) -> dict:
     pair = pair.resolve()
     report = json.loads((pair / "report.json").read_text())
     if report.get("target_key") != target_key(recipe):
-        raise SystemExit(f"{pair}: the target was trained under {report.get('target_key')}, the recipe's target is "
-                         f"{target_key(recipe)}: retrain both (python -m coinfer.demo.train)")
+        raise SystemExit(
+            f"{pair}: the target was trained under {report.get('target_key')}, the recipe's target is "
+            f"{target_key(recipe)}: retrain both (python -m coinfer.demo.train)"
+        )
     tmp = Path(tempfile.mkdtemp(prefix=f".{pair.name}-", dir=pair.parent))
     try:
         shutil.copytree(pair, tmp, dirs_exist_ok=True)
@@ -493,13 +542,20 @@ SHIPPED = Path(__file__).resolve().parent / "weights"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=SHIPPED, help="where to write the trained pair (default: the shipped one)")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--out", type=Path, default=SHIPPED, help="where to write the trained pair (default: the shipped one)"
+    )
     ap.add_argument("--check", action="store_true", help="only check that the pair at --out matches this recipe")
     ap.add_argument("--eval", action="store_true", help="only evaluate the pair at --out on held-out problems")
     ap.add_argument("--no-eval", action="store_true", help="train without evaluating afterwards")
-    ap.add_argument("--draft", action="store_true",
-                    help="only retrain the draft of the pair at --out, whose target must match the recipe (minutes)")
+    ap.add_argument(
+        "--draft",
+        action="store_true",
+        help="only retrain the draft of the pair at --out, whose target must match the recipe (minutes)",
+    )
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -35,16 +35,52 @@ class WordProblem:
 
 
 NAMES = (
-    ("Natalia", "she", "her"), ("James", "he", "his"), ("Maria", "she", "her"), ("Tom", "he", "his"),
-    ("Aisha", "she", "her"), ("Liam", "he", "his"), ("Sofia", "she", "her"), ("Omar", "he", "his"),
-    ("Emma", "she", "her"), ("Ben", "he", "his"), ("Yuki", "she", "her"), ("Carlos", "he", "his"),
-    ("Grace", "she", "her"), ("Noah", "he", "his"), ("Priya", "she", "her"), ("Leo", "he", "his"),
+    ("Natalia", "she", "her"),
+    ("James", "he", "his"),
+    ("Maria", "she", "her"),
+    ("Tom", "he", "his"),
+    ("Aisha", "she", "her"),
+    ("Liam", "he", "his"),
+    ("Sofia", "she", "her"),
+    ("Omar", "he", "his"),
+    ("Emma", "she", "her"),
+    ("Ben", "he", "his"),
+    ("Yuki", "she", "her"),
+    ("Carlos", "he", "his"),
+    ("Grace", "she", "her"),
+    ("Noah", "he", "his"),
+    ("Priya", "she", "her"),
+    ("Leo", "he", "his"),
 )
-ITEMS = ("apples", "pencils", "stickers", "cookies", "marbles", "books", "cards", "eggs",
-         "clips", "shells", "stamps", "candies", "flowers", "toys", "coins", "cupcakes")
+ITEMS = (
+    "apples",
+    "pencils",
+    "stickers",
+    "cookies",
+    "marbles",
+    "books",
+    "cards",
+    "eggs",
+    "clips",
+    "shells",
+    "stamps",
+    "candies",
+    "flowers",
+    "toys",
+    "coins",
+    "cupcakes",
+)
 # (past, base) pairs for "how many did X <base>"
-VERBS = (("sold", "sell"), ("baked", "bake"), ("collected", "collect"), ("picked", "pick"),
-         ("made", "make"), ("found", "find"), ("bought", "buy"), ("painted", "paint"))
+VERBS = (
+    ("sold", "sell"),
+    ("baked", "bake"),
+    ("collected", "collect"),
+    ("picked", "pick"),
+    ("made", "make"),
+    ("found", "find"),
+    ("bought", "buy"),
+    ("painted", "paint"),
+)
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October")
 DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 CONTAINERS = ("box", "bag", "jar", "basket", "crate", "tray")
@@ -65,26 +101,30 @@ def _who(rng: random.Random, k: int = 1) -> list[tuple[str, str, str]]:
 
 # Each template: rng -> (prompt, [step lines], answer). Step lines hold "a op b = c".
 def _t_half(rng):
-    (n, p, pos), = _who(rng)
+    ((n, p, pos),) = _who(rng)
     past, base = rng.choice(VERBS)
     items = rng.choice(ITEMS)
     m1 = rng.randrange(len(MONTHS) - 1)
     a = 2 * rng.randint(2, 24)
     e1, b = _eq(a, "/", 2)
     e2, c = _eq(a, "+", b)
-    prompt = (f"{n} {past} {a} {items} in {MONTHS[m1]}, and then {p} {past} half as many {items} in "
-              f"{MONTHS[m1 + 1]}. How many {items} did {n} {base} altogether?")
+    prompt = (
+        f"{n} {past} {a} {items} in {MONTHS[m1]}, and then {p} {past} half as many {items} in "
+        f"{MONTHS[m1 + 1]}. How many {items} did {n} {base} altogether?"
+    )
     return prompt, [f"In {MONTHS[m1 + 1]} {n} {past} {e1} {items}.", f"Altogether {p} {past} {e2} {items}."], c
 
 
 def _t_packs(rng):
-    (n, p, pos), = _who(rng)
+    ((n, p, pos),) = _who(rng)
     items = rng.choice(ITEMS)
     a, b, c = rng.randint(1, 30), rng.randint(2, 6), rng.randint(2, 9)
     e1, d = _eq(b, "*", c)
     e2, e = _eq(a, "+", d)
-    prompt = (f"{n} has {a} {items}. {_cap(p)} buys {b} packs with {c} {items} in each pack. "
-              f"How many {items} does {n} have now?")
+    prompt = (
+        f"{n} has {a} {items}. {_cap(p)} buys {b} packs with {c} {items} in each pack. "
+        f"How many {items} does {n} have now?"
+    )
     return prompt, [f"{n} buys {e1} {items}.", f"Now {p} has {e2} {items}."], e
 
 
@@ -95,13 +135,15 @@ def _t_give_buy(rng):
     b, c = rng.randint(1, a - 1), rng.randint(1, 30)
     e1, d = _eq(a, "-", b)
     e2, e = _eq(d, "+", c)
-    prompt = (f"{n} had {a} {items}. {_cap(p)} gave {b} {items} to {n2} and then bought {c} more. "
-              f"How many {items} does {n} have now?")
+    prompt = (
+        f"{n} had {a} {items}. {_cap(p)} gave {b} {items} to {n2} and then bought {c} more. "
+        f"How many {items} does {n} have now?"
+    )
     return prompt, [f"After giving some away {n} has {e1} {items}.", f"After buying more {p} has {e2} {items}."], e
 
 
 def _t_share(rng):
-    (n, p, pos), = _who(rng)
+    ((n, p, pos),) = _who(rng)
     items = rng.choice(ITEMS)
     b, d = rng.randint(2, 6), rng.randint(2, 10)
     a = b * d
@@ -109,62 +151,72 @@ def _t_share(rng):
     verb = rng.choice(("eats", "gives away", "loses", "uses"))
     e1, _ = _eq(a, "/", b)
     e2, e = _eq(d, "-", c)
-    prompt = (f"{n} shares {a} {items} equally among {b} friends. Each friend then {verb} {c} of them. "
-              f"How many {items} does each friend have left?")
+    prompt = (
+        f"{n} shares {a} {items} equally among {b} friends. Each friend then {verb} {c} of them. "
+        f"How many {items} does each friend have left?"
+    )
     return prompt, [f"Each friend gets {e1} {items}.", f"Each friend has {e2} {items} left."], e
 
 
 def _t_boxes(rng):
-    (n, p, pos), = _who(rng)
+    ((n, p, pos),) = _who(rng)
     items, box = rng.choice(ITEMS), rng.choice(CONTAINERS)
     a, b, c = rng.randint(2, 9), rng.randint(2, 8), rng.randint(1, 9)
     e1, d = _eq(b, "*", a)
     e2, e = _eq(d, "+", c)
     boxes = box + ("es" if box.endswith("x") else "s")
-    prompt = (f"A {box} holds {a} {items}. {n} fills {b} {boxes} and has {c} {items} left over. "
-              f"How many {items} does {n} have in total?")
+    prompt = (
+        f"A {box} holds {a} {items}. {n} fills {b} {boxes} and has {c} {items} left over. "
+        f"How many {items} does {n} have in total?"
+    )
     return prompt, [f"The {boxes} hold {e1} {items}.", f"In total {n} has {e2} {items}."], e
 
 
 def _t_wage(rng):
-    (n, p, pos), = _who(rng)
+    ((n, p, pos),) = _who(rng)
     d1 = rng.randrange(len(DAYS) - 1)
     a, b, c = rng.randint(2, 9), rng.randint(1, 6), rng.randint(1, 6)
     e1, d = _eq(b, "+", c)
     e2, e = _eq(a, "*", d)
     job = rng.choice(("at the shop", "in the garden", "at the cafe", "as a tutor", "at the library"))
-    prompt = (f"{n} earns {a} dollars per hour {job}. {_cap(p)} works {b} hours on {DAYS[d1]} and {c} hours "
-              f"on {DAYS[d1 + 1]}. How many dollars does {n} earn in total?")
+    prompt = (
+        f"{n} earns {a} dollars per hour {job}. {_cap(p)} works {b} hours on {DAYS[d1]} and {c} hours "
+        f"on {DAYS[d1 + 1]}. How many dollars does {n} earn in total?"
+    )
     return prompt, [f"{n} works {e1} hours.", f"{_cap(p)} earns {e2} dollars."], e
 
 
 def _t_pages(rng):
-    (n, p, pos), = _who(rng)
+    ((n, p, pos),) = _who(rng)
     a, b = rng.randint(2, 9), rng.randint(2, 7)
     d = a * b
     c = d + rng.randint(1, 40)
     e1, _ = _eq(a, "*", b)
     e2, e = _eq(c, "-", d)
-    prompt = (f"{n} reads {a} pages every day for {b} days. {_cap(pos)} book has {c} pages. "
-              f"How many pages does {n} still have to read?")
+    prompt = (
+        f"{n} reads {a} pages every day for {b} days. {_cap(pos)} book has {c} pages. "
+        f"How many pages does {n} still have to read?"
+    )
     return prompt, [f"{n} reads {e1} pages.", f"There are {e2} pages left."], e
 
 
 def _t_change(rng):
-    (n, p, pos), = _who(rng)
+    ((n, p, pos),) = _who(rng)
     items = rng.choice(ITEMS)
     a, b = rng.randint(2, 8), rng.randint(1, 9)
     d = a * b
     c = rng.choice([x for x in (10, 20, 50, 100) if x >= d])
     e1, _ = _eq(a, "*", b)
     e2, e = _eq(c, "-", d)
-    prompt = (f"{n} buys {a} {items} for {b} dollars each and pays with a {c} dollar bill. "
-              f"How many dollars of change does {n} get?")
+    prompt = (
+        f"{n} buys {a} {items} for {b} dollars each and pays with a {c} dollar bill. "
+        f"How many dollars of change does {n} get?"
+    )
     return prompt, [f"The {items} cost {e1} dollars.", f"The change is {e2} dollars."], e
 
 
 def _t_bags(rng):
-    (n, p, pos), = _who(rng)
+    ((n, p, pos),) = _who(rng)
     items = rng.choice(ITEMS)
     k, f = rng.randint(2, 5), rng.randint(2, 9)
     e_total = k * f
@@ -176,10 +228,15 @@ def _t_bags(rng):
     e1, _ = _eq(a, "+", b)
     e2, _ = _eq(d, "-", c)
     e3, _ = _eq(e_total, "/", k)
-    prompt = (f"{n} has {a} {c1} {items} and {b} {c2} {items}. {_cap(p)} gives away {c} {items} and puts "
-              f"the rest equally into {k} bags. How many {items} are in each bag?")
-    return prompt, [f"{n} has {e1} {items}.", f"After giving some away {p} has {e2} {items}.",
-                    f"Each bag has {e3} {items}."], f
+    prompt = (
+        f"{n} has {a} {c1} {items} and {b} {c2} {items}. {_cap(p)} gives away {c} {items} and puts "
+        f"the rest equally into {k} bags. How many {items} are in each bag?"
+    )
+    return (
+        prompt,
+        [f"{n} has {e1} {items}.", f"After giving some away {p} has {e2} {items}.", f"Each bag has {e3} {items}."],
+        f,
+    )
 
 
 def _t_ages(rng):
@@ -192,7 +249,7 @@ def _t_ages(rng):
 
 
 def _t_trips(rng):
-    (n, p, pos), = _who(rng)
+    ((n, p, pos),) = _who(rng)
     items = rng.choice(ITEMS)
     a, b, c = rng.randint(2, 9), rng.randint(2, 6), rng.randint(1, 20)
     e1, d = _eq(a, "*", b)
@@ -200,13 +257,26 @@ def _t_trips(rng):
     if e < 0:
         c = rng.randint(1, d)
         e2, e = _eq(d, "-", c)
-    prompt = (f"{n} carries {a} {items} on each trip and makes {b} trips. Then {p} drops {c} {items}. "
-              f"How many {items} does {n} have left?")
+    prompt = (
+        f"{n} carries {a} {items} on each trip and makes {b} trips. Then {p} drops {c} {items}. "
+        f"How many {items} does {n} have left?"
+    )
     return prompt, [f"{n} carries {e1} {items}.", f"{_cap(p)} has {e2} {items} left."], e
 
 
-TEMPLATES: tuple[Callable, ...] = (_t_half, _t_packs, _t_give_buy, _t_share, _t_boxes, _t_wage, _t_pages,
-                                   _t_change, _t_bags, _t_ages, _t_trips)
+TEMPLATES: tuple[Callable, ...] = (
+    _t_half,
+    _t_packs,
+    _t_give_buy,
+    _t_share,
+    _t_boxes,
+    _t_wage,
+    _t_pages,
+    _t_change,
+    _t_bags,
+    _t_ages,
+    _t_trips,
+)
 
 
 def format_solution(steps: list[str], answer: int) -> str:
@@ -232,7 +302,7 @@ def parse_answer(text: str) -> int | None:
     i = text.rfind("Answer:")
     if i < 0:
         return None
-    rest = text[i + len("Answer:"):].lstrip(" \t")
+    rest = text[i + len("Answer:") :].lstrip(" \t")
     j = 1 if rest[:1] == "-" else 0
     k = j
     while k < len(rest) and rest[k].isascii() and rest[k].isdigit():
@@ -255,8 +325,14 @@ def _parse_eq(line: str) -> tuple[int, int, int, int, str, int] | None:
     for i in range(len(toks) - 4):
         a, op, b, eq, c = toks[i : i + 5]
         c = c.rstrip(".")
-        if op in _OPS and len(op) == 1 and eq == "=" and a.lstrip("-").isdigit() and b.lstrip("-").isdigit() \
-                and c.lstrip("-").isdigit():
+        if (
+            op in _OPS
+            and len(op) == 1
+            and eq == "="
+            and a.lstrip("-").isdigit()
+            and b.lstrip("-").isdigit()
+            and c.lstrip("-").isdigit()
+        ):
             return i, i + 5, int(a), int(b), op, int(c)
     return None
 

@@ -43,18 +43,28 @@ class _SS(_Token, grpc.aio.StreamStreamClientInterceptor):
         return await continuation(self._details(details), request_iterator)
 
 
-def cloud_channel(target: str, token: str = "", tls_ca: str = "", tls_cert: str = "", tls_key: str = "",
-                  server_name: str = "", options: list[tuple[str, object]] | None = None) -> grpc.aio.Channel:
+def cloud_channel(
+    target: str,
+    token: str = "",
+    tls_ca: str = "",
+    tls_cert: str = "",
+    tls_key: str = "",
+    server_name: str = "",
+    options: list[tuple[str, object]] | None = None,
+) -> grpc.aio.Channel:
     """``target`` ("host:port"); TLS when ``tls_ca`` is given (client cert + key for mTLS)."""
     opts = list(options or [])
     if tls_ca:
         creds = grpc.ssl_channel_credentials(
             root_certificates=Path(tls_ca).read_bytes(),
             private_key=Path(tls_key).read_bytes() if tls_key else None,
-            certificate_chain=Path(tls_cert).read_bytes() if tls_cert else None)
+            certificate_chain=Path(tls_cert).read_bytes() if tls_cert else None,
+        )
         if token:
             creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
         if server_name:
             opts.append(("grpc.ssl_target_name_override", server_name))
         return grpc.aio.secure_channel(target, creds, options=opts)
-    return grpc.aio.insecure_channel(target, options=opts, interceptors=[k(token) for k in (_UU, _US, _SU, _SS)] if token else None)
+    return grpc.aio.insecure_channel(
+        target, options=opts, interceptors=[k(token) for k in (_UU, _US, _SU, _SS)] if token else None
+    )

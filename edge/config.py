@@ -113,8 +113,14 @@ class EdgeConfig:
             raise ValueError("token: given without a cloud target")
 
     @classmethod
-    def load(cls, path: Path | None = None, env: Mapping[str, str] | None = None, cli: Any = None,
-             args: Any = None, **overrides: Any) -> EdgeConfig:
+    def load(
+        cls,
+        path: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        cli: Any = None,
+        args: Any = None,
+        **overrides: Any,
+    ) -> EdgeConfig:
         """TOML file ``path`` (an ``[edge]`` table) < the environment (``COINFER_EDGE_<FIELD>``; ``env``,
         else ``os.environ``) < flags (``cli`` over the parsed ``args``: ``coinfer.serving.settings.add_flags``)
         < ``overrides``; then ``validate``. ValueError naming the setting and where it came from."""

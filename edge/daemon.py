@@ -74,8 +74,9 @@ class EdgeDaemon:
             edge_pb2_grpc.add_CoinferEdgeServicer_to_server(EdgeServicer(self.core), self.grpc_server)
             hs = health.aio.HealthServicer()
             health_pb2_grpc.add_HealthServicer_to_server(hs, self.grpc_server)
-            reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME),
-                                                self.grpc_server)
+            reflection.enable_server_reflection(
+                (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc_server
+            )
             self.grpc_port = self.grpc_server.add_insecure_port(f"{c.grpc_host}:{c.grpc_port}")
             await self.grpc_server.start()
             for name in ("", SERVICE):
@@ -88,11 +89,17 @@ class EdgeDaemon:
 
             from coinfer.edge.http import create_app
 
-            config = uvicorn.Config(create_app(self.core), host=c.http_host, port=c.http_port, log_level="warning",
-                                    lifespan="off", log_config=None,
-                                    # idle keep-alive connections are closed by the guard's head deadline; uvicorn's
-                                    # own 5 s timer raced clients whose pools also expire connections at 5 s
-                                    timeout_keep_alive=int(c.http_header_timeout_s) + 1)  # uvicorn's records go to our (rate-limited) root
+            config = uvicorn.Config(
+                create_app(self.core),
+                host=c.http_host,
+                port=c.http_port,
+                log_level="warning",
+                lifespan="off",
+                log_config=None,
+                # idle keep-alive connections are closed by the guard's head deadline; uvicorn's
+                # own 5 s timer raced clients whose pools also expire connections at 5 s
+                timeout_keep_alive=int(c.http_header_timeout_s) + 1,
+            )  # uvicorn's records go to our (rate-limited) root
             http_guard.install(config, c.http_header_timeout_s, http_guard.max_connections(c.http_max_connections))
             self.http_server = uvicorn.Server(config)
             self._http_task = asyncio.create_task(self.http_server.serve())
@@ -124,8 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def load_config(ap: argparse.ArgumentParser, args: argparse.Namespace, token: str | None = None,
-                env: dict[str, str] | None = None) -> EdgeConfig:
+def load_config(
+    ap: argparse.ArgumentParser, args: argparse.Namespace, token: str | None = None, env: dict[str, str] | None = None
+) -> EdgeConfig:
     """The parsed command line as a validated ``EdgeConfig``: the draft model is the positional ``MODEL``
     or ``--model`` (ValueError when both are given and differ)."""
     model = settings.named_model(args, **{"--model": getattr(args, "model", None)})

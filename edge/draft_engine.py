@@ -47,8 +47,15 @@ class DraftResult:
 class OrtDraftEngine:
     """A draft model directory (``model.onnx`` + tokenizer) on ONNX Runtime."""
 
-    def __init__(self, model_dir: Path, providers: Sequence[str] | None = None, threads: int | None = None,
-                 model_file: str = "model.onnx", allow_unverified: bool = False, io_binding: bool | None = None) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        providers: Sequence[str] | None = None,
+        threads: int | None = None,
+        model_file: str = "model.onnx",
+        allow_unverified: bool = False,
+        io_binding: bool | None = None,
+    ) -> None:
         self.model_dir = Path(model_dir)
         # refuse a tampered, truncated or mismatched artefact before ORT parses any of it
         # (reading every file: from disk when the page cache is cold)
@@ -88,7 +95,9 @@ class OrtDraftEngine:
         token at batch 1 does not cover (measured: a fresh session's first batch-5 request took
         up to 2x a warm one)."""
         t0 = time.perf_counter()
-        self.generate(self.render([ChatMessage("user", "warm up")]), Sampling(n=n, temperature=0.0, max_new_tokens=steps))
+        self.generate(
+            self.render([ChatMessage("user", "warm up")]), Sampling(n=n, temperature=0.0, max_new_tokens=steps)
+        )
         self.runs = 0
         return (time.perf_counter() - t0) * 1e3
 
@@ -101,8 +110,13 @@ class OrtDraftEngine:
                 text = text[:cut]
         return DraftResult(i, text, ids, float(np.mean(lp)) if lp else 0.0, (time.perf_counter() - t0) * 1e3, reason)
 
-    def generate(self, prompt: str, s: Sampling, on_draft: Callable[[DraftResult], None] | None = None,
-                 cancelled: Callable[[], bool] | None = None) -> list[DraftResult]:
+    def generate(
+        self,
+        prompt: str,
+        s: Sampling,
+        on_draft: Callable[[DraftResult], None] | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> list[DraftResult]:
         """Write ``s.n`` drafts for ``prompt``: model input text (``render`` of a conversation).
         ``cancelled()`` true stops drafting (the request's deadline, or its consumer gone): the drafts
         still being written are finished there as "length" (truncated), not dropped."""
@@ -110,8 +124,10 @@ class OrtDraftEngine:
         prompt_ids = self.encode(prompt)
         budget = min(s.max_new_tokens, self.max_positions - len(prompt_ids))
         if budget < 1:
-            raise ResourceExhausted(f"prompt: {len(prompt_ids)} tokens leave no room in the draft model's "
-                                    f"{self.max_positions}-token context")
+            raise ResourceExhausted(
+                f"prompt: {len(prompt_ids)} tokens leave no room in the draft model's "
+                f"{self.max_positions}-token context"
+            )
         logits, past = self.lm.step(np.array([prompt_ids], np.int64), self.lm.empty_past(len(prompt_ids) + budget))
         n = s.n
         logits = np.repeat(logits, n, axis=0)
@@ -140,7 +156,8 @@ class OrtDraftEngine:
                 tokens[i].append(tok)
                 logprobs[i].append(float(lp[row]))
                 stopped = tok in self.eos_ids or (
-                    s.stop and any(st in self.tokenizer.decode(tokens[i][-16:]) for st in s.stop))
+                    s.stop and any(st in self.tokenizer.decode(tokens[i][-16:]) for st in s.stop)
+                )
                 if stopped or step == budget - 1:
                     finish(i, "stop" if stopped else "length")
                 else:

@@ -119,15 +119,20 @@ class ChatBody(_Base):
 
 
 def _error(status: int, message: str, param: str | None, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
-                        status_code=status)
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code=status)
 
 
 def _given(body: _Base) -> dict:
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    given = {"max_new_tokens": body.max_tokens, "temperature": body.temperature, "top_p": body.top_p,
-             "presence_penalty": body.presence_penalty, "frequency_penalty": body.frequency_penalty, "seed": body.seed,
-             "stop": stop or None}
+    given = {
+        "max_new_tokens": body.max_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "presence_penalty": body.presence_penalty,
+        "frequency_penalty": body.frequency_penalty,
+        "seed": body.seed,
+        "stop": stop or None,
+    }
     return {k: v for k, v in given.items() if v is not None}
 
 
@@ -144,8 +149,18 @@ def _refine(body: _Base) -> t.SamplingParams | None:
     given = _given(body)
     if not given:
         return None
-    return t.SamplingParams(**({"temperature": 0.0, "top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-                                "max_new_tokens": 4096} | given))
+    return t.SamplingParams(
+        **(
+            {
+                "temperature": 0.0,
+                "top_p": 1.0,
+                "presence_penalty": 0.0,
+                "frequency_penalty": 0.0,
+                "max_new_tokens": 4096,
+            }
+            | given
+        )
+    )
 
 
 def _request(body: _Base, prompt: str, messages: list[ChatMessage]) -> SolveRequest:
@@ -156,29 +171,54 @@ def _request(body: _Base, prompt: str, messages: list[ChatMessage]) -> SolveRequ
             raise ValueError(f"coinfer.rules[{i}].kind: required string")
         rules.append(Rule(r["kind"], r.get("params") or {}, r.get("name", "")))
     e = x.extraction
-    extraction = (Extraction() if e is None else Extraction(e) if isinstance(e, str)
-                  else Extraction(e.kind, e.pattern, e.marker))
-    return SolveRequest(prompt=prompt, task=x.task, rules=rules, sampling=_sampling(body), num_drafts=x.num_drafts,
-                        plan=x.plan, deadline_ms=x.deadline_ms, request_id=uuid.uuid4().hex[:16], messages=messages,
-                        extraction=extraction, refine=_refine(body))
+    extraction = (
+        Extraction() if e is None else Extraction(e) if isinstance(e, str) else Extraction(e.kind, e.pattern, e.marker)
+    )
+    return SolveRequest(
+        prompt=prompt,
+        task=x.task,
+        rules=rules,
+        sampling=_sampling(body),
+        num_drafts=x.num_drafts,
+        plan=x.plan,
+        deadline_ms=x.deadline_ms,
+        request_id=uuid.uuid4().hex[:16],
+        messages=messages,
+        extraction=extraction,
+        refine=_refine(body),
+    )
 
 
 def _draft_info(d: t.Draft) -> dict:
-    return {"index": d.index, "text": d.text, "num_tokens": d.num_tokens, "mean_logprob": round(d.mean_logprob, 4),
-            "edge_ms": round(d.edge_ms, 1), "truncated": d.truncated}
+    return {
+        "index": d.index,
+        "text": d.text,
+        "num_tokens": d.num_tokens,
+        "mean_logprob": round(d.mean_logprob, 4),
+        "edge_ms": round(d.edge_ms, 1),
+        "truncated": d.truncated,
+    }
 
 
 def _verdict_info(v: t.Verdict) -> dict:
-    return {"draft_index": v.draft_index, "valid": v.valid, "score": round(v.score, 4), "error": v.error,
-            "failed_rule": v.failed_rule, "duplicate_of": v.duplicate_of}
+    return {
+        "draft_index": v.draft_index,
+        "valid": v.valid,
+        "score": round(v.score, 4),
+        "error": v.error,
+        "failed_rule": v.failed_rule,
+        "duplicate_of": v.duplicate_of,
+    }
 
 
 def _info(done: Done) -> dict:
     r = done.result
-    return done.info() | {"drafts": [_draft_info(d) for d in r.drafts],
-                          "verdicts": [_verdict_info(v) for _, v in sorted(r.verdicts.items())],
-                          # the cloud's account of its choice: each draft's verdict, then how it answered
-                          "trace": r.summary.trace if r.summary is not None else ""}
+    return done.info() | {
+        "drafts": [_draft_info(d) for d in r.drafts],
+        "verdicts": [_verdict_info(v) for _, v in sorted(r.verdicts.items())],
+        # the cloud's account of its choice: each draft's verdict, then how it answered
+        "trace": r.summary.trace if r.summary is not None else "",
+    }
 
 
 async def _read_body(request: Request, timeout_s: float) -> bytes | JSONResponse:
@@ -214,8 +254,11 @@ def failure(exc: BaseException) -> tuple[int, str, str | None, str]:
         return 400, exc.message, exc.field, "invalid_request_error"
     if isinstance(exc, (ValueError, RecursionError)) and not isinstance(exc, UnicodeError):
         msg = str(exc) or "not valid"  # a parser's refusal: "<field>: ..." where it names one
-        return (400, msg, field_of(msg), "invalid_request_error") if _FIELD.fullmatch(field_of(msg)) else \
-            (400, f"request: {msg}", "request", "invalid_request_error")
+        return (
+            (400, msg, field_of(msg), "invalid_request_error")
+            if _FIELD.fullmatch(field_of(msg))
+            else (400, f"request: {msg}", "request", "invalid_request_error")
+        )
     return 500, internal_error(exc), None, "server_error"
 
 
@@ -273,8 +316,9 @@ async def _parse(core: EdgeCore, request: Request, cls: type[_Base]) -> _Base | 
     return body
 
 
-async def _respond(core: EdgeCore, body: _Base, prompt: str, chat: bool,
-                   messages: list[ChatMessage] | None = None) -> Response:
+async def _respond(
+    core: EdgeCore, body: _Base, prompt: str, chat: bool, messages: list[ChatMessage] | None = None
+) -> Response:
     """Solve the request: the whole answer as JSON, or a stream of server-sent events. Validation runs
     before the first event, so bad input is still a 4xx here, never an error inside a 200 stream."""
     try:
@@ -287,7 +331,11 @@ async def _respond(core: EdgeCore, body: _Base, prompt: str, chat: bool,
             core.metrics.bad_request(param or "request")
         return _error(status, message, param, kind)
     completion = _Completion(core, body, req, chat, first, events)
-    return await completion.whole() if not body.stream else StreamingResponse(completion.sse(), media_type="text/event-stream")
+    return (
+        await completion.whole()
+        if not body.stream
+        else StreamingResponse(completion.sse(), media_type="text/event-stream")
+    )
 
 
 class Release:
@@ -306,7 +354,7 @@ class Release:
         # text that does not extend what was sent (a replay's own answer after a failure) waits for the answer
         if not ev.final or len(self.text) <= len(self.sent) or not self.text.startswith(self.sent):
             return ""
-        new, self.sent = self.text[len(self.sent):], self.text
+        new, self.sent = self.text[len(self.sent) :], self.text
         return new
 
     def reset(self) -> None:
@@ -316,7 +364,7 @@ class Release:
         """The text of ``answer`` still to send; None when what was sent does not begin it."""
         if not answer.startswith(self.sent):
             return None
-        rest, self.sent = answer[len(self.sent):], answer
+        rest, self.sent = answer[len(self.sent) :], answer
         return rest
 
 
@@ -341,21 +389,36 @@ class _Completion:
             return _error(status, message, param, kind)
         text = done.result.answer
         finish = done.result.finish_reason  # "length": the answer hit its token budget (incomplete)
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-                  if self.chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish})
-        return JSONResponse({"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
-                             "created": self.created, "model": self.body.model, "choices": [choice],
-                             "usage": self.core.usage(self.req, done), "coinfer": _info(done) | {"answer": text}})
+        choice = (
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+            if self.chat
+            else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        )
+        return JSONResponse(
+            {
+                "id": self.rid,
+                "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created,
+                "model": self.body.model,
+                "choices": [choice],
+                "usage": self.core.usage(self.req, done),
+                "coinfer": _info(done) | {"answer": text},
+            }
+        )
 
-    def chunk(self, delta: str | None, finish: str | None = None, extra: dict | None = None,
-              role: bool = False) -> str:
+    def chunk(self, delta: str | None, finish: str | None = None, extra: dict | None = None, role: bool = False) -> str:
         if self.chat:
             d = {"role": "assistant"} if role else {} if delta is None else {"content": delta}
             choice = {"index": 0, "delta": d, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
-        payload = {"id": self.rid, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                   "created": self.created, "model": self.body.model, "choices": [choice]}
+        payload = {
+            "id": self.rid,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.body.model,
+            "choices": [choice],
+        }
         if extra:
             payload["coinfer"] = extra
         return f"data: {json.dumps(payload)}\n\n"
@@ -387,9 +450,11 @@ class _Completion:
                 answer = ev.result.answer
                 rest = release.rest(answer)
                 if rest is None:  # sent text cannot be withdrawn: no answer rather than a wrong one
-                    raise Unavailable(f"answer: the cloud failed after {len(release.sent)} chars of its answer "
-                                      f"were streamed, and the answer came from elsewhere "
-                                      f"({ev.result.fallback_reason or 'a replay'}): retry the request")
+                    raise Unavailable(
+                        f"answer: the cloud failed after {len(release.sent)} chars of its answer "
+                        f"were streamed, and the answer came from elsewhere "
+                        f"({ev.result.fallback_reason or 'a replay'}): retry the request"
+                    )
                 if rest:
                     yield self.chunk(rest)
                 info = _info(ev) | {"usage": self.core.usage(self.req, ev), "answer": answer}
@@ -402,8 +467,10 @@ def create_app(core: EdgeCore) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": core.cfg.model_name, "object": "model", "created": 0,
-                                            "owned_by": "coinfer"}]}
+        return {
+            "object": "list",
+            "data": [{"id": core.cfg.model_name, "object": "model", "created": 0, "owned_by": "coinfer"}],
+        }
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -428,4 +495,3 @@ def create_app(core: EdgeCore) -> FastAPI:
         return Response(generate_latest(core.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
-

@@ -29,8 +29,9 @@ class CloudTokens:
     @classmethod
     def of(cls, results: list[EdgeResult]) -> CloudTokens:
         summaries = [r.summary for r in results if r.summary is not None]
-        return cls(generated=sum(x.timings.decode_tokens for x in summaries),
-                   prompt=sum(x.prompt_tokens for x in summaries))
+        return cls(
+            generated=sum(x.timings.decode_tokens for x in summaries), prompt=sum(x.prompt_tokens for x in summaries)
+        )
 
 
 @dataclass
@@ -75,9 +76,15 @@ def merged(runs: list[Ran]) -> EdgeResult:
     if len(runs) > 1:
         first = runs[0].result.timings
         own = final.timings
-        final = dataclasses.replace(final, timings=own | {
-            "drafting": first.get("drafting", 0.0) + own.get("drafting", 0.0),
-            "total": first.get("total", 0.0) + own.get("total", 0.0), "escalation": own.get("total", 0.0)})
+        final = dataclasses.replace(
+            final,
+            timings=own
+            | {
+                "drafting": first.get("drafting", 0.0) + own.get("drafting", 0.0),
+                "total": first.get("total", 0.0) + own.get("total", 0.0),
+                "escalation": own.get("total", 0.0),
+            },
+        )
     return final
 
 
@@ -110,8 +117,18 @@ class RequestLifecycle:
         kw = {"messages": req.messages, "extraction": req.extraction, "refine": req.refine or req.sampling}
         if self.local_reserve_s and plan is Plan.CLOUD:
             kw["local_reserve_s"] = self.local_reserve_s
-        return await pipe.solve(req.task, req.prompt, req.rules, self.sampling, plan, deadline_s, req.request_id,
-                                self.on_event, **kw, **extra)
+        return await pipe.solve(
+            req.task,
+            req.prompt,
+            req.rules,
+            self.sampling,
+            plan,
+            deadline_s,
+            req.request_id,
+            self.on_event,
+            **kw,
+            **extra,
+        )
 
     async def run(self) -> Outcome:
         """The plan chosen; under auto, a rule-failing edge answer escalates to a split with its drafts."""
@@ -123,8 +140,15 @@ class RequestLifecycle:
             r = await self._solve(EdgePipeline(await self.load_engine(), None), Plan.EDGE, self._left())
             r = dataclasses.replace(r, fallback_reason=str(exc), fallback_kind=exc.kind)
         self.runs.append(Ran(plan=plan, result=r, ms=(time.perf_counter() - self.t0) * 1e3))
-        if (plan is Plan.EDGE and self.auto and not r.valid and r.drafts and not r.fallback_reason
-                and self.link.enabled and self.link.breaker.allow()):
+        if (
+            plan is Plan.EDGE
+            and self.auto
+            and not r.valid
+            and r.drafts
+            and not r.fallback_reason
+            and self.link.enabled
+            and self.link.breaker.allow()
+        ):
             # auto chose the edge, but its answer failed the rules: a healthy cloud verifies and
             # refines the same drafts (sent as they are: no drafting twice)
             t1 = time.perf_counter()

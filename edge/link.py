@@ -40,9 +40,18 @@ SERVICE_CONFIG = {
     "healthCheckConfig": {"serviceName": CLOUD_SERVICE},
     # unary calls (Status, Probe) retried on another replica; a session is replayed by the edge
     # itself with the drafts it already wrote (edge.pipeline), never blindly re-sent
-    "methodConfig": [{"name": [{"service": CLOUD_SERVICE, "method": m} for m in ("Status", "Probe")],
-                      "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "1s",
-                                      "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}],
+    "methodConfig": [
+        {
+            "name": [{"service": CLOUD_SERVICE, "method": m} for m in ("Status", "Probe")],
+            "retryPolicy": {
+                "maxAttempts": 3,
+                "initialBackoff": "0.1s",
+                "maxBackoff": "1s",
+                "backoffMultiplier": 2,
+                "retryableStatusCodes": ["UNAVAILABLE"],
+            },
+        }
+    ],
 }
 
 
@@ -61,8 +70,14 @@ class Replica:
     _channel: grpc.aio.Channel | None = field(default=None, repr=False)
 
     def as_dict(self) -> dict:
-        return {"address": self.address, "serving": self.serving, "queue_depth": self.queue_depth,
-                "load": self.load, "running": self.running, "why": self.why}
+        return {
+            "address": self.address,
+            "serving": self.serving,
+            "queue_depth": self.queue_depth,
+            "load": self.load,
+            "running": self.running,
+            "why": self.why,
+        }
 
 
 class CloudLink:
@@ -90,16 +105,24 @@ class CloudLink:
         name = c.tls_server_name
         if not name and target != self.target and self._names:  # a monitor dials an IP: TLS verifies the name
             name = self._names[0][0]
-        return cloud_channel(target, token=c.token, tls_ca=c.tls_ca, tls_cert=c.tls_cert, tls_key=c.tls_key,
-                             server_name=name,
-                             # a replica back from a restart is dialled within 1 s, not after gRPC's
-                             # default backoff (up to 120 s once it was down for a minute): the edge is
-                             # back on split within ~2 s of SERVING (a SYN a second to a dead replica)
-                             options=[("grpc.max_receive_message_length", 32 << 20),
-                                      ("grpc.initial_reconnect_backoff_ms", 250),
-                                      ("grpc.max_reconnect_backoff_ms", 1000),
-                                      ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
-                                      ("grpc.enable_retries", 1)])
+        return cloud_channel(
+            target,
+            token=c.token,
+            tls_ca=c.tls_ca,
+            tls_cert=c.tls_cert,
+            tls_key=c.tls_key,
+            server_name=name,
+            # a replica back from a restart is dialled within 1 s, not after gRPC's
+            # default backoff (up to 120 s once it was down for a minute): the edge is
+            # back on split within ~2 s of SERVING (a SYN a second to a dead replica)
+            options=[
+                ("grpc.max_receive_message_length", 32 << 20),
+                ("grpc.initial_reconnect_backoff_ms", 250),
+                ("grpc.max_reconnect_backoff_ms", 1000),
+                ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
+                ("grpc.enable_retries", 1),
+            ],
+        )
 
     async def start(self) -> None:
         if not self.enabled:
@@ -165,8 +188,12 @@ class CloudLink:
             if r.serving:
                 st = await cloud_status(stub, timeout=max(1.0, self.status_s))
                 if st is not None:
-                    r.queue_depth, r.load, r.running, r.last_seen = (st["queue_depth"], st["load"], st["running"],
-                                                                     time.time())
+                    r.queue_depth, r.load, r.running, r.last_seen = (
+                        st["queue_depth"],
+                        st["load"],
+                        st["running"],
+                        time.time(),
+                    )
             await asyncio.sleep(self.status_s)
 
     def _set(self, r: Replica, serving: bool, why: str) -> None:

@@ -24,8 +24,9 @@ preallocated buffer written in place (``quantize/gqa_op.py``); absent or "concat
 
 def model_files(model_dir: Path) -> list[Path]:
     """The graph and external-weight files of a model directory (what a cold start reads)."""
-    return sorted(p for p in Path(model_dir).iterdir()
-                  if p.suffix in (".onnx", ".data") or p.name.endswith(".onnx_data"))
+    return sorted(
+        p for p in Path(model_dir).iterdir() if p.suffix in (".onnx", ".data") or p.name.endswith(".onnx_data")
+    )
 
 
 def default_providers() -> list[str]:
@@ -72,11 +73,20 @@ class OnnxLM:
     request and once per finished draft.
     """
 
-    def __init__(self, model_path: Path | str, providers: Sequence[str] | None = None, threads: int | None = None,
-                 profile: bool = False, io_binding: bool | None = None) -> None:
+    def __init__(
+        self,
+        model_path: Path | str,
+        providers: Sequence[str] | None = None,
+        threads: int | None = None,
+        profile: bool = False,
+        io_binding: bool | None = None,
+    ) -> None:
         self.path = Path(model_path)
-        self.session = ort.InferenceSession(str(self.path), sess_options=session_options(threads, profile),
-                                            providers=list(providers) if providers else default_providers())
+        self.session = ort.InferenceSession(
+            str(self.path),
+            sess_options=session_options(threads, profile),
+            providers=list(providers) if providers else default_providers(),
+        )
         on_cuda = self.session.get_providers()[0] == "CUDAExecutionProvider"
         self.io_binding = on_cuda if io_binding is None else io_binding
         self.device = "cuda" if on_cuda else "cpu"
@@ -84,8 +94,10 @@ class OnnxLM:
         self.past_names = [i.name for i in inputs if i.name.startswith("past_key_values.")]
         missing = {"input_ids", "attention_mask", "position_ids"} - {i.name for i in inputs}
         if missing or not self.past_names:
-            raise ValueError(f"{self.path}: not a causal LM with a KV cache (inputs lack "
-                             f"{', '.join(sorted(missing)) or 'past_key_values.*'})")
+            raise ValueError(
+                f"{self.path}: not a causal LM with a KV cache (inputs lack "
+                f"{', '.join(sorted(missing)) or 'past_key_values.*'})"
+            )
         shape = next(i.shape for i in inputs if i.name == "past_key_values.0.key")
         self.kv_heads, self.head_dim = int(shape[1]), int(shape[3])
         past_type = next(i.type for i in inputs if i.name == "past_key_values.0.key")
@@ -103,8 +115,14 @@ class OnnxLM:
         writes in place (and a capacity is given), else zero-length arrays the graph concatenates onto."""
         if self.kv_buffer and capacity > 0:
             shape = (1, self.kv_heads, capacity, self.head_dim)
-            return Buffers([ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, self.dtype), self.device, 0)
-                            for _ in self.past_names], 0, capacity)
+            return Buffers(
+                [
+                    ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, self.dtype), self.device, 0)
+                    for _ in self.past_names
+                ],
+                0,
+                capacity,
+            )
         return [np.zeros((1, self.kv_heads, 0, self.head_dim), self.dtype) for _ in self.past_names]
 
     def _host(self, x) -> np.ndarray:
@@ -116,23 +134,32 @@ class OnnxLM:
     def tile(self, past: Past, n: int) -> Past:
         """Repeat a batch-1 cache for ``n`` drafts."""
         if isinstance(past, Buffers):
-            return Buffers([ort.OrtValue.ortvalue_from_numpy(np.repeat(p.numpy(), n, axis=0), self.device, 0)
-                            for p in past], past.length, past.capacity)
+            return Buffers(
+                [ort.OrtValue.ortvalue_from_numpy(np.repeat(p.numpy(), n, axis=0), self.device, 0) for p in past],
+                past.length,
+                past.capacity,
+            )
         return [self._device(np.repeat(self._host(p), n, axis=0)) for p in past]
 
     def select(self, past: Past, rows: np.ndarray) -> Past:
         """Keep only ``rows`` of the batch (finished drafts leave it)."""
         if isinstance(past, Buffers):
-            return Buffers([ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(p.numpy()[rows]), self.device, 0)
-                            for p in past], past.length, past.capacity)
+            return Buffers(
+                [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(p.numpy()[rows]), self.device, 0) for p in past],
+                past.length,
+                past.capacity,
+            )
         return [self._device(np.ascontiguousarray(self._host(p)[rows])) for p in past]
 
     def feed(self, ids: np.ndarray, past: Past) -> dict[str, np.ndarray]:
         """The input dict of one step (also what calibration records)."""
         b, t = ids.shape
         p = _length(past)
-        feed = {"input_ids": ids, "attention_mask": np.ones((b, p + t), np.int64),
-                "position_ids": np.broadcast_to(np.arange(p, p + t, dtype=np.int64), (b, t)).copy()}
+        feed = {
+            "input_ids": ids,
+            "attention_mask": np.ones((b, p + t), np.int64),
+            "position_ids": np.broadcast_to(np.arange(p, p + t, dtype=np.int64), (b, t)).copy(),
+        }
         feed.update(zip(self.past_names, past))
         return feed
 
@@ -172,8 +199,9 @@ class OnnxLM:
         logits = binding.get_outputs()[0].numpy()
         return logits[:, -1, :].astype(np.float32), Buffers(list(past), past.length + ids.shape[1], past.capacity)
 
-    def greedy(self, prompt_ids: list[int], steps: int, stop_ids: set[int] | frozenset[int] = frozenset()
-               ) -> tuple[list[int], list[np.ndarray]]:
+    def greedy(
+        self, prompt_ids: list[int], steps: int, stop_ids: set[int] | frozenset[int] = frozenset()
+    ) -> tuple[list[int], list[np.ndarray]]:
         """Greedy continuation of ``prompt_ids`` (batch 1): (tokens, logits before each token)."""
         logits, past = self.step(np.array([prompt_ids], np.int64), self.empty_past(len(prompt_ids) + steps))
         tokens, seen = [], []

@@ -75,8 +75,14 @@ LATE_DRAFT_S = 0.5
 CLOUD_MARGIN_S = 0.3
 """The cloud's deadline is this much (at most a tenth of the request's) shorter than the edge's: the
 cloud's best answer at its deadline travels back before the edge stops waiting."""
-REPLAYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED,
-              grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+REPLAYABLE = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNKNOWN,
+)
 """Cloud failures a session survives by replaying on another replica: killed or draining (UNAVAILABLE),
 cancelled by a stopping server, full (RESOURCE_EXHAUSTED "sessions:"; a request over a limit is the
 request's fault, never replayed), a transport broken mid-stream (INTERNAL "Internal error from Core",
@@ -103,9 +109,15 @@ def follow_advice(s: Sampling, advice: t.RetryAdvice) -> Sampling:
     """The next round's sampling: the cloud's exploration knobs (hotter, more penalised, more drafts),
     the user's own limits (token budget, stop strings, seed) kept."""
     a = advice.sampling
-    return dataclasses.replace(s, n=advice.num_drafts, temperature=a.temperature, top_p=a.top_p,
-                               presence_penalty=a.presence_penalty, frequency_penalty=a.frequency_penalty,
-                               max_new_tokens=min(s.max_new_tokens, a.max_new_tokens))
+    return dataclasses.replace(
+        s,
+        n=advice.num_drafts,
+        temperature=a.temperature,
+        top_p=a.top_p,
+        presence_penalty=a.presence_penalty,
+        frequency_penalty=a.frequency_penalty,
+        max_new_tokens=min(s.max_new_tokens, a.max_new_tokens),
+    )
 
 
 class CloudFailed(ConnectionError):
@@ -168,8 +180,14 @@ class _Filling:
 
 
 ResultBuilder = dataclasses.make_dataclass(
-    "ResultBuilder", [(f.name, f.type, field(default=f.default, default_factory=f.default_factory))
-                      for f in dataclasses.fields(EdgeResult)], bases=(_Filling,), namespace={"__module__": __name__})
+    "ResultBuilder",
+    [
+        (f.name, f.type, field(default=f.default, default_factory=f.default_factory))
+        for f in dataclasses.fields(EdgeResult)
+    ],
+    bases=(_Filling,),
+    namespace={"__module__": __name__},
+)
 """An ``EdgeResult`` being filled in by one run of a plan (drafts, verdicts and the summary arrive as
 the run goes); ``freeze`` hands the result over. Derived from ``EdgeResult``'s fields, so the two
 never drift apart (a frozen dataclass and a mutable one cannot share fields by inheritance)."""
@@ -221,8 +239,15 @@ class EdgePipeline:
                 break
         return False
 
-    async def _draft_round(self, task_prompt: str, s: Sampling, start: int, t0: float,
-                           emit: Callable[[t.Draft], asyncio.Future | None], stop_at: float | None = None) -> list[t.Draft]:
+    async def _draft_round(
+        self,
+        task_prompt: str,
+        s: Sampling,
+        start: int,
+        t0: float,
+        emit: Callable[[t.Draft], asyncio.Future | None],
+        stop_at: float | None = None,
+    ) -> list[t.Draft]:
         """Write ``s.n`` drafts in a worker thread; ``emit`` each one on the loop as it finishes. At
         ``stop_at`` (``time.perf_counter()``) the drafts still being written end there, truncated: the
         request's deadline bounds drafting (192 tokens took 3.4 s here against a 3 s deadline)."""
@@ -233,14 +258,24 @@ class EdgePipeline:
         def cancelled() -> bool:
             return stop or (stop_at is not None and time.perf_counter() >= stop_at)
 
-        job = loop.run_in_executor(None, lambda: self.engine.generate(
-            task_prompt, s, on_draft=lambda d: loop.call_soon_threadsafe(q.put_nowait, d), cancelled=cancelled))
+        job = loop.run_in_executor(
+            None,
+            lambda: self.engine.generate(
+                task_prompt, s, on_draft=lambda d: loop.call_soon_threadsafe(q.put_nowait, d), cancelled=cancelled
+            ),
+        )
         job.add_done_callback(lambda _: q.put_nowait(None))  # done callbacks run on the loop: after every draft
         out: list[t.Draft] = []
         try:
             while (r := await q.get()) is not None:
-                d = t.Draft(start + r.index, r.text, r.num_tokens, r.mean_logprob, (time.perf_counter() - t0) * 1e3,
-                            truncated=r.finish_reason == "length")
+                d = t.Draft(
+                    start + r.index,
+                    r.text,
+                    r.num_tokens,
+                    r.mean_logprob,
+                    (time.perf_counter() - t0) * 1e3,
+                    truncated=r.finish_reason == "length",
+                )
                 out.append(d)
                 res = emit(d)
                 if res is not None:
@@ -261,8 +296,10 @@ class EdgePipeline:
         checked = [rules.check(d.text) for d in drafts]
         keys = [rules.task.answer_key(parsed) if res.valid else None for res, parsed in checked]
         agree = {k: keys.count(k) for k in keys if k is not None}
-        best = max(range(len(drafts)), key=lambda i: (checked[i][0].valid, agree.get(keys[i], 0),
-                                                      not drafts[i].truncated, drafts[i].mean_logprob))
+        best = max(
+            range(len(drafts)),
+            key=lambda i: (checked[i][0].valid, agree.get(keys[i], 0), not drafts[i].truncated, drafts[i].mean_logprob),
+        )
         res, parsed = checked[best]
         return drafts[best], res.valid, dict(parsed.fields) if parsed.ok else {}
 
@@ -272,11 +309,23 @@ class EdgePipeline:
         result.answer = best.text if best is not None else ""
         result.finish_reason = "length" if best is not None and best.truncated else "stop"
 
-    async def solve(self, task_name: str, prompt: str, rules: list[Rule] | None = None, sampling: Sampling | None = None,
-                    plan: Plan = Plan.SPLIT, deadline_s: float = 60.0, request_id: str = "",
-                    on_event: OnEvent | None = None, *, messages: list[ChatMessage] | None = None,
-                    extraction: Extraction | None = None, refine: t.SamplingParams | None = None,
-                    drafts: list[t.Draft] | None = None, local_reserve_s: float = 0.0) -> EdgeResult:
+    async def solve(
+        self,
+        task_name: str,
+        prompt: str,
+        rules: list[Rule] | None = None,
+        sampling: Sampling | None = None,
+        plan: Plan = Plan.SPLIT,
+        deadline_s: float = 60.0,
+        request_id: str = "",
+        on_event: OnEvent | None = None,
+        *,
+        messages: list[ChatMessage] | None = None,
+        extraction: Extraction | None = None,
+        refine: t.SamplingParams | None = None,
+        drafts: list[t.Draft] | None = None,
+        local_reserve_s: float = 0.0,
+    ) -> EdgeResult:
         """Answer ``prompt`` (one user turn) or ``messages`` (a conversation) under ``plan``.
 
         ``task_name`` "" is an open request; ``extraction`` and ``rules`` say how answers are
@@ -290,11 +339,19 @@ class EdgePipeline:
         t0 = time.perf_counter()
         task = get_task(task_name)
         cloud_deadline_ms = int(max(0.05, deadline_s - min(CLOUD_MARGIN_S, 0.1 * deadline_s)) * 1e3)
-        req = t.OpenRequest(request_id=request_id, task=task_name, prompt="" if messages else prompt,
-                            rules=list(rules or []), refine=refine, deadline_ms=cloud_deadline_ms,
-                            messages=list(messages or []), extraction=extraction or Extraction())
+        req = t.OpenRequest(
+            request_id=request_id,
+            task=task_name,
+            prompt="" if messages else prompt,
+            rules=list(rules or []),
+            refine=refine,
+            deadline_ms=cloud_deadline_ms,
+            messages=list(messages or []),
+            extraction=extraction or Extraction(),
+        )
         ruleset = await asyncio.to_thread(
-            lambda: RuleSet(rules or [], task, task.parse_problem(req.question), extraction=req.extraction))
+            lambda: RuleSet(rules or [], task, task.parse_problem(req.question), extraction=req.extraction)
+        )
         s = sampling or Sampling()
         s.validate()
         req.expected_drafts = len(drafts) if drafts else s.n
@@ -311,6 +368,7 @@ class EdgePipeline:
         hedge: asyncio.Task | None = None  # the cloud plan's local answer, started before the deadline
         hedging: list[bool] = []
         if plan is Plan.CLOUD and self.engine is not None and not drafts and local_reserve_s > 0:
+
             async def draft_early() -> list[t.Draft]:
                 await asyncio.sleep(max(0.0, deadline_s - local_reserve_s))
                 hedging.append(True)
@@ -318,17 +376,39 @@ class EdgePipeline:
 
             hedge = asyncio.create_task(draft_early())
         try:
-            done = await self._solve_remote(req, ruleset, model_prompt, s, plan, deadline_s, t0, emit, result,
-                                            drafts, lambda: hedge if hedging else None)
+            done = await self._solve_remote(
+                req,
+                ruleset,
+                model_prompt,
+                s,
+                plan,
+                deadline_s,
+                t0,
+                emit,
+                result,
+                drafts,
+                lambda: hedge if hedging else None,
+            )
             return done.freeze()
         finally:
             if hedge is not None and not hedge.done():
                 hedge.cancel()  # the cloud answered (or failed early): no local drafts from it
                 await asyncio.gather(hedge, return_exceptions=True)
 
-    async def _solve_remote(self, req: t.OpenRequest, ruleset: RuleSet, model_prompt: str, s: Sampling, plan: Plan,
-                            deadline_s: float, t0: float, emit: OnEvent, result: ResultBuilder,
-                            drafts: list[t.Draft] | None, hedge: Callable[[], asyncio.Task | None]) -> ResultBuilder:
+    async def _solve_remote(
+        self,
+        req: t.OpenRequest,
+        ruleset: RuleSet,
+        model_prompt: str,
+        s: Sampling,
+        plan: Plan,
+        deadline_s: float,
+        t0: float,
+        emit: OnEvent,
+        result: ResultBuilder,
+        drafts: list[t.Draft] | None,
+        hedge: Callable[[], asyncio.Task | None],
+    ) -> ResultBuilder:
         """The split or cloud plan, with replays on other replicas and the local fallback (``hedge()``:
         the local drafts already under way, if any)."""
         answered: list[bool] = []
@@ -351,7 +431,11 @@ class EdgePipeline:
                             return await self._cloud_only(req, left, emit_cloud, t0)
                         return await self._split(req, model_prompt, s, left, emit_cloud, t0, result, drafts or None)
                     except (grpc.aio.AioRpcError, ConnectionError) as exc:
-                        if len(result.replays) >= self.replays or not replayable(exc) or not await self._replica_ready():
+                        if (
+                            len(result.replays) >= self.replays
+                            or not replayable(exc)
+                            or not await self._replica_ready()
+                        ):
                             raise
                         drafts = _prepare_replay(failure_reason(exc), result, answered, emit) or drafts
         except (grpc.aio.AioRpcError, TimeoutError, ConnectionError) as exc:
@@ -363,14 +447,21 @@ class EdgePipeline:
             if answered:  # what the cloud streamed is withdrawn: the answer now comes from the edge
                 emit(t.AnswerReset(reason))
             if self.engine is None:
-                raise CloudFailed(reason, failure_kind(exc)) from exc  # the caller loads the edge model, answers locally
+                raise CloudFailed(
+                    reason, failure_kind(exc)
+                ) from exc  # the caller loads the edge model, answers locally
             log.warning("cloud failed (%s): answering from local drafts", reason)
             if not result.drafts:  # drafts already written (escalated, or before a replay) are not written again
                 early = hedge()
                 # past the deadline already: a short round still (an answer, late by at most this)
                 stop = max(t0 + deadline_s - LOCAL_FINISH_S, time.perf_counter() + LATE_DRAFT_S)
-                result.drafts = (list(drafts) if drafts else await early if early is not None
-                                 else await self._draft_round(model_prompt, s, 0, t0, lambda d: None, stop))
+                result.drafts = (
+                    list(drafts)
+                    if drafts
+                    else await early
+                    if early is not None
+                    else await self._draft_round(model_prompt, s, 0, t0, lambda d: None, stop)
+                )
             await self._finish_local(result, ruleset)
             result.source, result.fallback_reason, result.summary = t.ResultSource.EDGE_ONLY, reason, None
             result.fallback_kind = failure_kind(exc)
@@ -378,15 +469,25 @@ class EdgePipeline:
             result.timings["total"] = (time.perf_counter() - t0) * 1e3
             return result
 
-    async def _split(self, req: t.OpenRequest, task_prompt: str, s: Sampling, deadline_s: float, emit: OnEvent,
-                     t0: float, result: ResultBuilder, written: list[t.Draft] | None = None) -> ResultBuilder:
+    async def _split(
+        self,
+        req: t.OpenRequest,
+        task_prompt: str,
+        s: Sampling,
+        deadline_s: float,
+        emit: OnEvent,
+        t0: float,
+        result: ResultBuilder,
+        written: list[t.Draft] | None = None,
+    ) -> ResultBuilder:
         call = self.stub.Session(timeout=deadline_s)
         await call.write(pb.EdgeMessage(open=convert.open_to_pb(req)))
         return await _SplitSession(self, call, req, task_prompt, emit, t0, result, written).run(s)
 
     async def _cloud_only(self, req: t.OpenRequest, deadline_s: float, emit: OnEvent, t0: float) -> ResultBuilder:
-        msg = pb.GenerateRequest(request_id=req.request_id, problem=convert.problem_to_pb(req),
-                                 deadline_ms=req.deadline_ms)
+        msg = pb.GenerateRequest(
+            request_id=req.request_id, problem=convert.problem_to_pb(req), deadline_ms=req.deadline_ms
+        )
         if req.refine is not None:
             msg.sampling.CopyFrom(convert.to_pb(req.refine, pb.SamplingParams))
         result = ResultBuilder("", t.ResultSource.CLOUD, False, task=req.task)
@@ -404,8 +505,17 @@ class _SplitSession:
     """One cloud session of the split plan: drafts written as they are made (``written``: drafts that
     exist already, sent as the first round), verdicts and the summary read into ``result``."""
 
-    def __init__(self, pipe: EdgePipeline, call, req: t.OpenRequest, task_prompt: str, emit: OnEvent, t0: float,
-                 result: ResultBuilder, written: list[t.Draft] | None) -> None:
+    def __init__(
+        self,
+        pipe: EdgePipeline,
+        call,
+        req: t.OpenRequest,
+        task_prompt: str,
+        emit: OnEvent,
+        t0: float,
+        result: ResultBuilder,
+        written: list[t.Draft] | None,
+    ) -> None:
         self.pipe, self.call, self.task_prompt, self.emit, self.t0 = pipe, call, task_prompt, emit, t0
         self.result, self.written, self.drafting_ms = result, written, 0.0
         # drafts are written once the cloud has accepted the session: a refusal at open (token, quota,

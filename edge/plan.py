@@ -24,10 +24,18 @@ from coinfer.errors import CoinferError
 
 
 async def explain(args) -> dict:
-    cfg = EdgeConfig(model=args.model, cloud=args.cloud or "", token=args.token or "", tls_ca=args.tls_ca or "",
-                     grpc_port=-1, http_port=-1, planner_state=args.calibration or "",
-                     quality_floor=args.quality_floor, probe_on_start=not args.no_probe,
-                     allow_unverified=args.allow_unverified)
+    cfg = EdgeConfig(
+        model=args.model,
+        cloud=args.cloud or "",
+        token=args.token or "",
+        tls_ca=args.tls_ca or "",
+        grpc_port=-1,
+        http_port=-1,
+        planner_state=args.calibration or "",
+        quality_floor=args.quality_floor,
+        probe_on_start=not args.no_probe,
+        allow_unverified=args.allow_unverified,
+    )
     core = EdgeCore(cfg)
     try:
         await core.start()
@@ -41,30 +49,46 @@ async def explain(args) -> dict:
         size = core.planner.prompt_size(args.prompt)
         choice = core.planner.choose(task, *size, n, state, cloud_ok)
         shape = dataclasses.asdict(core.planner.shape(task, *size, n))
-        return {"task": task, "shape": shape, "num_drafts": n, "edge_state": state.state, "model_bytes": state.model_bytes,
-                "cloud": {"configured": core.link.enabled, "serving": core.link.serving},
-                "chosen": choice.plan, "reason": choice.reason,
-                "plans": {p: b.as_dict() for p, b in choice.breakdowns.items()},
-                "estimates": dict(sorted(core.planner.est.values.items())), "measured_keys": sorted(probed),
-                "notes": list(choice.notes)}
+        return {
+            "task": task,
+            "shape": shape,
+            "num_drafts": n,
+            "edge_state": state.state,
+            "model_bytes": state.model_bytes,
+            "cloud": {"configured": core.link.enabled, "serving": core.link.serving},
+            "chosen": choice.plan,
+            "reason": choice.reason,
+            "plans": {p: b.as_dict() for p, b in choice.breakdowns.items()},
+            "estimates": dict(sorted(core.planner.est.values.items())),
+            "measured_keys": sorted(probed),
+            "notes": list(choice.notes),
+        }
     finally:
         await core.close()
 
 
 def render(r: dict) -> str:
-    lines = [f"task {r['task']}, {r['num_drafts']} drafts, edge model {r['edge_state']} "
-             f"({r['model_bytes'] / 1e6:.1f} MB), cloud {'serving' if r['cloud']['serving'] else 'unavailable'}", "",
-             f"{'plan':<6} {'cold start':>10} {'drafting':>9} {'transfer':>9} {'cloud':>8} {'escalate':>9} "
-             f"{'total ms':>9} {'quality':>8}"]
+    lines = [
+        f"task {r['task']}, {r['num_drafts']} drafts, edge model {r['edge_state']} "
+        f"({r['model_bytes'] / 1e6:.1f} MB), cloud {'serving' if r['cloud']['serving'] else 'unavailable'}",
+        "",
+        f"{'plan':<6} {'cold start':>10} {'drafting':>9} {'transfer':>9} {'cloud':>8} {'escalate':>9} "
+        f"{'total ms':>9} {'quality':>8}",
+    ]
     for p, b in sorted(r["plans"].items(), key=lambda kv: kv[1]["total_ms"]):
         mark = " <- chosen" if p == r["chosen"] else ""
         # escalate: auto's edge answer failing the rules goes to a split (its chance times its cost)
-        lines.append(f"{p:<6} {b['cold_start_ms']:>10.1f} {b['drafting_ms']:>9.1f} {b['transfer_ms']:>9.1f} "
-                     f"{b['cloud_ms']:>8.1f} {b['escalation_ms']:>9.1f} {b['total_ms']:>9.1f} {b['quality']:>8.2f}{mark}")
+        lines.append(
+            f"{p:<6} {b['cold_start_ms']:>10.1f} {b['drafting_ms']:>9.1f} {b['transfer_ms']:>9.1f} "
+            f"{b['cloud_ms']:>8.1f} {b['escalation_ms']:>9.1f} {b['total_ms']:>9.1f} {b['quality']:>8.2f}{mark}"
+        )
     sh = r["shape"]
-    lines += ["", f"expected (history): drafts of {sh['draft_tokens']} tokens, {sh['rounds']:.2f} draft rounds per "
-                  f"split, cloud decode steps {sh['split_steps']:.0f} refining / {sh['cloud_steps']:.0f} alone, "
-                  f"answer {sh['answer_tokens']} tokens"]
+    lines += [
+        "",
+        f"expected (history): drafts of {sh['draft_tokens']} tokens, {sh['rounds']:.2f} draft rounds per "
+        f"split, cloud decode steps {sh['split_steps']:.0f} refining / {sh['cloud_steps']:.0f} alone, "
+        f"answer {sh['answer_tokens']} tokens",
+    ]
     lines += ["", f"why: {r['reason']}"]
     if r["notes"]:
         lines += ["", "caveats:"] + [f"  - {n}" for n in r["notes"]]
@@ -80,8 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", required=True)
     ap.add_argument("--task", help="default: inferred from the prompt")
     ap.add_argument("--num-drafts", type=int, default=0)
-    ap.add_argument("--edge-state", choices=("auto", "cold", "loading", "warm"), default="auto",
-                    help="plan as if the edge model were in this state (auto: as it is after start)")
+    ap.add_argument(
+        "--edge-state",
+        choices=("auto", "cold", "loading", "warm"),
+        default="auto",
+        help="plan as if the edge model were in this state (auto: as it is after start)",
+    )
     ap.add_argument("--quality-floor", type=float, default=0.0)
     ap.add_argument("--calibration", help="planner calibration file to read (and update)")
     ap.add_argument("--no-probe", action="store_true", help="use the calibration file / defaults only")

@@ -94,7 +94,7 @@ def _candidates(raw: np.ndarray, floor: float) -> np.ndarray:
     """Ids of ``raw`` at or above ``floor`` (one comparison pass); the top MAX_CANDIDATES of a flat row."""
     cand = np.flatnonzero(raw >= floor)
     if len(cand) > MAX_CANDIDATES:
-        cand = cand[np.argpartition(raw[cand], len(cand) - MAX_CANDIDATES)[len(cand) - MAX_CANDIDATES:]]
+        cand = cand[np.argpartition(raw[cand], len(cand) - MAX_CANDIDATES)[len(cand) - MAX_CANDIDATES :]]
     return cand
 
 
@@ -111,8 +111,9 @@ def log_normalizer(logits: np.ndarray, m: np.ndarray) -> np.ndarray:
     return m.astype(np.float64) + np.log(work.sum(axis=-1).astype(np.float64))
 
 
-def sample_next(logits: np.ndarray, history: Sequence[Sequence[int]], s: Sampling,
-                rngs: list[np.random.Generator]) -> tuple[np.ndarray, np.ndarray]:
+def sample_next(
+    logits: np.ndarray, history: Sequence[Sequence[int]], s: Sampling, rngs: list[np.random.Generator]
+) -> tuple[np.ndarray, np.ndarray]:
     """One token per row; ``history`` holds each row's generated ids (the penalties' counts).
     Returns (tokens [N], logprobs [N] under the unpenalised model).
 

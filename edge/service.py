@@ -80,12 +80,24 @@ class Done:
         """What both APIs report about a finished request besides its answer (gRPC SolveResult
         field names)."""
         r = self.result
-        return {"source": r.source, "valid": r.valid, "plan": self.plan, "plans": list(self.plans or [self.plan]),
-                "rounds": r.rounds, "fallback_reason": r.fallback_reason, "timings_ms": r.timings,
-                "predicted_ms": r.predicted, "plan_reason": r.plan_reason, "fields": r.fields,
-                "refine_mode": r.refine_mode, "task": r.task, "replays": list(r.replays),
-                "replica": r.summary.replica if r.summary is not None else "",
-                "cloud_tokens": dataclasses.asdict(self.cloud_tokens), "finish_reason": r.finish_reason}
+        return {
+            "source": r.source,
+            "valid": r.valid,
+            "plan": self.plan,
+            "plans": list(self.plans or [self.plan]),
+            "rounds": r.rounds,
+            "fallback_reason": r.fallback_reason,
+            "timings_ms": r.timings,
+            "predicted_ms": r.predicted,
+            "plan_reason": r.plan_reason,
+            "fields": r.fields,
+            "refine_mode": r.refine_mode,
+            "task": r.task,
+            "replays": list(r.replays),
+            "replica": r.summary.replica if r.summary is not None else "",
+            "cloud_tokens": dataclasses.asdict(self.cloud_tokens),
+            "finish_reason": r.finish_reason,
+        }
 
 
 LOCAL_RESERVE_FACTOR = 1.5
@@ -152,8 +164,9 @@ class EdgeCore:
                 await asyncio.sleep(0.05)
             stub = pb_grpc.CoinferCloudStub(self.link.channel)
         model = Path(self.cfg.model) / "model.onnx"
-        done = await probes.calibrate(self.planner.est, model if model.is_file() else None,
-                                      self.engine.lm if self.engine else None, stub)
+        done = await probes.calibrate(
+            self.planner.est, model if model.is_file() else None, self.engine.lm if self.engine else None, stub
+        )
         self._pool_queue()
         return done
 
@@ -168,15 +181,20 @@ class EdgeCore:
         gpu = self.engine.providers[0] in ACCELERATORS if self.engine else self._planned_gpu
         remaining = 0.0
         if self.model_state is t.ModelState.LOADING:
-            cold = dataclasses.replace(self.planner.edge_profile(EdgeState(self.model_bytes, t.ModelState.COLD, gpu=gpu)),
-                                       first_run_ms=0.0)  # the "loading" state adds it itself
+            cold = dataclasses.replace(
+                self.planner.edge_profile(EdgeState(self.model_bytes, t.ModelState.COLD, gpu=gpu)), first_run_ms=0.0
+            )  # the "loading" state adds it itself
             remaining = max(0.0, cold_start_ms(cold) - (time.perf_counter() - self._load_started) * 1e3)
         fresh = self.engine is None or self.engine.runs == 0
         return EdgeState(self.model_bytes, self.model_state, remaining, gpu, fresh)
 
     def _maybe_reprobe(self) -> None:
         est = self.planner.est
-        if self.link.enabled and (self._probe is None or self._probe.done()) and est.stale("rtt_ms", self.cfg.reprobe_s):
+        if (
+            self.link.enabled
+            and (self._probe is None or self._probe.done())
+            and est.stale("rtt_ms", self.cfg.reprobe_s)
+        ):
             est.updated["rtt_ms"] = time.time()  # one probe at a time
             from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
 
@@ -189,9 +207,13 @@ class EdgeCore:
                 self.model_state = t.ModelState.LOADING
                 t0 = self._load_started = time.perf_counter()
                 try:
-                    engine = await asyncio.to_thread(OrtDraftEngine, Path(self.cfg.model),
-                                                     self.cfg.provider_list or None,
-                                                     self.cfg.threads or None, allow_unverified=self.cfg.allow_unverified)
+                    engine = await asyncio.to_thread(
+                        OrtDraftEngine,
+                        Path(self.cfg.model),
+                        self.cfg.provider_list or None,
+                        self.cfg.threads or None,
+                        allow_unverified=self.cfg.allow_unverified,
+                    )
                     warm_ms = await asyncio.to_thread(engine.warm_up)
                 except BaseException:
                     self.model_state = t.ModelState.COLD
@@ -213,8 +235,9 @@ class EdgeCore:
             return await self.ensure_engine()
         except Exception as exc:  # noqa: BLE001 - ManifestError, ONNX Runtime's load errors, OSError
             log.error("draft model failed to load: %s", exc)
-            raise Unavailable("model: the edge's draft model failed to load (see the daemon's log); retry later") \
-                from None
+            raise Unavailable(
+                "model: the edge's draft model failed to load (see the daemon's log); retry later"
+            ) from None
 
     @functools.cached_property
     def _tokenizer(self) -> tuple[Tokenizer, ChatFormat]:
@@ -227,14 +250,24 @@ class EdgeCore:
         prompt = chat.render(conversation(req.prompt, req.messages))
         p = len(tok.encode(prompt, add_special_tokens=not chat.templated).ids)
         c = len(tok.encode(done.result.answer, add_special_tokens=False).ids)
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-                "draft_tokens": sum(d.num_tokens for d in done.result.drafts)}
+        return {
+            "prompt_tokens": p,
+            "completion_tokens": c,
+            "total_tokens": p + c,
+            "draft_tokens": sum(d.num_tokens for d in done.result.drafts),
+        }
 
     def status(self) -> dict:
-        return {"model": self.cfg.model_name, "model_state": self.model_state, "model_load_ms": self.model_load_ms,
-                "cloud_circuit": self.link.breaker.state if self.link.enabled else "disabled",
-                "cloud_serving": self.link.serving, "recommended_drafts": self.link.recommended_drafts,
-                "active": self.active, "replicas": [r.as_dict() for r in self.link.replicas.values()]}
+        return {
+            "model": self.cfg.model_name,
+            "model_state": self.model_state,
+            "model_load_ms": self.model_load_ms,
+            "cloud_circuit": self.link.breaker.state if self.link.enabled else "disabled",
+            "cloud_serving": self.link.serving,
+            "recommended_drafts": self.link.recommended_drafts,
+            "active": self.active,
+            "replicas": [r.as_dict() for r in self.link.replicas.values()],
+        }
 
     def _validate(self, req: SolveRequest) -> tuple[Sampling, float]:
         try:
@@ -291,15 +324,22 @@ class EdgeCore:
             return None
         return await self._engine_for_request()
 
-    def _learn(self, runs: tuple[Ran, ...], choice: Choice | None, skipped: str, task: str, size: tuple[int, int], n: int,
-               edge_was: EdgeState) -> None:
+    def _learn(
+        self,
+        runs: tuple[Ran, ...],
+        choice: Choice | None,
+        skipped: str,
+        task: str,
+        size: tuple[int, int],
+        n: int,
+        edge_was: EdgeState,
+    ) -> None:
         """Each plan that ran, with its own outcome: its measured / predicted latency (the edge attempt
         against the edge's own prediction, an escalation against the escalation's) and the planner's
         estimates (an escalation as a split observation of its own)."""
         for i, ran in enumerate(runs):
             r = ran.result
-            if choice is not None and runs[0].plan.value in choice.breakdowns and not r.fallback_reason \
-                    and not skipped:
+            if choice is not None and runs[0].plan.value in choice.breakdowns and not r.fallback_reason and not skipped:
                 b = choice.breakdowns[runs[0].plan.value]
                 predicted = b.attempt_ms if i == 0 else b.escalation_cost_ms
                 if predicted > 0:
@@ -354,9 +394,20 @@ class EdgeCore:
         if plan is Plan.CLOUD:  # the local answer a cloud plan falls back to starts this long before the deadline
             predicted = self.planner.local_ms(req.task or "open", *size, s.n, edge_was)
             reserve = LOCAL_RESERVE_FACTOR * predicted / 1e3 + LOCAL_RESERVE_MIN_S
-        lifecycle = RequestLifecycle(req, s, plan, engine, auto=choice is not None, deadline_s=deadline_s, t0=t0,
-                                     on_event=on_event, local_reserve_s=reserve, link=self.link,
-                                     replays=self.cfg.replays, load_engine=self._engine_for_request)
+        lifecycle = RequestLifecycle(
+            req,
+            s,
+            plan,
+            engine,
+            auto=choice is not None,
+            deadline_s=deadline_s,
+            t0=t0,
+            on_event=on_event,
+            local_reserve_s=reserve,
+            link=self.link,
+            replays=self.cfg.replays,
+            load_engine=self._engine_for_request,
+        )
         job = asyncio.create_task(lifecycle.run())
         job.add_done_callback(lambda _: q.put_nowait(None))
         try:
@@ -380,14 +431,17 @@ class EdgeCore:
             self.active -= 1
             self.metrics.active.dec()
 
-    def _result(self, outcome: Outcome, plan: Plan, why: str, skipped: str, choice: object, t0: float,
-                waited_ms: float) -> EdgeResult:
+    def _result(
+        self, outcome: Outcome, plan: Plan, why: str, skipped: str, choice: object, t0: float, waited_ms: float
+    ) -> EdgeResult:
         """The request's result as the user sees it: the lifecycle's, with the planner's reason and
         prediction, the request's own times, and why the cloud was skipped when it was."""
         result = outcome.result
         # the request as the user saw it; "cold_start": waiting for the edge model to load
-        add: dict = {"plan_reason": why if not result.plan_reason else f"{why}; {result.plan_reason}",
-                     "timings": result.timings | {"request": (time.perf_counter() - t0) * 1e3, "cold_start": waited_ms}}
+        add: dict = {
+            "plan_reason": why if not result.plan_reason else f"{why}; {result.plan_reason}",
+            "timings": result.timings | {"request": (time.perf_counter() - t0) * 1e3, "cold_start": waited_ms},
+        }
         if choice is not None and plan.value in choice.breakdowns:
             b = choice.breakdowns[plan.value]  # the choice's expectation (an escalation's share included)
             add["predicted"] = {k: v for k, v in b.as_dict().items() if k.endswith("_ms")}

@@ -27,18 +27,26 @@ def result_to_pb(done: Done) -> epb.SolveResult:
 def solve_request(request: epb.SolveRequest) -> SolveRequest:
     p = request.problem
     return SolveRequest(
-        prompt=p.prompt, task=p.task, rules=[convert.rule_from_pb(r) for r in p.rules],
+        prompt=p.prompt,
+        task=p.task,
+        rules=[convert.rule_from_pb(r) for r in p.rules],
         sampling=convert.from_pb(request.sampling, t.SamplingParams) if request.HasField("sampling") else None,
-        num_drafts=request.num_drafts, plan=request.plan or "auto", deadline_ms=request.deadline_ms,
-        request_id=request.request_id, messages=[ChatMessage(m.role, m.content) for m in p.messages],
-        extraction=convert.extraction_from_pb(p.extraction))
+        num_drafts=request.num_drafts,
+        plan=request.plan or "auto",
+        deadline_ms=request.deadline_ms,
+        request_id=request.request_id,
+        messages=[ChatMessage(m.role, m.content) for m in p.messages],
+        extraction=convert.extraction_from_pb(p.extraction),
+    )
 
 
 class EdgeServicer(epb_grpc.CoinferEdgeServicer):
     def __init__(self, core: EdgeCore) -> None:
         self.core = core
 
-    async def Solve(self, request: epb.SolveRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[epb.SolveEvent]:
+    async def Solve(
+        self, request: epb.SolveRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[epb.SolveEvent]:
         try:
             req = await asyncio.to_thread(solve_request, request)  # rule params: up to MiBs of Struct, off the loop
             async for ev in self.core.solve(req):
@@ -59,5 +67,7 @@ class EdgeServicer(epb_grpc.CoinferEdgeServicer):
 
     async def Status(self, request: epb.EdgeStatusRequest, context: grpc.aio.ServicerContext) -> epb.EdgeStatus:
         st = self.core.status()
-        return epb.EdgeStatus(**{k: v for k, v in st.items() if k != "replicas"},
-                              replicas=[epb.ReplicaStatus(**r) for r in st["replicas"]])
+        return epb.EdgeStatus(
+            **{k: v for k, v in st.items() if k != "replicas"},
+            replicas=[epb.ReplicaStatus(**r) for r in st["replicas"]],
+        )

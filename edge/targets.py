@@ -31,11 +31,14 @@ def parse_targets(cloud: str) -> tuple[str, list[tuple[str, int]]]:
     try:
         ips = [ipaddress.ip_address("127.0.0.1" if h == "localhost" else h) for h, _ in addrs]
     except ValueError:
-        raise ValueError("cloud: a list of replicas must be IP:port entries; for host names give one DNS name "
-                         "that resolves to every replica (e.g. a headless Service)") from None
+        raise ValueError(
+            "cloud: a list of replicas must be IP:port entries; for host names give one DNS name "
+            "that resolves to every replica (e.g. a headless Service)"
+        ) from None
     if len({ip.version for ip in ips}) > 1:
         raise ValueError("cloud: a replica list must be all IPv4 or all IPv6")
     scheme = "ipv4" if ips[0].version == 4 else "ipv6"
     fmt = (lambda ip, p: f"{ip}:{p}") if scheme == "ipv4" else (lambda ip, p: f"[{ip}]:{p}")
-    return f"{scheme}:" + ",".join(fmt(ip, p) for ip, (_, p) in zip(ips, addrs)), \
-        [(str(ip), p) for ip, (_, p) in zip(ips, addrs)]
+    return f"{scheme}:" + ",".join(fmt(ip, p) for ip, (_, p) in zip(ips, addrs)), [
+        (str(ip), p) for ip, (_, p) in zip(ips, addrs)
+    ]

@@ -19,8 +19,17 @@ def generate(root: Path = ROOT) -> list[Path]:
     include = Path(protoc.__file__).parent / "_proto"  # google/protobuf/*.proto
     protos = sorted((root / "protos").rglob("*.proto"))
     for proto in protos:
-        rc = protoc.main(["protoc", f"-I{root / 'protos'}", f"-I{include}", f"--python_out={root}",
-                          f"--grpc_python_out={root}", f"--pyi_out={root}", str(proto)])
+        rc = protoc.main(
+            [
+                "protoc",
+                f"-I{root / 'protos'}",
+                f"-I{include}",
+                f"--python_out={root}",
+                f"--grpc_python_out={root}",
+                f"--pyi_out={root}",
+                str(proto),
+            ]
+        )
         if rc != 0:
             raise RuntimeError(f"protoc failed on {proto} (exit {rc})")
     return protos

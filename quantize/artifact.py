@@ -22,13 +22,26 @@ EXTERNAL_DATA_BYTES = 1 << 30
 exceed 2 GiB, and a model that grows past it in a later step (calibration's augmented graph, a
 converter's copy) must not fail there."""
 # copied beside the model: what the edge needs to tokenize and stop (not the weights)
-SIDECAR_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                 "generation_config.json", "config.json")
+SIDECAR_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+    "config.json",
+)
 
 
 _ROOT = Path(__file__).resolve().parents[1]
-EXPORT_SOURCES = ("quantize/export.py", "quantize/decoder_graph.py", "quantize/gqa_op.py", "quantize/contrib_ops.py",
-                  "quantize/artifact.py", "edge/onnx_lm.py", "coinfer/manifest.py")
+EXPORT_SOURCES = (
+    "quantize/export.py",
+    "quantize/decoder_graph.py",
+    "quantize/gqa_op.py",
+    "quantize/contrib_ops.py",
+    "quantize/artifact.py",
+    "edge/onnx_lm.py",
+    "coinfer/manifest.py",
+)
 """The code an ONNX export depends on: part of the cache key of every cached export (demo, real model)."""
 
 
@@ -116,5 +129,11 @@ def save_model(model: onnx.ModelProto, path: Path, external: bool) -> None:
     """Save ``model`` (weights loaded) to ``path``; with ``external`` its weights go to one
     ``data_file`` beside it, replacing any (onnx appends to an existing one)."""
     data_file(path).unlink(missing_ok=True)
-    onnx.save(model, str(path), save_as_external_data=external, all_tensors_to_one_file=True,
-              location=data_file(path).name, size_threshold=1024)
+    onnx.save(
+        model,
+        str(path),
+        save_as_external_data=external,
+        all_tensors_to_one_file=True,
+        location=data_file(path).name,
+        size_threshold=1024,
+    )

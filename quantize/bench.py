@@ -75,12 +75,22 @@ def measure(model_dir: Path, cfg: BenchConfig) -> dict:
     t0 = time.perf_counter()
     lm.step(prompt, lm.empty_past(cfg.prompt_tokens + 1))[0].argmax(-1)
     first_token_ms = (time.perf_counter() - t0) * 1e3
-    _, steps = decode_steps(lm, sizes=(1, cfg.batch), steps=cfg.decode_steps, prompt_tokens=cfg.prompt_tokens,
-                            warmup=cfg.warmup_steps)
-    return {"model": str(model_dir), "providers": lm.providers, "file_bytes": sum(f.stat().st_size for f in files),
-            "page_cache_dropped": dropped, "read_ms": read_s * 1e3, "session_ms": session_ms,
-            "first_token_ms": first_token_ms, "decode_ms_b1": steps[1], f"decode_ms_step_b{cfg.batch}": steps[cfg.batch],
-            "batch": cfg.batch, "peak_rss_mb": peak_rss_mb()}
+    _, steps = decode_steps(
+        lm, sizes=(1, cfg.batch), steps=cfg.decode_steps, prompt_tokens=cfg.prompt_tokens, warmup=cfg.warmup_steps
+    )
+    return {
+        "model": str(model_dir),
+        "providers": lm.providers,
+        "file_bytes": sum(f.stat().st_size for f in files),
+        "page_cache_dropped": dropped,
+        "read_ms": read_s * 1e3,
+        "session_ms": session_ms,
+        "first_token_ms": first_token_ms,
+        "decode_ms_b1": steps[1],
+        f"decode_ms_step_b{cfg.batch}": steps[cfg.batch],
+        "batch": cfg.batch,
+        "peak_rss_mb": peak_rss_mb(),
+    }
 
 
 def peak_rss_mb() -> float:
@@ -161,8 +171,12 @@ def run(model_dirs: list[Path], cfg: BenchConfig = BenchConfig(), progress: bool
 
 
 def _measure_in_child(model_dir: Path, cfg: BenchConfig) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "coinfer.quantize.bench", str(model_dir), json.dumps(asdict(cfg))],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "coinfer.quantize.bench", str(model_dir), json.dumps(asdict(cfg))],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{model_dir}: benchmark process failed: {proc.stderr.strip()[-500:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -181,23 +195,55 @@ def _median_row(runs: list[dict]) -> dict:
 
 def table(result: dict) -> str:
     b = result["config"]["batch"]
-    head = ["model", "scheme", "MB", "size x", "read ms", "session ms", "session x", "1st tok ms", "b1 ms/tok",
-            "b1 speedup", f"b{b} ms/step", f"b{b} ms/tok", f"b{b} step/b1", "floor ms", "floor/meas", "RSS MB"]
+    head = [
+        "model",
+        "scheme",
+        "MB",
+        "size x",
+        "read ms",
+        "session ms",
+        "session x",
+        "1st tok ms",
+        "b1 ms/tok",
+        "b1 speedup",
+        f"b{b} ms/step",
+        f"b{b} ms/tok",
+        f"b{b} step/b1",
+        "floor ms",
+        "floor/meas",
+        "RSS MB",
+    ]
     lines = []
     for r in result["rows"]:
-        lines.append([Path(r["model"]).name, r["scheme"], f"{r['file_bytes'] / 1e6:.1f}", f"{r['size_ratio']:.2f}",
-                      f"{r['read_ms']:.0f}", f"{r['session_ms']:.0f}", f"{r['session_ratio']:.2f}",
-                      f"{r['first_token_ms']:.1f}", f"{r['decode_ms_b1']:.2f}", f"{r['speedup_b1']:.2f}x",
-                      f"{r[f'decode_ms_step_b{b}']:.2f}", f"{r[f'decode_ms_step_b{b}'] / b:.2f}",
-                      f"{r['batch_cost']:.2f}", f"{r['floor_ms']:.2f}", f"{r['floor_over_measured_b1']:.2f}",
-                      f"{r['peak_rss_mb']:.0f}"])
+        lines.append(
+            [
+                Path(r["model"]).name,
+                r["scheme"],
+                f"{r['file_bytes'] / 1e6:.1f}",
+                f"{r['size_ratio']:.2f}",
+                f"{r['read_ms']:.0f}",
+                f"{r['session_ms']:.0f}",
+                f"{r['session_ratio']:.2f}",
+                f"{r['first_token_ms']:.1f}",
+                f"{r['decode_ms_b1']:.2f}",
+                f"{r['speedup_b1']:.2f}x",
+                f"{r[f'decode_ms_step_b{b}']:.2f}",
+                f"{r[f'decode_ms_step_b{b}'] / b:.2f}",
+                f"{r['batch_cost']:.2f}",
+                f"{r['floor_ms']:.2f}",
+                f"{r['floor_over_measured_b1']:.2f}",
+                f"{r['peak_rss_mb']:.0f}",
+            ]
+        )
     widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(head)]
     fmt = "  ".join(f"{{:>{w}}}" for w in widths)
     out = [fmt.format(*head)] + [fmt.format(*row) for row in lines]
     rounds = result["config"].get("rounds", 1)
-    out.append(f"read bandwidth {result['read_bandwidth_gbs']:.1f} GB/s on {result['cpu_count']} cores; "
-               "floor = weight bytes read per step / bandwidth; ratios against the first row"
-               + (f"; times are medians of {rounds} rounds, models measured in turn" if rounds > 1 else ""))
+    out.append(
+        f"read bandwidth {result['read_bandwidth_gbs']:.1f} GB/s on {result['cpu_count']} cores; "
+        "floor = weight bytes read per step / bandwidth; ratios against the first row"
+        + (f"; times are medians of {rounds} rounds, models measured in turn" if rounds > 1 else "")
+    )
     return "\n".join(out)
 
 

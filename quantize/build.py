@@ -87,38 +87,62 @@ def int8_dir(src_dir: Path, out_dir: Path, cfg: QuantConfig = QuantConfig(), opt
             from coinfer.quantize.calibrate import KvCalibrationReader
 
             bar = tqdm(total=len(prompts), desc="calibrate", unit="prompt", disable=not opts.progress)
-            return KvCalibrationReader(src, Tokenizer.from_file(str(src_dir / "tokenizer.json")), prompts,
-                                       cfg.calib_decode_steps, on_prompt=bar.update)
+            return KvCalibrationReader(
+                src,
+                Tokenizer.from_file(str(src_dir / "tokenizer.json")),
+                prompts,
+                cfg.calib_decode_steps,
+                on_prompt=bar.update,
+            )
 
         outliers = None
         if "auto" in cfg.keep_float:  # measured on train-side prompts: the gates' stay held out
             from coinfer.quantize.outliers import activation_outliers, outlier_modules
 
             outliers = activation_outliers(src, default_prompts(src_dir, OUTLIER_PROMPTS, held_out=False, seed=2))
-            cfg = replace(cfg, keep_float=tuple(k for k in cfg.keep_float if k != "auto")
-                          + tuple(outlier_modules(outliers)))
+            cfg = replace(
+                cfg, keep_float=tuple(k for k in cfg.keep_float if k != "auto") + tuple(outlier_modules(outliers))
+            )
         info = quantize_model(src, tmp / MODEL_FILE, cfg, calibration=reader)
         if outliers is not None:  # the reason each kept MatMul stayed float, and the next ones
             info["outliers"] = dict(sorted(outliers.items(), key=lambda kv: -kv[1]["ratio"])[:6])
         checked, problems = check_structure(tmp / MODEL_FILE, cfg.keep_float)
-        report: dict = {"scheme": cfg.scheme, "params": cfg.params() | info,
-                        "bytes": model_bytes(tmp / MODEL_FILE), "source_bytes": model_bytes(src),
-                        "structure": {"weights_checked": checked, "problems": problems,
-                                      "quantized_weights": quantized_weights(tmp / MODEL_FILE)}}
+        report: dict = {
+            "scheme": cfg.scheme,
+            "params": cfg.params() | info,
+            "bytes": model_bytes(tmp / MODEL_FILE),
+            "source_bytes": model_bytes(src),
+            "structure": {
+                "weights_checked": checked,
+                "problems": problems,
+                "quantized_weights": quantized_weights(tmp / MODEL_FILE),
+            },
+        }
         failures = [f"structure: {p}" for p in problems[:3]]
         if opts.gates is not None:
-            results = gate_dirs(src_dir, tmp, opts.gates, opts.progress, allow_unverified=True,  # no manifest yet
-                                prompts=gating)
+            results = gate_dirs(
+                src_dir,
+                tmp,
+                opts.gates,
+                opts.progress,
+                allow_unverified=True,  # no manifest yet
+                prompts=gating,
+            )
             report["gates"] = gate_report(results, opts.gates)
             failures += [r.message for r in results if not r.passed]
         report["failures"] = failures
-        write_manifest(tmp, {
-            "scheme": cfg.scheme, "params": report["params"],
-            "opset": opset_of(tmp / MODEL_FILE),
-            "source": {"path": str(src_dir), "sha256": sha256_file(src)},
-            "tokenizer_sha256": tokenizer_hash(tmp), "providers": PROVIDERS[cfg.scheme],
-            "checks": {"structure": report["structure"], "gates": report.get("gates"), "passed": not failures},
-        })
+        write_manifest(
+            tmp,
+            {
+                "scheme": cfg.scheme,
+                "params": report["params"],
+                "opset": opset_of(tmp / MODEL_FILE),
+                "source": {"path": str(src_dir), "sha256": sha256_file(src)},
+                "tokenizer_sha256": tokenizer_hash(tmp),
+                "providers": PROVIDERS[cfg.scheme],
+                "checks": {"structure": report["structure"], "gates": report.get("gates"), "passed": not failures},
+            },
+        )
         if failures and not opts.keep_failed:
             raise CheckFailed(report)
     return report

@@ -24,8 +24,15 @@ from coinfer.quantize.prompts import TaskPrompt
 class KvCalibrationReader(CalibrationDataReader):
     """Feeds of the FP32 model running ``prompts``: prefill, then ``decode_steps`` greedy steps each."""
 
-    def __init__(self, fp32_model: Path, tokenizer: Tokenizer, prompts: Sequence[TaskPrompt], decode_steps: int = 8,
-                 on_prompt=None, chat: ChatFormat | None = None) -> None:
+    def __init__(
+        self,
+        fp32_model: Path,
+        tokenizer: Tokenizer,
+        prompts: Sequence[TaskPrompt],
+        decode_steps: int = 8,
+        on_prompt=None,
+        chat: ChatFormat | None = None,
+    ) -> None:
         self.lm = OnnxLM(fp32_model, providers=["CPUExecutionProvider"])
         self.tokenizer = tokenizer
         self.chat = chat or ChatFormat.from_dir(fp32_model.parent)

@@ -29,8 +29,7 @@ def float_weight_matmuls(model: onnx.ModelProto, keep_float: tuple[str, ...] = (
     from coinfer.quantize.int8 import kept_float
 
     inits = {i.name: i for i in model.graph.initializer}
-    transposed = {n.output[0]: n.input[0] for n in model.graph.node
-                  if n.op_type == "Transpose" and n.input[0] in inits}
+    transposed = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "Transpose" and n.input[0] in inits}
     out = []
     for n in model.graph.node:
         if n.op_type != "MatMul" or len(n.input) < 2 or kept_float(n, keep_float):
@@ -59,8 +58,12 @@ def quantized_weights(model_path: Path) -> list[str]:
     for node in model.graph.node:
         if node.op_type in ("MatMulNBits", "MatMulInteger") and node.input[1] in inits:
             out.append(node.input[1])
-        elif node.op_type == "DequantizeLinear" and node.input[0] in inits and inits[node.input[0]].data_type in _INT8 \
-                and len(inits[node.input[0]].dims) == 2:
+        elif (
+            node.op_type == "DequantizeLinear"
+            and node.input[0] in inits
+            and inits[node.input[0]].data_type in _INT8
+            and len(inits[node.input[0]].dims) == 2
+        ):
             out.append(node.input[0])
     return out
 
@@ -73,8 +76,9 @@ def check_structure(model_path: Path, keep_float: tuple[str, ...] | None = None)
     inits = {i.name: i for i in model.graph.initializer}
     if keep_float is None:
         keep_float = _manifest_keep_float(model_path)
-    problems: list[str] = [f"MatMul {m}: weight stayed float (not quantized)"
-                           for m in float_weight_matmuls(model, keep_float)]
+    problems: list[str] = [
+        f"MatMul {m}: weight stayed float (not quantized)" for m in float_weight_matmuls(model, keep_float)
+    ]
     checked = 0
     for node in model.graph.node:
         if node.op_type == "MatMulNBits":
@@ -107,8 +111,10 @@ def check_structure(model_path: Path, keep_float: tuple[str, ...] | None = None)
             if s.data_type != TensorProto.FLOAT:
                 problems.append(f"{where}: scale {scale} is {TensorProto.DataType.Name(s.data_type)}, not float32")
             if len(s.dims) != 1 or (out_channels is not None and s.dims[0] != out_channels):
-                problems.append(f"{where}: scale {scale} has shape {list(s.dims)}, expected [{out_channels}] "
-                                "(per-channel on the output axis)")
+                problems.append(
+                    f"{where}: scale {scale} has shape {list(s.dims)}, expected [{out_channels}] "
+                    "(per-channel on the output axis)"
+                )
         z = inits.get(zp)
         if z is None:
             problems.append(f"{where}: no zero point initializer")
@@ -142,8 +148,10 @@ def _check_nbits(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> li
     for d in s.dims:
         numel *= d
     if numel != n * blocks or (s.dims and s.dims[0] != n):
-        problems.append(f"{where}: scale {s.name} has shape {list(s.dims)}, expected [{n}, {blocks}] "
-                        "(per output channel and K-block)")
+        problems.append(
+            f"{where}: scale {s.name} has shape {list(s.dims)}, expected [{n}, {blocks}] "
+            "(per output channel and K-block)"
+        )
     z = inits.get(node.input[3]) if len(node.input) > 3 and node.input[3] else None
     if z is None:
         problems.append(f"{where}: no zero point initializer")

@@ -25,8 +25,9 @@ import torch
 
 
 @torch.library.custom_op("coinfer::rotary", mutates_args=())
-def rotary(x: torch.Tensor, position_ids: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor,
-           num_heads: int) -> torch.Tensor:
+def rotary(
+    x: torch.Tensor, position_ids: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor, num_heads: int
+) -> torch.Tensor:
     """x [B, T, H*D], position_ids int64 [B, T], tables [P, D/2] -> x rotated (non-interleaved halves)."""
     b, t, _ = x.shape
     h = x.view(b, t, num_heads, -1)
@@ -42,15 +43,18 @@ def _(x, position_ids, cos_table, sin_table, num_heads):
     return torch.empty_like(x)
 
 
-def tables(inv_freq: torch.Tensor, scale: float, positions: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def tables(
+    inv_freq: torch.Tensor, scale: float, positions: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos, sin) ``[positions, D/2]`` of the model's frequencies, ``scale`` (its attention scaling) folded in."""
     angles = torch.arange(positions, dtype=torch.float32)[:, None] * inv_freq.to(torch.float32)[None]
     return (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
 
 
 @torch.library.custom_op("coinfer::skip_rms_norm", mutates_args=())
-def skip_rms_norm(x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor,
-                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def skip_rms_norm(
+    x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm of ``x + skip`` as Llama's module computes it, ``x + skip``)."""
     total = x + skip
     h = total.to(torch.float32)
@@ -68,20 +72,35 @@ def register_schemas() -> None:
     import onnx
     from onnx.defs import OpSchema
 
-    p, a, floats = OpSchema.FormalParameter, OpSchema.Attribute, ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
+    p, a, floats = (
+        OpSchema.FormalParameter,
+        OpSchema.Attribute,
+        ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"],
+    )
     schemas = [
-        OpSchema("RotaryEmbedding", "com.microsoft", 1, doc="ONNX Runtime contrib op (subset declared for export)",
-                 inputs=[p("input", "T"), p("position_ids", "M"), p("cos_cache", "T"), p("sin_cache", "T")],
-                 outputs=[p("output", "T")],
-                 type_constraints=[("T", floats, "float"), ("M", ["tensor(int64)"], "positions")],
-                 attributes=[a("num_heads", OpSchema.AttrType.INT, "", required=False),
-                             a("interleaved", OpSchema.AttrType.INT, "", required=False)]),
-        OpSchema("SkipSimplifiedLayerNormalization", "com.microsoft", 1,
-                 doc="ONNX Runtime contrib op (subset declared for export)",
-                 inputs=[p("input", "T"), p("skip", "T"), p("gamma", "T")],
-                 outputs=[p("output", "T"), p("mean", "U"), p("inv_std_var", "U"), p("input_skip_bias_sum", "T")],
-                 type_constraints=[("T", floats, "float"), ("U", ["tensor(float)"], "statistics")],
-                 attributes=[a("epsilon", OpSchema.AttrType.FLOAT, "", required=False)]),
+        OpSchema(
+            "RotaryEmbedding",
+            "com.microsoft",
+            1,
+            doc="ONNX Runtime contrib op (subset declared for export)",
+            inputs=[p("input", "T"), p("position_ids", "M"), p("cos_cache", "T"), p("sin_cache", "T")],
+            outputs=[p("output", "T")],
+            type_constraints=[("T", floats, "float"), ("M", ["tensor(int64)"], "positions")],
+            attributes=[
+                a("num_heads", OpSchema.AttrType.INT, "", required=False),
+                a("interleaved", OpSchema.AttrType.INT, "", required=False),
+            ],
+        ),
+        OpSchema(
+            "SkipSimplifiedLayerNormalization",
+            "com.microsoft",
+            1,
+            doc="ONNX Runtime contrib op (subset declared for export)",
+            inputs=[p("input", "T"), p("skip", "T"), p("gamma", "T")],
+            outputs=[p("output", "T"), p("mean", "U"), p("inv_std_var", "U"), p("input_skip_bias_sum", "T")],
+            type_constraints=[("T", floats, "float"), ("U", ["tensor(float)"], "statistics")],
+            attributes=[a("epsilon", OpSchema.AttrType.FLOAT, "", required=False)],
+        ),
     ]
     for schema in schemas:
         if not onnx.defs.has(schema.name, schema.domain):

@@ -91,8 +91,10 @@ def _fuse(linears: list[nn.Linear]) -> nn.Linear:
     fused = nn.Linear(weight.shape[1], weight.shape[0], bias=biased)
     fused.weight = nn.Parameter(weight, requires_grad=False)
     if biased:
-        fused.bias = nn.Parameter(torch.cat([m.bias.detach() if m.bias is not None else torch.zeros(m.out_features)
-                                             for m in linears]), requires_grad=False)
+        fused.bias = nn.Parameter(
+            torch.cat([m.bias.detach() if m.bias is not None else torch.zeros(m.out_features) for m in linears]),
+            requires_grad=False,
+        )
     return fused
 
 
@@ -118,8 +120,10 @@ class ExportDecoder(nn.Module):
         self.kv_cache = kv_cache
         cfg = hf.config
         if rope_type(cfg) not in ("default", *STATIC_ROPE):
-            raise ValueError(f"unsupported rope_type {rope_type(cfg)!r} (supported: default, {', '.join(STATIC_ROPE)}; "
-                             "dynamic / longrope scaling depends on the sequence length)")
+            raise ValueError(
+                f"unsupported rope_type {rope_type(cfg)!r} (supported: default, {', '.join(STATIC_ROPE)}; "
+                "dynamic / longrope scaling depends on the sequence length)"
+            )
         self.num_layers = cfg.num_hidden_layers
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
@@ -151,11 +155,13 @@ class ExportDecoder(nn.Module):
         concatenated weights are copies: the export holds a model's projections twice while it runs
         (the source model is also parity's reference)."""
         attn = [layer.self_attn for layer in self.model.layers]
-        self.qkv = nn.ModuleList(a.qkv_proj if hasattr(a, "qkv_proj") else _fuse([a.q_proj, a.k_proj, a.v_proj])
-                                 for a in attn)
+        self.qkv = nn.ModuleList(
+            a.qkv_proj if hasattr(a, "qkv_proj") else _fuse([a.q_proj, a.k_proj, a.v_proj]) for a in attn
+        )
         self.gate_up = nn.ModuleList(
             m.gate_up_proj if hasattr(m, "gate_up_proj") else _fuse([m.gate_proj, m.up_proj])
-            for m in (layer.mlp for layer in self.model.layers))
+            for m in (layer.mlp for layer in self.model.layers)
+        )
         # one rotation node per projection where the rotation is the whole head and nothing sits
         # between projection and rotation (Qwen3 normalizes each head first: written out there)
         self.rotary_node = self.inv_freq.numel() * 2 == self.head_dim and not hasattr(attn[0], "q_norm")
@@ -165,8 +171,9 @@ class ExportDecoder(nn.Module):
             self.register_buffer("cos_table", cos, persistent=False)
             self.register_buffer("sin_table", sin, persistent=False)
 
-    def _add_norm(self, module: nn.Module, x: torch.Tensor,
-                  delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _add_norm(
+        self, module: nn.Module, x: torch.Tensor, delta: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(``module``'s norm of ``x + delta``, ``x + delta``); the buffer graph writes Llama's RMSNorm as
         ONNX Runtime's fused nodes (Gemma's ``(1 + w)`` norm, with ``eps``, stays its own module)."""
         eps = getattr(module, "variance_epsilon", None)
@@ -187,8 +194,17 @@ class ExportDecoder(nn.Module):
             return fused(x).split([nq, nkv, nkv], dim=-1)
         return a.q_proj(x), a.k_proj(x), a.v_proj(x)  # Qwen2: with bias
 
-    def _attn(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-              mask: torch.Tensor, pk: torch.Tensor, pv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _attn(
+        self,
+        i: int,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        pk: torch.Tensor,
+        pv: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, t, _ = x.shape
         a = self.model.layers[i].self_attn
         if self.kv_cache == "buffer" and self.rotary_node:  # [B, T, H*D] from projection to attention
@@ -198,9 +214,20 @@ class ExportDecoder(nn.Module):
             q = torch.ops.coinfer.rotary(q, positions, self.cos_table, self.sin_table, self.num_heads)
             k = torch.ops.coinfer.rotary(k, positions, self.cos_table, self.sin_table, self.num_kv_heads)
             seqlens, total = mask
-            out, k, v = torch.ops.coinfer.gqa(q, k, v, pk, pv, seqlens, total, self.num_heads, self.num_kv_heads,
-                                              float(a.scaling), int(_window(self.config, a) or 0),
-                                              float(self.attn_cap or 0.0))
+            out, k, v = torch.ops.coinfer.gqa(
+                q,
+                k,
+                v,
+                pk,
+                pv,
+                seqlens,
+                total,
+                self.num_heads,
+                self.num_kv_heads,
+                float(a.scaling),
+                int(_window(self.config, a) or 0),
+                float(self.attn_cap or 0.0),
+            )
             return a.o_proj(out), k, v
         q, k, v = self._qkv(i, x)
         q = q.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
@@ -214,9 +241,19 @@ class ExportDecoder(nn.Module):
 
             seqlens, total = mask
             out, k, v = torch.ops.coinfer.gqa(
-                q.transpose(1, 2).reshape(b, t, -1), k.transpose(1, 2).reshape(b, t, -1),
-                v.transpose(1, 2).reshape(b, t, -1), pk, pv, seqlens, total, self.num_heads, self.num_kv_heads,
-                float(a.scaling), int(_window(self.config, a) or 0), float(self.attn_cap or 0.0))
+                q.transpose(1, 2).reshape(b, t, -1),
+                k.transpose(1, 2).reshape(b, t, -1),
+                v.transpose(1, 2).reshape(b, t, -1),
+                pk,
+                pv,
+                seqlens,
+                total,
+                self.num_heads,
+                self.num_kv_heads,
+                float(a.scaling),
+                int(_window(self.config, a) or 0),
+                float(self.attn_cap or 0.0),
+            )
             return a.o_proj(out), k, v
         k = torch.cat([pk, k], dim=2)  # [B, Hkv, P+T, D]
         v = torch.cat([pv, v], dim=2)
@@ -239,8 +276,9 @@ class ExportDecoder(nn.Module):
             return m.down_proj(act(gate) * up)
         return m.down_proj(act(m.gate_proj(x)) * m.up_proj(x))
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, *past: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
         t = input_ids.shape[1]
         total = attention_mask.shape[1]
         x = self.model.embed_tokens(input_ids)  # Gemma's module scales by sqrt(hidden) itself

@@ -38,8 +38,14 @@ from coinfer.quantize.artifact import (
 from coinfer.quantize.decoder_graph import KV_CACHES, STATIC_ROPE, ExportDecoder, io_names, rope_type
 
 log = logging.getLogger(__name__)
-SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
-             "Gemma2ForCausalLM")
+SUPPORTED = (
+    "LlamaForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "MistralForCausalLM",
+    "Phi3ForCausalLM",
+    "Gemma2ForCausalLM",
+)
 """Decoder-only families the export graph states exactly (``quantize/decoder_graph.py``): Llama (GQA,
 tied embeddings, Llama 3 / linear / YaRN rope scaling; SmolLM2), Qwen2/2.5 (qkv bias), Qwen3 (q/k norm),
 Mistral and Phi-3 (sliding window, fused qkv / gate_up), Gemma 2 (soft-capping, sandwich norms,
@@ -76,13 +82,16 @@ def load_source(model_dir: Path) -> PreTrainedModel:
         raise ExportError(f"{cfg_path}: unreadable config: {exc}") from None
     archs = getattr(cfg, "architectures", None) or []
     if not any(a in SUPPORTED for a in archs):
-        raise ExportError(f"{cfg_path}: architecture {archs or cfg.model_type!r} unsupported (supported: {', '.join(SUPPORTED)})")
+        raise ExportError(
+            f"{cfg_path}: architecture {archs or cfg.model_type!r} unsupported (supported: {', '.join(SUPPORTED)})"
+        )
     if rope_type(cfg) not in ("default", *STATIC_ROPE):
-        raise ExportError(f"{cfg_path}: rope_type {rope_type(cfg)!r} unsupported (supported: default, "
-                          f"{', '.join(STATIC_ROPE)}; it depends on the sequence length)")
+        raise ExportError(
+            f"{cfg_path}: rope_type {rope_type(cfg)!r} unsupported (supported: default, "
+            f"{', '.join(STATIC_ROPE)}; it depends on the sequence length)"
+        )
     # eager attention: the reference parity compares against (SDPA skips Gemma 2's soft-capping)
-    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
-                                                attn_implementation="eager").eval()
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="eager").eval()
 
 
 @dataclass
@@ -102,8 +111,14 @@ def _sample_inputs(model: ExportDecoder, batch: int, past: int, new: int) -> tup
     return (ids, mask, pos, *kv)
 
 
-def export_onnx(hf: PreTrainedModel, out_path: Path, opset: int = 18, all_logits: bool = False,
-                external_data: bool | None = None, kv_cache: str = "concat") -> None:
+def export_onnx(
+    hf: PreTrainedModel,
+    out_path: Path,
+    opset: int = 18,
+    all_logits: bool = False,
+    external_data: bool | None = None,
+    kv_cache: str = "concat",
+) -> None:
     """Export the loaded source model to ``out_path`` (FP32); logits of the last position only unless
     ``all_logits``. Weights go to ``model.onnx.data`` when ``external_data`` (None: when they exceed
     ``EXTERNAL_DATA_BYTES``; a single protobuf file cannot hold more than 2 GiB). ``kv_cache``
@@ -120,13 +135,27 @@ def export_onnx(hf: PreTrainedModel, out_path: Path, opset: int = 18, all_logits
     # Dim.AUTO: the mask length is past + new, a relation torch.export infers itself
     # (a Dim sum of two named dims cannot be declared). *past is one pytree element.
     auto = torch.export.Dim.AUTO
-    shapes = [{0: auto, 1: auto}, {0: auto, 1: auto}, {0: auto, 1: auto},
-              tuple({0: auto, 2: auto} for _ in range(2 * m.num_layers))]
+    shapes = [
+        {0: auto, 1: auto},
+        {0: auto, 1: auto},
+        {0: auto, 1: auto},
+        tuple({0: auto, 2: auto} for _ in range(2 * m.num_layers)),
+    ]
     sample = _sample_inputs(m, batch=2, past=3, new=2)
     with torch.no_grad():
-        prog = torch.onnx.export(m, sample, dynamo=True, input_names=inputs, output_names=outputs,
-                                 dynamic_shapes=shapes, opset_version=opset, external_data=external_data,
-                                 custom_translation_table=table, optimize=True, verbose=False)
+        prog = torch.onnx.export(
+            m,
+            sample,
+            dynamo=True,
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_shapes=shapes,
+            opset_version=opset,
+            external_data=external_data,
+            custom_translation_table=table,
+            optimize=True,
+            verbose=False,
+        )
     prog.model.metadata_props[KV_CACHE_KEY] = kv_cache  # how the runtime feeds the cache (edge.onnx_lm)
     prog.save(str(out_path), external_data=external_data)
     if external_data and not data_file(out_path).exists():  # the exporter names it; the edge expects this name
@@ -143,7 +172,7 @@ def parity(hf: PreTrainedModel, onnx_path: Path, prompt_ids: list[int], steps: i
         for _ in range(steps + 1):
             ref.append(hf(torch.tensor([ids])).logits[0, -1].numpy())
             ids.append(int(ref[-1].argmax()))
-    got = OnnxLM(onnx_path, providers=["CPUExecutionProvider"]).forced(list(prompt_ids), ids[len(prompt_ids):])
+    got = OnnxLM(onnx_path, providers=["CPUExecutionProvider"]).forced(list(prompt_ids), ids[len(prompt_ids) :])
     max_diff = max(float(np.abs(a - b).max()) for a, b in zip(ref, got))
     match = all(int(a.argmax()) == int(b.argmax()) for a, b in zip(ref, got))
     return Parity(max_diff, match, steps)
@@ -166,9 +195,17 @@ class ParityFailed(ExportError):
         self.report = report
 
 
-def export_dir(model_dir: Path, out_dir: Path, parity_prompt: list[int] | None = None, parity_steps: int = 16,
-               dtype: str = "fp32", keep_failed: bool = False, all_logits: bool = False,
-               external_data: bool | None = None, kv_cache: str = "concat") -> dict:
+def export_dir(
+    model_dir: Path,
+    out_dir: Path,
+    parity_prompt: list[int] | None = None,
+    parity_steps: int = 16,
+    dtype: str = "fp32",
+    keep_failed: bool = False,
+    all_logits: bool = False,
+    external_data: bool | None = None,
+    kv_cache: str = "concat",
+) -> dict:
     """Export to ``out_dir`` (model.onnx + tokenizer + export.json + manifest.json), atomically.
 
     A failed parity check (greedy path differs from torch's) publishes nothing and raises
@@ -182,29 +219,43 @@ def export_dir(model_dir: Path, out_dir: Path, parity_prompt: list[int] | None =
     with staged(out_dir) as tmp:
         if dtype == "fp16":  # the fp32 graph (and its weights file) in a scratch dir, never published
             (tmp / ".fp32").mkdir()
-            export_onnx(hf, tmp / ".fp32" / MODEL_FILE, all_logits=all_logits, external_data=external_data,
-                        kv_cache=kv_cache)
+            export_onnx(
+                hf, tmp / ".fp32" / MODEL_FILE, all_logits=all_logits, external_data=external_data, kv_cache=kv_cache
+            )
             to_fp16(tmp / ".fp32" / MODEL_FILE, tmp / MODEL_FILE)
             shutil.rmtree(tmp / ".fp32")
         else:
-            export_onnx(hf, tmp / MODEL_FILE, all_logits=all_logits, external_data=external_data,
-                        kv_cache=kv_cache)
+            export_onnx(hf, tmp / MODEL_FILE, all_logits=all_logits, external_data=external_data, kv_cache=kv_cache)
         copy_sidecars(model_dir, tmp)
-        report: dict = {"source": str(model_dir), "precision": dtype, "logits": "all" if all_logits else "last",
-                        "kv_cache": kv_cache}
+        report: dict = {
+            "source": str(model_dir),
+            "precision": dtype,
+            "logits": "all" if all_logits else "last",
+            "kv_cache": kv_cache,
+        }
         if parity_prompt is not None:
             report["parity"] = asdict(parity(hf, tmp / MODEL_FILE, parity_prompt, parity_steps))
         par = report.get("parity")
-        report["failures"] = ([f"parity: greedy path differs from torch within {par['decode_steps']} decode steps "
-                               f"(max logit diff {par['max_logit_diff']:.2e})"] if par and not par["greedy_match"] else [])
+        report["failures"] = (
+            [
+                f"parity: greedy path differs from torch within {par['decode_steps']} decode steps "
+                f"(max logit diff {par['max_logit_diff']:.2e})"
+            ]
+            if par and not par["greedy_match"]
+            else []
+        )
         (tmp / "export.json").write_text(json.dumps(report, indent=2))
-        write_manifest(tmp, {
-            "scheme": dtype, "opset": opset_of(tmp / MODEL_FILE),
-            "source": {"path": str(model_dir), "sha256": _source_hash(model_dir)},
-            "tokenizer_sha256": tokenizer_hash(tmp),
-            "providers": ["CPUExecutionProvider", "CUDAExecutionProvider"],
-            "checks": {"parity": report.get("parity"), "passed": not report["failures"]},
-        })
+        write_manifest(
+            tmp,
+            {
+                "scheme": dtype,
+                "opset": opset_of(tmp / MODEL_FILE),
+                "source": {"path": str(model_dir), "sha256": _source_hash(model_dir)},
+                "tokenizer_sha256": tokenizer_hash(tmp),
+                "providers": ["CPUExecutionProvider", "CUDAExecutionProvider"],
+                "checks": {"parity": report.get("parity"), "passed": not report["failures"]},
+            },
+        )
         if report["failures"] and not keep_failed:
             raise ParityFailed(report)
     return report

@@ -146,34 +146,58 @@ class Tally:
         """The task-free gates, then greedy match (reported only)."""
         n = self.positions
         if not n:
-            return [GateResult(name, None, None, True, "no positions: the reference ended every prompt at once")
-                    for name in TASK_FREE]
+            return [
+                GateResult(name, None, None, True, "no positions: the reference ended every prompt at once")
+                for name in TASK_FREE
+            ]
         top1, delta, kl = self.agree / n, (self.nll_cand - self.nll_ref) / n, self.kl / n
         where = f"{n} positions over {self.prompts} prompts"
         return [
-            GateResult("top1_agreement", top1, cfg.min_top1_agreement, top1 >= cfg.min_top1_agreement,
-                       f"{self.agree}/{where}"),
-            GateResult("nll_delta", delta, cfg.max_nll_delta, delta <= cfg.max_nll_delta,
-                       f"reference continuations: {self.nll_ref / n:.3f} nats/token under the reference, "
-                       f"{self.nll_cand / n:.3f} under the candidate, perplexity x{math.exp(min(delta, 50.0)):.3f} "
-                       f"({where})"),
-            GateResult("kl_divergence", kl, cfg.max_kl_divergence, kl <= cfg.max_kl_divergence,
-                       f"mean KL(FP32 || candidate) of the next-token distributions, nats ({where})"),
-            GateResult("greedy_match", self.identical / self.prompts, None, True,
-                       f"{self.identical}/{self.prompts} greedy continuations identical (follows top1^length: one "
-                       "flipped token changes the rest)"),
+            GateResult(
+                "top1_agreement", top1, cfg.min_top1_agreement, top1 >= cfg.min_top1_agreement, f"{self.agree}/{where}"
+            ),
+            GateResult(
+                "nll_delta",
+                delta,
+                cfg.max_nll_delta,
+                delta <= cfg.max_nll_delta,
+                f"reference continuations: {self.nll_ref / n:.3f} nats/token under the reference, "
+                f"{self.nll_cand / n:.3f} under the candidate, perplexity x{math.exp(min(delta, 50.0)):.3f} "
+                f"({where})",
+            ),
+            GateResult(
+                "kl_divergence",
+                kl,
+                cfg.max_kl_divergence,
+                kl <= cfg.max_kl_divergence,
+                f"mean KL(FP32 || candidate) of the next-token distributions, nats ({where})",
+            ),
+            GateResult(
+                "greedy_match",
+                self.identical / self.prompts,
+                None,
+                True,
+                f"{self.identical}/{self.prompts} greedy continuations identical (follows top1^length: one "
+                "flipped token changes the rest)",
+            ),
         ]
 
 
 def _correct(engine: OrtDraftEngine, p: TaskPrompt, s: Sampling) -> int:
     """How many of the drafts ``engine`` samples for ``p`` the task grades right."""
     task = TASKS[p.problem.task]
-    return sum(task.grade(p.problem.spec, task.parse_answer(d.text))
-               for d in engine.generate(p.model_text(engine.chat), s))
+    return sum(
+        task.grade(p.problem.spec, task.parse_answer(d.text)) for d in engine.generate(p.model_text(engine.chat), s)
+    )
 
 
-def run_gates(reference: OrtDraftEngine, candidate: OrtDraftEngine, prompts: Sequence[TaskPrompt],
-              cfg: GateConfig = GateConfig(), on_prompt: Callable[[], None] | None = None) -> list[GateResult]:
+def run_gates(
+    reference: OrtDraftEngine,
+    candidate: OrtDraftEngine,
+    prompts: Sequence[TaskPrompt],
+    cfg: GateConfig = GateConfig(),
+    on_prompt: Callable[[], None] | None = None,
+) -> list[GateResult]:
     cfg.validate()
     tally = Tally()
     ref_ok = cand_ok = graded = 0
@@ -182,8 +206,15 @@ def run_gates(reference: OrtDraftEngine, candidate: OrtDraftEngine, prompts: Seq
         ref_tokens, ref_logits = reference.lm.greedy(ids, cfg.max_new_tokens, reference.eos_ids)
         tally.add(ref_logits, candidate.lm.forced(ids, ref_tokens), ref_tokens)
         if p.problem is not None:
-            s = Sampling(n=cfg.drafts, temperature=cfg.temperature, top_p=1.0, presence_penalty=0.0,
-                         frequency_penalty=0.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 1000 * i)
+            s = Sampling(
+                n=cfg.drafts,
+                temperature=cfg.temperature,
+                top_p=1.0,
+                presence_penalty=0.0,
+                frequency_penalty=0.0,
+                max_new_tokens=cfg.max_new_tokens,
+                seed=cfg.seed + 1000 * i,
+            )
             ref_ok += _correct(reference, p, s)
             cand_ok += _correct(candidate, p, s)
             graded += cfg.drafts
@@ -198,25 +229,49 @@ def accuracy_gate(ref_ok: int, cand_ok: int, graded: int, cfg: GateConfig) -> Ga
     would be a pass the gate did not earn -- it says "not applicable" instead."""
     if graded and ref_ok:
         drop = (ref_ok - cand_ok) / graded
-        return GateResult("accuracy_drop", drop, cfg.max_accuracy_drop, drop <= cfg.max_accuracy_drop,
-                          f"sampled drafts correct: reference {ref_ok}/{graded}, candidate {cand_ok}/{graded} "
-                          f"(T={cfg.temperature}, {cfg.drafts} per prompt)")
+        return GateResult(
+            "accuracy_drop",
+            drop,
+            cfg.max_accuracy_drop,
+            drop <= cfg.max_accuracy_drop,
+            f"sampled drafts correct: reference {ref_ok}/{graded}, candidate {cand_ok}/{graded} "
+            f"(T={cfg.temperature}, {cfg.drafts} per prompt)",
+        )
     if graded:
-        return GateResult("accuracy_drop", None, cfg.max_accuracy_drop, True,
-                          f"the reference model answers none of {graded} sampled drafts right: this gate cannot "
-                          "judge it; give prompts of a task it knows (--prompts-file) or rely on the other gates")
-    return GateResult("accuracy_drop", None, cfg.max_accuracy_drop, True,
-                      f"no gradable task prompts: the task-free gates ({', '.join(TASK_FREE)}) judge alone")
+        return GateResult(
+            "accuracy_drop",
+            None,
+            cfg.max_accuracy_drop,
+            True,
+            f"the reference model answers none of {graded} sampled drafts right: this gate cannot "
+            "judge it; give prompts of a task it knows (--prompts-file) or rely on the other gates",
+        )
+    return GateResult(
+        "accuracy_drop",
+        None,
+        cfg.max_accuracy_drop,
+        True,
+        f"no gradable task prompts: the task-free gates ({', '.join(TASK_FREE)}) judge alone",
+    )
 
 
 def gate_report(results: list[GateResult], cfg: GateConfig) -> dict:
-    return {"passed": all(r.passed for r in results), "config": asdict(cfg),
-            "gates": [asdict(r) | {"message": r.message} for r in results]}
+    return {
+        "passed": all(r.passed for r in results),
+        "config": asdict(cfg),
+        "gates": [asdict(r) | {"message": r.message} for r in results],
+    }
 
 
-def gate_dirs(reference_dir: Path, candidate_dir: Path, cfg: GateConfig = GateConfig(), progress: bool = True,
-              allow_unverified: bool = False, prompts_file: Path | None = None,
-              prompts: Sequence[TaskPrompt] | None = None) -> list[GateResult]:
+def gate_dirs(
+    reference_dir: Path,
+    candidate_dir: Path,
+    cfg: GateConfig = GateConfig(),
+    progress: bool = True,
+    allow_unverified: bool = False,
+    prompts_file: Path | None = None,
+    prompts: Sequence[TaskPrompt] | None = None,
+) -> list[GateResult]:
     """Run the gates of ``candidate_dir`` against ``reference_dir`` on CPU: on ``prompts``, the user's
     prompts (``prompts_file``, JSONL chat requests; graded only where a line names a task), or the
     held-out side of the model's declared tasks or of the shipped generic set."""
@@ -225,8 +280,11 @@ def gate_dirs(reference_dir: Path, candidate_dir: Path, cfg: GateConfig = GateCo
     from coinfer.quantize.prompts import default_prompts, read_prompt_file
 
     if prompts is None:
-        prompts = (read_prompt_file(prompts_file) if prompts_file is not None
-                   else default_prompts(reference_dir, cfg.prompts, held_out=True, seed=2))
+        prompts = (
+            read_prompt_file(prompts_file)
+            if prompts_file is not None
+            else default_prompts(reference_dir, cfg.prompts, held_out=True, seed=2)
+        )
     prompts = list(prompts)[: cfg.prompts]
     reference = OrtDraftEngine(reference_dir, providers=["CPUExecutionProvider"])
     candidate = OrtDraftEngine(candidate_dir, providers=["CPUExecutionProvider"], allow_unverified=allow_unverified)

@@ -35,8 +35,13 @@ from coinfer.quantize.artifact import ArtifactError, staged
 
 log = logging.getLogger(__name__)
 
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                      "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM"}
+GGUF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+}
 """``general.architecture`` values imported -> the transformers class they load as: what transformers'
 GGUF loader reads *and* ``coinfer.quantize.export.SUPPORTED`` exports. (llama.cpp writes Mistral models as
 ``llama``; transformers tells them apart by name and loads them as Mistral, also exported.)"""
@@ -78,8 +83,10 @@ def check_architecture(path: Path) -> str:
     """The file's architecture if importable, else GgufError naming it and the supported ones."""
     arch = gguf_architecture(path)
     if arch not in GGUF_ARCHITECTURES:
-        raise GgufError(f"{path}: GGUF architecture {arch!r} unsupported (supported: "
-                        f"{', '.join(GGUF_ARCHITECTURES)}; what the ONNX export states exactly)")
+        raise GgufError(
+            f"{path}: GGUF architecture {arch!r} unsupported (supported: "
+            f"{', '.join(GGUF_ARCHITECTURES)}; what the ONNX export states exactly)"
+        )
     return arch
 
 
@@ -88,13 +95,17 @@ def end_of_turn(tokenizer) -> str | None:
     template, or when the template ends the turn with ordinary text)."""
     if not getattr(tokenizer, "chat_template", None):
         return None
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _MARKER}],
-                                         tokenize=False, add_generation_prompt=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _MARKER}],
+        tokenize=False,
+        add_generation_prompt=False,
+    )
     if _MARKER not in text:
         return None
     after = text.split(_MARKER, 1)[1].lstrip(" ")
-    specials = sorted(tokenizer.all_special_tokens + [str(t) for t in tokenizer.get_added_vocab()], key=len,
-                      reverse=True)  # the longest first: "<|im_end|>" before a shorter token it starts with
+    specials = sorted(
+        tokenizer.all_special_tokens + [str(t) for t in tokenizer.get_added_vocab()], key=len, reverse=True
+    )  # the longest first: "<|im_end|>" before a shorter token it starts with
     return next((t for t in specials if t and after.startswith(t)), None)
 
 
@@ -142,7 +153,9 @@ def import_gguf(gguf_file: Path, out_dir: Path) -> dict:
             model = AutoModelForCausalLM.from_pretrained(**src, dtype=torch.float32, **_dequantized())
             tokenizer = AutoTokenizer.from_pretrained(**src)
         except (ValueError, KeyError, OSError, NotImplementedError) as exc:  # a tensor type or tokenizer it lacks
-            raise GgufError(f"{gguf_file}: transformers cannot load it: {type(exc).__name__}: {str(exc)[:300]}") from None
+            raise GgufError(
+                f"{gguf_file}: transformers cannot load it: {type(exc).__name__}: {str(exc)[:300]}"
+            ) from None
         quantizer = getattr(model, "hf_quantizer", None)
         if quantizer is not None:  # the weights are dense float32 now: drop the GGUF marker that forbids saving
             quantizer.remove_quantization_config(model)
@@ -152,11 +165,14 @@ def import_gguf(gguf_file: Path, out_dir: Path) -> dict:
         from coinfer.quantize.export import SUPPORTED
 
         if loaded not in SUPPORTED:  # e.g. a future loader mapping that the export cannot state
-            raise GgufError(f"{gguf_file}: loads as {loaded}, which the export does not support "
-                            f"(supported: {', '.join(SUPPORTED)})")
+            raise GgufError(
+                f"{gguf_file}: loads as {loaded}, which the export does not support (supported: {', '.join(SUPPORTED)})"
+            )
         eot = end_of_turn(tokenizer)
         if not tokenizer.chat_template:
-            log.warning("%s has no chat template: the edge and vLLM will see plain text (User: / Assistant:)", gguf_file)
+            log.warning(
+                "%s has no chat template: the edge and vLLM will see plain text (User: / Assistant:)", gguf_file
+            )
         file_eos = tokenizer.eos_token
         if eot is not None and eot != file_eos:
             tokenizer.eos_token = eot  # what apply_chat_template's {{ eos_token }} and vLLM's stop use
@@ -165,19 +181,30 @@ def import_gguf(gguf_file: Path, out_dir: Path) -> dict:
         eos: int | list[int] | None = eos_ids[0] if len(eos_ids) == 1 else (eos_ids or None)
         cfg.eos_token_id = eos  # the edge reads its stop ids from config.json
         cfg.bos_token_id = tokenizer.bos_token_id  # the file's own (None if it states none, not a class default)
-        model.generation_config = GenerationConfig(bos_token_id=cfg.bos_token_id, eos_token_id=eos,
-                                                   pad_token_id=getattr(cfg, "pad_token_id", None))
+        model.generation_config = GenerationConfig(
+            bos_token_id=cfg.bos_token_id, eos_token_id=eos, pad_token_id=getattr(cfg, "pad_token_id", None)
+        )
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         _portable_tokenizer_class(tmp / "tokenizer_config.json")
-        report = {"source": {"path": str(gguf_file), "sha256": sha256_file(gguf_file),
-                             "bytes": gguf_file.stat().st_size, "architecture": arch},
-                  "architecture": loaded, "dtype": "float32",
-                  "parameters": sum(p.numel() for p in model.parameters()),
-                  "tied_embeddings": bool(getattr(cfg, "tie_word_embeddings", False)),
-                  "chat_template": bool(tokenizer.chat_template), "end_of_turn": eot, "file_eos": file_eos,
-                  "eos_token_id": eos, "code_sha256": code_hash(),
-                  "seconds": {"load": round(load_s, 2), "total": round(time.perf_counter() - t0, 2)}}
+        report = {
+            "source": {
+                "path": str(gguf_file),
+                "sha256": sha256_file(gguf_file),
+                "bytes": gguf_file.stat().st_size,
+                "architecture": arch,
+            },
+            "architecture": loaded,
+            "dtype": "float32",
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "tied_embeddings": bool(getattr(cfg, "tie_word_embeddings", False)),
+            "chat_template": bool(tokenizer.chat_template),
+            "end_of_turn": eot,
+            "file_eos": file_eos,
+            "eos_token_id": eos,
+            "code_sha256": code_hash(),
+            "seconds": {"load": round(load_s, 2), "total": round(time.perf_counter() - t0, 2)},
+        }
         (tmp / IMPORT_FILE).write_text(json.dumps(report, indent=2))
         log.info("imported %s (%s) in %.1f s", gguf_file, arch, report["seconds"]["total"])
     return report

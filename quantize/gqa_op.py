@@ -21,9 +21,20 @@ import torch
 
 
 @torch.library.custom_op("coinfer::gqa", mutates_args=())
-def gqa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_key: torch.Tensor, past_value: torch.Tensor,
-        seqlens_k: torch.Tensor, total_len: torch.Tensor, num_heads: int, kv_num_heads: int, scale: float,
-        window: int, softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def gqa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    past_key: torch.Tensor,
+    past_value: torch.Tensor,
+    seqlens_k: torch.Tensor,
+    total_len: torch.Tensor,
+    num_heads: int,
+    kv_num_heads: int,
+    scale: float,
+    window: int,
+    softcap: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """query [B, T, H*D], key / value [B, T, Hkv*D] (rotary applied), past [B, Hkv, P, D] ->
     (out [B, T, H*D], present key, present value [B, Hkv, P+T, D]); causal, no padding; ``window``
     <= 0 = global; ``softcap`` 0 = none."""
@@ -64,17 +75,27 @@ def register_schema() -> None:
         return
     p, a = OpSchema.FormalParameter, OpSchema.Attribute
     ins = ["query", "key", "value", "past_key", "past_value"]
-    onnx.defs.register_schema(OpSchema(
-        "GroupQueryAttention", "com.microsoft", 1, doc="ONNX Runtime contrib op (subset declared for export)",
-        inputs=[p(n, "T") for n in ins] + [p("seqlens_k", "M"), p("total_sequence_length", "M")],
-        outputs=[p("output", "T"), p("present_key", "T"), p("present_value", "T")],
-        type_constraints=[("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "float"),
-                          ("M", ["tensor(int32)"], "lengths")],
-        attributes=[a("num_heads", OpSchema.AttrType.INT, "", required=True),
-                    a("kv_num_heads", OpSchema.AttrType.INT, "", required=True),
-                    a("scale", OpSchema.AttrType.FLOAT, "", required=False),
-                    a("local_window_size", OpSchema.AttrType.INT, "", required=False),
-                    a("softcap", OpSchema.AttrType.FLOAT, "", required=False)]))
+    onnx.defs.register_schema(
+        OpSchema(
+            "GroupQueryAttention",
+            "com.microsoft",
+            1,
+            doc="ONNX Runtime contrib op (subset declared for export)",
+            inputs=[p(n, "T") for n in ins] + [p("seqlens_k", "M"), p("total_sequence_length", "M")],
+            outputs=[p("output", "T"), p("present_key", "T"), p("present_value", "T")],
+            type_constraints=[
+                ("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "float"),
+                ("M", ["tensor(int32)"], "lengths"),
+            ],
+            attributes=[
+                a("num_heads", OpSchema.AttrType.INT, "", required=True),
+                a("kv_num_heads", OpSchema.AttrType.INT, "", required=True),
+                a("scale", OpSchema.AttrType.FLOAT, "", required=False),
+                a("local_window_size", OpSchema.AttrType.INT, "", required=False),
+                a("softcap", OpSchema.AttrType.FLOAT, "", required=False),
+            ],
+        )
+    )
 
 
 def translation_table() -> dict:
@@ -85,13 +106,36 @@ def translation_table() -> dict:
     msft = onnxscript.values.Opset("com.microsoft", 1)
     node = msft.GroupQueryAttention
 
-    def gqa_onnx(query, key, value, past_key, past_value, seqlens_k, total_len, num_heads: int, kv_num_heads: int,
-                 scale: float, window: int, softcap: float):
+    def gqa_onnx(
+        query,
+        key,
+        value,
+        past_key,
+        past_value,
+        seqlens_k,
+        total_len,
+        num_heads: int,
+        kv_num_heads: int,
+        scale: float,
+        window: int,
+        softcap: float,
+    ):
         # HF's window admits keys j with i - window < j <= i, which the node's local_window_size = window
         # reproduces (export parity past the window on Mistral, Phi-3 and Gemma 2 models: 1e-6 logits)
-        return node(query, key, value, past_key, past_value, seqlens_k, total_len,
-                                        num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale,
-                                        local_window_size=window if window > 0 else -1, softcap=softcap,
-                                        _outputs=3)
+        return node(
+            query,
+            key,
+            value,
+            past_key,
+            past_value,
+            seqlens_k,
+            total_len,
+            num_heads=num_heads,
+            kv_num_heads=kv_num_heads,
+            scale=scale,
+            local_window_size=window if window > 0 else -1,
+            softcap=softcap,
+            _outputs=3,
+        )
 
     return {torch.ops.coinfer.gqa.default: gqa_onnx}

@@ -32,9 +32,11 @@ from coinfer.quantize.artifact import data_file, has_external_data, save_model
 log = logging.getLogger(__name__)
 SCHEMES = ("dynamic", "static", "weight-only")
 # where each scheme is meant to run (recorded in the manifest; `check --providers` verifies)
-PROVIDERS = {"dynamic": ["CPUExecutionProvider"],
-             "static": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
-             "weight-only": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
+PROVIDERS = {
+    "dynamic": ["CPUExecutionProvider"],
+    "static": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+    "weight-only": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+}
 
 
 @dataclass(frozen=True)
@@ -99,20 +101,31 @@ class QuantConfig:
     def params(self) -> dict:
         """The parameters that matter for this scheme (recorded in the manifest)."""
         d = asdict(self)
-        keep = {"dynamic": (), "static": ("calib_prompts", "calib_decode_steps"),
-                "weight-only": ("block_size", "accuracy_level")}
-        out = {"per_channel": self.per_channel, "ops": ["MatMul"], "embeddings": self.embeddings,
-               **{k: d[k] for k in keep[self.scheme]}}
+        keep = {
+            "dynamic": (),
+            "static": ("calib_prompts", "calib_decode_steps"),
+            "weight-only": ("block_size", "accuracy_level"),
+        }
+        out = {
+            "per_channel": self.per_channel,
+            "ops": ["MatMul"],
+            "embeddings": self.embeddings,
+            **{k: d[k] for k in keep[self.scheme]},
+        }
         out["keep_float"] = list(self.keep_float)
         if self.scheme != "weight-only":
             out["reduce_range"] = self.reduced()
-        out.update({"dynamic": {"weight_type": "int8", "activations": "dynamic uint8"},
-                    "static": {"weight_type": "int8", "activation_type": "uint8", "format": "QDQ",
-                               "calibration": "minmax"},
-                    "weight-only": {"weight_type": "uint8 (8-bit MatMulNBits)",
-                                    # accuracy level 4: the CPU kernel quantizes activations to int8 per K-block
-                                    "activations": "int8 per block (CPU)" if self.accuracy_level == 4 else "float"},
-                    }[self.scheme])
+        out.update(
+            {
+                "dynamic": {"weight_type": "int8", "activations": "dynamic uint8"},
+                "static": {"weight_type": "int8", "activation_type": "uint8", "format": "QDQ", "calibration": "minmax"},
+                "weight-only": {
+                    "weight_type": "uint8 (8-bit MatMulNBits)",
+                    # accuracy level 4: the CPU kernel quantizes activations to int8 per K-block
+                    "activations": "int8 per block (CPU)" if self.accuracy_level == 4 else "float",
+                },
+            }[self.scheme]
+        )
         return out
 
 
@@ -148,8 +161,11 @@ def weight_matmuls(model: onnx.ModelProto, keep_float: tuple[str, ...] = ()) -> 
     """Names of the MatMul nodes whose B input is a constant initializer (the weights), except those
     ``keep_float`` names (``kept_float``)."""
     inits = {i.name for i in model.graph.initializer}
-    return [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits
-            and not kept_float(n, keep_float)]
+    return [
+        n.name
+        for n in model.graph.node
+        if n.op_type == "MatMul" and n.input[1] in inits and not kept_float(n, keep_float)
+    ]
 
 
 def _named(src: Path, dst: Path) -> onnx.ModelProto:
@@ -162,8 +178,13 @@ def _named(src: Path, dst: Path) -> onnx.ModelProto:
     for i, n in enumerate(model.graph.node):
         if not n.name:
             n.name = f"{n.op_type}_{i}"
-    locations = {e.value for i in model.graph.initializer if i.data_location == onnx.TensorProto.EXTERNAL
-                 for e in i.external_data if e.key == "location"}
+    locations = {
+        e.value
+        for i in model.graph.initializer
+        if i.data_location == onnx.TensorProto.EXTERNAL
+        for e in i.external_data
+        if e.key == "location"
+    }
     for loc in locations:
         shutil.copyfile(src.parent / loc, dst.parent / loc)
     onnx.save(model, str(dst))
@@ -189,17 +210,34 @@ def quantize_model(src: Path, dst: Path, cfg: QuantConfig, calibration: Callable
     info.update({"weights": len(nodes), "external_data": external})
     try:
         if cfg.scheme == "dynamic":
-            quantize_dynamic(str(named), str(dst), per_channel=cfg.per_channel, weight_type=QuantType.QInt8,
-                             op_types_to_quantize=["MatMul"], nodes_to_quantize=nodes, reduce_range=cfg.reduced(),
-                             use_external_data_format=external)
+            quantize_dynamic(
+                str(named),
+                str(dst),
+                per_channel=cfg.per_channel,
+                weight_type=QuantType.QInt8,
+                op_types_to_quantize=["MatMul"],
+                nodes_to_quantize=nodes,
+                reduce_range=cfg.reduced(),
+                use_external_data_format=external,
+            )
         elif cfg.scheme == "static":
             assert calibration is not None, "static quantization needs calibration data"
             reader = calibration()
-            quantize_static(str(named), str(dst), reader, quant_format=QuantFormat.QDQ, per_channel=cfg.per_channel,
-                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                            op_types_to_quantize=["MatMul"], nodes_to_quantize=nodes, reduce_range=cfg.reduced(),
-                            calibrate_method=CalibrationMethod.MinMax, use_external_data_format=external,
-                            extra_options={"WeightSymmetric": True, "ActivationSymmetric": False})
+            quantize_static(
+                str(named),
+                str(dst),
+                reader,
+                quant_format=QuantFormat.QDQ,
+                per_channel=cfg.per_channel,
+                activation_type=QuantType.QUInt8,
+                weight_type=QuantType.QInt8,
+                op_types_to_quantize=["MatMul"],
+                nodes_to_quantize=nodes,
+                reduce_range=cfg.reduced(),
+                calibrate_method=CalibrationMethod.MinMax,
+                use_external_data_format=external,
+                extra_options={"WeightSymmetric": True, "ActivationSymmetric": False},
+            )
             info["calibration_feeds"] = getattr(reader, "feeds", None)
         else:
             from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
@@ -211,8 +249,15 @@ def quantize_model(src: Path, dst: Path, cfg: QuantConfig, calibration: Callable
             block = cfg.block_size or max(16, 1 << (k_max - 1).bit_length())
             # nodes_to_include only adds to op_types_to_quantize (every MatMul is taken): exclude instead
             skip = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in chosen]
-            q = MatMulNBitsQuantizer(model, bits=8, block_size=block, is_symmetric=False, accuracy_level=cfg.accuracy_level,
-                                     nodes_to_exclude=skip, op_types_to_quantize=("MatMul",))
+            q = MatMulNBitsQuantizer(
+                model,
+                bits=8,
+                block_size=block,
+                is_symmetric=False,
+                accuracy_level=cfg.accuracy_level,
+                nodes_to_exclude=skip,
+                op_types_to_quantize=("MatMul",),
+            )
             q.process()
             data_file(dst).unlink(missing_ok=True)
             q.model.save_model_to_file(str(dst), use_external_data_format=external)
@@ -239,16 +284,20 @@ def fp16_embeddings(path: Path) -> list[str]:
     done = []
     for name, init in inits.items():
         nodes = users.get(name, [])
-        if init.data_type != TensorProto.FLOAT or not nodes or any(
-                n.op_type != "Gather" or n.input[0] != name for n in nodes):
+        if (
+            init.data_type != TensorProto.FLOAT
+            or not nodes
+            or any(n.op_type != "Gather" or n.input[0] != name for n in nodes)
+        ):
             continue
         init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype("float16"), name))
         for n in nodes:
             out = n.output[0]
             n.output[0] = f"{out}_fp16"
             idx = list(g.node).index(n)
-            g.node.insert(idx + 1, helper.make_node("Cast", [n.output[0]], [out], to=TensorProto.FLOAT,
-                                                    name=f"{n.name}_to_fp32"))
+            g.node.insert(
+                idx + 1, helper.make_node("Cast", [n.output[0]], [out], to=TensorProto.FLOAT, name=f"{n.name}_to_fp32")
+            )
         done.append(name)
     if done:
         save_model(model, path, external)

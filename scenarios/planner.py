@@ -107,8 +107,9 @@ async def _busy(stub, stop: asyncio.Event, prompts: list) -> None:
         p = prompts[i % len(prompts)]
         i += 1
         try:
-            async for _ in stub.Generate(pb.GenerateRequest(problem=pb.Problem(task=p.task, prompt=p.prompt)),
-                                         timeout=60):
+            async for _ in stub.Generate(
+                pb.GenerateRequest(problem=pb.Problem(task=p.task, prompt=p.prompt)), timeout=60
+            ):
                 pass
         except grpc.aio.AioRpcError:
             await asyncio.sleep(0.1)
@@ -148,8 +149,9 @@ class Runner:
         from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
 
         model_file = Path(self.model) / "model.onnx"
-        await probes.calibrate(self.est, model_file, self.warm_core.engine.lm,
-                               pb_grpc.CoinferCloudStub(self.warm_core.link.channel))
+        await probes.calibrate(
+            self.est, model_file, self.warm_core.engine.lm, pb_grpc.CoinferCloudStub(self.warm_core.link.channel)
+        )
 
     async def _core(self, warm: bool):
         from coinfer.edge.config import EdgeConfig
@@ -160,9 +162,19 @@ class Runner:
         if not warm:
             for f in model_files(Path(self.model)):  # the graph and any external weights
                 drop_page_cache(f)
-        core = EdgeCore(EdgeConfig(model=str(self.model), cloud=f"127.0.0.1:{self.proxy.port}", warm=warm,
-                                   probe_on_start=False, grpc_port=-1, http_port=-1, quality_floor=self.quality_floor,
-                                   deadline_ms=60_000, cloud_thrift=0.0))  # judged against the measured fastest
+        core = EdgeCore(
+            EdgeConfig(
+                model=str(self.model),
+                cloud=f"127.0.0.1:{self.proxy.port}",
+                warm=warm,
+                probe_on_start=False,
+                grpc_port=-1,
+                http_port=-1,
+                quality_floor=self.quality_floor,
+                deadline_ms=60_000,
+                cloud_thrift=0.0,
+            )
+        )  # judged against the measured fastest
         core.planner.est = self.est
         await core.start()
         for _ in range(100):
@@ -183,8 +195,9 @@ class Runner:
 
         p = p or self._next()
         n = min(core.cfg.max_drafts, core.link.recommended_drafts)  # what the service will draft
-        choice = core.planner.choose(p.task, *core.planner.prompt_size(p.prompt), n, core._edge_state(),
-                                     cloud_available=True)
+        choice = core.planner.choose(
+            p.task, *core.planner.prompt_size(p.prompt), n, core._edge_state(), cloud_available=True
+        )
         if not choice.breakdowns:
             raise RuntimeError(f"the cost model failed: {choice.notes}")
         t0 = time.perf_counter()
@@ -259,12 +272,25 @@ class Runner:
         # split vs cloud: the planner's arbitration when the edge alone is not good enough
         assisted = ("split", "cloud")
         choice2, best2 = min(assisted, key=pred.get), min(assisted, key=mean.get)
-        return {"eligible": sorted(eligible), "scenario": sc.name, "rtt_ms": sc.rtt_ms,
-                "bandwidth_bps": sc.bandwidth_bps, "edge": sc.edge, "cloud": sc.cloud, "measured_ms": mean,
-                "predicted_ms": pred, "measured_runs_ms": measured, "predicted_runs_ms": predicted,
-                "chosen": choice, "best": best, "regret": mean[choice] / mean[best],
-                "chosen_assisted": choice2, "best_assisted": best2, "regret_assisted": mean[choice2] / mean[best2],
-                "errors": {p: abs(pred[p] - mean[p]) / mean[p] for p in PLANS}}
+        return {
+            "eligible": sorted(eligible),
+            "scenario": sc.name,
+            "rtt_ms": sc.rtt_ms,
+            "bandwidth_bps": sc.bandwidth_bps,
+            "edge": sc.edge,
+            "cloud": sc.cloud,
+            "measured_ms": mean,
+            "predicted_ms": pred,
+            "measured_runs_ms": measured,
+            "predicted_runs_ms": predicted,
+            "chosen": choice,
+            "best": best,
+            "regret": mean[choice] / mean[best],
+            "chosen_assisted": choice2,
+            "best_assisted": best2,
+            "regret_assisted": mean[choice2] / mean[best2],
+            "errors": {p: abs(pred[p] - mean[p]) / mean[p] for p in PLANS},
+        }
 
     async def close(self) -> None:
         await self.warm_core.close()
@@ -277,41 +303,52 @@ def summarise(rows: list[dict]) -> dict:
     errors = [e for r in rows for e in r["errors"].values()]
     regrets = [r["regret"] for r in rows]
     assisted = [r["regret_assisted"] for r in rows]
-    return {"scenarios": len(rows), "median_abs_error": statistics.median(errors),
-            "median_abs_error_by_plan": {p: statistics.median(r["errors"][p] for r in rows) for p in PLANS},
-            "regret_ok_fraction": sum(g <= 1.10 for g in regrets) / len(regrets), "max_regret": max(regrets),
-            "assisted_regret_ok_fraction": sum(g <= 1.10 for g in assisted) / len(assisted),
-            "assisted_max_regret": max(assisted),
-            "assisted_best": {p: sum(r["best_assisted"] == p for r in rows) for p in ("split", "cloud")}}
+    return {
+        "scenarios": len(rows),
+        "median_abs_error": statistics.median(errors),
+        "median_abs_error_by_plan": {p: statistics.median(r["errors"][p] for r in rows) for p in PLANS},
+        "regret_ok_fraction": sum(g <= 1.10 for g in regrets) / len(regrets),
+        "max_regret": max(regrets),
+        "assisted_regret_ok_fraction": sum(g <= 1.10 for g in assisted) / len(assisted),
+        "assisted_max_regret": max(assisted),
+        "assisted_best": {p: sum(r["best_assisted"] == p for r in rows) for p in ("split", "cloud")},
+    }
 
 
 def write_report(rows: list[dict], summary: dict, out: Path, args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
-    lines = ["# Split planner vs measured runs", "",
-             f"`python -m benchmarks.scenarios{' --quick' if args.quick else ''} --reps {args.reps}`: "
-             f"{summary['scenarios']} scenarios, every plan run {args.reps}x per scenario (means), "
-             f"quality floor {args.quality_floor}.", "",
-             f"- median |predicted - measured| / measured over all plans and scenarios: "
-             f"**{100 * summary['median_abs_error']:.1f}%** (goal <= 20%)",
-             "  (by plan: " + ", ".join(f"{p} {100 * v:.1f}%" for p, v in summary["median_abs_error_by_plan"].items())
-             + ")",
-             f"- regret <= 1.10 in **{100 * summary['regret_ok_fraction']:.0f}%** of scenarios (goal >= 90%); "
-             f"worst regret {summary['max_regret']:.2f}",
-             f"- split vs cloud alone (the choice when the edge's answers are below the quality floor): regret "
-             f"<= 1.10 in **{100 * summary['assisted_regret_ok_fraction']:.0f}%** of scenarios; worst "
-             f"{summary['assisted_max_regret']:.2f}; measured-faster: split in {summary['assisted_best']['split']}, "
-             f"cloud in {summary['assisted_best']['cloud']}", "",
-             "Latencies are means over the reps (the same problems for every plan); predictions are the means of "
-             "the planner's predictions made just before each run. Regret is against the fastest measured plan "
-             "among those whose expected quality meets the floor.", "",
-             "| scenario | edge pred/meas ms | split pred/meas ms | cloud pred/meas ms | chosen | best | regret "
-             "| split-vs-cloud chosen | best | regret |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Split planner vs measured runs",
+        "",
+        f"`python -m benchmarks.scenarios{' --quick' if args.quick else ''} --reps {args.reps}`: "
+        f"{summary['scenarios']} scenarios, every plan run {args.reps}x per scenario (means), "
+        f"quality floor {args.quality_floor}.",
+        "",
+        f"- median |predicted - measured| / measured over all plans and scenarios: "
+        f"**{100 * summary['median_abs_error']:.1f}%** (goal <= 20%)",
+        "  (by plan: " + ", ".join(f"{p} {100 * v:.1f}%" for p, v in summary["median_abs_error_by_plan"].items()) + ")",
+        f"- regret <= 1.10 in **{100 * summary['regret_ok_fraction']:.0f}%** of scenarios (goal >= 90%); "
+        f"worst regret {summary['max_regret']:.2f}",
+        f"- split vs cloud alone (the choice when the edge's answers are below the quality floor): regret "
+        f"<= 1.10 in **{100 * summary['assisted_regret_ok_fraction']:.0f}%** of scenarios; worst "
+        f"{summary['assisted_max_regret']:.2f}; measured-faster: split in {summary['assisted_best']['split']}, "
+        f"cloud in {summary['assisted_best']['cloud']}",
+        "",
+        "Latencies are means over the reps (the same problems for every plan); predictions are the means of "
+        "the planner's predictions made just before each run. Regret is against the fastest measured plan "
+        "among those whose expected quality meets the floor.",
+        "",
+        "| scenario | edge pred/meas ms | split pred/meas ms | cloud pred/meas ms | chosen | best | regret "
+        "| split-vs-cloud chosen | best | regret |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         cells = [f"{r['predicted_ms'][p]:.0f} / {r['measured_ms'][p]:.0f}" for p in PLANS]
-        lines.append(f"| {r['scenario']} | " + " | ".join(cells) + f" | {r['chosen']} | {r['best']} | {r['regret']:.2f} "
-                     f"| {r['chosen_assisted']} | {r['best_assisted']} | {r['regret_assisted']:.2f} |")
+        lines.append(
+            f"| {r['scenario']} | " + " | ".join(cells) + f" | {r['chosen']} | {r['best']} | {r['regret']:.2f} "
+            f"| {r['chosen_assisted']} | {r['best_assisted']} | {r['regret_assisted']:.2f} |"
+        )
     (out / "results.md").write_text("\n".join(lines) + "\n")
     try:
         import matplotlib
@@ -328,18 +365,36 @@ def write_report(rows: list[dict], summary: dict, out: Path, args) -> None:
     lim = max(max(r["measured_ms"].values()) for r in rows) * 1.1
     a.plot([0, lim], [0, lim], "k--", lw=0.8)
     a.fill_between([0, lim], [0, 0.8 * lim], [0, 1.2 * lim], color="grey", alpha=0.15, label="±20%")
-    a.set(xlabel="measured ms (mean of reps)", ylabel="predicted ms", title="predicted vs measured, every plan", xscale="log",
-          yscale="log")
+    a.set(
+        xlabel="measured ms (mean of reps)",
+        ylabel="predicted ms",
+        title="predicted vs measured, every plan",
+        xscale="log",
+        yscale="log",
+    )
     a.legend()
     x = range(len(rows))
-    b.bar([i - 0.2 for i in x], [r["regret"] for r in rows], width=0.4, label="all plans",
-          color=["tab:green" if r["regret"] <= 1.10 else "tab:red" for r in rows])
-    b.bar([i + 0.2 for i in x], [r["regret_assisted"] for r in rows], width=0.4, label="split vs cloud",
-          color=["tab:blue" if r["regret_assisted"] <= 1.10 else "tab:orange" for r in rows])
+    b.bar(
+        [i - 0.2 for i in x],
+        [r["regret"] for r in rows],
+        width=0.4,
+        label="all plans",
+        color=["tab:green" if r["regret"] <= 1.10 else "tab:red" for r in rows],
+    )
+    b.bar(
+        [i + 0.2 for i in x],
+        [r["regret_assisted"] for r in rows],
+        width=0.4,
+        label="split vs cloud",
+        color=["tab:blue" if r["regret_assisted"] <= 1.10 else "tab:orange" for r in rows],
+    )
     b.legend(fontsize=7)
     b.axhline(1.10, color="k", ls="--", lw=0.8)
     b.set_xticks(list(x), [r["scenario"] for r in rows], rotation=90, fontsize=6)
-    b.set(ylabel="measured(chosen) / measured(best)", title="regret per scenario",
-          ylim=(0.9, max(1.2, *(r["regret_assisted"] for r in rows)) + 0.05))
+    b.set(
+        ylabel="measured(chosen) / measured(best)",
+        title="regret per scenario",
+        ylim=(0.9, max(1.2, *(r["regret_assisted"] for r in rows)) + 0.05),
+    )
     fig.tight_layout()
     fig.savefig(out / "scenarios.png", dpi=110)

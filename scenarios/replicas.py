@@ -87,8 +87,9 @@ def free_ports(n: int) -> list[int]:
 class Replica:
     """One ``python -m coinfer.cloud.server`` process group on a fixed port."""
 
-    def __init__(self, model: Path, port: int, log_dir: Path, grace_s: float, extra: tuple[str, ...] = (),
-                 cpus: str = "") -> None:
+    def __init__(
+        self, model: Path, port: int, log_dir: Path, grace_s: float, extra: tuple[str, ...] = (), cpus: str = ""
+    ) -> None:
         self.model, self.port, self.log_dir, self.grace_s, self.extra = model, port, log_dir, grace_s, extra
         self.cpus = cpus
         """CPU ids for the engine's threads (``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``"1"`` or ``"0-3"``); empty =
@@ -104,9 +105,25 @@ class Replica:
         if self.cpus:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpus
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "coinfer.cloud.server", "--engine.model", str(self.model), "--port", str(self.port),
-             "--grace-s", str(self.grace_s), "--engine.max-num-seqs", "16", *self.extra],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+            [
+                sys.executable,
+                "-m",
+                "coinfer.cloud.server",
+                "--engine.model",
+                str(self.model),
+                "--port",
+                str(self.port),
+                "--grace-s",
+                str(self.grace_s),
+                "--engine.max-num-seqs",
+                "16",
+                *self.extra,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+        )
 
     async def serving(self, timeout_s: float = 300.0) -> None:
         """Wait until its health says SERVING (the engine is loaded and warm)."""
@@ -115,8 +132,9 @@ class Replica:
             stub = health_pb2_grpc.HealthStub(ch)
             while time.monotonic() - t0 < timeout_s:
                 if self.proc is not None and self.proc.poll() is not None:
-                    raise RuntimeError(f"replica :{self.port} exited with {self.proc.returncode} "
-                                       f"(log in {self.log_dir})")
+                    raise RuntimeError(
+                        f"replica :{self.port} exited with {self.proc.returncode} (log in {self.log_dir})"
+                    )
                 try:
                     r = await stub.Check(health_pb2.HealthCheckRequest(service=CLOUD_SERVICE), timeout=2)
                     if r.status == health_pb2.HealthCheckResponse.SERVING:
@@ -175,8 +193,9 @@ async def _one(core, edge: int, index: int, prompt: str, deadline_ms: int) -> Ou
     out = Outcome(index, edge, time.monotonic())
     try:
         async with asyncio.timeout(deadline_ms / 1e3 + 30):  # hung = well past its own deadline
-            async for ev in core.solve(SolveRequest(prompt=prompt, plan="split", deadline_ms=deadline_ms,
-                                                    request_id=f"r{index}")):
+            async for ev in core.solve(
+                SolveRequest(prompt=prompt, plan="split", deadline_ms=deadline_ms, request_id=f"r{index}")
+            ):
                 if isinstance(ev, t.Draft) and ev.index == 0:
                     out.drafting_rounds += 1
                 elif isinstance(ev, Done):
@@ -217,8 +236,17 @@ async def run(sc: Scenario, log_dir: Path) -> dict:
         events["replicas_serving_s"] = time.monotonic() - t0
         cloud = ",".join(f"127.0.0.1:{p}" for p in ports)
         for _ in range(sc.edges):
-            core = EdgeCore(EdgeConfig(model=str(art.draft_int8), cloud=cloud, probe_on_start=False, grpc_port=-1,
-                                       http_port=-1, deadline_ms=sc.deadline_ms, plan="split"))
+            core = EdgeCore(
+                EdgeConfig(
+                    model=str(art.draft_int8),
+                    cloud=cloud,
+                    probe_on_start=False,
+                    grpc_port=-1,
+                    http_port=-1,
+                    deadline_ms=sc.deadline_ms,
+                    plan="split",
+                )
+            )
             await core.start()
             cores.append(core)
         for _ in range(200):  # every edge's monitors see every replica
@@ -282,18 +310,27 @@ def report(sc: Scenario, outcomes: list[Outcome], events: dict[str, float], star
     spread = {k: round(v / even - 1, 3) for k, v in sorted(per_replica.items())} if even else {}
     p95_steady, p95_dist = _pct([o.ms for o in steady], 0.95), _pct([o.ms for o in disturbed], 0.95)
     return {
-        "scenario": asdict(sc), "wall_s": round(wall, 1), "events_s": {k: round(v, 1) for k, v in events.items()},
-        "requests": len(outcomes), "lost": len(lost), "lost_detail": [o.error for o in lost][:10],
-        "edge_only": len(edge_only), "edge_only_share": round(len(edge_only) / max(1, len(outcomes)), 4),
+        "scenario": asdict(sc),
+        "wall_s": round(wall, 1),
+        "events_s": {k: round(v, 1) for k, v in events.items()},
+        "requests": len(outcomes),
+        "lost": len(lost),
+        "lost_detail": [o.error for o in lost][:10],
+        "edge_only": len(edge_only),
+        "edge_only_share": round(len(edge_only) / max(1, len(outcomes)), 4),
         "edge_only_reasons": Counter(o.fallback[:60] for o in edge_only).most_common(5),
         "replayed": sum(bool(o.replays) for o in outcomes),
         "replay_reasons": Counter(r.split(":")[0] for o in outcomes for r in o.replays).most_common(5),
         "max_drafting_rounds": max((o.drafting_rounds for o in outcomes), default=0),
         "redrafted_after_replay": sum(o.drafting_rounds > 1 for o in outcomes if o.replays),
-        "steady_sessions_per_replica": dict(per_replica), "steady_spread_vs_even": spread,
-        "p50_ms": {"steady": round(statistics.median([o.ms for o in steady]), 0) if steady else 0.0,
-                   "disturbed": round(statistics.median([o.ms for o in disturbed]), 0) if disturbed else 0.0},
+        "steady_sessions_per_replica": dict(per_replica),
+        "steady_spread_vs_even": spread,
+        "p50_ms": {
+            "steady": round(statistics.median([o.ms for o in steady]), 0) if steady else 0.0,
+            "disturbed": round(statistics.median([o.ms for o in disturbed]), 0) if disturbed else 0.0,
+        },
         "p95_ms": {"steady": round(p95_steady, 0), "disturbed": round(p95_dist, 0)},
         "p95_disturbed_over_steady": round(p95_dist / p95_steady, 2) if p95_steady else None,
-        "disturbed_requests": len(disturbed), "steady_requests": len(steady),
+        "disturbed_requests": len(disturbed),
+        "steady_requests": len(steady),
     }

@@ -30,8 +30,10 @@ async def cloud(artifacts):
     from coinfer.cloud.engine import VllmEngine
     from coinfer.cloud.server import create_server
 
-    cfg = CloudConfig(engine=EngineConfig(model=str(artifacts.target)),
-                      limits=Limits(max_prompt_chars=200, max_draft_chars=300, max_drafts=8, max_sessions=32))
+    cfg = CloudConfig(
+        engine=EngineConfig(model=str(artifacts.target)),
+        limits=Limits(max_prompt_chars=200, max_draft_chars=300, max_drafts=8, max_sessions=32),
+    )
     srv = await create_server(cfg)
     await srv.attach_engine(await VllmEngine(cfg.engine).start())
     yield srv
@@ -84,8 +86,9 @@ async def daemon(int8_draft, cloud):
     from coinfer.edge.config import EdgeConfig
     from coinfer.edge.daemon import EdgeDaemon
 
-    d = await EdgeDaemon(EdgeConfig(model=str(int8_draft), cloud=f"127.0.0.1:{cloud.port}", grpc_port=0,
-                                    http_port=0)).start()
+    d = await EdgeDaemon(
+        EdgeConfig(model=str(int8_draft), cloud=f"127.0.0.1:{cloud.port}", grpc_port=0, http_port=0)
+    ).start()
     for _ in range(100):
         if d.core.link.serving:
             break

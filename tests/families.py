@@ -13,8 +13,15 @@ from pathlib import Path
 import torch
 
 VOCAB = 512
-COMMON = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=512)
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
 
 
 @dataclass(frozen=True)
@@ -25,33 +32,59 @@ class Family:
     template: str
 
 
-_CHATML = Family(("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>",
-                 "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+_CHATML = Family(
+    ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+    None,
+    "<|im_end|>",
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+)
 FAMILIES = {
-    "llama": Family(("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
-                    "<|begin_of_text|>", "<|eot_id|>",
-                    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
-                    "{{ m['content'] | trim }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
-                    "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"),
+    "llama": Family(
+        ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+        "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+        "{{ m['content'] | trim }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}",
+    ),
     "qwen2": _CHATML,
     "qwen3": _CHATML,
-    "mistral": Family(("<s>", "</s>", "[INST]", "[/INST]"), "<s>", "</s>",
-                      "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}{{ m['content'] }}"
-                      "{{ eos_token }}{% else %}[INST] {{ m['content'] }} [/INST]{% endif %}{% endfor %}"),
-    "phi3": Family(("<|endoftext|>", "<|user|>", "<|assistant|>", "<|system|>", "<|end|>"), None, "<|end|>",
-                   "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
-                   "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"),
-    "gemma2": Family(("<pad>", "<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"), "<bos>", "<end_of_turn>",
-                     "{{ bos_token }}{% for m in messages %}<start_of_turn>"
-                     "{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n{{ m['content'] | trim }}"
-                     "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"),
+    "mistral": Family(
+        ("<s>", "</s>", "[INST]", "[/INST]"),
+        "<s>",
+        "</s>",
+        "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}{{ m['content'] }}"
+        "{{ eos_token }}{% else %}[INST] {{ m['content'] }} [/INST]{% endif %}{% endfor %}",
+    ),
+    "phi3": Family(
+        ("<|endoftext|>", "<|user|>", "<|assistant|>", "<|system|>", "<|end|>"),
+        None,
+        "<|end|>",
+        "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>\n{% endif %}",
+    ),
+    "gemma2": Family(
+        ("<pad>", "<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"),
+        "<bos>",
+        "<end_of_turn>",
+        "{{ bos_token }}{% for m in messages %}<start_of_turn>"
+        "{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n{{ m['content'] | trim }}"
+        "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}",
+    ),
 }
 CORPUS = [
-    "Explain how a rainbow forms, step by step.", "Write a short email asking to move our meeting to Friday.",
-    "What is 17 times 23? Show your work.", "def add(a, b):\n    return a + b\n", "Translate 'good morning' to French.",
-    "List three uses of a paperclip.", "The quick brown fox jumps over the lazy dog.", "用一句话介绍长城。",
-    "¿Cuál es la capital de Francia?", "Answer in JSON with keys name and age.", "system user assistant model",
+    "Explain how a rainbow forms, step by step.",
+    "Write a short email asking to move our meeting to Friday.",
+    "What is 17 times 23? Show your work.",
+    "def add(a, b):\n    return a + b\n",
+    "Translate 'good morning' to French.",
+    "List three uses of a paperclip.",
+    "The quick brown fox jumps over the lazy dog.",
+    "用一句话介绍长城。",
+    "¿Cuál es la capital de Francia?",
+    "Answer in JSON with keys name and age.",
+    "system user assistant model",
 ] * 8
 
 
@@ -59,19 +92,37 @@ def config(name: str, tok):
     """The family's config at test size, with the tokenizer's special ids."""
     from transformers import Gemma2Config, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
-    ids = dict(eos_token_id=tok.convert_tokens_to_ids(tok.eos_token), bos_token_id=tok.bos_token_id,
-               pad_token_id=tok.pad_token_id, **COMMON)
+    ids = dict(
+        eos_token_id=tok.convert_tokens_to_ids(tok.eos_token),
+        bos_token_id=tok.bos_token_id,
+        pad_token_id=tok.pad_token_id,
+        **COMMON,
+    )
     return {
-        "llama": lambda: LlamaConfig(**ids, tie_word_embeddings=True, rope_scaling={
-            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64}),
+        "llama": lambda: LlamaConfig(
+            **ids,
+            tie_word_embeddings=True,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
         "qwen2": lambda: Qwen2Config(**ids, tie_word_embeddings=True),
         "qwen3": lambda: Qwen3Config(**ids, head_dim=32, tie_word_embeddings=True),
         # windows shorter than the parity prompt + 16 steps, so the masks are exercised
         "mistral": lambda: MistralConfig(**ids, sliding_window=32),
         "phi3": lambda: Phi3Config(**ids, sliding_window=32, tie_word_embeddings=False),
-        "gemma2": lambda: Gemma2Config(**ids, head_dim=32, query_pre_attn_scalar=32, sliding_window=32,
-                                       attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
+        "gemma2": lambda: Gemma2Config(
+            **ids,
+            head_dim=32,
+            query_pre_attn_scalar=32,
+            sliding_window=32,
+            attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0,
+        ),
     }[name]()
 
 
@@ -84,11 +135,20 @@ def tokenizer(name: str):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=list(fam.specials), show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=list(fam.specials),
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(CORPUS, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=fam.bos, eos_token=fam.eos,
-                                   pad_token=fam.specials[0], clean_up_tokenization_spaces=False)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=fam.bos,
+        eos_token=fam.eos,
+        pad_token=fam.specials[0],
+        clean_up_tokenization_spaces=False,
+    )
     fast.chat_template = fam.template
     return fast
 
@@ -104,8 +164,9 @@ def build(name: str, out: Path) -> Path:
     with torch.no_grad():
         head = model.get_output_embeddings().weight
         head.mul_(4.0 if cfg.tie_word_embeddings else 20.0)
-    model.generation_config = GenerationConfig(eos_token_id=cfg.eos_token_id, bos_token_id=cfg.bos_token_id,
-                                               pad_token_id=cfg.pad_token_id)
+    model.generation_config = GenerationConfig(
+        eos_token_id=cfg.eos_token_id, bos_token_id=cfg.bos_token_id, pad_token_id=cfg.pad_token_id
+    )
     model.save_pretrained(str(out))
     tok.save_pretrained(str(out))
     return out

@@ -22,11 +22,31 @@ def test_the_distribution_installs_one_top_level_package(tmp_path):
     import sys
     import zipfile
 
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path), str(ROOT)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = tmp_path.glob("coinfer-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"coinfer", wheel.name.split("-py3")[0] + ".dist-info"}
-    for module in ("edge/daemon.py", "cloud/server.py", "quantize/cli.py", "demo/run.py", "v1/coinfer_pb2.py",
-                   "quantize/data/generic_prompts.jsonl"):
+    for module in (
+        "edge/daemon.py",
+        "cloud/server.py",
+        "quantize/cli.py",
+        "demo/run.py",
+        "v1/coinfer_pb2.py",
+        "quantize/data/generic_prompts.jsonl",
+    ):
         assert f"coinfer/{module}" in names, module

@@ -30,8 +30,14 @@ ROOT = Path(__file__).resolve().parents[1]
 class OfflineVllm:
     def __init__(self) -> None:
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.vllm_offline"], cwd=ROOT, env=env, text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.vllm_offline"],
+            cwd=ROOT,
+            env=env,
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
 
     def greedy(self, cfg, prompt_ids: list[int], max_tokens: int) -> list[int]:
         """vLLM's greedy continuation of ``prompt_ids`` with the cloud's engine arguments for ``cfg``."""
@@ -42,7 +48,7 @@ class OfflineVllm:
         self.proc.stdin.flush()
         for line in self.proc.stdout:
             if line.startswith(RESULT):
-                reply = json.loads(line[len(RESULT):])
+                reply = json.loads(line[len(RESULT) :])
                 if "error" in reply:
                     raise RuntimeError(f"vLLM ({cfg.model}): {reply['error']}")
                 return reply["token_ids"]
@@ -65,8 +71,11 @@ def serve() -> None:
         llm = None
         try:
             llm = LLM(**req["args"])
-            out = llm.generate({"prompt_token_ids": req["prompt_token_ids"]},
-                               SamplingParams(max_tokens=req["max_tokens"], temperature=0.0), use_tqdm=False)
+            out = llm.generate(
+                {"prompt_token_ids": req["prompt_token_ids"]},
+                SamplingParams(max_tokens=req["max_tokens"], temperature=0.0),
+                use_tqdm=False,
+            )
             reply = {"token_ids": list(out[0].outputs[0].token_ids)}
         except Exception as exc:  # noqa: BLE001 - reported to the test, which fails with it
             reply = {"error": f"{type(exc).__name__}: {exc}"}

@@ -44,14 +44,17 @@ def _name(parse: Callable[[bytes], object]) -> str:
 
 def _unary(behavior, parse, what: str):
     if inspect.isasyncgenfunction(behavior):
+
         async def gen(raw: bytes, context):
             request = await _parse(parse, raw, context, what)
             async for item in behavior(request, context):
                 yield item
+
         return gen
 
     async def call(raw: bytes, context):
         return await behavior(await _parse(parse, raw, context, what), context)
+
     return call
 
 
@@ -60,16 +63,20 @@ def _stream(behavior, parse, what: str):
         async def gen():
             async for raw in raw_iter:
                 yield await _parse(parse, raw, context, what)
+
         return gen()
 
     if inspect.isasyncgenfunction(behavior):
+
         async def gen(raw_iter, context):
             async for item in behavior(requests(raw_iter, context), context):
                 yield item
+
         return gen
 
     async def call(raw_iter, context):
         return await behavior(requests(raw_iter, context), context)
+
     return call
 
 
@@ -79,6 +86,7 @@ def _serializer(ser: Callable[[object], bytes] | None) -> Callable[[object], byt
 
     def serialize(msg: object) -> bytes:
         return msg if isinstance(msg, bytes) else ser(msg)  # bytes: serialised by the handler, off the loop
+
     return serialize
 
 

@@ -49,8 +49,14 @@ LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 
 
 class LoopWatch:
-    def __init__(self, threshold_s: float = 0.05, period_s: float = 0.01,
-                 observe: Callable[[float], None] | None = None, frames: int = 12, armed: bool = True) -> None:
+    def __init__(
+        self,
+        threshold_s: float = 0.05,
+        period_s: float = 0.01,
+        observe: Callable[[float], None] | None = None,
+        frames: int = 12,
+        armed: bool = True,
+    ) -> None:
         self.threshold_s, self.period_s, self.observe, self.frames = threshold_s, period_s, observe, frames
         self.armed = armed  # False: the daemon is starting; stalls are start-up's until ``arm()``
         self.stalls = 0  # beats later than threshold_s while armed
@@ -95,8 +101,12 @@ class LoopWatch:
             self._startup(self._next_beat()[0])
         self.armed = True
         if self.startup_stalls:
-            log.info("start-up held the event loop %d time(s), worst %.0f ms (imports, model loading); the watch "
-                     "reports stalls from now on", self.startup_stalls, self.startup_worst_s * 1e3)
+            log.info(
+                "start-up held the event loop %d time(s), worst %.0f ms (imports, model loading); the watch "
+                "reports stalls from now on",
+                self.startup_stalls,
+                self.startup_worst_s * 1e3,
+            )
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
@@ -166,11 +176,18 @@ class LoopWatch:
             # and one line on what it means. No stack at all stays a warning: the watchdog could not run,
             # which a native call on the loop (a full garbage collection) causes as well as another thread;
             # so does a loop on the CPU that was back in select by the time the watchdog looked.
-            log.info(head, *args, "  (idle in select: no code on the loop held it; the process was not scheduled "
-                                  "or a native call in another thread held the GIL)")
+            log.info(
+                head,
+                *args,
+                "  (idle in select: no code on the loop held it; the process was not scheduled "
+                "or a native call in another thread held the GIL)",
+            )
             return
-        where = stack or "  (no Python frame was seen: the watchdog did not run either, so the process was not " \
-                         "scheduled or a native call held the GIL)\n"
+        where = (
+            stack
+            or "  (no Python frame was seen: the watchdog did not run either, so the process was not "
+            "scheduled or a native call held the GIL)\n"
+        )
         log.warning(head, *args, where.rstrip())
 
     def _watch(self) -> None:
@@ -194,6 +211,9 @@ def lag_histogram(registry) -> Callable[[float], None]:
     """``coinfer_event_loop_lag_seconds`` in ``registry``; returns its ``observe``."""
     from prometheus_client import Histogram
 
-    return Histogram("coinfer_event_loop_lag_seconds", "How late the serving event loop ran a 10 ms heartbeat "
-                     "(time the loop was held)", buckets=LAG_BUCKETS, registry=registry).observe
-
+    return Histogram(
+        "coinfer_event_loop_lag_seconds",
+        "How late the serving event loop ran a 10 ms heartbeat (time the loop was held)",
+        buckets=LAG_BUCKETS,
+        registry=registry,
+    ).observe

@@ -118,8 +118,11 @@ def prioritise_loop(loop: asyncio.AbstractEventLoop, workers: int | None = None,
     a core at once. (Nice only orders the threads of this machine against each other; it never
     lends priority the user did not have.)"""
     if nice > 0:
-        loop.set_default_executor(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="worker",
-                                                     initializer=_lower_priority, initargs=(nice,)))
+        loop.set_default_executor(
+            ThreadPoolExecutor(
+                max_workers=workers, thread_name_prefix="worker", initializer=_lower_priority, initargs=(nice,)
+            )
+        )
 
 
 def freeze_heap() -> int:

@@ -46,8 +46,13 @@ def field_docs(cls: type) -> dict[str, str]:
     body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
     docs = {}
     for node, after in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
             docs[node.target.id] = " ".join(after.value.value.split())
     return docs
 
@@ -66,23 +71,42 @@ def model_of(cls: type, prefix: str = "", flags: bool = False) -> type[BaseModel
             sub = model_of(typ, "", flags)
             fields[f.name] = (sub, Field(default_factory=sub, description=doc or typ.__doc__))
             continue
-        default = ({"default": f.default} if f.default is not dataclasses.MISSING
-                   else {"default_factory": f.default_factory})
+        default = (
+            {"default": f.default} if f.default is not dataclasses.MISSING else {"default_factory": f.default_factory}
+        )
         fields[f.name] = (typ, Field(description=doc, **default))
     if prefix:
-        base: type[BaseModel] = type("_Root", (BaseSettings,), {"model_config": SettingsConfigDict(
-            extra="forbid", env_prefix=prefix, env_nested_delimiter="__", case_sensitive=False,
-            env_parse_none_str="null")})
+        base: type[BaseModel] = type(
+            "_Root",
+            (BaseSettings,),
+            {
+                "model_config": SettingsConfigDict(
+                    extra="forbid",
+                    env_prefix=prefix,
+                    env_nested_delimiter="__",
+                    case_sensitive=False,
+                    env_parse_none_str="null",
+                )
+            },
+        )
     else:
         base = type("_Section", (BaseModel,), {"model_config": ConfigDict(extra="forbid")})
-    return create_model(f"{cls.__name__}{'Flags' if flags else 'Settings'}", __base__=base, __doc__=cls.__doc__, **fields)
+    return create_model(
+        f"{cls.__name__}{'Flags' if flags else 'Settings'}", __base__=base, __doc__=cls.__doc__, **fields
+    )
 
 
 def add_flags(parser: argparse.ArgumentParser, cls: type, prefix: str) -> CliSettingsSource:
     """A flag per field of ``cls`` (``--http-port``, ``--policy.min-mean-logprob``) on ``parser``, with
     its default and docstring in ``--help``. Returns the source that reads them from parsed args."""
-    return CliSettingsSource(model_of(cls, prefix, flags=True), root_parser=parser, cli_kebab_case=True,
-                             cli_implicit_flags=True, cli_avoid_json=True, cli_parse_none_str="null")
+    return CliSettingsSource(
+        model_of(cls, prefix, flags=True),
+        root_parser=parser,
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        cli_avoid_json=True,
+        cli_parse_none_str="null",
+    )
 
 
 MODEL_DEST = "model_positional"
@@ -90,8 +114,12 @@ MODEL_DEST = "model_positional"
 
 def add_model_positional(parser: argparse.ArgumentParser, same_as: str) -> None:
     """A positional ``MODEL``, as in ``vllm serve MODEL``: the same setting as the flag ``same_as``."""
-    parser.add_argument(MODEL_DEST, nargs="?", metavar="MODEL",
-                        help=f"the model to serve, as in `vllm serve MODEL` (also: {same_as}; two that differ are refused)")
+    parser.add_argument(
+        MODEL_DEST,
+        nargs="?",
+        metavar="MODEL",
+        help=f"the model to serve, as in `vllm serve MODEL` (also: {same_as}; two that differ are refused)",
+    )
 
 
 def named_model(args: argparse.Namespace, **flags: str | None) -> str | None:
@@ -100,8 +128,9 @@ def named_model(args: argparse.Namespace, **flags: str | None) -> str | None:
     neither silently wins."""
     given = {k: v for k, v in ({"MODEL": getattr(args, MODEL_DEST, None)} | flags).items() if v}
     if len(set(given.values())) > 1:
-        raise ValueError("MODEL: " + " and ".join(f"{k} {v!r}" for k, v in given.items())
-                         + " name different models: give one")
+        raise ValueError(
+            "MODEL: " + " and ".join(f"{k} {v!r}" for k, v in given.items()) + " name different models: give one"
+        )
     return next(iter(given.values()), None)
 
 
@@ -136,12 +165,27 @@ def _toml(path: Path, table: str) -> dict:
     return data.get(table, data)
 
 
-_EXPECTED = {"int_parsing": "int", "int_from_float": "int", "bool_parsing": "bool", "float_parsing": "float",
-             "string_type": "str", "dict_type": "a table", "model_type": "a table"}
+_EXPECTED = {
+    "int_parsing": "int",
+    "int_from_float": "int",
+    "bool_parsing": "bool",
+    "float_parsing": "float",
+    "string_type": "str",
+    "dict_type": "a table",
+    "model_type": "a table",
+}
 
 
-def load(cls: type, prefix: str, table: str, path: Path | None = None, env: Mapping[str, str] | None = None,
-         cli: CliSettingsSource | None = None, args: argparse.Namespace | None = None, **overrides: Any):
+def load(
+    cls: type,
+    prefix: str,
+    table: str,
+    path: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    cli: CliSettingsSource | None = None,
+    args: argparse.Namespace | None = None,
+    **overrides: Any,
+):
     """An instance of dataclass ``cls`` from TOML file ``path`` < the environment (``env``, else
     ``os.environ``) < flags (``cli`` with the parser's ``args``) < ``overrides`` (None values ignored).
     ValueError naming the setting and where it came from. The dataclass's ``validate()`` is the caller's."""
@@ -167,11 +211,14 @@ def _message(err: Mapping, origin: Mapping[tuple, str]) -> str:
         return f"unknown setting(s): {'.'.join(loc)} ({origin.get(loc, '.'.join(loc))})"
     where = next((origin[loc[:i]] for i in range(len(loc), 0, -1) if loc[:i] in origin), ".".join(loc))
     expected = _EXPECTED.get(err["type"])
-    return (f"{where}: expected {expected}, got {err.get('input')!r}" if expected
-            else f"{where}: {err['msg']}")
+    return f"{where}: expected {expected}, got {err.get('input')!r}" if expected else f"{where}: {err['msg']}"
 
 
 def _dataclass(cls: type, m: BaseModel):
     hints = typing.get_type_hints(cls)
-    return cls(**{f.name: _dataclass(hints[f.name], v) if isinstance(v := getattr(m, f.name), BaseModel) else v
-                  for f in dataclasses.fields(cls)})
+    return cls(
+        **{
+            f.name: _dataclass(hints[f.name], v) if isinstance(v := getattr(m, f.name), BaseModel) else v
+            for f in dataclasses.fields(cls)
+        }
+    )

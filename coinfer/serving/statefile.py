@@ -27,8 +27,11 @@ def load(path: Path | None, schema: type[M]) -> M | None:
     try:
         return schema.model_validate(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, UnicodeDecodeError, ValueError, ValidationError) as exc:  # JSONDecodeError is a ValueError
-        why = (f"{exc.error_count()} schema error(s), first: {exc.errors()[0]['loc']} {exc.errors()[0]['msg']}"
-               if isinstance(exc, ValidationError) else f"{type(exc).__name__}: {str(exc)[:120]}")
+        why = (
+            f"{exc.error_count()} schema error(s), first: {exc.errors()[0]['loc']} {exc.errors()[0]['msg']}"
+            if isinstance(exc, ValidationError)
+            else f"{type(exc).__name__}: {str(exc)[:120]}"
+        )
         aside = path.with_name(f"{path.name}.invalid-{int(time.time())}")
         try:
             path.rename(aside)

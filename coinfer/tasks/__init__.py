@@ -25,8 +25,9 @@ def get_task(name: str, field: str = "problem.task") -> Task:
     try:
         return TASKS[name]
     except KeyError:
-        raise InvalidArgument(f"{field}: unknown task {name!r} (known: {', '.join(TASKS)}; "
-                              "empty for an open request)") from None
+        raise InvalidArgument(
+            f"{field}: unknown task {name!r} (known: {', '.join(TASKS)}; empty for an open request)"
+        ) from None
 
 
 def is_held_out(prompt: str) -> bool:

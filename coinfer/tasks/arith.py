@@ -211,7 +211,9 @@ class ArithTask(Task):
         fields: dict[str, Any] = {"steps": steps}
         answers = _ANSWER_RE.findall(clean)
         if not answers:
-            return Parsed(fields, "parse_error: no 'answer <int>' found" + (" (truncated?)" if clean.strip() else " (empty)"))
+            return Parsed(
+                fields, "parse_error: no 'answer <int>' found" + (" (truncated?)" if clean.strip() else " (empty)")
+            )
         fields["answer"] = int(answers[-1])
         return Parsed(fields)
 
@@ -220,7 +222,8 @@ class ArithTask(Task):
             return self._plan_error(spec, parsed)
         if checker != "arith_steps":
             raise InvalidArgument(
-                f"rules.params.check: unknown checker {checker!r} for arith (known: {', '.join(self.checkers)})")
+                f"rules.params.check: unknown checker {checker!r} for arith (known: {', '.join(self.checkers)})"
+            )
         steps = parsed.fields.get("steps", [])
         for lhs, value in steps:
             try:

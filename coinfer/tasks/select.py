@@ -80,7 +80,9 @@ class SelectTask(Task):
         if len(pool) != len(_ITEM_RE.findall(m.group(2))):
             raise InvalidArgument("problem.prompt: duplicate item id in the pool")
         if not 1 <= k <= len(pool) or len(pool) > MAX_POOL:
-            raise InvalidArgument(f"problem.prompt: need 1 <= k <= pool size <= {MAX_POOL}, got k={k}, pool={len(pool)}")
+            raise InvalidArgument(
+                f"problem.prompt: need 1 <= k <= pool size <= {MAX_POOL}, got k={k}, pool={len(pool)}"
+            )
         return {"pool": pool, "k": k, "budget": budget}
 
     def solve(self, spec: dict[str, Any]) -> str:
@@ -114,7 +116,9 @@ class SelectTask(Task):
         if ids is None:
             answers = _ANSWER_RE.findall(clean)
             if not answers:
-                return Parsed(fields, "parse_error: no 'answer <ids>' found" + (" (truncated?)" if clean.strip() else " (empty)"))
+                return Parsed(
+                    fields, "parse_error: no 'answer <ids>' found" + (" (truncated?)" if clean.strip() else " (empty)")
+                )
             ids = [i.strip().upper() for i in answers[-1].split(",")]
         fields["ids"] = ids
         return Parsed(fields)
@@ -150,7 +154,9 @@ class SelectTask(Task):
             if totals[0] > budget:
                 return f"budget_exceeded: sum={totals[0]} > {budget}"
             return ""
-        raise InvalidArgument(f"rules.params.check: unknown checker {checker!r} for select (known: {', '.join(self.checkers)})")
+        raise InvalidArgument(
+            f"rules.params.check: unknown checker {checker!r} for select (known: {', '.join(self.checkers)})"
+        )
 
     @staticmethod
     def _best_listed(parsed: Parsed) -> tuple[str | None, int, int]:
@@ -213,7 +219,11 @@ class SelectTask(Task):
         if not parsed.ok or not ids or len(ids) != spec["k"] or len(set(ids)) != len(ids):
             return False
         totals = self._totals(spec, ids)
-        return totals is not None and totals[0] <= spec["budget"] and totals[1] == optimum(spec["pool"], spec["k"], spec["budget"])
+        return (
+            totals is not None
+            and totals[0] <= spec["budget"]
+            and totals[1] == optimum(spec["pool"], spec["k"], spec["budget"])
+        )
 
     def default_rules(self, spec: dict[str, Any]) -> list[Rule]:
         k = spec["k"]

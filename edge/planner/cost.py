@@ -176,8 +176,11 @@ class Breakdown:
         return self.cloud_ms + self.escalation_p * self.escalation_cloud_ms
 
     def as_dict(self) -> dict:
-        return asdict(self) | {"attempt_ms": self.attempt_ms, "escalation_ms": self.escalation_ms,
-                               "total_ms": self.total_ms}
+        return asdict(self) | {
+            "attempt_ms": self.attempt_ms,
+            "escalation_ms": self.escalation_ms,
+            "total_ms": self.total_ms,
+        }
 
 
 @dataclass(frozen=True)
@@ -210,8 +213,14 @@ def _split(r: RequestShape, e: EdgeProfile, n: NetProfile, c: CloudProfile, qual
     extra = max(0.0, r.rounds - 1.0)
     transfer = (1 + extra) * n.rtt_ms + _ms(r.prompt_bytes + r.draft_bytes, n.up_bps) + _ms(r.answer_bytes, n.down_bps)
     cloud = c.queue_ms + (1 + extra) * c.verify_ms + c.generation_ms(r.split_steps)
-    return Breakdown(plan="split", cold_start_ms=cold_start_ms(e), drafting_ms=(1 + extra) * drafting_ms(e, r),
-                     transfer_ms=transfer, cloud_ms=cloud, quality=quality)
+    return Breakdown(
+        plan="split",
+        cold_start_ms=cold_start_ms(e),
+        drafting_ms=(1 + extra) * drafting_ms(e, r),
+        transfer_ms=transfer,
+        cloud_ms=cloud,
+        quality=quality,
+    )
 
 
 def predict_escalation(r: RequestShape, e: EdgeProfile, n: NetProfile, c: CloudProfile, quality: float) -> Breakdown:
@@ -219,27 +228,60 @@ def predict_escalation(r: RequestShape, e: EdgeProfile, n: NetProfile, c: CloudP
     the first round's drafts exist (no drafting, all ``n`` sent at once), the edge is warm."""
     extra = max(0.0, r.rounds - 1.0)
     warm = dataclasses.replace(e, state=ModelState.WARM, first_run_ms=0.0)
-    transfer = ((1 + extra) * n.rtt_ms + _ms(r.prompt_bytes + r.n_drafts * r.draft_bytes, n.up_bps)
-                + _ms(r.answer_bytes, n.down_bps))
+    transfer = (
+        (1 + extra) * n.rtt_ms
+        + _ms(r.prompt_bytes + r.n_drafts * r.draft_bytes, n.up_bps)
+        + _ms(r.answer_bytes, n.down_bps)
+    )
     cloud = c.queue_ms + (1 + extra) * c.verify_ms + c.generation_ms(r.split_steps)
-    return Breakdown(plan="split", cold_start_ms=0.0, drafting_ms=extra * drafting_ms(warm, r), transfer_ms=transfer,
-                     cloud_ms=cloud, quality=quality)
+    return Breakdown(
+        plan="split",
+        cold_start_ms=0.0,
+        drafting_ms=extra * drafting_ms(warm, r),
+        transfer_ms=transfer,
+        cloud_ms=cloud,
+        quality=quality,
+    )
 
 
-def _edge(r: RequestShape, e: EdgeProfile, n: NetProfile | None, c: CloudProfile | None, quality: float,
-          escalation: Escalation | None) -> Breakdown:
-    bd = Breakdown(plan="edge", cold_start_ms=cold_start_ms(e), drafting_ms=drafting_ms(e, r), transfer_ms=0.0,
-                   cloud_ms=0.0, quality=quality)
+def _edge(
+    r: RequestShape,
+    e: EdgeProfile,
+    n: NetProfile | None,
+    c: CloudProfile | None,
+    quality: float,
+    escalation: Escalation | None,
+) -> Breakdown:
+    bd = Breakdown(
+        plan="edge",
+        cold_start_ms=cold_start_ms(e),
+        drafting_ms=drafting_ms(e, r),
+        transfer_ms=0.0,
+        cloud_ms=0.0,
+        quality=quality,
+    )
     if escalation is None or n is None or c is None:  # no cloud to escalate to: the edge's answer stands
         return bd
     p = min(1.0, max(0.0, 1.0 - quality))
     x = predict_escalation(escalation.shape, e, n, c, escalation.quality)
-    return dataclasses.replace(bd, quality=quality + p * x.quality, escalation_p=p, escalation_cost_ms=x.total_ms,
-                               escalation_cloud_ms=x.cloud_ms)
+    return dataclasses.replace(
+        bd,
+        quality=quality + p * x.quality,
+        escalation_p=p,
+        escalation_cost_ms=x.total_ms,
+        escalation_cloud_ms=x.cloud_ms,
+    )
 
 
-def predict(plan: str, r: RequestShape, e: EdgeProfile, n: NetProfile | None, c: CloudProfile | None,
-            quality: float, escalation: Escalation | None = None) -> Breakdown:
+def predict(
+    plan: str,
+    r: RequestShape,
+    e: EdgeProfile,
+    n: NetProfile | None,
+    c: CloudProfile | None,
+    quality: float,
+    escalation: Escalation | None = None,
+) -> Breakdown:
     """One plan's expected breakdown; ``escalation``: the edge plan runs under auto (a failed answer
     goes to a split), so its cost and quality include that."""
     if plan == "edge":
@@ -250,14 +292,27 @@ def predict(plan: str, r: RequestShape, e: EdgeProfile, n: NetProfile | None, c:
         return _split(r, e, n, c, quality)
     if plan == "cloud":
         transfer = n.rtt_ms + _ms(r.prompt_bytes, n.up_bps) + _ms(r.answer_bytes, n.down_bps)
-        return Breakdown(plan="cloud", cold_start_ms=0.0, drafting_ms=0.0, transfer_ms=transfer,
-                         cloud_ms=c.queue_ms + c.setup_ms + c.generation_ms(r.cloud_steps), quality=quality)
+        return Breakdown(
+            plan="cloud",
+            cold_start_ms=0.0,
+            drafting_ms=0.0,
+            transfer_ms=transfer,
+            cloud_ms=c.queue_ms + c.setup_ms + c.generation_ms(r.cloud_steps),
+            quality=quality,
+        )
     raise ValueError(f"plan: unknown {plan!r} (known: {', '.join(PLANS)})")
 
 
-def choose(r: RequestShape, e: EdgeProfile, n: NetProfile | None, c: CloudProfile | None,
-           quality: dict[str, float], quality_floor: float = 0.0, escalation: Escalation | None = None,
-           thrift: float = 0.0) -> Choice:
+def choose(
+    r: RequestShape,
+    e: EdgeProfile,
+    n: NetProfile | None,
+    c: CloudProfile | None,
+    quality: dict[str, float],
+    quality_floor: float = 0.0,
+    escalation: Escalation | None = None,
+    thrift: float = 0.0,
+) -> Choice:
     """Fastest plan meeting the quality floor. Without a reachable cloud (``n``/``c`` None): edge.
     ``escalation``: the edge plan's answer escalates when it fails the rules (auto), so the edge is
     judged by its expected cost and quality with that split included. ``thrift``: of the plans
@@ -273,15 +328,26 @@ def choose(r: RequestShape, e: EdgeProfile, n: NetProfile | None, c: CloudProfil
         fastest = min(ok, key=lambda b: b.total_ms)
         near = [b for b in ok if b.total_ms <= fastest.total_ms * (1.0 + thrift)]
         best = min(near, key=lambda b: (b.cloud_load_ms, b.total_ms))
-        others = ", ".join(f"{b.plan} {b.total_ms:.0f} ms" for b in sorted(bd.values(), key=lambda b: b.total_ms)
-                           if b.plan != best.plan)
-        esc = (f", {best.escalation_p:.0%} of answers escalated to split at {best.escalation_cost_ms:.0f} ms"
-               if best.escalation_p > 0 else "")
-        why = ("fastest predicted" if best is fastest else
-               f"within {thrift:.0%} of the fastest and holds the cloud least ({best.cloud_load_ms:.0f} vs "
-               f"{fastest.cloud_load_ms:.0f} ms): predicted")
-        reason = (f"{best.plan}: {why} ({best.total_ms:.0f} ms{esc}) with expected quality "
-                  f"{best.quality:.2f} >= floor {quality_floor:.2f}" + (f"; then {others}" if others else ""))
+        others = ", ".join(
+            f"{b.plan} {b.total_ms:.0f} ms"
+            for b in sorted(bd.values(), key=lambda b: b.total_ms)
+            if b.plan != best.plan
+        )
+        esc = (
+            f", {best.escalation_p:.0%} of answers escalated to split at {best.escalation_cost_ms:.0f} ms"
+            if best.escalation_p > 0
+            else ""
+        )
+        why = (
+            "fastest predicted"
+            if best is fastest
+            else f"within {thrift:.0%} of the fastest and holds the cloud least ({best.cloud_load_ms:.0f} vs "
+            f"{fastest.cloud_load_ms:.0f} ms): predicted"
+        )
+        reason = (
+            f"{best.plan}: {why} ({best.total_ms:.0f} ms{esc}) with expected quality "
+            f"{best.quality:.2f} >= floor {quality_floor:.2f}" + (f"; then {others}" if others else "")
+        )
     else:
         best = max(bd.values(), key=lambda b: (b.quality, -b.total_ms))
         reason = f"{best.plan}: no plan reaches the quality floor {quality_floor:.2f}; highest expected quality"

@@ -22,14 +22,34 @@ log = logging.getLogger(__name__)
 
 # conservative: slow disk, slow link, slow cloud — a guess should not lure a request away
 DEFAULTS: dict[str, float] = {
-    "disk_read_bps": 100e6, "pcie_h2d_bps": 4e9, "session_ms": 2000.0, "warmup_ms": 200.0, "first_run_ms": 100.0, "prefill_ms_per_token": 1.0,
-    "step_ms.1": 30.0, "rtt_ms": 100.0, "up_bps": 125e3, "down_bps": 125e3, "queue_ms": 0.0,
-    "verify_ms": 100.0, "refine_ttft_ms": 200.0, "refine_ms_per_token": 20.0, "setup_ms": 50.0,
-    "draft_tokens": 48.0, "answer_tokens": 48.0, "rounds": 1.5, "decode_steps.split": 64.0, "decode_steps.cloud": 128.0,
-    "quality.edge": 0.35, "quality.split": 0.6, "quality.cloud": 0.6,
+    "disk_read_bps": 100e6,
+    "pcie_h2d_bps": 4e9,
+    "session_ms": 2000.0,
+    "warmup_ms": 200.0,
+    "first_run_ms": 100.0,
+    "prefill_ms_per_token": 1.0,
+    "step_ms.1": 30.0,
+    "rtt_ms": 100.0,
+    "up_bps": 125e3,
+    "down_bps": 125e3,
+    "queue_ms": 0.0,
+    "verify_ms": 100.0,
+    "refine_ttft_ms": 200.0,
+    "refine_ms_per_token": 20.0,
+    "setup_ms": 50.0,
+    "draft_tokens": 48.0,
+    "answer_tokens": 48.0,
+    "rounds": 1.5,
+    "decode_steps.split": 64.0,
+    "decode_steps.cloud": 128.0,
+    "quality.edge": 0.35,
+    "quality.split": 0.6,
+    "quality.cloud": 0.6,
     # an escalated split (auto's edge answer failed the rules): its first round is known bad, so the
     # cloud retries or answers alone; kept apart from splits chosen up front (``rounds.escalated.<task>``)
-    "rounds.escalated": 2.0, "decode_steps.escalated": 128.0, "quality.escalated": 0.6,
+    "rounds.escalated": 2.0,
+    "decode_steps.escalated": 128.0,
+    "quality.escalated": 0.6,
 }
 # Outcomes — how many tokens, rounds and decode steps a task's request takes, how often its
 # answer is valid, how much slower a fresh session's first request drafts — are draws from a distribution whose mean is what the cost model wants: a
@@ -37,8 +57,13 @@ DEFAULTS: dict[str, float] = {
 # swing the next plan. Speeds, the network and the cloud's load track conditions: ``alpha``.
 OUTCOMES = ("draft_tokens", "answer_tokens", "decode_steps", "rounds", "quality", "first_run")
 OUTCOME_ALPHA = 0.05
-_BOUNDS = {"bps": (1e3, 1e12), "ms": (0.0, 600_000.0), "tokens": (1.0, 1e5), "quality": (0.0, 1.0),
-           "bytes_per_token": (0.25, 64.0)}
+_BOUNDS = {
+    "bps": (1e3, 1e12),
+    "ms": (0.0, 600_000.0),
+    "tokens": (1.0, 1e5),
+    "quality": (0.0, 1.0),
+    "bytes_per_token": (0.25, 64.0),
+}
 
 
 def _bounds(key: str) -> tuple[float, float]:
@@ -145,8 +170,12 @@ class Estimates:
     def open(cls, path: str | Path | None) -> Estimates:
         est = cls(path=Path(path) if path else None)
         data = statefile.load(est.path, EstimatesFile)  # invalid: set aside (logged), defaults
-        if data is None and est.path is not None and not est.path.exists() and any(
-                est.path.parent.glob(f"{est.path.name}.invalid-*")):
+        if (
+            data is None
+            and est.path is not None
+            and not est.path.exists()
+            and any(est.path.parent.glob(f"{est.path.name}.invalid-*"))
+        ):
             est.note(f"{est.path}: invalid calibration file set aside; starting from defaults")
         if data is not None:
             for k, v in data.values.items():

@@ -78,11 +78,18 @@ class Planner:
     # ---- profiles ------------------------------------------------------------------
     def edge_profile(self, s: EdgeState) -> EdgeProfile:
         e = self.est
-        return EdgeProfile(model_bytes=s.model_bytes, disk_read_bps=e.get("disk_read_bps"),
-                           pcie_h2d_bps=e.get("pcie_h2d_bps") if s.gpu else None, session_ms=e.get("session_ms"),
-                           warmup_ms=e.get("warmup_ms"), prefill_ms_per_token=e.get("prefill_ms_per_token"),
-                           step_ms=e.step_ms(), state=s.state, loading_remaining_ms=s.loading_remaining_ms,
-                           first_run_ms=e.get("first_run_ms") if s.first_run else 0.0)
+        return EdgeProfile(
+            model_bytes=s.model_bytes,
+            disk_read_bps=e.get("disk_read_bps"),
+            pcie_h2d_bps=e.get("pcie_h2d_bps") if s.gpu else None,
+            session_ms=e.get("session_ms"),
+            warmup_ms=e.get("warmup_ms"),
+            prefill_ms_per_token=e.get("prefill_ms_per_token"),
+            step_ms=e.step_ms(),
+            state=s.state,
+            loading_remaining_ms=s.loading_remaining_ms,
+            first_run_ms=e.get("first_run_ms") if s.first_run else 0.0,
+        )
 
     def net_profile(self) -> NetProfile:
         e = self.est
@@ -90,18 +97,30 @@ class Planner:
 
     def cloud_profile(self) -> CloudProfile:
         e = self.est
-        return CloudProfile(queue_ms=e.get("queue_ms"), verify_ms=e.get("verify_ms"),
-                            refine_ttft_ms=e.get("refine_ttft_ms"), refine_ms_per_token=e.get("refine_ms_per_token"),
-                            setup_ms=e.get("setup_ms"))
+        return CloudProfile(
+            queue_ms=e.get("queue_ms"),
+            verify_ms=e.get("verify_ms"),
+            refine_ttft_ms=e.get("refine_ttft_ms"),
+            refine_ms_per_token=e.get("refine_ms_per_token"),
+            setup_ms=e.get("setup_ms"),
+        )
 
     def shape(self, task: str, prompt_tokens: int, prompt_bytes: int, n: int) -> RequestShape:
         e = self.est
         dt, at = e.get(f"draft_tokens.{task}"), e.get(f"answer_tokens.{task}")
         bpt = self.bytes_per_token
-        return RequestShape(prompt_tokens=prompt_tokens, draft_tokens=round(dt), n_drafts=n, answer_tokens=round(at),
-                            prompt_bytes=prompt_bytes, draft_bytes=round(dt * bpt), answer_bytes=round(at * bpt),
-                            rounds=e.get(f"rounds.{task}"), split_steps=e.get(f"decode_steps.split.{task}"),
-                            cloud_steps=self._cloud_steps(task))
+        return RequestShape(
+            prompt_tokens=prompt_tokens,
+            draft_tokens=round(dt),
+            n_drafts=n,
+            answer_tokens=round(at),
+            prompt_bytes=prompt_bytes,
+            draft_bytes=round(dt * bpt),
+            answer_bytes=round(at * bpt),
+            rounds=e.get(f"rounds.{task}"),
+            split_steps=e.get(f"decode_steps.split.{task}"),
+            cloud_steps=self._cloud_steps(task),
+        )
 
     def _cloud_steps(self, task: str) -> float:
         """The cloud plan's decode steps for ``task``: measured, else as long as the answers the
@@ -118,8 +137,9 @@ class Planner:
         """Auto's edge plan escalating a rule-failing answer: the split's shape and quality from
         escalations' own history."""
         e = self.est
-        x = dataclasses.replace(shape, rounds=e.get(f"rounds.escalated.{task}"),
-                                split_steps=e.get(f"decode_steps.escalated.{task}"))
+        x = dataclasses.replace(
+            shape, rounds=e.get(f"rounds.escalated.{task}"), split_steps=e.get(f"decode_steps.escalated.{task}")
+        )
         return Escalation(shape=x, quality=e.get(f"quality.escalated.{task}"))
 
     def local_ms(self, task: str, prompt_tokens: int, prompt_bytes: int, n: int, edge: EdgeState) -> float:
@@ -134,8 +154,9 @@ class Planner:
     def quality(self, task: str) -> dict[str, float]:
         return {p: self.est.get(f"quality.{p}.{task}") for p in PLANS}
 
-    def choose(self, task: str, prompt_tokens: int, prompt_bytes: int, n: int, edge: EdgeState,
-               cloud_available: bool) -> Choice:
+    def choose(
+        self, task: str, prompt_tokens: int, prompt_bytes: int, n: int, edge: EdgeState, cloud_available: bool
+    ) -> Choice:
         """Auto's choice. With a cloud, the edge plan is predicted with its escalation (the service
         sends a rule-failing edge answer to a split while the cloud is healthy)."""
         # "default used" caveats are re-derived per choice; probe / refusal caveats stay
@@ -144,17 +165,34 @@ class Planner:
             shape = self.shape(task, prompt_tokens, prompt_bytes, n)
             net, cloud = (self.net_profile(), self.cloud_profile()) if cloud_available else (None, None)
             esc = self.escalation(task, shape) if cloud_available else None
-            c = choose(shape, self.edge_profile(edge), net, cloud, self.quality(task), self.quality_floor, esc,
-                       self.cloud_thrift)
+            c = choose(
+                shape,
+                self.edge_profile(edge),
+                net,
+                cloud,
+                self.quality(task),
+                self.quality_floor,
+                esc,
+                self.cloud_thrift,
+            )
         except (ValueError, ZeroDivisionError) as exc:  # never let the planner fail a request
             self.est.note(f"cost model failed ({exc}); falling back to split", key="cost model failed")
-            return Choice(plan="split" if cloud_available else "edge", breakdowns={},
-                          reason="fallback: cost model failed", notes=tuple(self.est.notes))
+            return Choice(
+                plan="split" if cloud_available else "edge",
+                breakdowns={},
+                reason="fallback: cost model failed",
+                notes=tuple(self.est.notes),
+            )
         plan, reason = c.plan, c.reason
         if (p := self._unexplored(task, c)) is not None:
             runs = self.est.counts.get(f"decode_steps.{p}.{task}", 0)
-            plan, reason = p, (f"explore: {p} was run {runs} of {EXPLORE_RUNS} times for {task!r} (its "
-                               f"{c.breakdowns[p].total_ms:.0f} ms is not yet a measurement); else {c.reason}")
+            plan, reason = (
+                p,
+                (
+                    f"explore: {p} was run {runs} of {EXPLORE_RUNS} times for {task!r} (its "
+                    f"{c.breakdowns[p].total_ms:.0f} ms is not yet a measurement); else {c.reason}"
+                ),
+            )
         return Choice(plan=plan, breakdowns=c.breakdowns, reason=reason, notes=tuple(self.est.notes))
 
     def _unexplored(self, task: str, c: Choice) -> str | None:
@@ -167,14 +205,26 @@ class Planner:
         478-547 ms against a measured mean of 269 and never ran it again."""
         for p in (Plan.SPLIT, Plan.CLOUD):
             b = c.breakdowns.get(p)
-            if (b is not None and self.est.counts.get(f"decode_steps.{p}.{task}", 0) < EXPLORE_RUNS
-                    and b.quality >= self.quality_floor):
+            if (
+                b is not None
+                and self.est.counts.get(f"decode_steps.{p}.{task}", 0) < EXPLORE_RUNS
+                and b.quality >= self.quality_floor
+            ):
                 return p
         return None
 
     # ---- online updates ------------------------------------------------------------
-    def observe(self, plan: str, task: str, prompt_tokens: int, prompt_bytes: int, n: int, result,
-                edge_was: EdgeState, escalated: bool = False) -> None:
+    def observe(
+        self,
+        plan: str,
+        task: str,
+        prompt_tokens: int,
+        prompt_bytes: int,
+        n: int,
+        result,
+        edge_was: EdgeState,
+        escalated: bool = False,
+    ) -> None:
         """Fold one plan's run (its own result and stage times) into the estimates. ``escalated``:
         the split that followed auto's rule-failing edge answer, whose drafts the edge attempt's
         own observation already measured."""
@@ -189,8 +239,9 @@ class Planner:
             self._observe_cloud(plan, task, prompt_tokens, prompt_bytes, n, result, edge_was, escalated)
         e.save()
 
-    def _observe_drafts(self, task: str, prompt_tokens: int, prompt_bytes: int, n: int, result,
-                        edge_was: EdgeState) -> None:
+    def _observe_drafts(
+        self, task: str, prompt_tokens: int, prompt_bytes: int, n: int, result, edge_was: EdgeState
+    ) -> None:
         e = self.est
         t = result.timings
         drafts = result.drafts
@@ -212,9 +263,10 @@ class Planner:
             if step > 0:
                 e.observe(f"step_ms.{n}", step)
         else:  # the first request on a fresh session: what it drafted beyond a warm one
-            warm = drafting_ms(self.edge_profile(EdgeState(edge_was.model_bytes, ModelState.WARM, gpu=edge_was.gpu)),
-                               dataclasses.replace(self.shape(task, prompt_tokens, prompt_bytes, n),
-                                                   draft_tokens=longest))
+            warm = drafting_ms(
+                self.edge_profile(EdgeState(edge_was.model_bytes, ModelState.WARM, gpu=edge_was.gpu)),
+                dataclasses.replace(self.shape(task, prompt_tokens, prompt_bytes, n), draft_tokens=longest),
+            )
             e.observe("first_run_ms", max(0.0, t["drafting"] - warm))
 
     def _observe_quality(self, plan: str, task: str, n: int, result, escalated: bool) -> None:
@@ -229,8 +281,17 @@ class Planner:
             if first:
                 e.observe(f"quality.edge.{task}", 1.0 if any(v.valid for v in first) else 0.0)
 
-    def _observe_cloud(self, plan: str, task: str, prompt_tokens: int, prompt_bytes: int, n: int, result,
-                       edge_was: EdgeState, escalated: bool) -> None:
+    def _observe_cloud(
+        self,
+        plan: str,
+        task: str,
+        prompt_tokens: int,
+        prompt_bytes: int,
+        n: int,
+        result,
+        edge_was: EdgeState,
+        escalated: bool,
+    ) -> None:
         e = self.est
         t, tm = result.timings, result.summary.timings
         kind = "escalated" if escalated else plan
@@ -244,14 +305,17 @@ class Planner:
                 if tm.refine_ms > tm.refine_ttft_ms:
                     e.observe("refine_ms_per_token", (tm.refine_ms - tm.refine_ttft_ms) / tm.decode_steps)
         # the cost model's own transfer term, with the rounds this request really took
-        shape = dataclasses.replace(self.shape(task, prompt_tokens, prompt_bytes, n),
-                                    rounds=float(max(1, result.rounds)))
+        shape = dataclasses.replace(
+            self.shape(task, prompt_tokens, prompt_bytes, n), rounds=float(max(1, result.rounds))
+        )
         if escalated:
-            transfer = predict_escalation(shape, self.edge_profile(edge_was), self.net_profile(), self.cloud_profile(),
-                                          0.0).transfer_ms
+            transfer = predict_escalation(
+                shape, self.edge_profile(edge_was), self.net_profile(), self.cloud_profile(), 0.0
+            ).transfer_ms
         else:
-            transfer = predict(plan, shape, self.edge_profile(edge_was), self.net_profile(), self.cloud_profile(),
-                               0.0).transfer_ms
+            transfer = predict(
+                plan, shape, self.edge_profile(edge_was), self.net_profile(), self.cloud_profile(), 0.0
+            ).transfer_ms
         rest = t.get("total", 0.0) - tm.refine_ms - transfer - e.get("queue_ms")
         if plan == "cloud":
             e.observe("setup_ms", max(0.0, rest))

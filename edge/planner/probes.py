@@ -69,8 +69,9 @@ def pcie_h2d_bps(nbytes: int = 64 << 20) -> float | None:
         return None
 
 
-def decode_steps(lm, sizes: tuple[int, ...] = (1, 2, 5, 8), steps: int = 6, prompt_tokens: int = 32,
-                 warmup: int = 1) -> tuple[float, dict[int, float]]:
+def decode_steps(
+    lm, sizes: tuple[int, ...] = (1, 2, 5, 8), steps: int = 6, prompt_tokens: int = 32, warmup: int = 1
+) -> tuple[float, dict[int, float]]:
     """(prefill ms per prompt token, {batch size: median of ``steps`` decode step ms after ``warmup``})
     on a loaded OnnxLM; the prompt cache is tiled to each batch size, as the edge drafts."""
     prompt = np.array([[4 + i % 16 for i in range(prompt_tokens)]], np.int64)
@@ -125,8 +126,12 @@ async def cloud_status(stub, timeout: float = 5.0) -> dict[str, float] | None:
 
     try:
         st = await stub.Status(pb.StatusRequest(), timeout=timeout)
-        return {"queue_depth": float(st.queue_depth), "running": float(st.running), "load": float(st.load),
-                "ready": float(st.ready)}
+        return {
+            "queue_depth": float(st.queue_depth),
+            "running": float(st.running),
+            "load": float(st.load),
+            "ready": float(st.ready),
+        }
     except grpc.aio.AioRpcError as exc:
         log.warning("status probe failed: %s", exc.code().name)
         return None
@@ -146,8 +151,12 @@ async def calibrate(est, model_path: Path | None = None, lm=None, stub=None) -> 
 
     done = []
     # what each probe measures: a failed one says whether an earlier measurement still stands
-    keys = {"disk": ("disk_read_bps",), "decode": ("step_ms.1", "prefill_ms_per_token"),
-            "network": ("rtt_ms", "up_bps", "down_bps"), "status": ("queue_ms",)}
+    keys = {
+        "disk": ("disk_read_bps",),
+        "decode": ("step_ms.1", "prefill_ms_per_token"),
+        "network": ("rtt_ms", "up_bps", "down_bps"),
+        "status": ("queue_ms",),
+    }
 
     def failed(what: str, why: str) -> None:
         kept = "keeping the last measurement" if any(est.has(k) for k in keys[what]) else "using defaults"

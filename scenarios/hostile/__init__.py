@@ -21,6 +21,24 @@ from scenarios.hostile.stalls import parse_stalls, stall_report
 from scenarios.hostile.strategies.calls import GrpcCall, HttpCall
 from scenarios.hostile.targets import Clients, Endpoints, Outcome, Tally, Target, run_target, targets, verdict
 
-__all__ = ["Clients", "Endpoints", "GrpcCall", "HttpCall", "Outcome", "Prober", "Servers", "Tally", "Target", "alive",
-           "campaign", "parse_stalls", "probe_report", "run", "run_target", "stall_report", "summary", "targets",
-           "verdict"]
+__all__ = [
+    "Clients",
+    "Endpoints",
+    "GrpcCall",
+    "HttpCall",
+    "Outcome",
+    "Prober",
+    "Servers",
+    "Tally",
+    "Target",
+    "alive",
+    "campaign",
+    "parse_stalls",
+    "probe_report",
+    "run",
+    "run_target",
+    "stall_report",
+    "summary",
+    "targets",
+    "verdict",
+]

@@ -42,13 +42,17 @@ STACK_LINES_SHOWN = 6
 
 # ---- the campaign ---------------------------------------------------------------------------------------
 
+
 async def campaign(examples: int, seed: int, only: list[str], concurrency: int, timeout: float) -> dict:
     logs = Path(tempfile.mkdtemp(prefix="coinfer-hostile-"))
     t_start = time.perf_counter()
     servers = await Servers.start(logs)
     ep = servers.endpoints
-    print(f"cloud {ep.cloud}, edge gRPC {ep.edge_grpc}, HTTP {ep.edge_http} up in "
-          f"{time.perf_counter() - t_start:.0f} s; logs in {logs}", flush=True)
+    print(
+        f"cloud {ep.cloud}, edge gRPC {ep.edge_grpc}, HTTP {ep.edge_http} up in "
+        f"{time.perf_counter() - t_start:.0f} s; logs in {logs}",
+        flush=True,
+    )
     tally = Tally()
     chosen = [t for t in targets() if not only or t.name in only]
     try:
@@ -61,8 +65,11 @@ async def campaign(examples: int, seed: int, only: list[str], concurrency: int, 
                     await run_target(target, clients, examples, seed, tally, concurrency, timeout)
                     windows[target.name] = (start, time.time())
                     c = tally.counts.get(target.name, Counter())
-                    print(f"  {target.name:<24} {sum(c.values()):>6} in {tally.seconds[target.name]:7.1f} s  "
-                          f"{dict(c.most_common(6))}", flush=True)
+                    print(
+                        f"  {target.name:<24} {sum(c.values()):>6} in {tally.seconds[target.name]:7.1f} s  "
+                        f"{dict(c.most_common(6))}",
+                        flush=True,
+                    )
             finally:
                 await clients.close()
             wall = time.perf_counter() - t0
@@ -73,11 +80,21 @@ async def campaign(examples: int, seed: int, only: list[str], concurrency: int, 
         servers.stop()
     stalls = {name: stall_report(_read(logs / f"{name}.log"), windows) for name in ("cloud", "edge")}
     sent = sum(sum(c.values()) for c in tally.counts.values())
-    return {"seed": seed, "examples_per_target": examples, "concurrency": concurrency, "wall_s": round(wall, 1),
-            "examples": sent, "examples_per_s": round(sent / wall, 1), "probes": probes, "loop_stalls": stalls,
-            "alive_after": after,
-            "crashes": sum(code is not None for code in codes.values()), "exit_codes": codes, "logs": str(logs),
-            **tally.report()}
+    return {
+        "seed": seed,
+        "examples_per_target": examples,
+        "concurrency": concurrency,
+        "wall_s": round(wall, 1),
+        "examples": sent,
+        "examples_per_s": round(sent / wall, 1),
+        "probes": probes,
+        "loop_stalls": stalls,
+        "alive_after": after,
+        "crashes": sum(code is not None for code in codes.values()),
+        "exit_codes": codes,
+        "logs": str(logs),
+        **tally.report(),
+    }
 
 
 def _read(log: Path) -> str:
@@ -87,8 +104,9 @@ def _read(log: Path) -> str:
         return ""
 
 
-async def run(examples: int, seed: int = 0, only: list[str] | None = None, concurrency: int = 4,
-              timeout: float = 60.0) -> dict:
+async def run(
+    examples: int, seed: int = 0, only: list[str] | None = None, concurrency: int = 4, timeout: float = 60.0
+) -> dict:
     """The campaign's report, for another benchmark (``benchmarks.faults --hostile-examples``)."""
     return await campaign(examples, seed, only or [], concurrency, timeout)
 
@@ -96,23 +114,33 @@ async def run(examples: int, seed: int = 0, only: list[str] | None = None, concu
 def _stall_lines(stalls: dict) -> list[str]:
     """The servers' own loop-stall warnings (coinfer.serving.loopwatch), while the targets ran."""
     threshold = next((s["threshold_ms"] for s in stalls.values() if s.get("threshold_ms") is not None), 50)
-    lines = [f"\nevent-loop stalls the servers logged while the targets ran (loop held > {threshold:.0f} ms);",
-             "  a stall with little on-CPU time is the loop waiting for a core or the GIL, not code holding it:"]
+    lines = [
+        f"\nevent-loop stalls the servers logged while the targets ran (loop held > {threshold:.0f} ms);",
+        "  a stall with little on-CPU time is the loop waiting for a core or the GIL, not code holding it:",
+    ]
     for name, s in stalls.items():
-        lines.append(f"  {name:<6} stalls {s['stalls']:>5}  max held {s['max_held_ms']:6.0f} ms  max on CPU "
-                     f"{s['max_on_cpu_ms']:6.0f} ms  max waiting for a core {s.get('max_queued_ms', 0):6.0f} ms  "
-                     f"max in GC {s.get('max_gc_ms', 0):6.0f} ms  "
-                     f"on CPU > {ON_CPU_MS:.0f} ms {s['on_cpu_over_50ms']:>4}  (log lines suppressed: "
-                     f"{s.get('suppressed', 0)})")
+        lines.append(
+            f"  {name:<6} stalls {s['stalls']:>5}  max held {s['max_held_ms']:6.0f} ms  max on CPU "
+            f"{s['max_on_cpu_ms']:6.0f} ms  max waiting for a core {s.get('max_queued_ms', 0):6.0f} ms  "
+            f"max in GC {s.get('max_gc_ms', 0):6.0f} ms  "
+            f"on CPU > {ON_CPU_MS:.0f} ms {s['on_cpu_over_50ms']:>4}  (log lines suppressed: "
+            f"{s.get('suppressed', 0)})"
+        )
     lines.append(f"  while each target ran, stalls / on CPU > {ON_CPU_MS:.0f} ms of " + ", ".join(stalls) + ":")
     for target in next(iter(stalls.values()), {}).get("by_target", {}):
-        lines.append(f"    {target:<24} " + "  ".join(f"{s['by_target'][target]['stalls']:>5} / "
-                                                   f"{s['by_target'][target]['on_cpu_over_50ms']:>3}"
-                                                   for s in stalls.values()))
+        lines.append(
+            f"    {target:<24} "
+            + "  ".join(
+                f"{s['by_target'][target]['stalls']:>5} / {s['by_target'][target]['on_cpu_over_50ms']:>3}"
+                for s in stalls.values()
+            )
+        )
     for name, s in stalls.items():
         for x in s["on_cpu_stacks"]:
-            lines.append(f"  {name}: {x['on_cpu_ms']:.0f} of {x['held_ms']:.0f} ms on CPU at {x['at']} "
-                         f"({x['target']}), innermost frames:")
+            lines.append(
+                f"  {name}: {x['on_cpu_ms']:.0f} of {x['held_ms']:.0f} ms on CPU at {x['at']} "
+                f"({x['target']}), innermost frames:"
+            )
             lines.extend(f"    {ln}" for ln in x["stack"].splitlines()[-STACK_LINES_SHOWN:])
     return lines
 
@@ -120,18 +148,26 @@ def _stall_lines(stalls: dict) -> list[str]:
 def summary(report: dict) -> str:
     lines = [f"{'target':<24} {'n':>6} {'s':>7}  codes"]
     for name, t in report["targets"].items():
-        lines.append(f"{name:<24} {t['examples']:>6} {t['seconds']:>7.1f}  "
-                     + ", ".join(f"{k} {v}" for k, v in t["codes"].items()))
-    lines.append(f"\n{report['examples']} examples in {report['wall_s']} s ({report['examples_per_s']}/s), seed "
-                 f"{report['seed']}; crashes {report['crashes']}; after: {report['alive_after']}")
+        lines.append(
+            f"{name:<24} {t['examples']:>6} {t['seconds']:>7.1f}  "
+            + ", ".join(f"{k} {v}" for k, v in t["codes"].items())
+        )
+    lines.append(
+        f"\n{report['examples']} examples in {report['wall_s']} s ({report['examples_per_s']}/s), seed "
+        f"{report['seed']}; crashes {report['crashes']}; after: {report['alive_after']}"
+    )
     lines.append("\nliveness (every 20 ms, requirement p99 < 50 ms; the loop lag is the prober's own):")
     for name, p in report["probes"]["overall"].items():
-        lines.append(f"  {name:<16} n={p.get('n', 0):>6} p50 {p.get('p50_ms', 0):7.2f} p99 {p.get('p99_ms', 0):7.2f} "
-                     f"max {p.get('max_ms', 0):8.2f} ms  >50ms {p.get('over_50ms', 0)}  errors {p.get('errors')}")
+        lines.append(
+            f"  {name:<16} n={p.get('n', 0):>6} p50 {p.get('p50_ms', 0):7.2f} p99 {p.get('p99_ms', 0):7.2f} "
+            f"max {p.get('max_ms', 0):8.2f} ms  >50ms {p.get('over_50ms', 0)}  errors {p.get('errors')}"
+        )
     lines.append("  while each target ran, p99 / max ms of " + ", ".join(report["probes"]["overall"]) + ":")
     for target, by in report["probes"]["by_target"].items():
-        lines.append(f"    {target:<24} " + "  ".join(f"{p.get('p99_ms', 0):6.1f} / {p.get('max_ms', 0):6.1f}"
-                                                   for p in by.values()))
+        lines.append(
+            f"    {target:<24} "
+            + "  ".join(f"{p.get('p99_ms', 0):6.1f} / {p.get('max_ms', 0):6.1f}" for p in by.values())
+        )
     if "loop_stalls" in report:
         lines.extend(_stall_lines(report["loop_stalls"]))
     for kind in ("failure", "unavailable"):

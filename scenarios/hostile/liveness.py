@@ -34,13 +34,21 @@ Samples = dict[str, list[tuple[float, float]]]
 async def _probe_loop(ep: Endpoints, stop: Any, period_s: float) -> tuple[Samples, dict[str, dict]]:
     """Every probe's samples and error counts, until ``stop`` is set."""
     c = Clients(ep)
-    cloud = c.cloud.unary_unary("/coinfer.v1.CoinferCloud/Status", request_serializer=pb.StatusRequest.SerializeToString,
-                                response_deserializer=pb.StatusResponse.FromString)
-    edge = c.edge.unary_unary("/coinfer.v1.CoinferEdge/Status", request_serializer=epb.EdgeStatusRequest.SerializeToString,
-                              response_deserializer=epb.EdgeStatus.FromString)
-    probes = {"cloud.Status": lambda: cloud(pb.StatusRequest(), timeout=5),
-              "edge.Status": lambda: edge(epb.EdgeStatusRequest(), timeout=5),
-              "edge./healthz": lambda: c.http.get("/healthz", timeout=5)}
+    cloud = c.cloud.unary_unary(
+        "/coinfer.v1.CoinferCloud/Status",
+        request_serializer=pb.StatusRequest.SerializeToString,
+        response_deserializer=pb.StatusResponse.FromString,
+    )
+    edge = c.edge.unary_unary(
+        "/coinfer.v1.CoinferEdge/Status",
+        request_serializer=epb.EdgeStatusRequest.SerializeToString,
+        response_deserializer=epb.EdgeStatus.FromString,
+    )
+    probes = {
+        "cloud.Status": lambda: cloud(pb.StatusRequest(), timeout=5),
+        "edge.Status": lambda: edge(epb.EdgeStatusRequest(), timeout=5),
+        "edge./healthz": lambda: c.http.get("/healthz", timeout=5),
+    }
     lat: Samples = {k: [] for k in (*probes, CONTROL)}
     errors: dict[str, Counter] = {k: Counter() for k in lat}
 
@@ -75,17 +83,25 @@ def latency_stats(ms: list[float]) -> dict[str, float]:
     if not ms:
         return {"n": 0}
     q = statistics.quantiles(ms, n=100, method="inclusive") if len(ms) > 1 else [ms[0]] * 99
-    return {"n": len(ms), "p50_ms": round(q[49], 2), "p99_ms": round(q[98], 2), "max_ms": round(max(ms), 2),
-            "over_50ms": sum(x > 50 for x in ms)}
+    return {
+        "n": len(ms),
+        "p50_ms": round(q[49], 2),
+        "p99_ms": round(q[98], 2),
+        "max_ms": round(max(ms), 2),
+        "over_50ms": sum(x > 50 for x in ms),
+    }
 
 
 def probe_report(samples: Samples, errors: dict[str, dict], windows: dict[str, tuple[float, float]]) -> dict:
     """Latency per probe over the whole campaign, and per target (while it ran): which input holds a loop."""
+
     def within(t0: float, t1: float) -> dict:
         return {k: latency_stats([ms for t, ms in v if t0 <= t < t1]) for k, v in samples.items()}
 
-    return {"overall": {k: latency_stats([ms for _, ms in v]) | {"errors": errors[k]} for k, v in samples.items()},
-            "by_target": {name: within(*w) for name, w in windows.items()}}
+    return {
+        "overall": {k: latency_stats([ms for _, ms in v]) | {"errors": errors[k]} for k, v in samples.items()},
+        "by_target": {name: within(*w) for name, w in windows.items()},
+    }
 
 
 def _probe_main(ep: Endpoints, stop: Any, results: Any, period_s: float) -> None:
@@ -117,6 +133,7 @@ class Prober:
 
 # ---- after the campaign -----------------------------------------------------------------------------
 
+
 async def alive(ep: Endpoints, settle_s: float = 30.0) -> dict[str, str]:
     """After the campaign: each server answers its status and a normal request. A check that fails is retried
     for ``settle_s`` (the edge's circuit breaker may have opened on the campaign's cloud failures; it tries
@@ -124,17 +141,27 @@ async def alive(ep: Endpoints, settle_s: float = 30.0) -> dict[str, str]:
     c = Clients(ep)
 
     async def cloud_status() -> str:
-        status = c.cloud.unary_unary("/coinfer.v1.CoinferCloud/Status", request_serializer=pb.StatusRequest.SerializeToString,
-                                     response_deserializer=pb.StatusResponse.FromString)
+        status = c.cloud.unary_unary(
+            "/coinfer.v1.CoinferCloud/Status",
+            request_serializer=pb.StatusRequest.SerializeToString,
+            response_deserializer=pb.StatusResponse.FromString,
+        )
         st_ = await status(pb.StatusRequest(), timeout=10)
         return "ok" if st_.ready else f"not ready: {st_}"
 
     async def edge_solve() -> str:
-        req = epb.SolveRequest(problem=pb.Problem(task="arith", prompt="If x=3 and y=5, compute x*y+x+y."),
-                               sampling=pb.SamplingParams(max_new_tokens=8, seed=1), num_drafts=2, plan="split",
-                               deadline_ms=20_000)
-        call = c.edge.unary_stream("/coinfer.v1.CoinferEdge/Solve", request_serializer=epb.SolveRequest.SerializeToString,
-                                   response_deserializer=epb.SolveEvent.FromString)
+        req = epb.SolveRequest(
+            problem=pb.Problem(task="arith", prompt="If x=3 and y=5, compute x*y+x+y."),
+            sampling=pb.SamplingParams(max_new_tokens=8, seed=1),
+            num_drafts=2,
+            plan="split",
+            deadline_ms=20_000,
+        )
+        call = c.edge.unary_stream(
+            "/coinfer.v1.CoinferEdge/Solve",
+            request_serializer=epb.SolveRequest.SerializeToString,
+            response_deserializer=epb.SolveEvent.FromString,
+        )
         res = [e async for e in call(req, timeout=60)][-1].result
         return "ok" if res.answer and not res.fallback_reason else f"degraded: {res.source}, {res.fallback_reason!r}"
 
@@ -143,8 +170,11 @@ async def alive(ep: Endpoints, settle_s: float = 30.0) -> dict[str, str]:
         return "ok" if r.status_code == 200 else f"HTTP {r.status_code}"
 
     async def chat() -> str:
-        r = await c.http.post("/v1/chat/completions", timeout=60, json={
-            "model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "What is 2 plus 3?"}]})
+        r = await c.http.post(
+            "/v1/chat/completions",
+            timeout=60,
+            json={"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "What is 2 plus 3?"}]},
+        )
         return "ok" if r.status_code == 200 else f"HTTP {r.status_code}: {r.text[:200]}"
 
     async def settled(fn: Callable[[], Awaitable[str]]) -> str:
@@ -163,7 +193,14 @@ async def alive(ep: Endpoints, settle_s: float = 30.0) -> dict[str, str]:
             await asyncio.sleep(1.0)
 
     try:
-        return {name: await settled(fn) for name, fn in (("cloud.Status", cloud_status), ("edge.Solve", edge_solve),
-                                                         ("http.healthz", healthz), ("http.chat", chat))}
+        return {
+            name: await settled(fn)
+            for name, fn in (
+                ("cloud.Status", cloud_status),
+                ("edge.Solve", edge_solve),
+                ("http.healthz", healthz),
+                ("http.chat", chat),
+            )
+        }
     finally:
         await c.close()

@@ -18,6 +18,7 @@ from scenarios.hostile.targets import Endpoints
 
 # ---- servers (subprocesses: a crash is an exit code, and each has its own event loop) ------------------
 
+
 def _port(proc: subprocess.Popen, out: Path, prefix: str, timeout_s: float) -> int:
     """The port a server prints as ``<prefix> <port>`` on its stdout (``out``, a file: a pipe nobody reads
     after the port line fills up with vLLM's log lines, and the server blocks writing the next one)."""
@@ -35,8 +36,11 @@ def _port(proc: subprocess.Popen, out: Path, prefix: str, timeout_s: float) -> i
 async def _serving(ep: Endpoints, timeout_s: float = 600) -> None:
     deadline = time.monotonic() + timeout_s
     async with grpc.aio.insecure_channel(ep.cloud) as ch:
-        status = ch.unary_unary("/coinfer.v1.CoinferCloud/Status", request_serializer=pb.StatusRequest.SerializeToString,
-                                response_deserializer=pb.StatusResponse.FromString)
+        status = ch.unary_unary(
+            "/coinfer.v1.CoinferCloud/Status",
+            request_serializer=pb.StatusRequest.SerializeToString,
+            response_deserializer=pb.StatusResponse.FromString,
+        )
         while time.monotonic() < deadline:
             try:
                 if (await status(pb.StatusRequest(), timeout=5)).ready:
@@ -74,16 +78,35 @@ class Servers:
 
         def spawn(args: list[str], name: str) -> subprocess.Popen:
             # stdout (ports, and vLLM's log lines) and stderr (our logs) to files the servers never wait on
-            procs.append(subprocess.Popen([sys.executable, "-m", *args], stdout=open(logs / f"{name}.out", "w"),
-                                          text=True, env=env, stderr=open(logs / f"{name}.log", "w")))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", *args],
+                    stdout=open(logs / f"{name}.out", "w"),
+                    text=True,
+                    env=env,
+                    stderr=open(logs / f"{name}.log", "w"),
+                )
+            )
             return procs[-1]
 
         try:
             cloud = spawn(["coinfer.cloud.server", "--engine.model", str(target), "--port", "0"], "cloud")
             cport = await asyncio.to_thread(_port, cloud, logs / "cloud.out", "PORT", 120)
             await _serving(Endpoints(f"127.0.0.1:{cport}", "", ""))
-            edge = spawn(["coinfer.edge.daemon", "--model", str(draft), "--cloud", f"127.0.0.1:{cport}", "--grpc-port", "0",
-                          "--http-port", "0"], "edge")
+            edge = spawn(
+                [
+                    "coinfer.edge.daemon",
+                    "--model",
+                    str(draft),
+                    "--cloud",
+                    f"127.0.0.1:{cport}",
+                    "--grpc-port",
+                    "0",
+                    "--http-port",
+                    "0",
+                ],
+                "edge",
+            )
             gport = await asyncio.to_thread(_port, edge, logs / "edge.out", "GRPC", 300)
             hport = await asyncio.to_thread(_port, edge, logs / "edge.out", "HTTP", 30)
         except BaseException:

@@ -23,9 +23,11 @@ ON_CPU_MS = 50.0
 STACKS_KEPT = 3
 
 STAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
-STALL = re.compile(r"(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (?:WARNING|INFO) coinfer\.loop: event loop held "
-                   r"(?P<held>[\d.]+) ms \(threshold (?P<threshold>[\d.]+) ms\), (?P<cpu>[\d.]+) ms of it on CPU"
-                   r"(?:, (?P<queued>[\d.]+) ms waiting for a core)?(?:, (?P<gc>[\d.]+) ms collecting garbage)?")
+STALL = re.compile(
+    r"(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (?:WARNING|INFO) coinfer\.loop: event loop held "
+    r"(?P<held>[\d.]+) ms \(threshold (?P<threshold>[\d.]+) ms\), (?P<cpu>[\d.]+) ms of it on CPU"
+    r"(?:, (?P<queued>[\d.]+) ms waiting for a core)?(?:, (?P<gc>[\d.]+) ms collecting garbage)?"
+)
 SUPPRESSED = re.compile(r"\[(\d+) similar lines suppressed")
 
 
@@ -57,24 +59,37 @@ def parse_stalls(log: str) -> list[Stall]:
         if m is None:
             continue
         stack = []
-        for nxt in lines[i + 1:]:
+        for nxt in lines[i + 1 :]:
             if STAMP.match(nxt) or not nxt[:1].isspace():
                 break
             stack.append(nxt)
         t = datetime.strptime(m["at"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-        stalls.append(Stall(m["at"], t, float(m["held"]), float(m["cpu"]), float(m["queued"] or 0), float(m["gc"] or 0),
-                            float(m["threshold"]), "\n".join(stack)))
+        stalls.append(
+            Stall(
+                m["at"],
+                t,
+                float(m["held"]),
+                float(m["cpu"]),
+                float(m["queued"] or 0),
+                float(m["gc"] or 0),
+                float(m["threshold"]),
+                "\n".join(stack),
+            )
+        )
     return stalls
 
 
 def stall_stats(stalls: list[Stall]) -> dict:
-    return {"stalls": len(stalls), "max_held_ms": max((s.held_ms for s in stalls), default=0.0),
-            "max_on_cpu_ms": max((s.on_cpu_ms for s in stalls), default=0.0),
-            "max_queued_ms": max((s.queued_ms for s in stalls), default=0.0),
-            "max_gc_ms": max((s.gc_ms for s in stalls), default=0.0),
-            # the servers' logs are rate-limited per call site: a stall flood shows as a count on the next line
-            "suppressed": sum(int(n) for s in stalls for n in SUPPRESSED.findall(s.stack)),
-            "on_cpu_over_50ms": sum(s.on_cpu_ms > ON_CPU_MS for s in stalls)}
+    return {
+        "stalls": len(stalls),
+        "max_held_ms": max((s.held_ms for s in stalls), default=0.0),
+        "max_on_cpu_ms": max((s.on_cpu_ms for s in stalls), default=0.0),
+        "max_queued_ms": max((s.queued_ms for s in stalls), default=0.0),
+        "max_gc_ms": max((s.gc_ms for s in stalls), default=0.0),
+        # the servers' logs are rate-limited per call site: a stall flood shows as a count on the next line
+        "suppressed": sum(int(n) for s in stalls for n in SUPPRESSED.findall(s.stack)),
+        "on_cpu_over_50ms": sum(s.on_cpu_ms > ON_CPU_MS for s in stalls),
+    }
 
 
 def stall_report(log: str, windows: dict[str, tuple[float, float]]) -> dict:
@@ -93,5 +108,8 @@ def stall_report(log: str, windows: dict[str, tuple[float, float]]) -> dict:
     return stall_stats(ran) | {
         "threshold_ms": max((s.threshold_ms for s in ran), default=None),
         "by_target": {name: stall_stats([s for s in ran if t0 <= s.t < t1]) for name, (t0, t1) in windows.items()},
-        "on_cpu_stacks": [{"at": s.at, "target": target_of(s.t), "held_ms": s.held_ms, "on_cpu_ms": s.on_cpu_ms,
-                           "stack": s.stack} for s in on_cpu[:STACKS_KEPT]]}
+        "on_cpu_stacks": [
+            {"at": s.at, "target": target_of(s.t), "held_ms": s.held_ms, "on_cpu_ms": s.on_cpu_ms, "stack": s.stack}
+            for s in on_cpu[:STACKS_KEPT]
+        ],
+    }

@@ -34,6 +34,7 @@ from scenarios.hostile.strategies.wire import request_bytes
 
 # ---- targets --------------------------------------------------------------------------------------------
 
+
 @dataclass
 class Outcome:
     code: str
@@ -58,8 +59,11 @@ class Clients:
         self.cloud = grpc.aio.insecure_channel(ep.cloud, options=opts)
         self.edge = grpc.aio.insecure_channel(ep.edge_grpc, options=opts)
         # a connection per request: one closed after an answer (a 500) must not fail the next request on it
-        self.http = httpx.AsyncClient(base_url=ep.edge_http, timeout=httpx.Timeout(120.0),
-                                      limits=httpx.Limits(max_connections=32, max_keepalive_connections=0))
+        self.http = httpx.AsyncClient(
+            base_url=ep.edge_http,
+            timeout=httpx.Timeout(120.0),
+            limits=httpx.Limits(max_connections=32, max_keepalive_connections=0),
+        )
 
     async def close(self) -> None:
         await self.cloud.close()
@@ -74,7 +78,7 @@ def _texts(msg: Message) -> list[str]:
         if f.name in ("error", "trace", "reason", "fallback_reason", "plan_reason", "why", "replays"):
             out.extend(v if f.is_repeated else [v])
         elif f.message_type is not None and not f.message_type.GetOptions().map_entry and f.name != "fields":
-            for m in (v if f.is_repeated else [v]):
+            for m in v if f.is_repeated else [v]:
                 out.extend(_texts(m))
     return out
 
@@ -105,9 +109,10 @@ async def _bidi(stub: Any, call: GrpcCall, timeout: float, meta: Any, pace_s: fl
         await writer
 
 
-async def _grpc(channel: grpc.aio.Channel, method: str, kind: str, reply: type, call: GrpcCall,
-                timeout: float) -> Outcome:
-    ident = (lambda b: b)  # noqa: E731 - requests travel exactly as generated
+async def _grpc(
+    channel: grpc.aio.Channel, method: str, kind: str, reply: type, call: GrpcCall, timeout: float
+) -> Outcome:
+    ident = lambda b: b  # noqa: E731 - requests travel exactly as generated
     stub = getattr(channel, kind)(method, request_serializer=ident, response_deserializer=reply.FromString)
     meta = call.metadata or None
 
@@ -136,8 +141,9 @@ async def _grpc(channel: grpc.aio.Channel, method: str, kind: str, reply: type, 
 async def _http(client: httpx.AsyncClient, call: HttpCall, timeout: float) -> Outcome:
     try:
         async with asyncio.timeout(timeout):
-            req = client.build_request(call.method, call.path, content=call.body, headers=list(call.headers),
-                                       params=list(call.params))
+            req = client.build_request(
+                call.method, call.path, content=call.body, headers=list(call.headers), params=list(call.params)
+            )
             resp = await client.send(req, stream=True)
             try:
                 lines = [line async for line in resp.aiter_lines()]
@@ -151,8 +157,11 @@ async def _http(client: httpx.AsyncClient, call: HttpCall, timeout: float) -> Ou
     if resp.headers.get("content-type", "").startswith("text/event-stream") and resp.status_code == 200:
         if not lines or "data: [DONE]" not in lines:  # a stream must end properly, not be cut
             return Outcome("BROKEN", f"event stream ended without [DONE]: {body[-200:]!r}")
-    return Outcome(f"HTTP {resp.status_code}", body[:2000] if resp.status_code >= 400 else "",
-                   texts=[body] if resp.status_code < 400 else [])
+    return Outcome(
+        f"HTTP {resp.status_code}",
+        body[:2000] if resp.status_code >= 400 else "",
+        texts=[body] if resp.status_code < 400 else [],
+    )
 
 
 Sender = Callable[[Clients, Any, float], Awaitable[Outcome]]
@@ -182,31 +191,68 @@ def _web(c: Clients, call: HttpCall, timeout: float) -> Awaitable[Outcome]:
 
 def targets() -> list[Target]:
     deadline = mostly(st.integers(*CHEAP_DEADLINE_MS), ints(0, 2**32 - 1))
-    solve = cheap(st.builds(epb.SolveRequest, request_id=REQUEST_IDS, problem=problem(), sampling=sampling(),
-                            num_drafts=mostly(st.integers(0, 8), ints(0, 2**32 - 1)),
-                            plan=mostly(st.sampled_from(("", "auto", "edge", "split", "cloud")), text(8)),
-                            deadline_ms=deadline))
-    generate = cheap(st.builds(pb.GenerateRequest, request_id=REQUEST_IDS, problem=problem(), sampling=sampling(),
-                               deadline_ms=deadline))
-    probe = st.builds(pb.ProbeRequest, payload=weighted((4, st.binary(max_size=64)), (1, st.builds(bytes, SIZES))),
-                      response_bytes=ints(0, 2**32 - 1))
+    solve = cheap(
+        st.builds(
+            epb.SolveRequest,
+            request_id=REQUEST_IDS,
+            problem=problem(),
+            sampling=sampling(),
+            num_drafts=mostly(st.integers(0, 8), ints(0, 2**32 - 1)),
+            plan=mostly(st.sampled_from(("", "auto", "edge", "split", "cloud")), text(8)),
+            deadline_ms=deadline,
+        )
+    )
+    generate = cheap(
+        st.builds(
+            pb.GenerateRequest, request_id=REQUEST_IDS, problem=problem(), sampling=sampling(), deadline_ms=deadline
+        )
+    )
+    probe = st.builds(
+        pb.ProbeRequest,
+        payload=weighted((4, st.binary(max_size=64)), (1, st.builds(bytes, SIZES))),
+        response_bytes=ints(0, 2**32 - 1),
+    )
 
     def calls(desc: Descriptor, semantic: st.SearchStrategy | None = None) -> st.SearchStrategy[GrpcCall]:
         return grpc_calls(request_bytes(desc, semantic))
 
     return [
-        Target("cloud.Status", calls(pb.StatusRequest.DESCRIPTOR), _rpc("cloud", "CoinferCloud", "Status", "unary_unary",
-                                                                         pb.StatusResponse), pb.StatusRequest),
-        Target("cloud.Probe", calls(pb.ProbeRequest.DESCRIPTOR, probe),
-               _rpc("cloud", "CoinferCloud", "Probe", "unary_unary", pb.ProbeResponse), pb.ProbeRequest),
-        Target("cloud.Generate", calls(pb.GenerateRequest.DESCRIPTOR, generate),
-               _rpc("cloud", "CoinferCloud", "Generate", "unary_stream", pb.CloudMessage), pb.GenerateRequest),
-        Target("cloud.Session", grpc_calls(session_stream()),
-               _rpc("cloud", "CoinferCloud", "Session", "stream_stream", pb.CloudMessage), pb.EdgeMessage),
-        Target("edge.Solve", calls(epb.SolveRequest.DESCRIPTOR, solve),
-               _rpc("edge", "CoinferEdge", "Solve", "unary_stream", epb.SolveEvent), epb.SolveRequest),
-        Target("edge.Status", calls(epb.EdgeStatusRequest.DESCRIPTOR),
-               _rpc("edge", "CoinferEdge", "Status", "unary_unary", epb.EdgeStatus), epb.EdgeStatusRequest),
+        Target(
+            "cloud.Status",
+            calls(pb.StatusRequest.DESCRIPTOR),
+            _rpc("cloud", "CoinferCloud", "Status", "unary_unary", pb.StatusResponse),
+            pb.StatusRequest,
+        ),
+        Target(
+            "cloud.Probe",
+            calls(pb.ProbeRequest.DESCRIPTOR, probe),
+            _rpc("cloud", "CoinferCloud", "Probe", "unary_unary", pb.ProbeResponse),
+            pb.ProbeRequest,
+        ),
+        Target(
+            "cloud.Generate",
+            calls(pb.GenerateRequest.DESCRIPTOR, generate),
+            _rpc("cloud", "CoinferCloud", "Generate", "unary_stream", pb.CloudMessage),
+            pb.GenerateRequest,
+        ),
+        Target(
+            "cloud.Session",
+            grpc_calls(session_stream()),
+            _rpc("cloud", "CoinferCloud", "Session", "stream_stream", pb.CloudMessage),
+            pb.EdgeMessage,
+        ),
+        Target(
+            "edge.Solve",
+            calls(epb.SolveRequest.DESCRIPTOR, solve),
+            _rpc("edge", "CoinferEdge", "Solve", "unary_stream", epb.SolveEvent),
+            epb.SolveRequest,
+        ),
+        Target(
+            "edge.Status",
+            calls(epb.EdgeStatusRequest.DESCRIPTOR),
+            _rpc("edge", "CoinferEdge", "Status", "unary_unary", epb.EdgeStatus),
+            epb.EdgeStatusRequest,
+        ),
         Target("http.chat", http_posts("/v1/chat/completions", True, False), _web),
         Target("http.chat.stream", http_posts("/v1/chat/completions", True, True), _web),
         Target("http.completions", http_posts("/v1/completions", False, False), _web),
@@ -221,7 +267,8 @@ def targets() -> list[Target]:
 LEAK = re.compile(
     r"Traceback \(most recent call last\)|File \"[^\"]*\", line \d+|<class '|object at 0x[0-9a-f]+"
     r"|\b[A-Z][A-Za-z0-9]*(?:Error|Exception)\b|\b[\w-]+\.py\b|site-packages|\.cache/"
-    r"|(?<![\w.:/])/(?:home|root|usr|tmp|var|opt|etc|proc|srv|mnt|work|lib\w*)/[^\s'\"]*")
+    r"|(?<![\w.:/])/(?:home|root|usr|tmp|var|opt|etc|proc|srv|mnt|work|lib\w*)/[^\s'\"]*"
+)
 """What a client must not learn: a traceback, a Python class or exception name, a filesystem path."""
 EXAMPLES_KEPT = 3
 SERVER_FAULTS = {"INTERNAL", "UNKNOWN", "DATA_LOSS", "UNIMPLEMENTED", "TIMEOUT", "BROKEN"}
@@ -233,10 +280,14 @@ def describe(example: Any, request: type | None = None) -> str:
     if isinstance(example, GrpcCall):
         reqs = example.requests if isinstance(example.requests, tuple) else (example.requests,)
         shown = [_short(r, request) for r in reqs[:4]] + ([f"... {len(reqs)} messages"] if len(reqs) > 4 else [])
-        return "; ".join(shown) + (f" metadata={[(k, v[:40]) for k, v in example.metadata]}" if example.metadata else "")
+        return "; ".join(shown) + (
+            f" metadata={[(k, v[:40]) for k, v in example.metadata]}" if example.metadata else ""
+        )
     body = example.body or b""
-    return (f"{example.method} {example.path} params={list(example.params)[:3]} "
-            f"headers={[(k, v[:40]) for k, v in example.headers]} body[{len(body)}]={body[:300]!r}")
+    return (
+        f"{example.method} {example.path} params={list(example.params)[:3]} "
+        f"headers={[(k, v[:40]) for k, v in example.headers]} body[{len(body)}]={body[:300]!r}"
+    )
 
 
 def _short(raw: bytes, request: type | None) -> str:
@@ -291,9 +342,18 @@ class Tally:
             return
         what = f"leak {sorted(set(bad))}" if bad and kind == "failure" and out.code not in SERVER_FAULTS else out.code
         key = (target.name, what, re.sub(r"\d+", "N", out.message)[:60])
-        g = self.groups[kind].setdefault(key, {"target": target.name, "code": out.code, "what": what, "count": 0,
-                                               "message": out.message[:400], "leaks": sorted(set(bad))[:5],
-                                               "examples": []})
+        g = self.groups[kind].setdefault(
+            key,
+            {
+                "target": target.name,
+                "code": out.code,
+                "what": what,
+                "count": 0,
+                "message": out.message[:400],
+                "leaks": sorted(set(bad))[:5],
+                "examples": [],
+            },
+        )
         g["count"] += 1
         if len(g["examples"]) < EXAMPLES_KEPT:
             g["examples"].append(describe(example, target.request)[:800])
@@ -303,9 +363,17 @@ class Tally:
         return list(self.groups["failure"].values())
 
     def report(self) -> dict:
-        return {"targets": {name: {"examples": sum(c.values()), "seconds": round(self.seconds.get(name, 0.0), 1),
-                                   "codes": dict(c.most_common())} for name, c in self.counts.items()},
-                **{kind: list(g.values()) for kind, g in self.groups.items()}}
+        return {
+            "targets": {
+                name: {
+                    "examples": sum(c.values()),
+                    "seconds": round(self.seconds.get(name, 0.0), 1),
+                    "codes": dict(c.most_common()),
+                }
+                for name, c in self.counts.items()
+            },
+            **{kind: list(g.values()) for kind, g in self.groups.items()},
+        }
 
 
 # ---- the runner -----------------------------------------------------------------------------------------
@@ -315,9 +383,16 @@ _END = object()
 
 def _generate(strategy: st.SearchStrategy, n: int, seed: int, put: Callable[[Any], None]) -> None:
     """Feed ``n`` examples of ``strategy`` (hypothesis' generation phase, seeded) to ``put``."""
+
     @hypothesis_seed(seed)
-    @settings(max_examples=n, deadline=None, database=None, phases=[Phase.generate], verbosity=Verbosity.quiet,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=n,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        verbosity=Verbosity.quiet,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(strategy)
     def collect(example: Any) -> None:
         put(example)
@@ -329,8 +404,9 @@ def target_seed(seed: int, name: str) -> int:
     return seed * 1_000_003 + zlib.crc32(name.encode())
 
 
-async def run_target(target: Target, clients: Clients, n: int, seed: int, tally: Tally, concurrency: int = 4,
-                     timeout: float = 60.0) -> None:
+async def run_target(
+    target: Target, clients: Clients, n: int, seed: int, tally: Tally, concurrency: int = 4, timeout: float = 60.0
+) -> None:
     """Send ``n`` generated examples to ``target`` (``concurrency`` at a time) and classify each answer.
     Generation runs in a thread, a few examples ahead of the senders."""
     loop = asyncio.get_running_loop()

@@ -4,15 +4,27 @@ from benchmarks import auto_plan
 
 
 def _row(plan: str, ok: bool, ms: float, predicted: float = 0.0, ran: str = "", outcome: float = 0.0) -> dict:
-    return {"kind": "arith", "plan": plan, "ran": ran or plan, "ok": ok, "ms": ms, "predicted_ms": predicted,
-            "outcome_predicted_ms": outcome, "cloud_tokens": 10, "source": "refined", "plan_reason": ""}
+    return {
+        "kind": "arith",
+        "plan": plan,
+        "ran": ran or plan,
+        "ok": ok,
+        "ms": ms,
+        "predicted_ms": predicted,
+        "outcome_predicted_ms": outcome,
+        "cloud_tokens": 10,
+        "source": "refined",
+        "plan_reason": "",
+    }
 
 
 def test_summary_and_goals_compare_auto_with_the_best_single_plan():
-    rows = {"auto": [_row("auto", True, 100, 90, "edge -> split", 110), _row("auto", False, 50, 60, "edge", 40)],
-            "edge": [_row("edge", False, 20), _row("edge", False, 20)],
-            "split": [_row("split", True, 300), _row("split", True, 200)],
-            "cloud": [_row("cloud", True, 150), _row("cloud", False, 150)]}
+    rows = {
+        "auto": [_row("auto", True, 100, 90, "edge -> split", 110), _row("auto", False, 50, 60, "edge", 40)],
+        "edge": [_row("edge", False, 20), _row("edge", False, 20)],
+        "split": [_row("split", True, 300), _row("split", True, 200)],
+        "cloud": [_row("cloud", True, 150), _row("cloud", False, 150)],
+    }
     report = {"all": {p: auto_plan.summarize(r) for p, r in rows.items()}}
     auto = report["all"]["auto"]
     assert auto["accuracy"] == 0.5 and auto["median_ms"] == 75.0 and auto["ran"] == {"edge -> split": 1, "edge": 1}

@@ -30,6 +30,7 @@ def _ask(latency_at):
             return cap.Result(True, lat, lat / 2)
         finally:
             inflight[0] -= 1
+
     return ask
 
 
@@ -60,8 +61,26 @@ def test_a_first_rate_that_misses_the_slo_makes_the_ladder_fall():
 
 
 def test_the_benchmark_at_a_tiny_size_prints_the_contract(capsys):
-    assert cap.main(["--workloads", "arith", "--requests", "2", "--step-s", "1", "--max-steps", "1",
-                     "--saturate-rounds", "1", "--saturate-concurrency", "2", "--json"]) == 0
+    assert (
+        cap.main(
+            [
+                "--workloads",
+                "arith",
+                "--requests",
+                "2",
+                "--step-s",
+                "1",
+                "--max-steps",
+                "1",
+                "--saturate-rounds",
+                "1",
+                "--saturate-concurrency",
+                "2",
+                "--json",
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["slo_s"]["arith"] > 0
     systems = report["workloads"]["arith"]

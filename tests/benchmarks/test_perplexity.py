@@ -9,8 +9,19 @@ def test_a_model_against_itself_loses_nothing_and_int8_is_measured(artifacts, ca
     from benchmarks.perplexity import default_text, main
 
     assert "Python" in default_text() and len(default_text()) > 1000
-    assert main([str(artifacts.draft_onnx), str(artifacts.draft_onnx), str(artifacts.draft_int8),
-                 "--tokens", "96", "--json"]) == 0
+    assert (
+        main(
+            [
+                str(artifacts.draft_onnx),
+                str(artifacts.draft_onnx),
+                str(artifacts.draft_int8),
+                "--tokens",
+                "96",
+                "--json",
+            ]
+        )
+        == 0
+    )
     ref, same, q = json.loads(capsys.readouterr().out)
     assert ref["tokens"] == same["tokens"] == q["tokens"] == 95
     assert same["top1_agreement"] == 1.0 and same["nll_delta"] == 0.0 and same["kl_divergence"] < 1e-9

@@ -14,15 +14,18 @@ def test_a_limit_that_refuses_every_session_fails_at_load_naming_the_field():
         load_config(ap, ap.parse_args(["--engine.model", "/m", "--limits.max-sessions", "-1"]), env={})
 
 
-@pytest.mark.parametrize("field, value, msg", [
-    ("max_prompt_chars", 0, "must be >= 1"),
-    ("max_draft_chars", -5, "must be >= 1"),
-    ("max_drafts", 0, "must be >= 1"),
-    ("max_message_bytes", 0, "must be >= 1"),
-    ("max_deadline_ms", 0, "must be >= 1"),
-    ("max_sessions_per_edge", -1, "must be >= 0"),
-    ("open_timeout_s", 0.0, "must be > 0"),
-])
+@pytest.mark.parametrize(
+    "field, value, msg",
+    [
+        ("max_prompt_chars", 0, "must be >= 1"),
+        ("max_draft_chars", -5, "must be >= 1"),
+        ("max_drafts", 0, "must be >= 1"),
+        ("max_message_bytes", 0, "must be >= 1"),
+        ("max_deadline_ms", 0, "must be >= 1"),
+        ("max_sessions_per_edge", -1, "must be >= 0"),
+        ("open_timeout_s", 0.0, "must be > 0"),
+    ],
+)
 def test_each_limit_is_bounded(field, value, msg):
     with pytest.raises(ValueError, match=rf"^limits\.{field}: {msg}"):
         CloudConfig(engine=EngineConfig(model="m"), limits=Limits(**{field: value})).validate()

@@ -16,4 +16,4 @@ def test_a_hand_serialised_probe_answer_is_the_message_protobuf_would_write():
         msg = pb.ProbeResponse.FromString(probe_answer(n, received=4096))
         assert len(msg.payload) == n and msg.received_bytes == 4096 and msg.server_time_ns > 0
     big = pb.ProbeResponse.FromString(probe_answer(3 << 20, 0)).payload
-    assert big[:1 << 20] == big[1 << 20:2 << 20] and len(set(big[:4096])) > 200  # repeated random MiBs
+    assert big[: 1 << 20] == big[1 << 20 : 2 << 20] and len(set(big[:4096])) > 200  # repeated random MiBs

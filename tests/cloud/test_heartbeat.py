@@ -38,11 +38,21 @@ class StandIn(TargetEngine):
     async def close(self, wait_s: float | None = None) -> None:
         self.closed, self.close_wait_s = True, wait_s
 
-    def count_tokens(self, text): return len(text)
-    async def sample(self, *a): return []
-    async def continuation_logprobs(self, *a, **kw): return []
-    async def judge(self, *a): return "{}"
-    async def abort(self, request_id): pass
+    def count_tokens(self, text):
+        return len(text)
+
+    async def sample(self, *a):
+        return []
+
+    async def continuation_logprobs(self, *a, **kw):
+        return []
+
+    async def judge(self, *a):
+        return "{}"
+
+    async def abort(self, request_id):
+        pass
+
     max_model_len = 64
 
 
@@ -69,8 +79,9 @@ async def _status(port: int) -> int:
 
 
 async def test_a_hung_engine_is_restarted_and_the_replica_serves_again():
-    srv = await create_server(CloudConfig(engine=EngineConfig(model="/unused"), port=0, heartbeat_period_s=0.1,
-                                          heartbeat_timeout_s=0.3))
+    srv = await create_server(
+        CloudConfig(engine=EngineConfig(model="/unused"), port=0, heartbeat_period_s=0.1, heartbeat_timeout_s=0.3)
+    )
     fresh = StandIn()
     started = asyncio.Event()
 
@@ -97,4 +108,3 @@ async def test_a_hung_engine_is_restarted_and_the_replica_serves_again():
     assert srv.core.engine is fresh and await _status(srv.port) == health_pb2.HealthCheckResponse.SERVING
     assert srv.core.metrics.restarts.labels("hung")._value.get() == 1
     await srv.stop(grace=0.1)
-

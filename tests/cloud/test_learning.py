@@ -36,7 +36,7 @@ def test_learner_updates_every_n_sessions_and_persists(tmp_path):
     learner = WeightLearner.open(1.0, 0.3, 0.02, every=10, alpha=0.5, path=str(path))
     rows = rows_where(lambda s, a, lat, r: s > 0.5, n=100)
     for i in range(9):
-        assert learner.record(rows[i * 10:(i + 1) * 10]) is False
+        assert learner.record(rows[i * 10 : (i + 1) * 10]) is False
     assert not path.exists()
     assert learner.record(rows[90:]) is True
     w = learner.weights
@@ -83,9 +83,17 @@ def test_replicas_sharing_one_state_file_lose_no_update(tmp_path):
 import pytest  # noqa: E402
 
 
-@pytest.mark.parametrize("body", ['{"weights": {"a": "x", "b": 0.3, "g": 0.1}}', '{"weights": {"a": 1, "b": 0.3, "g": 0.1,'
-                                  ' "sessions": "z"}}', '{"weights": {"a": NaN, "b": 0.3, "g": 0.1}}', '{"values": []}',
-                                  '[]', '{"weights": {"a": -1, "b": 0.3, "g": 0.1}}'])
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"weights": {"a": "x", "b": 0.3, "g": 0.1}}',
+        '{"weights": {"a": 1, "b": 0.3, "g": 0.1, "sessions": "z"}}',
+        '{"weights": {"a": NaN, "b": 0.3, "g": 0.1}}',
+        '{"values": []}',
+        "[]",
+        '{"weights": {"a": -1, "b": 0.3, "g": 0.1}}',
+    ],
+)
 def test_a_state_file_of_the_wrong_shape_is_set_aside(tmp_path, body, caplog):
     path = tmp_path / "state.json"
     path.write_text(body)

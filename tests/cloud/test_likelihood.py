@@ -47,8 +47,12 @@ def _merging_split(tok) -> tuple[str, str]:
 
 async def test_score_is_the_exact_span_sum_under_transformers(fp32_engine, artifacts):
     eng = fp32_engine
-    prompt = eng.render([ChatMessage("system", "Be brief."), ChatMessage("user", "Natalia sold 48 clips in April and "
-                                                                                "half as many in May. How many in all?")])
+    prompt = eng.render(
+        [
+            ChatMessage("system", "Be brief."),
+            ChatMessage("user", "Natalia sold 48 clips in April and half as many in May. How many in all?"),
+        ]
+    )
     draft = "In May she sold 48 / 2 = 24 clips.\nAltogether she sold 48 + 24 = 72 clips.\nAnswer: 72"
     lps = await eng.continuation_logprobs(prompt, draft, "lik-1")
     ids, start = eng.span_ids(prompt, draft)
@@ -65,8 +69,9 @@ async def test_a_merge_at_the_boundary_is_scored_as_the_model_reads_it(fp32_engi
     draft = tail + ".\nAnswer: 24"
     ids, start = eng.span_ids(prompt, draft)
     whole = eng._tok(prompt + draft, add_special_tokens=False)["input_ids"]
-    apart = (eng._tok(prompt, add_special_tokens=False)["input_ids"]
-             + eng._tok(draft, add_special_tokens=False)["input_ids"])
+    apart = (
+        eng._tok(prompt, add_special_tokens=False)["input_ids"] + eng._tok(draft, add_special_tokens=False)["input_ids"]
+    )
     assert ids == whole and ids != apart  # the naive concatenation is a sequence the model never saw
     # the straddling token belongs to the draft: its logprob is scored once, in context
     assert eng._tok.decode([ids[start]]) == head + tail

@@ -60,8 +60,9 @@ def test_answer_agreement_is_the_support_share_of_each_drafts_answer():
     assert agree == [0.6, 0.6, 0.2, 0.2]  # support-weighted; no answer agrees only with itself
     ranks = rank_scores([0.5, 0.5, 0.6, 0.6], [0.0] * 4, a=1.0, b=0.3, g=0.0, agree=agree)
     assert ranks[0] > ranks[2]  # the majority answer outranks a slightly likelier lone one
-    assert rank_scores([0.5, 0.7], [0.0, 0.0], 1.0, 0.3, 0.0) == rank_scores([0.5, 0.7], [0.0, 0.0], 1.0, 0.3, 0.0,
-                                                                             agree=[0.9, 0.9])
+    assert rank_scores([0.5, 0.7], [0.0, 0.0], 1.0, 0.3, 0.0) == rank_scores(
+        [0.5, 0.7], [0.0, 0.0], 1.0, 0.3, 0.0, agree=[0.9, 0.9]
+    )
 
 
 def test_round_odds_stop_retries_where_rounds_never_hold_a_valid_draft_and_still_explore():

@@ -15,8 +15,9 @@ async def small(cloud):
     from coinfer.cloud.config import CloudConfig, Limits
     from coinfer.cloud.server import create_server
 
-    srv = await create_server(CloudConfig(engine=cloud.cfg.engine, limits=Limits(
-        max_sessions=8, max_sessions_per_edge=2, open_timeout_s=0.5)))
+    srv = await create_server(
+        CloudConfig(engine=cloud.cfg.engine, limits=Limits(max_sessions=8, max_sessions_per_edge=2, open_timeout_s=0.5))
+    )
     await srv.attach_engine(cloud.core.engine)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as ch:
         yield srv, pb_grpc.CoinferCloudStub(ch)
@@ -76,13 +77,27 @@ async def test_a_full_cloud_does_not_open_the_edges_breaker(small, int8_draft):
     srv, stub = small
     gate = asyncio.Event()
     held = await _hold(stub, 2, gate)  # this host's whole quota
-    core = EdgeCore(EdgeConfig(model=str(int8_draft), cloud=f"127.0.0.1:{srv.port}", probe_on_start=False,
-                               grpc_port=-1, http_port=-1, plan="split", replays=0))
+    core = EdgeCore(
+        EdgeConfig(
+            model=str(int8_draft),
+            cloud=f"127.0.0.1:{srv.port}",
+            probe_on_start=False,
+            grpc_port=-1,
+            http_port=-1,
+            plan="split",
+            replays=0,
+        )
+    )
     await core.start()
     try:
         for i in range(4):
-            done = [ev async for ev in core.solve(SolveRequest(prompt="If x=1 and y=2, compute x+y.", plan="split",
-                                                               request_id=f"full{i}")) if isinstance(ev, Done)]
+            done = [
+                ev
+                async for ev in core.solve(
+                    SolveRequest(prompt="If x=1 and y=2, compute x+y.", plan="split", request_id=f"full{i}")
+                )
+                if isinstance(ev, Done)
+            ]
             r = done[0].result
             assert r.source == "edge_only" and r.fallback_reason.startswith("RESOURCE_EXHAUSTED: sessions:")
         assert core.link.breaker.state == "closed"

@@ -30,17 +30,25 @@ def self_signed(tmp_path):
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
     now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )
     (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                                         serialization.PrivateFormat.PKCS8,
-                                                         serialization.NoEncryption()))
+    (tmp_path / "key.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
 
 
@@ -53,26 +61,32 @@ async def expect_code(coro, code, fragment=""):
 
 async def test_bearer_tokens_over_tls(tmp_path):
     cert, key = self_signed(tmp_path)
-    srv = await create_server(CloudConfig(engine=EngineConfig(model="unused"), auth_tokens=TOKENS,
-                                          tls_cert=cert, tls_key=key))
+    srv = await create_server(
+        CloudConfig(engine=EngineConfig(model="unused"), auth_tokens=TOKENS, tls_cert=cert, tls_key=key)
+    )
     target = f"127.0.0.1:{srv.port}"
     try:
         async with cloud_channel(target, tls_ca=cert, server_name="localhost") as ch:  # TLS, no token
             stub = pb_grpc.CoinferCloudStub(ch)
-            await expect_code(stub.Status(pb.StatusRequest()), grpc.StatusCode.UNAUTHENTICATED,
-                              "authorization: missing bearer token")
+            await expect_code(
+                stub.Status(pb.StatusRequest()), grpc.StatusCode.UNAUTHENTICATED, "authorization: missing bearer token"
+            )
             # health stays open for probes that carry no credentials
             resp = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest())
             assert resp.status == health_pb2.HealthCheckResponse.NOT_SERVING
         async with cloud_channel(target, token="x" * 32, tls_ca=cert, server_name="localhost") as ch:
-            await expect_code(pb_grpc.CoinferCloudStub(ch).Status(pb.StatusRequest()),
-                              grpc.StatusCode.UNAUTHENTICATED, "unknown token")
+            await expect_code(
+                pb_grpc.CoinferCloudStub(ch).Status(pb.StatusRequest()),
+                grpc.StatusCode.UNAUTHENTICATED,
+                "unknown token",
+            )
         async with cloud_channel(target, token=TOKENS["edge-b"], tls_ca=cert, server_name="localhost") as ch:
             st = await pb_grpc.CoinferCloudStub(ch).Status(pb.StatusRequest())
             assert not st.ready and st.weight_a == pytest.approx(1.0)
         async with grpc.aio.insecure_channel(target) as ch:  # plaintext to a TLS port: no connection
-            await expect_code(pb_grpc.CoinferCloudStub(ch).Status(pb.StatusRequest(), timeout=5),
-                              grpc.StatusCode.UNAVAILABLE)
+            await expect_code(
+                pb_grpc.CoinferCloudStub(ch).Status(pb.StatusRequest(), timeout=5), grpc.StatusCode.UNAVAILABLE
+            )
     finally:
         await srv.stop(grace=0)
 
@@ -91,17 +105,24 @@ async def test_tokens_on_a_plaintext_channel_and_streaming_calls(tmp_path):
             await expect_code(stub.Generate(pb.GenerateRequest()).read(), grpc.StatusCode.UNAUTHENTICATED)
         async with grpc.aio.insecure_channel(target) as ch:
             stub = pb_grpc.CoinferCloudStub(ch)
-            await expect_code(stub.Status(pb.StatusRequest(), metadata=(("authorization", "Basic abc"),)),
-                              grpc.StatusCode.UNAUTHENTICATED, "expected 'Bearer <token>'")
+            await expect_code(
+                stub.Status(pb.StatusRequest(), metadata=(("authorization", "Basic abc"),)),
+                grpc.StatusCode.UNAUTHENTICATED,
+                "expected 'Bearer <token>'",
+            )
         async with cloud_channel(target, token=TOKENS["edge-a"]) as ch:
             stub = pb_grpc.CoinferCloudStub(ch)
             assert (await stub.Probe(pb.ProbeRequest(response_bytes=10))).payload
             # authenticated, reaches the servicer: bad input is still named
-            await expect_code(stub.Generate(pb.GenerateRequest()).read(), grpc.StatusCode.INVALID_ARGUMENT,
-                              "problem.prompt")
+            await expect_code(
+                stub.Generate(pb.GenerateRequest()).read(), grpc.StatusCode.INVALID_ARGUMENT, "problem.prompt"
+            )
             # valid input with no engine attached (loading / restarting): UNAVAILABLE, not INTERNAL
-            await expect_code(stub.Generate(pb.GenerateRequest(problem=pb.Problem(prompt="hi"))).read(),
-                              grpc.StatusCode.UNAVAILABLE, "engine: not ready")
+            await expect_code(
+                stub.Generate(pb.GenerateRequest(problem=pb.Problem(prompt="hi"))).read(),
+                grpc.StatusCode.UNAVAILABLE,
+                "engine: not ready",
+            )
     finally:
         await srv.stop(grace=0)
 
@@ -121,8 +142,7 @@ def test_token_file_and_tls_config_errors(tmp_path):
     with pytest.raises(ValueError, match="is not a file"):
         CloudConfig(engine=EngineConfig(model="m"), tls_cert="/nope", tls_key="/nope").validate()
     with pytest.raises(ValueError, match="policy.verifier"):
-        CloudConfig(engine=EngineConfig(model="m"), policy=PolicyConfig(
-            verifier="vibes")).validate()
+        CloudConfig(engine=EngineConfig(model="m"), policy=PolicyConfig(verifier="vibes")).validate()
 
 
 async def test_metrics_endpoint_and_draining_refuses_new_sessions():
@@ -147,7 +167,9 @@ async def test_bearer_scheme_is_case_insensitive(tmp_path):
         async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as ch:
             stub = pb_grpc.CoinferCloudStub(ch)
             for scheme in ("bearer", "BEARER", "Bearer"):
-                st = await stub.Status(pb.StatusRequest(), metadata=(("authorization", f"{scheme} {TOKENS['edge-a']}"),))
+                st = await stub.Status(
+                    pb.StatusRequest(), metadata=(("authorization", f"{scheme} {TOKENS['edge-a']}"),)
+                )
                 assert st.model == "unused"
     finally:
         await srv.stop(grace=0)
@@ -172,7 +194,9 @@ def test_which_cloud_errors_are_the_requests_fault():
     assert request_fault(over) and error_info(over) == (Reason.OVER_LIMIT, {"field": "draft.text"})
     # the cloud's or the operator's problem: the user gets a local answer flagged with the reason
     full = _rpc_error(ResourceExhausted("sessions: 64 active, limit 64", reason=Reason.SESSIONS_FULL))
-    assert not request_fault(full) and failure_kind(full) == Reason.SESSIONS_FULL and not cloud_failed(failure_kind(full))
+    assert (
+        not request_fault(full) and failure_kind(full) == Reason.SESSIONS_FULL and not cloud_failed(failure_kind(full))
+    )
     assert not request_fault(_rpc_error(grpc.StatusCode.UNAUTHENTICATED))
     draining = _rpc_error(Unavailable("server: draining for shutdown"))
     assert not request_fault(draining) and cloud_failed(failure_kind(draining))
@@ -189,9 +213,13 @@ async def test_a_refused_token_is_answered_locally_not_as_an_error(draft_engine)
     srv = await create_server(CloudConfig(engine=EngineConfig(model="unused"), auth_tokens=TOKENS))
     try:
         async with cloud_channel(f"127.0.0.1:{srv.port}", token="x" * 32) as ch:
-            res = await EdgePipeline(draft_engine, ch).solve("", "Explain why the sky is blue.",
-                                                             sampling=Sampling(n=2, max_new_tokens=8), plan=Plan.SPLIT,
-                                                             deadline_s=20)
+            res = await EdgePipeline(draft_engine, ch).solve(
+                "",
+                "Explain why the sky is blue.",
+                sampling=Sampling(n=2, max_new_tokens=8),
+                plan=Plan.SPLIT,
+                deadline_s=20,
+            )
         assert res.source == "edge_only" and res.fallback_reason.startswith("UNAUTHENTICATED"), res.fallback_reason
         assert res.answer and res.drafts
     finally:

@@ -51,19 +51,24 @@ async def expect_error(stub, msgs, code: grpc.StatusCode, *fragments: str) -> st
 
 async def test_verdicts_rule_fast_fail_dedup_and_ordering(stub):
     wrong_but_valid = "3+5=8; 8^2=64; 3*5=15; 64+15=79; answer 79"  # arithmetic right, wrong operation
-    events = await run_session(stub, [
-        open_msg(expected_drafts=5),
-        draft(0, GOOD),
-        draft(1, "3+5=8; 8^2=62; 3*5=15; 62-15=47; answer 47"),
-        draft(2, "  " + GOOD.replace(";", " ;")),  # same structure, different text
-        draft(3, wrong_but_valid),
-        draft(4, "I think the answer is"),
-        done(5),
-    ])
+    events = await run_session(
+        stub,
+        [
+            open_msg(expected_drafts=5),
+            draft(0, GOOD),
+            draft(1, "3+5=8; 8^2=62; 3*5=15; 62-15=47; answer 47"),
+            draft(2, "  " + GOOD.replace(";", " ;")),  # same structure, different text
+            draft(3, wrong_but_valid),
+            draft(4, "I think the answer is"),
+            done(5),
+        ],
+    )
     assert isinstance(events[0], t.SessionAccepted)
     verdicts = {e.draft_index: e for e in events if isinstance(e, t.Verdict)}
     assert sorted(verdicts) == [0, 1, 2, 3, 4]
-    assert verdicts[1].error == "step_wrong: 8^2=62 (expected 64)" and verdicts[1].failed_rule == "task_check:arith_steps"
+    assert (
+        verdicts[1].error == "step_wrong: 8^2=62 (expected 64)" and verdicts[1].failed_rule == "task_check:arith_steps"
+    )
     assert verdicts[1].score == 0.0
     assert verdicts[4].failed_rule == "parse"
     assert verdicts[2].duplicate_of == 1 and verdicts[2].score == verdicts[0].score
@@ -88,7 +93,9 @@ async def test_verdicts_rule_fast_fail_dedup_and_ordering(stub):
 
 async def test_no_valid_draft_gets_retry_advice_then_cloud_answers(stub):
     bad = "3+5=9; answer 9"
-    events = await run_session(stub, [open_msg(), draft(0, bad), done(1), draft(1, bad), done(1), draft(2, bad), done(1)])
+    events = await run_session(
+        stub, [open_msg(), draft(0, bad), done(1), draft(1, bad), done(1), draft(2, bad), done(1)]
+    )
     retries = [e for e in events if isinstance(e, t.RetryAdvice)]
     assert [r.attempt for r in retries] == [1, 2]
     assert retries[1].sampling.temperature > retries[0].sampling.temperature > 0.3
@@ -96,27 +103,52 @@ async def test_no_valid_draft_gets_retry_advice_then_cloud_answers(stub):
     assert isinstance(events[-1], t.Summary) and events[-1].source == t.AnswerSource.CLOUD
 
 
-@pytest.mark.parametrize("msgs,code,fragments", [
-    ([open_msg(task="poetry")], grpc.StatusCode.INVALID_ARGUMENT, ["problem.task", "known: arith, select"]),
-    ([open_msg(rules=[Rule("vibes")])], grpc.StatusCode.INVALID_ARGUMENT, ["problem.rules[0].kind", "known: json_schema"]),
-    ([open_msg(rules=[Rule("numeric_bounds", {"field": "answer", "min": 3, "max": 1})])],
-     grpc.StatusCode.INVALID_ARGUMENT, ["problem.rules[0].params.min"]),
-    ([open_msg(prompt="what is love?")], grpc.StatusCode.INVALID_ARGUMENT, ["problem.prompt", "not an arith problem"]),
-    ([open_msg(prompt="")], grpc.StatusCode.INVALID_ARGUMENT, ["problem.prompt: required"]),
-    ([open_msg(prompt="If x=1 and y=2, compute " + "x+" * 100 + "y.")], grpc.StatusCode.RESOURCE_EXHAUSTED,
-     ["problem.prompt", "limit 200"]),
-    ([open_msg(refine=t.SamplingParams(temperature=5.0))], grpc.StatusCode.INVALID_ARGUMENT, ["refine.temperature"]),
-    ([open_msg(refine=t.SamplingParams(presence_penalty=-9))], grpc.StatusCode.INVALID_ARGUMENT, ["refine.presence_penalty"]),
-    ([open_msg(expected_drafts=99)], grpc.StatusCode.RESOURCE_EXHAUSTED, ["expected_drafts"]),
-    ([open_msg(deadline_ms=10**9)], grpc.StatusCode.INVALID_ARGUMENT, ["deadline_ms"]),
-    ([draft(0, GOOD)], grpc.StatusCode.INVALID_ARGUMENT, ["first message", "SessionOpen"]),
-    ([], grpc.StatusCode.INVALID_ARGUMENT, ["SessionOpen"]),
-    ([open_msg(), open_msg()], grpc.StatusCode.INVALID_ARGUMENT, ["only draft or done"]),
-    ([open_msg(), draft(0, "x" * 301)], grpc.StatusCode.RESOURCE_EXHAUSTED, ["draft.text", "limit 300"]),
-    ([open_msg(), draft(0, GOOD), draft(0, GOOD)], grpc.StatusCode.INVALID_ARGUMENT, ["draft.index: 0"]),
-    ([open_msg()] + [draft(i, GOOD) for i in range(9)], grpc.StatusCode.RESOURCE_EXHAUSTED, ["more than 8 drafts"]),
-    ([open_msg(), draft(0, GOOD), done(3)], grpc.StatusCode.INVALID_ARGUMENT, ["done.count: 3"]),
-])
+@pytest.mark.parametrize(
+    "msgs,code,fragments",
+    [
+        ([open_msg(task="poetry")], grpc.StatusCode.INVALID_ARGUMENT, ["problem.task", "known: arith, select"]),
+        (
+            [open_msg(rules=[Rule("vibes")])],
+            grpc.StatusCode.INVALID_ARGUMENT,
+            ["problem.rules[0].kind", "known: json_schema"],
+        ),
+        (
+            [open_msg(rules=[Rule("numeric_bounds", {"field": "answer", "min": 3, "max": 1})])],
+            grpc.StatusCode.INVALID_ARGUMENT,
+            ["problem.rules[0].params.min"],
+        ),
+        (
+            [open_msg(prompt="what is love?")],
+            grpc.StatusCode.INVALID_ARGUMENT,
+            ["problem.prompt", "not an arith problem"],
+        ),
+        ([open_msg(prompt="")], grpc.StatusCode.INVALID_ARGUMENT, ["problem.prompt: required"]),
+        (
+            [open_msg(prompt="If x=1 and y=2, compute " + "x+" * 100 + "y.")],
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            ["problem.prompt", "limit 200"],
+        ),
+        (
+            [open_msg(refine=t.SamplingParams(temperature=5.0))],
+            grpc.StatusCode.INVALID_ARGUMENT,
+            ["refine.temperature"],
+        ),
+        (
+            [open_msg(refine=t.SamplingParams(presence_penalty=-9))],
+            grpc.StatusCode.INVALID_ARGUMENT,
+            ["refine.presence_penalty"],
+        ),
+        ([open_msg(expected_drafts=99)], grpc.StatusCode.RESOURCE_EXHAUSTED, ["expected_drafts"]),
+        ([open_msg(deadline_ms=10**9)], grpc.StatusCode.INVALID_ARGUMENT, ["deadline_ms"]),
+        ([draft(0, GOOD)], grpc.StatusCode.INVALID_ARGUMENT, ["first message", "SessionOpen"]),
+        ([], grpc.StatusCode.INVALID_ARGUMENT, ["SessionOpen"]),
+        ([open_msg(), open_msg()], grpc.StatusCode.INVALID_ARGUMENT, ["only draft or done"]),
+        ([open_msg(), draft(0, "x" * 301)], grpc.StatusCode.RESOURCE_EXHAUSTED, ["draft.text", "limit 300"]),
+        ([open_msg(), draft(0, GOOD), draft(0, GOOD)], grpc.StatusCode.INVALID_ARGUMENT, ["draft.index: 0"]),
+        ([open_msg()] + [draft(i, GOOD) for i in range(9)], grpc.StatusCode.RESOURCE_EXHAUSTED, ["more than 8 drafts"]),
+        ([open_msg(), draft(0, GOOD), done(3)], grpc.StatusCode.INVALID_ARGUMENT, ["done.count: 3"]),
+    ],
+)
 async def test_bad_input_is_refused_with_the_field_named(stub, msgs, code, fragments):
     await expect_error(stub, msgs, code, *fragments)
 
@@ -200,8 +232,9 @@ async def test_retry_advice_never_exceeds_the_draft_budget(stub):
     events = await run_session(stub, [open_msg()] + [draft(i, bad) for i in range(8)] + [done(8)])
     assert not [e for e in events if isinstance(e, t.RetryAdvice)]
     assert events[-1].source == t.AnswerSource.CLOUD
-    events = await run_session(stub, [open_msg()] + [draft(i, bad) for i in range(6)] + [done(6)] +
-                               [draft(6, bad), draft(7, bad), done(2)])
+    events = await run_session(
+        stub, [open_msg()] + [draft(i, bad) for i in range(6)] + [done(6)] + [draft(6, bad), draft(7, bad), done(2)]
+    )
     (advice,) = [e for e in events if isinstance(e, t.RetryAdvice)]
     assert advice.num_drafts == 2
 
@@ -268,8 +301,7 @@ async def test_shutdown_drains_in_flight_sessions_and_refuses_new_ones(cloud):
 
     async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as ch:
         stub = pb_grpc.CoinferCloudStub(ch)
-        in_flight = asyncio.create_task(
-            asyncio.wait_for(_collect(stub.Session(slow_edge())), 60))
+        in_flight = asyncio.create_task(asyncio.wait_for(_collect(stub.Session(slow_edge())), 60))
         for _ in range(100):
             if srv.core.active:
                 break

@@ -23,7 +23,9 @@ WRONG = "Tom buys 3 * 4 = 12 apples.\nNow he has 4 + 12 = 16 apples.\nAnswer: 16
 class ScriptedEngine(TargetEngine):
     """Logprobs per continuation from a table; every generation answers ``reply``."""
 
-    def __init__(self, logprobs: dict[str, list[float]], reply: str, finish: str = "stop", delay_s: float = 0.0) -> None:
+    def __init__(
+        self, logprobs: dict[str, list[float]], reply: str, finish: str = "stop", delay_s: float = 0.0
+    ) -> None:
         self.logprobs, self.reply, self.generated, self.finish = logprobs, reply, 0, finish
         self.delay_s = delay_s  # per generated word: a slow refinement
 
@@ -41,8 +43,9 @@ class ScriptedEngine(TargetEngine):
         self.generated += n
         return [Chunk(self.reply, 1) for _ in range(n)]
 
-    async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str,
-                                    end: bool = True) -> list[float]:
+    async def continuation_logprobs(
+        self, prompt: str, continuation: str, request_id: str, end: bool = True
+    ) -> list[float]:
         return self.logprobs.get(continuation, [-5.0] * 8)
 
     async def judge(self, prompt: str, schema: dict, max_tokens: int, request_id: str) -> str:
@@ -63,8 +66,13 @@ class ScriptedEngine(TargetEngine):
 
 
 def _session(engine: TargetEngine) -> Session:
-    req = t.OpenRequest(request_id="r", task="", prompt="Tom has 5 apples and buys 3 bags of 4. How many?",
-                        rules=[Rule("arithmetic")], extraction=Extraction("marker"))
+    req = t.OpenRequest(
+        request_id="r",
+        task="",
+        prompt="Tom has 5 apples and buys 3 bags of 4. How many?",
+        rules=[Rule("arithmetic")],
+        extraction=Extraction("marker"),
+    )
     rules = RuleSet(req.rules, OPEN, {}, extraction=req.extraction)
     return Session(CloudConfig(), engine, req, OPEN, {}, rules, recommended_drafts=5, deadline_s=10.0)
 
@@ -131,7 +139,7 @@ def test_a_rejected_refinement_withdraws_what_it_streamed():
     events = asyncio.run(_run(_refining(engine), [RIGHT, right2]))
     resets = [e for e in events if isinstance(e, t.AnswerReset)]
     assert len(resets) == 1 and resets[0].reason.startswith("refinement rejected: contradicts")
-    assert "".join(e.text for e in events[:events.index(resets[0])] if isinstance(e, t.AnswerChunk)) == WRONG
+    assert "".join(e.text for e in events[: events.index(resets[0])] if isinstance(e, t.AnswerChunk)) == WRONG
     assert _shown(events) == events[-1].answer != WRONG
     # an accepted refinement streams once, no reset
     events = asyncio.run(_run(_refining(ScriptedEngine({RIGHT: [-0.1] * 12}, reply=RIGHT)), [RIGHT]))
@@ -260,8 +268,9 @@ def test_cloud_candidates_continue_the_greedy_answers_own_right_steps():
 
     engine = Candidates({}, reply="3+5=8; 8^2=64; 3*5=15; 64-15=48; answer 48")
     req = t.OpenRequest(request_id="r", task="arith", prompt="If x=3 and y=5, compute (x+y)^2-x*y.")
-    session = Session(CloudConfig(), engine, req, arith, spec, RuleSet([], arith, spec), recommended_drafts=5,
-                      deadline_s=10.0)
+    session = Session(
+        CloudConfig(), engine, req, arith, spec, RuleSet([], arith, spec), recommended_drafts=5, deadline_s=10.0
+    )
     session.cfg.policy.max_retries = 0
     session.cfg.policy.calculator_fixes = 0  # candidates alone (the corrections: below)
     events = asyncio.run(_run(session, ["3+5=9; answer 9"]))
@@ -308,8 +317,16 @@ def test_a_drafts_slip_on_a_sum_is_corrected_into_the_prefix_the_target_continue
     rest = " AC 12>8; AD 5:17; BC 11>8; BD 4:14; CD 9>8; answer A,D"
     engine = Replies([rest])
     req = t.OpenRequest(request_id="r", task="select", prompt=prompt)
-    session = Session(CloudConfig(), engine, req, select, spec, RuleSet(select.default_rules(spec), select, spec),
-                      recommended_drafts=5, deadline_s=10.0)
+    session = Session(
+        CloudConfig(),
+        engine,
+        req,
+        select,
+        spec,
+        RuleSet(select.default_rules(spec), select, spec),
+        recommended_drafts=5,
+        deadline_s=10.0,
+    )
     session.cfg.policy.max_retries = 0
     # the draft's first step has the wrong cost (7 is right): the cloud starts after it, corrected
     summary = asyncio.run(_run(session, ["AB 8:15; AC 12>8; answer A,B"]))[-1]
@@ -317,8 +334,16 @@ def test_a_drafts_slip_on_a_sum_is_corrected_into_the_prefix_the_target_continue
     assert summary.answer == "AB 7:15;" + rest and summary.answer_valid and summary.refine_mode == "prefix"
 
     no_fix = Replies(["AB 7:15;" + rest])
-    session = Session(CloudConfig(), no_fix, req, select, spec, RuleSet(select.default_rules(spec), select, spec),
-                      recommended_drafts=5, deadline_s=10.0)
+    session = Session(
+        CloudConfig(),
+        no_fix,
+        req,
+        select,
+        spec,
+        RuleSet(select.default_rules(spec), select, spec),
+        recommended_drafts=5,
+        deadline_s=10.0,
+    )
     session.cfg.policy.max_retries, session.cfg.policy.calculator_fixes = 0, 0
     assert asyncio.run(_run(session, ["AB 8:15; AC 12>8; answer A,B"]))[-1].refine_mode == "alone"
 
@@ -334,13 +359,15 @@ def test_free_text_is_accepted_as_is_when_the_target_is_about_as_confident_as_th
 
     def session() -> Session:
         req = t.OpenRequest(request_id="r", task="", prompt="Explain why the sky is blue.")
-        return Session(CloudConfig(), engine, req, OPEN, {}, RuleSet([], OPEN, {}), recommended_drafts=5,
-                       deadline_s=10.0)
+        return Session(
+            CloudConfig(), engine, req, OPEN, {}, RuleSet([], OPEN, {}), recommended_drafts=5, deadline_s=10.0
+        )
 
     async def run(text: str) -> list:
         async def inbox():
             yield t.Draft(0, text, 12, -0.63, 1.0)
             yield DraftsDone(1)
+
         s = session()
         s.cfg.policy.max_retries = 0
         return [ev async for ev in s.run(inbox())]
@@ -367,8 +394,9 @@ def test_the_clouds_own_generation_stops_when_it_falls_into_a_loop():
     from coinfer.repetition import repetition_error
 
     # stopped at the first check that saw the loop, not at its budget; then the candidates (4 here)
-    first = next(n for n in range(LOOP_CHECK_TOKENS, 181, LOOP_CHECK_TOKENS)
-                 if repetition_error(" ".join(loop.split()[:n])))
+    first = next(
+        n for n in range(LOOP_CHECK_TOKENS, 181, LOOP_CHECK_TOKENS) if repetition_error(" ".join(loop.split()[:n]))
+    )
     assert first < 60 and engine.generated == first + session.cfg.policy.cloud_candidates
     assert not summary.answer_valid and summary.finish_reason == "repetition"
 
@@ -461,8 +489,9 @@ def test_a_prefix_refinement_is_final_while_it_writes_what_the_best_draft_says()
     def refined(reply: str) -> list:
         engine = ScriptedEngine({best: [-0.05] * 12, other: [-0.1] * 12}, reply=reply)
         req = t.OpenRequest(request_id="r", task="arith", prompt=prompt)
-        session = Session(CloudConfig(), engine, req, arith, spec, RuleSet([], arith, spec), recommended_drafts=5,
-                          deadline_s=10.0)
+        session = Session(
+            CloudConfig(), engine, req, arith, spec, RuleSet([], arith, spec), recommended_drafts=5, deadline_s=10.0
+        )
         session.cfg.policy.accept_min_score = 2.0  # refine: the consensus steps "3+5=8; 8^2=64;" continued
         session.cfg.policy.rules_decide = False  # the preset's checkers would accept the draft as is
         return asyncio.run(_run(session, [best, other]))
@@ -484,8 +513,9 @@ class Counting(ScriptedEngine):
 
     scored = 0
 
-    async def continuation_logprobs(self, prompt: str, continuation: str, request_id: str,
-                                    end: bool = True) -> list[float]:
+    async def continuation_logprobs(
+        self, prompt: str, continuation: str, request_id: str, end: bool = True
+    ) -> list[float]:
         self.scored += 1
         return await super().continuation_logprobs(prompt, continuation, request_id, end)
 
@@ -500,7 +530,9 @@ def _preset(engine: TargetEngine, rules: list[Rule] | None = None) -> tuple[Sess
     spec = task.parse_problem(problem.prompt)
     req = t.OpenRequest(request_id="r", task="arith", prompt=problem.prompt, rules=list(rules or []))
     ruleset = RuleSet(req.rules, task, spec)
-    return Session(CloudConfig(), engine, req, task, spec, ruleset, recommended_drafts=5, deadline_s=10.0), task.solve(spec)
+    return Session(CloudConfig(), engine, req, task, spec, ruleset, recommended_drafts=5, deadline_s=10.0), task.solve(
+        spec
+    )
 
 
 def test_where_a_presets_own_checkers_pass_a_draft_no_model_is_asked_and_it_is_the_answer():
@@ -518,7 +550,10 @@ def test_where_a_presets_own_checkers_pass_a_draft_no_model_is_asked_and_it_is_t
 
 
 def test_a_preset_with_rules_of_its_own_or_the_switch_off_is_verified_by_the_model_as_before():
-    for rules, decide in (([Rule("numeric_bounds", {"field": "answer", "min": -100, "max": 100})], True), (None, False)):
+    for rules, decide in (
+        ([Rule("numeric_bounds", {"field": "answer", "min": -100, "max": 100})], True),
+        (None, False),
+    ):
         engine = Counting({}, reply="unused")
         session, right = _preset(engine, rules)
         session.cfg.policy.rules_decide = decide

@@ -10,14 +10,17 @@ def test_well_formed_verdicts():
     assert parse_judge('{"valid": false, "score": 0.1, "error": "step 2 wrong"}') == (False, 0.1, "step 2 wrong")
 
 
-@pytest.mark.parametrize("text,fragment", [
-    ("", "malformed output"),
-    ('{"valid": true, "score": 0.', "malformed output"),
-    ('{"valid": true, "score": 1.5, "error": ""}', "score"),
-    ('{"valid": "maybe", "score": 0.5, "error": ""}', "valid"),
-    ('{"score": 0.5}', "valid"),
-    ("[1, 2]", "output"),
-])
+@pytest.mark.parametrize(
+    "text,fragment",
+    [
+        ("", "malformed output"),
+        ('{"valid": true, "score": 0.', "malformed output"),
+        ('{"valid": true, "score": 1.5, "error": ""}', "score"),
+        ('{"valid": "maybe", "score": 0.5, "error": ""}', "valid"),
+        ('{"score": 0.5}', "valid"),
+        ("[1, 2]", "output"),
+    ],
+)
 def test_malformed_judge_output_is_an_error_verdict(text, fragment):
     valid, score, error = parse_judge(text)
     assert (valid, score) == (False, 0.0) and error.startswith("judge:") and fragment in error

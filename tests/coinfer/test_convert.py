@@ -4,9 +4,15 @@ from coinfer.rules import Rule
 
 
 def test_open_round_trip_keeps_rules_and_defaults():
-    req = t.OpenRequest("r1", "select", "Pick 2 of A(1,2) B(2,3) with cost<=5.",
-                        [Rule("count", {"field": "ids", "min": 2, "max": 2, "unique": True}, name="two")],
-                        t.SamplingParams(temperature=0.5, seed=7), 5, 1500)
+    req = t.OpenRequest(
+        "r1",
+        "select",
+        "Pick 2 of A(1,2) B(2,3) with cost<=5.",
+        [Rule("count", {"field": "ids", "min": 2, "max": 2, "unique": True}, name="two")],
+        t.SamplingParams(temperature=0.5, seed=7),
+        5,
+        1500,
+    )
     back = convert.open_from_pb(convert.open_to_pb(req))
     assert back.rules == [Rule("count", {"field": "ids", "min": 2.0, "max": 2.0, "unique": True}, "two")]
     assert back.refine == t.SamplingParams(temperature=0.5, seed=7)
@@ -22,8 +28,17 @@ def test_every_cloud_event_round_trips():
         t.Verdict(2, False, 0.0, "step_wrong: 8^2=62 (expected 64)", "task_check:arith_steps", 1.5, ["parse"], 0),
         t.AnswerChunk("3+5"),
         t.AnswerReset("refinement rejected: task_check:arith_steps"),
-        t.Summary("answer 49", t.AnswerSource.DRAFT, [1, 0], [t.DraftScore(0, True, 0.25, 0.5)],
-                  t.Timings(1.0, 2.0, 3.0, 4.0), "trace", True, 5, "r"),
+        t.Summary(
+            "answer 49",
+            t.AnswerSource.DRAFT,
+            [1, 0],
+            [t.DraftScore(0, True, 0.25, 0.5)],
+            t.Timings(1.0, 2.0, 3.0, 4.0),
+            "trace",
+            True,
+            5,
+            "r",
+        ),
         t.RetryAdvice(1, 7, t.SamplingParams(temperature=0.6, presence_penalty=0.4), "parse_error x3"),
     ]
     for ev in events:

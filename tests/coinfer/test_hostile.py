@@ -27,12 +27,15 @@ def _fast(fn, *args) -> float:
     return time.perf_counter() - t0
 
 
-@pytest.mark.parametrize("task, prompt", [
-    ("arith", "If x=1 and y=2, compute" + " " * 2000 + "!"),  # ~hours with the backtracking pattern
-    ("arith", "If x=1" + " and y=2" * 250 + " ," + " " * 200 + "compute x."),
-    ("select", "Pick 2 of A(1,2) B(3,4) with cost <= 5" + " " * 2000 + "!"),
-    ("select", "Pick 2 of " + "A(1,2) " * 250 + "with cost <=" + " " * 200 + "!"),
-])
+@pytest.mark.parametrize(
+    "task, prompt",
+    [
+        ("arith", "If x=1 and y=2, compute" + " " * 2000 + "!"),  # ~hours with the backtracking pattern
+        ("arith", "If x=1" + " and y=2" * 250 + " ," + " " * 200 + "compute x."),
+        ("select", "Pick 2 of A(1,2) B(3,4) with cost <= 5" + " " * 2000 + "!"),
+        ("select", "Pick 2 of " + "A(1,2) " * 250 + "with cost <=" + " " * 200 + "!"),
+    ],
+)
 def test_problem_parsers_reject_hostile_whitespace_at_once(task, prompt):
     assert _fast(TASKS[task].parse_problem, prompt) < 0.5
 
@@ -42,13 +45,20 @@ def test_deep_expressions_are_refused_before_evaluation(expr):
     with pytest.raises(InvalidArgument, match="problem.prompt: bad expression"):
         TASKS["arith"].parse_problem(f"If x=1 and y=2, compute {expr}.")
     parsed = TASKS["arith"].parse_answer(f"{expr}=5; answer 5")  # in a draft: a failed step, not a crash
-    assert TASKS["arith"].check("arith_steps", {"vars": {"x": 1, "y": 2}, "expr": "x+y"}, parsed).startswith(
-        "step_invalid")
+    assert (
+        TASKS["arith"]
+        .check("arith_steps", {"vars": {"x": 1, "y": 2}, "expr": "x+y"}, parsed)
+        .startswith("step_invalid")
+    )
 
 
 def test_answer_parsers_are_linear_on_long_runs():
-    for task, text in (("arith", "a" * 4096), ("arith", "(" * 4096), ("select", "answer" + " " * 4000 + "A"),
-                       ("select", "{" * 4096)):
+    for task, text in (
+        ("arith", "a" * 4096),
+        ("arith", "(" * 4096),
+        ("select", "answer" + " " * 4000 + "A"),
+        ("select", "{" * 4096),
+    ):
         assert _fast(TASKS[task].parse_answer, text) < 0.5, task
 
 

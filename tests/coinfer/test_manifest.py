@@ -44,25 +44,33 @@ def test_no_manifest_is_refused_unless_allowed(model_dir):
     assert verify_manifest(model_dir, allow_unverified=True) is None
 
 
-@pytest.mark.parametrize("text", ["{not json", json.dumps({"format": "other", "files": {}}),
-                                  json.dumps({"format": "coinfer-model", "files": {"../x": {}}})])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{not json",
+        json.dumps({"format": "other", "files": {}}),
+        json.dumps({"format": "coinfer-model", "files": {"../x": {}}}),
+    ],
+)
 def test_bad_manifests_are_refused(model_dir, text):
     (model_dir / "manifest.json").write_text(text)
     with pytest.raises(ManifestError, match="manifest.json"):
         verify_manifest(model_dir)
 
 
-
-@pytest.mark.parametrize("change, field", [
-    (lambda m: m.update(files=[]), "files"),
-    (lambda m: m.update(version=2), "version"),
-    (lambda m: m["files"]["model.onnx"].update(bytes="1300"), "files.model.onnx.bytes"),
-    (lambda m: m["files"]["model.onnx"].update(bytes=-1), "files.model.onnx.bytes"),
-    (lambda m: m["files"]["model.onnx"].update(sha256="z" * 64), "files.model.onnx.sha256"),
-    (lambda m: m["files"]["model.onnx"].update(extra=1), "files.model.onnx.extra"),
-    (lambda m: m.update(checks="passed"), "checks"),
-    (lambda m: m["files"].update({"manifest.json": m["files"]["model.onnx"]}), "files"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (lambda m: m.update(files=[]), "files"),
+        (lambda m: m.update(version=2), "version"),
+        (lambda m: m["files"]["model.onnx"].update(bytes="1300"), "files.model.onnx.bytes"),
+        (lambda m: m["files"]["model.onnx"].update(bytes=-1), "files.model.onnx.bytes"),
+        (lambda m: m["files"]["model.onnx"].update(sha256="z" * 64), "files.model.onnx.sha256"),
+        (lambda m: m["files"]["model.onnx"].update(extra=1), "files.model.onnx.extra"),
+        (lambda m: m.update(checks="passed"), "checks"),
+        (lambda m: m["files"].update({"manifest.json": m["files"]["model.onnx"]}), "files"),
+    ],
+)
 def test_a_manifest_of_the_wrong_shape_is_refused_naming_the_field(model_dir, change, field):
     """Schema-checked on load: well-formed JSON of the wrong shape is an error naming the field,
     never an AttributeError or a silent pass."""

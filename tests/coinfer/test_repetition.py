@@ -13,8 +13,17 @@ from coinfer.rules import RuleSet
 from coinfer.tasks import OPEN, TASKS
 
 ROOT = Path(__file__).resolve().parents[2]
-PHRASES = ["a leaf's fate is determined", "The answer is 7.", "I am not sure.", "秋の葉が落ちる", "!", "ha",
-           "Paris is the capital of France and", "x = x + 1;", "1 2 3 4"]
+PHRASES = [
+    "a leaf's fate is determined",
+    "The answer is 7.",
+    "I am not sure.",
+    "秋の葉が落ちる",
+    "!",
+    "ha",
+    "Paris is the capital of France and",
+    "x = x + 1;",
+    "1 2 3 4",
+]
 
 
 def loops(rng: random.Random, n: int = 60) -> list[str]:
@@ -34,7 +43,7 @@ def natural() -> list[str]:
     texts = []
     for path in sorted(ROOT.glob("*.md")) + sorted((ROOT / "coinfer").glob("*.py"))[:6]:
         body = path.read_text()
-        texts += [body[i: i + 1500] for i in range(0, len(body), 1500)]
+        texts += [body[i : i + 1500] for i in range(0, len(body), 1500)]
     rng = random.Random(0)
     for task in TASKS.values():
         for _ in range(50):

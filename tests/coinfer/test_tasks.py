@@ -17,7 +17,10 @@ POOL_PROMPT = "Pick 2 of A(3,5) B(4,2) C(2,6) D(5,7) with cost<=8."
 
 
 def test_unknown_task_lists_known():
-    with pytest.raises(InvalidArgument, match=r"problem.task: unknown task .poetry. \(known: arith, select; empty for an open request\)"):
+    with pytest.raises(
+        InvalidArgument,
+        match=r"problem.task: unknown task .poetry. \(known: arith, select; empty for an open request\)",
+    ):
         get_task("poetry")
 
 
@@ -41,7 +44,11 @@ def test_arith_seed_example():
     # the seed's own notation (variable names) is checked too
     assert rules.check("x+y=8; 8^2=64; x*y=15; 64-15=49; answer 49")[0].valid
     res, _ = rules.check("x+y=8; 8^2=62; x*y=15; 62-15=47; answer 47")
-    assert (res.valid, res.error, res.failed_rule) == (False, "step_wrong: 8^2=62 (expected 64)", "task_check:arith_steps")
+    assert (res.valid, res.error, res.failed_rule) == (
+        False,
+        "step_wrong: 8^2=62 (expected 64)",
+        "task_check:arith_steps",
+    )
     res, parsed = rules.check("3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 50")
     assert res.error == "answer_mismatch: answer 50 != last step 49"
     assert not ARITH.grade(spec, parsed)
@@ -52,14 +59,19 @@ def test_arith_plan_refuses_right_arithmetic_on_the_wrong_terms():
     rules = RuleSet([], ARITH, spec)
     # every step is right and the answer is the last one, but x*y was read as x+y
     res, _ = rules.check("3+5=8; 8^2=64; 3+5=8; 64-8=56; answer 56")
-    assert (res.error, res.failed_rule) == ("step_missing: no step computes 3*5=15 of (x+y)^2-x*y", "task_check:arith_plan")
+    assert (res.error, res.failed_rule) == (
+        "step_missing: no step computes 3*5=15 of (x+y)^2-x*y",
+        "task_check:arith_plan",
+    )
     assert rules.check("x*y=15; x+y=8; 8^2=64; 64-15=49; answer 49")[0].valid  # another order is fine
     # steps are counted: one 1+1=2 is not both steps of x-(y+y) at x=4, y=1; nothing after the last
     twice = ARITH.parse_problem("If x=4 and y=1, compute x-(y+y).")
     assert ARITH.check("arith_plan", twice, ARITH.parse_answer("1+1=2; 1+2=3; answer 3")) == (
-        "step_missing: no step computes 4-2=2 of x-(y+y)")
+        "step_missing: no step computes 4-2=2 of x-(y+y)"
+    )
     assert ARITH.check("arith_plan", twice, ARITH.parse_answer("1+1=2; 4-2=2; 2+1=3; answer 3")) == (
-        "step_extra: 2+1=3 after the expression's last step 4-2")
+        "step_extra: 2+1=3 after the expression's last step 4-2"
+    )
     # a verified prefix (what the cloud continues) holds only steps of the expression
     assert ARITH.verified_prefix(spec, "3+5=8; 8^2=64; 3*5=15; 64-16=48; answer 48") == ["3+5=8", "8^2=64", "3*5=15"]
     assert ARITH.verified_prefix(spec, "3+5=8; 3-5=-2; 8^2=64; answer 64") == ["3+5=8"]
@@ -73,8 +85,10 @@ def test_arith_negative_intermediate_parenthesised():
     assert RuleSet([], ARITH, spec).check(text)[0].valid
 
 
-@pytest.mark.parametrize("prompt", ["", "compute 3+4", "If x=3, compute x**2.", "If x=3 and y=4, compute x/y.",
-                                    "If x=3 and y=4, compute 9^99."])
+@pytest.mark.parametrize(
+    "prompt",
+    ["", "compute 3+4", "If x=3, compute x**2.", "If x=3 and y=4, compute x/y.", "If x=3 and y=4, compute 9^99."],
+)
 def test_arith_bad_prompts_name_the_field(prompt):
     with pytest.raises(InvalidArgument, match="problem.prompt"):
         ARITH.parse_problem(prompt)
@@ -98,10 +112,14 @@ def test_select_errors_are_precise():
         "AB 7:8; answer A,B": ("step_wrong: AB value 8 (expected 7)", "task_check:select_steps"),
         "AD 9:12; answer A,D": ("step_wrong: AD cost 9 (expected 8)", "task_check:select_steps"),
         # the answer must follow from the steps shown: all listed, the best of them chosen
-        "AB 7:7; AC 5:11; AD 8:12; BC 6:8; CD 7:13; answer C,D": ("step_missing: subset BD not listed",
-                                                                  "task_check:select_choice"),
+        "AB 7:7; AC 5:11; AD 8:12; BC 6:8; CD 7:13; answer C,D": (
+            "step_missing: subset BD not listed",
+            "task_check:select_choice",
+        ),
         "AB 7:7; AC 5:11; AD 8:12; BC 6:8; BD 9>8; CD 7:13; answer A,D": (
-            "answer_mismatch: answer A,D but CD is listed with the best value 13", "task_check:select_choice"),
+            "answer_mismatch: answer A,D but CD is listed with the best value 13",
+            "task_check:select_choice",
+        ),
     }
     for text, (error, rule) in cases.items():
         res, _ = rules.check(text)
@@ -111,11 +129,14 @@ def test_select_errors_are_precise():
     assert optimum(spec["pool"], 2, 8) == 13
 
 
-@pytest.mark.parametrize("text", [
-    "Sure! Here it is: {\u201cids\u201d: [\u201cC\u201d, \u201cD\u201d]} hope that helps",
-    "After thinking: CD 7:13; answer C, D. Done.",
-    "answer: c,d",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Sure! Here it is: {\u201cids\u201d: [\u201cC\u201d, \u201cD\u201d]} hope that helps",
+        "After thinking: CD 7:13; answer C, D. Done.",
+        "answer: c,d",
+    ],
+)
 def test_select_parses_dirty_drafts(text):
     spec = SELECT.parse_problem(POOL_PROMPT)
     parsed = SELECT.parse_answer(text)
@@ -123,14 +144,17 @@ def test_select_parses_dirty_drafts(text):
     assert SELECT.grade(spec, parsed)
 
 
-@pytest.mark.parametrize("text,ok", [
-    ("3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 49", True),
-    ("Let me think.\n3+5=8; 8^2=64; 3*5=15; 64\u221215=49; so the answer is 49.", True),
-    ("3 + 5 = 8 ; 8^2 = 64 ; answer: 49", True),
-    ("3+5=8; 8^2=64; 3*5=1", False),  # truncated
-    ("", False),
-    ("\u201canswer\u201d 49", True),
-])
+@pytest.mark.parametrize(
+    "text,ok",
+    [
+        ("3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 49", True),
+        ("Let me think.\n3+5=8; 8^2=64; 3*5=15; 64\u221215=49; so the answer is 49.", True),
+        ("3 + 5 = 8 ; 8^2 = 64 ; answer: 49", True),
+        ("3+5=8; 8^2=64; 3*5=1", False),  # truncated
+        ("", False),
+        ("\u201canswer\u201d 49", True),
+    ],
+)
 def test_arith_parses_dirty_drafts(text, ok):
     parsed = ARITH.parse_answer(text)
     assert parsed.ok is ok, parsed
@@ -152,8 +176,9 @@ def test_parsers_never_raise(text):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(0, 12), st.integers(0, 12), st.sampled_from(["(x+y)^2-x*y", "x*y-y", "(x-y)^2+x*y"]),
-       st.integers(0, 80))
+@given(
+    st.integers(0, 12), st.integers(0, 12), st.sampled_from(["(x+y)^2-x*y", "x*y-y", "(x-y)^2+x*y"]), st.integers(0, 80)
+)
 def test_truncated_answer_is_never_valid(x, y, expr, cut):
     """A draft cut anywhere before its end (even mid-number: 'answer 4' of 49) fails the rules."""
     spec = ARITH.parse_problem(f"If x={x} and y={y}, compute {expr}.")

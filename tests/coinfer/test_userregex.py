@@ -10,19 +10,22 @@ from coinfer import userregex
 from coinfer.userregex import MAX_EXPANDED, expanded_size
 
 
-@pytest.mark.parametrize("pattern, size", [
-    ("a{1000000}", 1_000_000),
-    ("(a{1000}){1000}", 1_000_000),  # nested repeats multiply
-    ("(ab){5000}", 10_000),
-    (r"\w{1,60000}", 1),  # the maximum is not expanded (compiles as fast as \w)
-    ("[a-z]{3}", 3),  # a set is one element
-    ("[]a{}]{4}", 4),  # a ] first in a set is literal; braces inside a set are not repeats
-    ("[[:alpha:]]{5}", 5),
-    (r"\p{L}{3}", 3),  # braces of an escape are not a repeat
-    (r"\{1000000}", 9),  # an escaped brace is literal
-    ("x{1000000", 9),  # so is an unclosed one
-    ("ab|cd", 5),  # every alternative is compiled
-])
+@pytest.mark.parametrize(
+    "pattern, size",
+    [
+        ("a{1000000}", 1_000_000),
+        ("(a{1000}){1000}", 1_000_000),  # nested repeats multiply
+        ("(ab){5000}", 10_000),
+        (r"\w{1,60000}", 1),  # the maximum is not expanded (compiles as fast as \w)
+        ("[a-z]{3}", 3),  # a set is one element
+        ("[]a{}]{4}", 4),  # a ] first in a set is literal; braces inside a set are not repeats
+        ("[[:alpha:]]{5}", 5),
+        (r"\p{L}{3}", 3),  # braces of an escape are not a repeat
+        (r"\{1000000}", 9),  # an escaped brace is literal
+        ("x{1000000", 9),  # so is an unclosed one
+        ("ab|cd", 5),  # every alternative is compiled
+    ],
+)
 def test_expanded_size(pattern, size):
     assert expanded_size(pattern) == size
 

@@ -4,9 +4,11 @@ from coinfer.demo.evaluate import _rules, cloud_answer, goals
 
 
 def _ev(draft_words: float, target_words: float, refine: float, alone: float) -> dict:
-    return {"draft": {"arith": 0.1, "select": 0.2, "words": draft_words},
-            "target": {"arith": 0.4, "select": 0.5, "words": target_words},
-            "refine": {"refine_verified_accuracy": refine, "refine_accuracy": refine - 0.1, "target_greedy": alone}}
+    return {
+        "draft": {"arith": 0.1, "select": 0.2, "words": draft_words},
+        "target": {"arith": 0.4, "select": 0.5, "words": target_words},
+        "refine": {"refine_verified_accuracy": refine, "refine_accuracy": refine - 0.1, "target_greedy": alone},
+    }
 
 
 def test_every_goal_met():
@@ -27,7 +29,13 @@ def test_a_refinement_that_breaks_a_rule_is_replaced_by_the_best_candidate():
     rules = _rules()
     best = "The crates hold 7 * 8 = 56 stickers.\nIn total Aisha has 56 + 7 = 63 stickers.\nAnswer: 63"
     wrong_sum = "The crates hold 7 * 8 = 56 stickers.\nIn total Aisha has 56 + 7 = 64 stickers.\nAnswer: 64"
-    assert cloud_answer("The crates hold 7 * 8 = 64 stickers.\nIn total Aisha has 64 + 7 = 61 stickers.\nAnswer: 61",
-                        [best, wrong_sum], rules) == best
+    assert (
+        cloud_answer(
+            "The crates hold 7 * 8 = 64 stickers.\nIn total Aisha has 64 + 7 = 61 stickers.\nAnswer: 61",
+            [best, wrong_sum],
+            rules,
+        )
+        == best
+    )
     valid_but_wrong = "The crates hold 7 * 9 = 63 stickers.\nIn total Aisha has 63 + 7 = 70 stickers.\nAnswer: 70"
     assert cloud_answer(valid_but_wrong, [best], rules) == valid_but_wrong  # the rules pass it: it stands

@@ -58,8 +58,11 @@ def test_models_speak_chatml_and_stop_at_end_of_turn(artifacts):
         assert tok.eos_token_id == eos and LlamaConfig.from_pretrained(str(path)).eos_token_id == eos
         assert GenerationConfig.from_pretrained(str(path)).eos_token_id == eos
         text = ChatFormat.from_dir(path).render([ChatMessage("user", "If x=2 and y=3, compute x*y+x+y.")])
-        assert text == tok.apply_chat_template([{"role": "user", "content": "If x=2 and y=3, compute x*y+x+y."}],
-                                               tokenize=False, add_generation_prompt=True)
+        assert text == tok.apply_chat_template(
+            [{"role": "user", "content": "If x=2 and y=3, compute x*y+x+y."}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
 
 
 def test_both_models_load_in_transformers_and_vllm(artifacts, offline_vllm):
@@ -76,9 +79,12 @@ def test_both_models_load_in_transformers_and_vllm(artifacts, offline_vllm):
         assert AutoTokenizer.from_pretrained(str(path)).chat_template
 
     tok = AutoTokenizer.from_pretrained(str(artifacts.models.draft))
-    prompt = ChatFormat.from_dir(artifacts.models.draft).render([ChatMessage("user", "If x=2 and y=3, compute x*y+x+y.")])
-    ids = offline_vllm.greedy(EngineConfig(model=str(artifacts.models.draft)),
-                              tok(prompt, add_special_tokens=False)["input_ids"], 40)
+    prompt = ChatFormat.from_dir(artifacts.models.draft).render(
+        [ChatMessage("user", "If x=2 and y=3, compute x*y+x+y.")]
+    )
+    ids = offline_vllm.greedy(
+        EngineConfig(model=str(artifacts.models.draft)), tok(prompt, add_special_tokens=False)["input_ids"], 40
+    )
     text = tok.decode(ids, skip_special_tokens=True)
     assert "answer" in text, text
 

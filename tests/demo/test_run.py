@@ -23,14 +23,26 @@ def test_the_demo_draws_the_same_held_out_problems_in_kind_order_and_grades_them
 
 def _row(kind: str, correct: bool, first: bool, target: bool, cloud_tokens: int, target_tokens: int) -> dict:
     stages = {k: 100.0 for k in run.STAGES}
-    return {"task": kind, "correct": correct, "first_draft_correct": first, "target_correct": target,
-            "drafts": 5, "drafts_correct": 2, "cloud_tokens": cloud_tokens, "target_tokens": target_tokens,
-            "target_ms": 50.0, **stages}
+    return {
+        "task": kind,
+        "correct": correct,
+        "first_draft_correct": first,
+        "target_correct": target,
+        "drafts": 5,
+        "drafts_correct": 2,
+        "cloud_tokens": cloud_tokens,
+        "target_tokens": target_tokens,
+        "target_ms": 50.0,
+        **stages,
+    }
 
 
 def test_the_summary_compares_split_first_draft_and_target_alone_per_kind():
-    rows = [_row("arith", True, False, True, 0, 30), _row("arith", True, True, False, 12, 34),
-            _row("words", False, False, False, 40, 60)]
+    rows = [
+        _row("arith", True, False, True, 0, 30),
+        _row("arith", True, True, False, 12, 34),
+        _row("words", False, False, False, 40, 60),
+    ]
     report = {"problems": rows, **run.summarize(rows)}
     a = report["arith"]
     assert a["problems"] == 2 and a["accuracy"] == 1.0 and a["first_draft_accuracy"] == 0.5

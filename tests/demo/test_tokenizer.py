@@ -39,10 +39,17 @@ def test_chat_template_renders_like_transformers_and_tokenizes_with_one_bos(tmp_
     tok = AutoTokenizer.from_pretrained(str(tmp_path))
     msgs = [ChatMessage("system", "You are a helpful assistant."), ChatMessage("user", "If x=1 and y=2, compute x*y. ")]
     ours = ChatFormat.from_dir(tmp_path).render(msgs)
-    theirs = tok.apply_chat_template([{"role": m.role, "content": m.content} for m in msgs], tokenize=False,
-                                     add_generation_prompt=True)
-    assert ours == theirs == ("<s><|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-                              "<|im_start|>user\nIf x=1 and y=2, compute x*y.<|im_end|>\n<|im_start|>assistant\n")
+    theirs = tok.apply_chat_template(
+        [{"role": m.role, "content": m.content} for m in msgs], tokenize=False, add_generation_prompt=True
+    )
+    assert (
+        ours
+        == theirs
+        == (
+            "<s><|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+            "<|im_start|>user\nIf x=1 and y=2, compute x*y.<|im_end|>\n<|im_start|>assistant\n"
+        )
+    )
     ids = tok(ours, add_special_tokens=False)["input_ids"]  # as vLLM tokenizes a rendered chat
     assert ids[:2] == [BOS_ID, IM_START_ID] and ids.count(BOS_ID) == 1
     assert ids.count(EOS_ID) == 2

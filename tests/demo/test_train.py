@@ -32,6 +32,7 @@ def test_retraining_the_draft_alone_needs_a_matching_target(tmp_path):
 
 def test_the_keys_hash_code_with_the_project_modules_named_by_their_folders():
     """An installed path (coinfer.demo.x) and its folder (demo.x) hash alike; any other change does not."""
+
     def a():
         from coinfer.demo.evaluate import _load  # noqa: F401
 

@@ -16,9 +16,12 @@ from coinfer.cloud.server import build_parser
 from coinfer.serving import settings
 
 ROOT = Path(__file__).resolve().parents[2]
-KINDS = {("apps/v1", "Deployment"): "V1Deployment", ("v1", "Service"): "V1Service",
-         ("autoscaling/v2", "HorizontalPodAutoscaler"): "V2HorizontalPodAutoscaler",
-         ("policy/v1", "PodDisruptionBudget"): "V1PodDisruptionBudget"}
+KINDS = {
+    ("apps/v1", "Deployment"): "V1Deployment",
+    ("v1", "Service"): "V1Service",
+    ("autoscaling/v2", "HorizontalPodAutoscaler"): "V2HorizontalPodAutoscaler",
+    ("policy/v1", "PodDisruptionBudget"): "V1PodDisruptionBudget",
+}
 
 
 def load(path: Path) -> dict:

@@ -12,14 +12,17 @@ def test_layers_override_in_order(tmp_path):
     assert (cfg.model, cfg.plan, cfg.http_port, cfg.warm) == ("/m", "split", 9100, True)
 
 
-@pytest.mark.parametrize("env,kw,msg", [
-    ({}, {}, "model: a draft model directory is required"),
-    ({"COINFER_EDGE_MODEL": "/m", "COINFER_EDGE_HTTP_PORT": "eighty"}, {}, "COINFER_EDGE_HTTP_PORT: expected int"),
-    ({"COINFER_EDGE_MODEL": "/m", "COINFER_EDGE_WARM": "maybe"}, {}, "COINFER_EDGE_WARM: expected bool"),
-    ({"COINFER_EDGE_MODEL": "/m"}, {"plan": "moon"}, "plan: must be one of"),
-    ({"COINFER_EDGE_MODEL": "/m"}, {"deadline_ms": 5}, "deadline_ms"),
-    ({"COINFER_EDGE_MODEL": "/m"}, {"token": "t" * 20}, "token: given without a cloud"),
-])
+@pytest.mark.parametrize(
+    "env,kw,msg",
+    [
+        ({}, {}, "model: a draft model directory is required"),
+        ({"COINFER_EDGE_MODEL": "/m", "COINFER_EDGE_HTTP_PORT": "eighty"}, {}, "COINFER_EDGE_HTTP_PORT: expected int"),
+        ({"COINFER_EDGE_MODEL": "/m", "COINFER_EDGE_WARM": "maybe"}, {}, "COINFER_EDGE_WARM: expected bool"),
+        ({"COINFER_EDGE_MODEL": "/m"}, {"plan": "moon"}, "plan: must be one of"),
+        ({"COINFER_EDGE_MODEL": "/m"}, {"deadline_ms": 5}, "deadline_ms"),
+        ({"COINFER_EDGE_MODEL": "/m"}, {"token": "t" * 20}, "token: given without a cloud"),
+    ],
+)
 def test_bad_settings_are_named(env, kw, msg):
     with pytest.raises(ValueError, match=msg):
         EdgeConfig.load(None, env=env, **kw)

@@ -84,14 +84,17 @@ async def test_auto_plan_carries_its_prediction_and_the_measured_request(daemon)
     assert f'coinfer_edge_plan_latency_ratio_count{{plan="{res.plan}"}}' in metrics  # calibration, per plan
 
 
-@pytest.mark.parametrize("kw,code,fragment", [
-    ({"task": "poetry"}, grpc.StatusCode.INVALID_ARGUMENT, "task"),
-    ({"prompt": "hello there"}, grpc.StatusCode.INVALID_ARGUMENT, "prompt"),
-    ({"plan": "moon"}, grpc.StatusCode.INVALID_ARGUMENT, "plan"),
-    ({"num_drafts": 99}, grpc.StatusCode.INVALID_ARGUMENT, "num_drafts"),
-    ({"sampling": pb.SamplingParams(temperature=9.0)}, grpc.StatusCode.INVALID_ARGUMENT, "sampling.temperature"),
-    ({"prompt": "If x=1 and y=2, compute " + "x+" * 2000 + "y."}, grpc.StatusCode.RESOURCE_EXHAUSTED, "prompt"),
-])
+@pytest.mark.parametrize(
+    "kw,code,fragment",
+    [
+        ({"task": "poetry"}, grpc.StatusCode.INVALID_ARGUMENT, "task"),
+        ({"prompt": "hello there"}, grpc.StatusCode.INVALID_ARGUMENT, "prompt"),
+        ({"plan": "moon"}, grpc.StatusCode.INVALID_ARGUMENT, "plan"),
+        ({"num_drafts": 99}, grpc.StatusCode.INVALID_ARGUMENT, "num_drafts"),
+        ({"sampling": pb.SamplingParams(temperature=9.0)}, grpc.StatusCode.INVALID_ARGUMENT, "sampling.temperature"),
+        ({"prompt": "If x=1 and y=2, compute " + "x+" * 2000 + "y."}, grpc.StatusCode.RESOURCE_EXHAUSTED, "prompt"),
+    ],
+)
 async def test_bad_grpc_input_names_the_field(daemon, kw, code, fragment):
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await solve(daemon.grpc_port, **kw)
@@ -104,20 +107,23 @@ async def test_openai_sdk_streams_a_completion_and_a_chat(daemon):
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
     models = await client.models.list()
     assert [m.id for m in models.data] == ["coinfer-edge"]
-    stream = await client.completions.create(model="coinfer-edge", prompt=ARITH, stream=True, max_tokens=96,
-                                             extra_body={"coinfer": {"plan": "split"}})
+    stream = await client.completions.create(
+        model="coinfer-edge", prompt=ARITH, stream=True, max_tokens=96, extra_body={"coinfer": {"plan": "split"}}
+    )
     texts, finish, info = [], None, None
     async for chunk in stream:
         texts.append(chunk.choices[0].text)
         finish = chunk.choices[0].finish_reason or finish
         info = (chunk.model_extra or {}).get("coinfer") or info
     assert finish == "stop" and info["plan"] == "split" and "answer" in "".join(texts)
-    chat = await client.chat.completions.create(model="coinfer-edge", messages=[{"role": "user", "content": ARITH}],
-                                                stream=True)
+    chat = await client.chat.completions.create(
+        model="coinfer-edge", messages=[{"role": "user", "content": ARITH}], stream=True
+    )
     parts = [c.choices[0].delta.content or "" async for c in chat]
     assert "answer" in "".join(parts)
-    plain = await client.completions.create(model="coinfer-edge", prompt=ARITH,
-                                            extra_body={"coinfer": {"plan": "edge"}})
+    plain = await client.completions.create(
+        model="coinfer-edge", prompt=ARITH, extra_body={"coinfer": {"plan": "edge"}}
+    )
     assert plain.choices[0].text and plain.model_extra["coinfer"]["source"] == "edge_only"
 
 
@@ -129,47 +135,84 @@ async def test_finish_reason_is_length_exactly_when_the_answer_hit_its_budget(da
 
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
     messages = [{"role": "user", "content": ARITH}]
-    cut = await client.chat.completions.create(model="coinfer-edge", messages=messages, max_tokens=3,
-                                               extra_body={"coinfer": {"plan": plan}})
+    cut = await client.chat.completions.create(
+        model="coinfer-edge", messages=messages, max_tokens=3, extra_body={"coinfer": {"plan": plan}}
+    )
     assert cut.choices[0].finish_reason == "length", cut.model_extra["coinfer"]
-    stream = await client.chat.completions.create(model="coinfer-edge", messages=messages, max_tokens=3, stream=True,
-                                                  extra_body={"coinfer": {"plan": plan}})
+    stream = await client.chat.completions.create(
+        model="coinfer-edge", messages=messages, max_tokens=3, stream=True, extra_body={"coinfer": {"plan": plan}}
+    )
     assert [c.choices[0].finish_reason async for c in stream if c.choices[0].finish_reason] == ["length"]
-    whole = await client.chat.completions.create(model="coinfer-edge", messages=messages, max_tokens=256,
-                                                 extra_body={"coinfer": {"plan": plan}})
+    whole = await client.chat.completions.create(
+        model="coinfer-edge", messages=messages, max_tokens=256, extra_body={"coinfer": {"plan": plan}}
+    )
     assert whole.choices[0].finish_reason == "stop" and whole.model_extra["coinfer"]["finish_reason"] == "stop"
     res = (await solve(daemon.grpc_port, plan=plan, sampling=pb.SamplingParams(max_new_tokens=3)))[-1].result
     assert res.finish_reason == "length"
 
 
-@pytest.mark.parametrize("path,body,status,param", [
-    ("/v1/completions", b"{not json", 400, "body"),
-    ("/v1/completions", {"model": "coinfer-edge", "prompt": ARITH, "temperature": 7}, 400, "temperature"),
-    ("/v1/completions", {"model": "coinfer-edge", "prompt": ARITH, "coinfer": {"task": "poetry"}}, 400, "task"),
-    ("/v1/completions", {"model": "coinfer-edge", "prompt": ARITH, "coinfer": {"plan": "moon"}}, 400, "coinfer.plan"),
-    ("/v1/completions", {"model": "coinfer-edge", "prompt": "x" * 5000}, 413, "prompt"),
-    # one bound each, the daemon's: its max_drafts (16), not a second copy in the HTTP model
-    ("/v1/completions", {"model": "coinfer-edge", "prompt": ARITH, "coinfer": {"num_drafts": 17}}, 400, "num_drafts"),
-    ("/v1/completions", {"model": "coinfer-edge", "prompt": ARITH, "coinfer": {"deadline_ms": 600_001}}, 400,
-     "deadline_ms"),
-    ("/v1/completions", {"model": "gpt-9", "prompt": ARITH}, 404, "model"),
-    ("/v1/completions", {"prompt": ARITH}, 400, "model"),
-    ("/v1/chat/completions", {"model": "coinfer-edge", "messages": []}, 400, "messages"),
-    ("/v1/chat/completions", {"model": "coinfer-edge", "messages": [{"role": "system", "content": "hi"}]}, 400,
-     "messages[0].role"),
-    ("/v1/chat/completions", {"model": "coinfer-edge", "messages": [{"role": "user", "content": "hi"}],
-                              "coinfer": {"extraction": "poetry"}}, 400, "coinfer.extraction"),
-    ("/v1/chat/completions", b'{"model": "coinfer-edge", "messages": [{"role": "user", "content": "hi \\ud800"}]}',
-     400, "messages[0].content"),  # half a UTF-16 pair: valid JSON, not a string UTF-8 can carry
-])
+@pytest.mark.parametrize(
+    "path,body,status,param",
+    [
+        ("/v1/completions", b"{not json", 400, "body"),
+        ("/v1/completions", {"model": "coinfer-edge", "prompt": ARITH, "temperature": 7}, 400, "temperature"),
+        ("/v1/completions", {"model": "coinfer-edge", "prompt": ARITH, "coinfer": {"task": "poetry"}}, 400, "task"),
+        (
+            "/v1/completions",
+            {"model": "coinfer-edge", "prompt": ARITH, "coinfer": {"plan": "moon"}},
+            400,
+            "coinfer.plan",
+        ),
+        ("/v1/completions", {"model": "coinfer-edge", "prompt": "x" * 5000}, 413, "prompt"),
+        # one bound each, the daemon's: its max_drafts (16), not a second copy in the HTTP model
+        (
+            "/v1/completions",
+            {"model": "coinfer-edge", "prompt": ARITH, "coinfer": {"num_drafts": 17}},
+            400,
+            "num_drafts",
+        ),
+        (
+            "/v1/completions",
+            {"model": "coinfer-edge", "prompt": ARITH, "coinfer": {"deadline_ms": 600_001}},
+            400,
+            "deadline_ms",
+        ),
+        ("/v1/completions", {"model": "gpt-9", "prompt": ARITH}, 404, "model"),
+        ("/v1/completions", {"prompt": ARITH}, 400, "model"),
+        ("/v1/chat/completions", {"model": "coinfer-edge", "messages": []}, 400, "messages"),
+        (
+            "/v1/chat/completions",
+            {"model": "coinfer-edge", "messages": [{"role": "system", "content": "hi"}]},
+            400,
+            "messages[0].role",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "model": "coinfer-edge",
+                "messages": [{"role": "user", "content": "hi"}],
+                "coinfer": {"extraction": "poetry"},
+            },
+            400,
+            "coinfer.extraction",
+        ),
+        (
+            "/v1/chat/completions",
+            b'{"model": "coinfer-edge", "messages": [{"role": "user", "content": "hi \\ud800"}]}',
+            400,
+            "messages[0].content",
+        ),  # half a UTF-16 pair: valid JSON, not a string UTF-8 can carry
+    ],
+)
 async def test_bad_http_input_is_4xx_naming_the_field_and_the_daemon_keeps_serving(daemon, path, body, status, param):
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{daemon.http_port}", timeout=60) as http:
         content = body if isinstance(body, bytes) else json.dumps(body).encode()
         r = await http.post(path, content=content, headers={"content-type": "application/json"})
         assert r.status_code == status, r.text
         assert r.json()["error"]["param"] == param, r.text
-        ok = await http.post("/v1/completions", json={"model": "coinfer-edge", "prompt": ARITH,
-                                                      "coinfer": {"plan": "edge"}})
+        ok = await http.post(
+            "/v1/completions", json={"model": "coinfer-edge", "prompt": ARITH, "coinfer": {"plan": "edge"}}
+        )
         assert ok.status_code == 200
         metrics = (await http.get("/metrics")).text
         assert "coinfer_edge_bad_requests_total" in metrics and "coinfer_edge_drafts_total" in metrics
@@ -193,8 +236,9 @@ async def test_cloud_dying_mid_stream_is_answered_locally_and_opens_the_circuit(
             return await real.continuation_logprobs(*a, **kw)
 
     await srv.attach_engine(Stalled())
-    d = await EdgeDaemon(EdgeConfig(model=str(int8_draft), cloud=f"127.0.0.1:{srv.port}", grpc_port=0,
-                                    http_port=-1, breaker_reset_s=60)).start()
+    d = await EdgeDaemon(
+        EdgeConfig(model=str(int8_draft), cloud=f"127.0.0.1:{srv.port}", grpc_port=0, http_port=-1, breaker_reset_s=60)
+    ).start()
     try:
         for _ in range(100):
             if d.core.link.serving:
@@ -248,8 +292,9 @@ async def test_planner_edge_state_while_loading(int8_draft):
     from coinfer.edge.sampling import Sampling
     from coinfer.edge.service import EdgeCore
 
-    core = EdgeCore(EdgeConfig(model=str(int8_draft), warm=False, grpc_port=-1, http_port=-1,
-                               providers="CPUExecutionProvider"))
+    core = EdgeCore(
+        EdgeConfig(model=str(int8_draft), warm=False, grpc_port=-1, http_port=-1, providers="CPUExecutionProvider")
+    )
     cold = core._edge_state()
     assert cold.state == "cold" and cold.fresh and not cold.gpu  # where it will run, before any session
     full = cold_start_ms(core.planner.edge_profile(cold))
@@ -259,11 +304,13 @@ async def test_planner_edge_state_while_loading(int8_draft):
     assert loading.fresh and cold_start_ms(core.planner.edge_profile(loading)) <= full
     engine = await core.ensure_engine()
     assert core._edge_state() == EdgeState(core.model_bytes, "warm", 0.0, False, fresh=True)
-    await asyncio.to_thread(engine.generate, engine.render([ChatMessage("user", "If x=1 and y=2, compute x+y.")]),
-                            Sampling(n=2, max_new_tokens=4))
+    await asyncio.to_thread(
+        engine.generate,
+        engine.render([ChatMessage("user", "If x=1 and y=2, compute x+y.")]),
+        Sampling(n=2, max_new_tokens=4),
+    )
     assert not core._edge_state().fresh
     await core.close()
-
 
 
 FREE = "Explain why the sky is blue."
@@ -276,14 +323,18 @@ async def test_openai_sdk_free_form_prompt_in_every_plan_streamed_and_not(daemon
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
     extra = {"coinfer": {"plan": plan}}
     msgs = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": FREE}]
-    chat = await client.chat.completions.create(model="coinfer-edge", messages=msgs, max_tokens=48, temperature=0.2,
-                                                extra_body=extra)
+    chat = await client.chat.completions.create(
+        model="coinfer-edge", messages=msgs, max_tokens=48, temperature=0.2, extra_body=extra
+    )
     info = chat.model_extra["coinfer"]
     assert chat.choices[0].message.content and info["task"] == "" and info["plan"] in ("edge", "split", "cloud")
     assert chat.usage.prompt_tokens > 5 and chat.usage.completion_tokens >= 1  # tokenizer tokens, not characters
-    assert chat.usage.completion_tokens < len(chat.choices[0].message.content) or len(chat.choices[0].message.content) < 4
-    stream = await client.completions.create(model="coinfer-edge", prompt=FREE, stream=True, max_tokens=48,
-                                             extra_body=extra)
+    assert (
+        chat.usage.completion_tokens < len(chat.choices[0].message.content) or len(chat.choices[0].message.content) < 4
+    )
+    stream = await client.completions.create(
+        model="coinfer-edge", prompt=FREE, stream=True, max_tokens=48, extra_body=extra
+    )
     text, last = "", None
     async for chunk in stream:
         text += chunk.choices[0].text
@@ -302,8 +353,12 @@ async def test_word_problem_with_marker_extraction_returns_the_extracted_answer(
     p = next(wordprob.problems(random.Random(21), held_out=True))
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
     chat = await client.chat.completions.create(
-        model="coinfer-edge", messages=[{"role": "user", "content": p.prompt}], stop=["\n\n\n"], seed=3,
-        extra_body={"coinfer": {"plan": "split", "extraction": "marker", "rules": [{"kind": "arithmetic"}]}})
+        model="coinfer-edge",
+        messages=[{"role": "user", "content": p.prompt}],
+        stop=["\n\n\n"],
+        seed=3,
+        extra_body={"coinfer": {"plan": "split", "extraction": "marker", "rules": [{"kind": "arithmetic"}]}},
+    )
     info = chat.model_extra["coinfer"]
     content = chat.choices[0].message.content
     assert info["task"] == "" and info["plan"] == "split" and content
@@ -319,8 +374,12 @@ async def test_word_problem_with_marker_extraction_returns_the_extracted_answer(
 
 async def test_streamed_chat_carries_progress_then_only_the_final_answer(daemon):
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{daemon.http_port}", timeout=120) as http:
-        body = {"model": "coinfer-edge", "messages": [{"role": "user", "content": ARITH}], "stream": True,
-                "coinfer": {"plan": "split", "num_drafts": 3}}
+        body = {
+            "model": "coinfer-edge",
+            "messages": [{"role": "user", "content": ARITH}],
+            "stream": True,
+            "coinfer": {"plan": "split", "num_drafts": 3},
+        }
         async with http.stream("POST", "/v1/chat/completions", json=body) as r:
             lines = [json.loads(ln[6:]) async for ln in r.aiter_lines() if ln.startswith("data: {")]
     events = [c["coinfer"]["event"] for c in lines if "event" in c.get("coinfer", {})]
@@ -378,8 +437,10 @@ async def test_a_tampered_model_on_a_lazy_edge_is_the_servers_fault(int8_draft, 
             await solve(d.grpc_port, plan="edge")
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE and str(tmp_path) not in err.value.details()
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{d.http_port}") as http:
-            r = await http.post("/v1/chat/completions", json={"model": d.core.cfg.model_name, "messages": [
-                {"role": "user", "content": ARITH}]})
+            r = await http.post(
+                "/v1/chat/completions",
+                json={"model": d.core.cfg.model_name, "messages": [{"role": "user", "content": ARITH}]},
+            )
             assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
             assert str(tmp_path) not in r.text
             metrics = (await http.get("/metrics")).text

@@ -22,8 +22,9 @@ async def test_the_start_is_start_up_and_the_watch_is_armed_once_serving(caplog,
 
     monkeypatch.setattr(EdgeCore, "start", start)
     with caplog.at_level(logging.INFO, logger="coinfer.loop"):
-        d = await EdgeDaemon(EdgeConfig(model="/unused", warm=False, probe_on_start=False, grpc_port=0,
-                                        http_port=0)).start()
+        d = await EdgeDaemon(
+            EdgeConfig(model="/unused", warm=False, probe_on_start=False, grpc_port=0, http_port=0)
+        ).start()
         try:
             assert d.grpc_port > 0 and d.http_port > 0
             assert d.loopwatch.armed and d.loopwatch.startup_stalls >= 1

@@ -54,12 +54,16 @@ def test_a_deadline_mid_draft_returns_every_draft_truncated_there(draft_engine):
     out = draft_engine.generate(chat(draft_engine), Sampling(n=3, seed=1, max_new_tokens=64), cancelled=deadline)
     assert sorted(d.index for d in out) == [0, 1, 2]  # none dropped
     # cut at the deadline (a draft that ended by itself within 4 tokens would say "stop")
-    assert all((d.finish_reason, d.num_tokens) == ("length", 4) or (d.finish_reason == "stop" and d.num_tokens <= 4)
-               for d in out)
+    assert all(
+        (d.finish_reason, d.num_tokens) == ("length", 4) or (d.finish_reason == "stop" and d.num_tokens <= 4)
+        for d in out
+    )
 
 
 def test_greedy_drafts_are_identical(draft_engine):
-    out = draft_engine.generate(chat(draft_engine), Sampling(n=3, temperature=0.0, presence_penalty=0, frequency_penalty=0))
+    out = draft_engine.generate(
+        chat(draft_engine), Sampling(n=3, temperature=0.0, presence_penalty=0, frequency_penalty=0)
+    )
     assert len({d.text for d in out}) == 1
 
 

@@ -8,9 +8,16 @@ from coinfer.errors import CoinferError, DeadlineExceeded, InvalidArgument, Reso
 
 def test_one_mapping_of_failures_to_statuses_with_no_class_names():
     assert failure(InvalidArgument("temperature: must be in [0, 2]")) == (
-        400, "temperature: must be in [0, 2]", "temperature", "invalid_request_error")
-    assert failure(ResourceExhausted("prompt: 5000 chars > limit 4096"))[:3] == (413, "prompt: 5000 chars > limit 4096",
-                                                                               "prompt")
+        400,
+        "temperature: must be in [0, 2]",
+        "temperature",
+        "invalid_request_error",
+    )
+    assert failure(ResourceExhausted("prompt: 5000 chars > limit 4096"))[:3] == (
+        413,
+        "prompt: 5000 chars > limit 4096",
+        "prompt",
+    )
     assert failure(Unavailable("model: failed to load"))[::3] == (503, "server_error")
     assert failure(DeadlineExceeded("deadline"))[::3] == (504, "server_error")
     assert failure(ValueError("messages[0].role: unknown"))[2] == "messages[0].role"
@@ -71,12 +78,16 @@ async def test_the_coinfer_block_carries_the_plans_that_ran_and_the_clouds_token
 
     async def solve(req):  # stands in for an escalated auto request: the edge's answer failed, a split refined it
         yield t.AnswerChunk("x+y = 8")
-        yield Done(result=result, plan="split", plans=["edge", "split"],
-                   cloud_tokens=CloudTokens(generated=42, prompt=17))
+        yield Done(
+            result=result, plan="split", plans=["edge", "split"], cloud_tokens=CloudTokens(generated=42, prompt=17)
+        )
 
     monkeypatch.setattr(core, "solve", solve)
-    monkeypatch.setattr(core, "usage", lambda req, done: {"prompt_tokens": 1, "completion_tokens": 1,
-                                                          "total_tokens": 2, "draft_tokens": 0})
+    monkeypatch.setattr(
+        core,
+        "usage",
+        lambda req, done: {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2, "draft_tokens": 0},
+    )
     transport = httpx.ASGITransport(app=create_app(core))
     async with httpx.AsyncClient(transport=transport, base_url="http://edge") as http:
         body = {"model": core.cfg.model_name, "prompt": "If x=3 and y=5, compute x+y."}
@@ -127,12 +138,18 @@ async def _streamed(monkeypatch, tmp_path, events: list) -> list[dict]:
             yield ev
 
     monkeypatch.setattr(core, "solve", solve)
-    monkeypatch.setattr(core, "usage", lambda req, done: {"prompt_tokens": 1, "completion_tokens": 1,
-                                                          "total_tokens": 2, "draft_tokens": 0})
+    monkeypatch.setattr(
+        core,
+        "usage",
+        lambda req, done: {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2, "draft_tokens": 0},
+    )
     transport = httpx.ASGITransport(app=create_app(core))
     async with httpx.AsyncClient(transport=transport, base_url="http://edge") as http:
-        body = {"model": core.cfg.model_name, "messages": [{"role": "user", "content": "Why is the sky blue?"}],
-                "stream": True}
+        body = {
+            "model": core.cfg.model_name,
+            "messages": [{"role": "user", "content": "Why is the sky blue?"}],
+            "stream": True,
+        }
         r = await http.post("/v1/chat/completions", json=body)
     lines = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
     assert r.status_code == 200 and lines[-1] == "[DONE]"
@@ -140,7 +157,9 @@ async def _streamed(monkeypatch, tmp_path, events: list) -> list[dict]:
 
 
 def _content(events: list[dict]) -> list[str]:
-    return [e["choices"][0]["delta"]["content"] for e in events if "content" in e.get("choices", [{}])[0].get("delta", {})]
+    return [
+        e["choices"][0]["delta"]["content"] for e in events if "content" in e.get("choices", [{}])[0].get("delta", {})
+    ]
 
 
 async def test_a_stream_sends_final_chunks_as_they_come_and_never_withdraws_them(monkeypatch, tmp_path):
@@ -151,11 +170,18 @@ async def test_a_stream_sends_final_chunks_as_they_come_and_never_withdraws_them
     answer = "Rayleigh scattering: blue light scatters most."
     result = EdgeResult(answer=answer, source="cloud", valid=True, task="", finish_reason="stop")
     done = Done(result=result, plan="cloud", plans=["cloud"], cloud_tokens=CloudTokens(generated=9, prompt=7))
-    events = await _streamed(monkeypatch, tmp_path, [
-        t.AnswerChunk("Rayleigh", final=True), t.AnswerChunk(" scattering:", final=True),
-        t.AnswerChunk(" red light", final=False),  # refused later: withdrawn before it left
-        t.AnswerReset("refinement rejected"),
-        t.AnswerChunk("Rayleigh scattering: blue light scatters most.", final=True), done])
+    events = await _streamed(
+        monkeypatch,
+        tmp_path,
+        [
+            t.AnswerChunk("Rayleigh", final=True),
+            t.AnswerChunk(" scattering:", final=True),
+            t.AnswerChunk(" red light", final=False),  # refused later: withdrawn before it left
+            t.AnswerReset("refinement rejected"),
+            t.AnswerChunk("Rayleigh scattering: blue light scatters most.", final=True),
+            done,
+        ],
+    )
     content = _content(events)
     assert content == ["Rayleigh", " scattering:", " blue light scatters most."] and "".join(content) == answer
     # each piece left before the end: the content chunks precede the one with the finish reason and the result
@@ -170,11 +196,22 @@ async def test_a_stream_whose_sent_text_the_answer_does_not_begin_ends_in_an_err
     from coinfer.edge.pipeline import EdgeResult
     from coinfer.edge.service import CloudTokens, Done
 
-    local = EdgeResult(answer="Because of the sea.", source="edge_only", valid=True, task="",
-                       fallback_reason="UNAVAILABLE: replica gone")
-    events = await _streamed(monkeypatch, tmp_path, [
-        t.AnswerChunk("Rayleigh", final=True), t.AnswerReset("UNAVAILABLE: replica gone"),
-        Done(result=local, plan="cloud", plans=["cloud"], cloud_tokens=CloudTokens())])
+    local = EdgeResult(
+        answer="Because of the sea.",
+        source="edge_only",
+        valid=True,
+        task="",
+        fallback_reason="UNAVAILABLE: replica gone",
+    )
+    events = await _streamed(
+        monkeypatch,
+        tmp_path,
+        [
+            t.AnswerChunk("Rayleigh", final=True),
+            t.AnswerReset("UNAVAILABLE: replica gone"),
+            Done(result=local, plan="cloud", plans=["cloud"], cloud_tokens=CloudTokens()),
+        ],
+    )
     assert _content(events) == ["Rayleigh"]
     error = events[-1]["error"]
     assert error["type"] == "server_error" and "replica gone" in error["message"]

@@ -16,9 +16,18 @@ CAP = 8
 
 @pytest.fixture(scope="module")
 async def daemon(int8_draft):
-    d = await EdgeDaemon(EdgeConfig(model=str(int8_draft), grpc_port=-1, http_port=0, warm=False,
-                                    probe_on_start=False, http_header_timeout_s=1.0, http_body_timeout_s=1.0,
-                                    http_max_connections=CAP)).start()
+    d = await EdgeDaemon(
+        EdgeConfig(
+            model=str(int8_draft),
+            grpc_port=-1,
+            http_port=0,
+            warm=False,
+            probe_on_start=False,
+            http_header_timeout_s=1.0,
+            http_body_timeout_s=1.0,
+            http_max_connections=CAP,
+        )
+    ).start()
     yield d
     await d.stop()
 
@@ -44,8 +53,10 @@ async def test_a_connection_without_a_complete_head_is_closed(daemon, sent):
 
 async def test_a_trickled_body_gets_408_naming_the_body(daemon):
     reader, writer = await _open(daemon.http_port)
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: 100\r\n\r\n{\"model\":")
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 100\r\n\r\n{"model":'
+    )
     await writer.drain()
     answer = await asyncio.wait_for(reader.read(), timeout=10)
     writer.close()
@@ -54,8 +65,10 @@ async def test_a_trickled_body_gets_408_naming_the_body(daemon):
 
 async def test_a_declared_oversized_body_is_refused_before_it_is_read(daemon):
     reader, writer = await _open(daemon.http_port)
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: 1000000000\r\n\r\n")
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000000000\r\n\r\n"
+    )
     await writer.drain()
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
     writer.close()

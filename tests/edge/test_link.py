@@ -15,23 +15,29 @@ from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
 
 
-@pytest.mark.parametrize("cloud, target, monitored", [
-    ("cloud.example:50051", "cloud.example:50051", [("cloud.example", 50051)]),
-    ("dns:///coinfer-cloud.ns.svc:50051", "dns:///coinfer-cloud.ns.svc:50051", [("coinfer-cloud.ns.svc", 50051)]),
-    ("10.0.0.1:1,10.0.0.2:2", "ipv4:10.0.0.1:1,10.0.0.2:2", [("10.0.0.1", 1), ("10.0.0.2", 2)]),
-    ("localhost:7,127.0.0.1:8", "ipv4:127.0.0.1:7,127.0.0.1:8", [("127.0.0.1", 7), ("127.0.0.1", 8)]),
-    ("[::1]:7,[::1]:8", "ipv6:[::1]:7,[::1]:8", [("::1", 7), ("::1", 8)]),
-])
+@pytest.mark.parametrize(
+    "cloud, target, monitored",
+    [
+        ("cloud.example:50051", "cloud.example:50051", [("cloud.example", 50051)]),
+        ("dns:///coinfer-cloud.ns.svc:50051", "dns:///coinfer-cloud.ns.svc:50051", [("coinfer-cloud.ns.svc", 50051)]),
+        ("10.0.0.1:1,10.0.0.2:2", "ipv4:10.0.0.1:1,10.0.0.2:2", [("10.0.0.1", 1), ("10.0.0.2", 2)]),
+        ("localhost:7,127.0.0.1:8", "ipv4:127.0.0.1:7,127.0.0.1:8", [("127.0.0.1", 7), ("127.0.0.1", 8)]),
+        ("[::1]:7,[::1]:8", "ipv6:[::1]:7,[::1]:8", [("::1", 7), ("::1", 8)]),
+    ],
+)
 def test_cloud_targets(cloud, target, monitored):
     assert parse_targets(cloud) == (target, monitored)
 
 
-@pytest.mark.parametrize("cloud, msg", [
-    ("a.example:1,b.example:2", "IP:port entries"),
-    ("10.0.0.1:1,[::1]:2", "all IPv4 or all IPv6"),
-    ("10.0.0.1", "not host:port"),
-    ("10.0.0.1:99999", "not host:port"),
-])
+@pytest.mark.parametrize(
+    "cloud, msg",
+    [
+        ("a.example:1,b.example:2", "IP:port entries"),
+        ("10.0.0.1:1,[::1]:2", "all IPv4 or all IPv6"),
+        ("10.0.0.1", "not host:port"),
+        ("10.0.0.1:99999", "not host:port"),
+    ],
+)
 def test_bad_cloud_targets_name_the_field(cloud, msg):
     from coinfer.edge.config import EdgeConfig
 

@@ -9,8 +9,12 @@ from coinfer.edge.sampling import Sampling
 
 def test_retry_advice_changes_exploration_and_keeps_the_users_limits():
     mine = Sampling(temperature=0.0, max_new_tokens=24, seed=7, stop=("\n\n",), n=3)
-    advice = t.RetryAdvice(1, 6, t.SamplingParams(temperature=0.6, top_p=0.9, presence_penalty=0.4,
-                                                  frequency_penalty=0.2, max_new_tokens=256), "regex_failed x3")
+    advice = t.RetryAdvice(
+        1,
+        6,
+        t.SamplingParams(temperature=0.6, top_p=0.9, presence_penalty=0.4, frequency_penalty=0.2, max_new_tokens=256),
+        "regex_failed x3",
+    )
     nxt = follow_advice(mine, advice)
     assert (nxt.n, nxt.temperature, nxt.top_p, nxt.presence_penalty, nxt.frequency_penalty) == (6, 0.6, 0.9, 0.4, 0.2)
     assert (nxt.max_new_tokens, nxt.seed, nxt.stop) == (24, 7, ("\n\n",))  # the user's budget, seed and stops
@@ -25,8 +29,9 @@ def test_capacity_and_deadlines_do_not_count_against_the_cloud():
     assert not cloud_failed(Reason.SESSIONS_FULL) and not cloud_failed(Reason.DEADLINE)
     assert not cloud_failed(failure_kind(TimeoutError()))  # the edge's own wait for the request's deadline
     assert cloud_failed(Reason.UNAVAILABLE) and cloud_failed(failure_kind(ConnectionError("stream ended")))
-    bad = grpc.aio.AioRpcError(grpc.StatusCode.INVALID_ARGUMENT, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                               "request_id: at most 128 chars")
+    bad = grpc.aio.AioRpcError(
+        grpc.StatusCode.INVALID_ARGUMENT, grpc.aio.Metadata(), grpc.aio.Metadata(), "request_id: at most 128 chars"
+    )
     assert request_fault(bad)
 
 

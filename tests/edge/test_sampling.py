@@ -36,12 +36,20 @@ def test_rows_are_independent_given_their_seed():
     assert together.tolist() == alone
 
 
-@pytest.mark.parametrize("kw,field", [
-    ({"temperature": -0.1}, "sampling.temperature"), ({"temperature": 2.5}, "sampling.temperature"),
-    ({"top_p": 0.0}, "sampling.top_p"), ({"presence_penalty": 3}, "sampling.presence_penalty"),
-    ({"frequency_penalty": -3}, "sampling.frequency_penalty"), ({"n": 0}, "sampling.n"), ({"n": 99}, "sampling.n"),
-    ({"max_new_tokens": 0}, "sampling.max_new_tokens"), ({"stop": ("",)}, "sampling.stop"),
-])
+@pytest.mark.parametrize(
+    "kw,field",
+    [
+        ({"temperature": -0.1}, "sampling.temperature"),
+        ({"temperature": 2.5}, "sampling.temperature"),
+        ({"top_p": 0.0}, "sampling.top_p"),
+        ({"presence_penalty": 3}, "sampling.presence_penalty"),
+        ({"frequency_penalty": -3}, "sampling.frequency_penalty"),
+        ({"n": 0}, "sampling.n"),
+        ({"n": 99}, "sampling.n"),
+        ({"max_new_tokens": 0}, "sampling.max_new_tokens"),
+        ({"stop": ("",)}, "sampling.stop"),
+    ],
+)
 def test_invalid_sampling_names_the_field(kw, field):
     with pytest.raises(InvalidArgument, match=f"^{field}:"):
         Sampling(**kw).validate()
@@ -50,7 +58,13 @@ def test_invalid_sampling_names_the_field(kw, field):
 def test_seed_defaults():
     s = Sampling()
     assert (s.n, s.temperature, s.top_p, s.presence_penalty, s.frequency_penalty, s.max_new_tokens) == (
-        5, 0.3, 0.95, 0.2, 0.1, 256)
+        5,
+        0.3,
+        0.95,
+        0.2,
+        0.1,
+        256,
+    )
 
 
 def test_sampled_frequencies_follow_the_distribution():
@@ -98,16 +112,18 @@ def test_pruned_sampling_matches_the_exact_distribution_and_penalties():
     s = Sampling(n=1, temperature=0.7, top_p=1.0, presence_penalty=0.5, frequency_penalty=0.25)
     history = [[1, 1, 3]]
     draws = 4000
-    tokens, _ = sample_next(np.repeat(logits[None], draws, 0), history * draws, s,
-                            [np.random.default_rng(i) for i in range(draws)])
+    tokens, _ = sample_next(
+        np.repeat(logits[None], draws, 0), history * draws, s, [np.random.default_rng(i) for i in range(draws)]
+    )
     adj = penalize(logits[None].astype(np.float64), history, 0.5, 0.25)[0] / 0.7
     exact = np.exp(adj - adj.max())
     exact /= exact.sum()
     freq = np.bincount(tokens, minlength=v) / draws
     assert np.abs(freq[:5] - exact[:5]).max() < 0.03, (freq[:5], exact[:5])
     assert exact[tokens].min() >= exact.max() * np.exp(-PRUNE_NATS) * 0.999  # only survivors of the prune
-    greedy, _ = sample_next(logits[None], [[0, 0, 0, 0, 0]], Sampling(temperature=0.0, presence_penalty=1.0,
-                                                                      frequency_penalty=1.0), [])
+    greedy, _ = sample_next(
+        logits[None], [[0, 0, 0, 0, 0]], Sampling(temperature=0.0, presence_penalty=1.0, frequency_penalty=1.0), []
+    )
     expected = int(np.argmax(penalize(logits[None], [[0, 0, 0, 0, 0]], 1.0, 1.0)[0]))
     assert greedy[0] == expected != 0  # token 0, the raw best, lost 6 to the penalties
     assert PRUNE_NATS >= 10

@@ -26,9 +26,21 @@ ARITH = "If x=3 and y=5, compute x+y."
 
 
 def _summary(generated: int, prompt: int) -> t.Summary:
-    return t.Summary(answer="3+5=8; answer 8", source=t.AnswerSource.REFINED, answer_valid=True, replica="10.0.0.7:50051",
-                     timings=t.Timings(verify_ms=20.0, refine_ttft_ms=10.0, refine_ms=90.0, total_ms=150.0,
-                                       decode_steps=generated, decode_tokens=generated), prompt_tokens=prompt)
+    return t.Summary(
+        answer="3+5=8; answer 8",
+        source=t.AnswerSource.REFINED,
+        answer_valid=True,
+        replica="10.0.0.7:50051",
+        timings=t.Timings(
+            verify_ms=20.0,
+            refine_ttft_ms=10.0,
+            refine_ms=90.0,
+            total_ms=150.0,
+            decode_steps=generated,
+            decode_tokens=generated,
+        ),
+        prompt_tokens=prompt,
+    )
 
 
 class FakePipeline:
@@ -45,11 +57,23 @@ class FakePipeline:
             out = [t.Draft(index=i, text="3+5=9; answer 9", num_tokens=10) for i in range(3)]
             for d in out:
                 on_event(d)
-            return EdgeResult(answer=out[0].text, source="edge_only", valid=False, drafts=out, rounds=1,
-                              timings={"drafting": 40.0, "total": 41.0})
-        result = ResultBuilder(answer="", source="", valid=False, drafts=list(drafts or []), rounds=2,
-                               verdicts={i: t.Verdict(draft_index=i, valid=False) for i in range(3)},
-                               timings={"drafting": 30.0, "total": 400.0})
+            return EdgeResult(
+                answer=out[0].text,
+                source="edge_only",
+                valid=False,
+                drafts=out,
+                rounds=1,
+                timings={"drafting": 40.0, "total": 41.0},
+            )
+        result = ResultBuilder(
+            answer="",
+            source="",
+            valid=False,
+            drafts=list(drafts or []),
+            rounds=2,
+            verdicts={i: t.Verdict(draft_index=i, valid=False) for i in range(3)},
+            timings={"drafting": 30.0, "total": 400.0},
+        )
         result.take(_summary(generated=42, prompt=17))
         return result.freeze()
 
@@ -97,8 +121,10 @@ async def test_auto_reports_the_plans_that_ran_and_learns_each_with_its_own_outc
     assert est.get("quality.edge.arith") == pytest.approx(0.9) and est.counts["quality.edge.arith"] == 10
     assert est.get("quality.escalated.arith") == 1.0 and not est.has("quality.split.arith")
     assert _ratio_count(core, "edge") == 1 and _ratio_count(core, "split") == 1  # each against its own prediction
-    assert core.metrics.registry.get_sample_value("coinfer_edge_requests_total",
-                                                  {"plan": "split", "source": "refined"}) == 1
+    assert (
+        core.metrics.registry.get_sample_value("coinfer_edge_requests_total", {"plan": "split", "source": "refined"})
+        == 1
+    )
     # the next choice sees the escalation coming
     nxt = core.planner.choose("arith", 10, 30, 3, core._edge_state(), cloud_available=True).breakdowns["edge"]
     assert nxt.escalation_p == pytest.approx(0.1) and nxt.escalation_cost_ms > 0

@@ -56,8 +56,9 @@ async def test_cloud_only_plan(draft_engine, channel):
 
 async def test_edge_only_plan_uses_local_rules(draft_engine):
     pipe = EdgePipeline(draft_engine, None)
-    res = await pipe.solve("select", "Pick 2 of A(3,5) B(4,2) C(2,6) D(5,7) with cost<=8.", plan=Plan.EDGE,
-                           sampling=Sampling(n=3, seed=1))
+    res = await pipe.solve(
+        "select", "Pick 2 of A(3,5) B(4,2) C(2,6) D(5,7) with cost<=8.", plan=Plan.EDGE, sampling=Sampling(n=3, seed=1)
+    )
     assert res.source == "edge_only" and len(res.drafts) == 3 and res.summary is None
 
 
@@ -66,7 +67,8 @@ async def test_unreachable_cloud_falls_back_to_best_local_draft(draft_engine):
 
     async with grpc.aio.insecure_channel("127.0.0.1:1") as dead:
         pipe = EdgePipeline(draft_engine, dead)
-        res = await pipe.solve("arith", "If x=2 and y=3, compute x*y+x+y.", sampling=Sampling(n=3, seed=0),
-                               deadline_s=10)
+        res = await pipe.solve(
+            "arith", "If x=2 and y=3, compute x*y+x+y.", sampling=Sampling(n=3, seed=0), deadline_s=10
+        )
     assert res.source == "edge_only" and res.fallback_reason.startswith("UNAVAILABLE")
     assert res.drafts and res.answer in [d.text for d in res.drafts]

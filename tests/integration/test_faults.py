@@ -25,8 +25,12 @@ async def test_fault_campaign(tmp_path):
     assert ab["active_after"] == 0 and set(ab["first_reply"]) <= {"accepted", "RESOURCE_EXHAUSTED"}
     assert ab["first_reply"].get("RESOURCE_EXHAUSTED", 0) > 0  # the per-edge quota held
 
-    assert report["oversized"] == {"Probe 20 MB payload": "RESOURCE_EXHAUSTED", "Probe 1 GB answer": "INVALID_ARGUMENT",
-                                   "Generate 1 MB prompt": "RESOURCE_EXHAUSTED", "HTTP 2 MB body": 413}
+    assert report["oversized"] == {
+        "Probe 20 MB payload": "RESOURCE_EXHAUSTED",
+        "Probe 1 GB answer": "INVALID_ARGUMENT",
+        "Generate 1 MB prompt": "RESOURCE_EXHAUSTED",
+        "HTTP 2 MB body": 413,
+    }
 
     art = report["artefacts"]
     for kind in ("tampered", "truncated"):

@@ -22,8 +22,11 @@ TARGETS = targets()
 
 @pytest.fixture(scope="module")
 async def endpoints(int8_draft, cloud):
-    d = await EdgeDaemon(EdgeConfig(model=str(int8_draft), cloud=f"127.0.0.1:{cloud.port}", grpc_port=0, http_port=0,
-                                    probe_on_start=False)).start()
+    d = await EdgeDaemon(
+        EdgeConfig(
+            model=str(int8_draft), cloud=f"127.0.0.1:{cloud.port}", grpc_port=0, http_port=0, probe_on_start=False
+        )
+    ).start()
     for _ in range(100):  # the health watch sees SERVING
         if d.core.link.serving:
             break
@@ -43,7 +46,8 @@ async def test_hostile_inputs_get_client_errors_that_leak_nothing(target, endpoi
     assert sum(tally.counts[target.name].values()) >= EXAMPLES // 2, tally.counts  # the generator ran
     assert not tally.failures, "\n".join(
         f"{g['what']} x{g['count']}: {g['message'][:200]!r}" + "".join(f"\n  e.g. {e[:400]}" for e in g["examples"])
-        for g in tally.failures)
+        for g in tally.failures
+    )
 
 
 async def test_both_servers_answer_a_normal_request_after_the_campaign(endpoints):
@@ -53,23 +57,45 @@ async def test_both_servers_answer_a_normal_request_after_the_campaign(endpoints
 
 # What the campaign found in the shared rules and parsers (fixed there): each is a client error or a failed
 # rule, where it raised (INTERNAL) or held the event loop for seconds to hours (a regression hangs here).
-_EXPONENTIAL = {"definitions": {f"d{i}": {"anyOf": [{"$ref": f"#/definitions/d{i + 1}"}] * 2} for i in range(30)}
-                | {"d30": {"type": "integer"}}, "$ref": "#/definitions/d0"}
+_EXPONENTIAL = {
+    "definitions": {f"d{i}": {"anyOf": [{"$ref": f"#/definitions/d{i + 1}"}] * 2} for i in range(30)}
+    | {"d30": {"type": "integer"}},
+    "$ref": "#/definitions/d0",
+}
 
 
-@pytest.mark.parametrize("rule, extraction, task, draft, error", [
-    (("json_schema", {"schema": {"$ref": "#"}}), "json", "", '{"a": 1}', "schema_"),
-    (("json_schema", {"schema": {"$ref": "http://example.invalid/s.json"}}), "json", "", '{"a": 1}', "schema_error"),
-    (("json_schema", {"schema": _EXPONENTIAL}), "json", "", '{"a": 1}', "schema_timeout"),
-    (("json_schema", {"schema": {"properties": {"answer": {"pattern": "^(a|aa)+$"}}}}), "json", "",
-     '{"answer": "' + "a" * 60 + '!"}', "schema_"),
-    (("json_schema", {"schema": {"properties": {"answer": {"uniqueItems": True}}}}), "json", "",
-     '{"answer": [' + ",".join(f'{{"a": {i}}}' for i in range(400)) + "]}", ""),
-    (("length", {"max": 9999}), "json", "", "[" * 2000, "parse_error"),
-    (("length", {"max": 9999}), "json", "", '{"a": 1e999}', "parse_error"),
-    (None, "", "arith", "answer " + "9" * 5000, "parse_error"),
-    (None, "", "select", 'x {"ids": ' + "[" * 3000 + "]" * 3000 + "}", "parse_error"),
-])
+@pytest.mark.parametrize(
+    "rule, extraction, task, draft, error",
+    [
+        (("json_schema", {"schema": {"$ref": "#"}}), "json", "", '{"a": 1}', "schema_"),
+        (
+            ("json_schema", {"schema": {"$ref": "http://example.invalid/s.json"}}),
+            "json",
+            "",
+            '{"a": 1}',
+            "schema_error",
+        ),
+        (("json_schema", {"schema": _EXPONENTIAL}), "json", "", '{"a": 1}', "schema_timeout"),
+        (
+            ("json_schema", {"schema": {"properties": {"answer": {"pattern": "^(a|aa)+$"}}}}),
+            "json",
+            "",
+            '{"answer": "' + "a" * 60 + '!"}',
+            "schema_",
+        ),
+        (
+            ("json_schema", {"schema": {"properties": {"answer": {"uniqueItems": True}}}}),
+            "json",
+            "",
+            '{"answer": [' + ",".join(f'{{"a": {i}}}' for i in range(400)) + "]}",
+            "",
+        ),
+        (("length", {"max": 9999}), "json", "", "[" * 2000, "parse_error"),
+        (("length", {"max": 9999}), "json", "", '{"a": 1e999}', "parse_error"),
+        (None, "", "arith", "answer " + "9" * 5000, "parse_error"),
+        (None, "", "select", 'x {"ids": ' + "[" * 3000 + "]" * 3000 + "}", "parse_error"),
+    ],
+)
 def test_hostile_drafts_fail_their_rules(rule, extraction, task, draft, error):
     from coinfer.errors import InvalidArgument
     from coinfer.extract import Extraction
@@ -78,7 +104,9 @@ def test_hostile_drafts_fail_their_rules(rule, extraction, task, draft, error):
 
     spec = {"arith": {"vars": {"x": 1, "y": 2}, "expr": "x+y"}, "select": {"pool": {"A": (1, 2)}, "k": 1, "budget": 5}}
     try:
-        rules = RuleSet([Rule(*rule)] if rule else [], get_task(task), spec.get(task, {}), extraction=Extraction(extraction))
+        rules = RuleSet(
+            [Rule(*rule)] if rule else [], get_task(task), spec.get(task, {}), extraction=Extraction(extraction)
+        )
     except InvalidArgument as exc:  # on a loaded machine checking the schema itself may run past its budget
         assert "took over" in exc.message and error == "schema_timeout", exc
         return
@@ -86,11 +114,14 @@ def test_hostile_drafts_fail_their_rules(rule, extraction, task, draft, error):
     assert res.error.startswith(error) and res.valid == (error == ""), res
 
 
-@pytest.mark.parametrize("params, fragment", [
-    ({"schema": {"not": {"not": {"not": {}}}} | {"allOf": [{"not": {}}] * 5000}}, "at most 4096 values"),
-    ({"schema": {"patternProperties": {"(x+x+)+y": {}}}}, "patternProperties"),
-    ({"field": "answer", "min": float("nan")}, "finite"),
-])
+@pytest.mark.parametrize(
+    "params, fragment",
+    [
+        ({"schema": {"not": {"not": {"not": {}}}} | {"allOf": [{"not": {}}] * 5000}}, "at most 4096 values"),
+        ({"schema": {"patternProperties": {"(x+x+)+y": {}}}}, "patternProperties"),
+        ({"field": "answer", "min": float("nan")}, "finite"),
+    ],
+)
 def test_hostile_rule_params_are_refused_naming_the_field(params, fragment):
     from coinfer.errors import InvalidArgument
     from coinfer.rules import Rule, RuleSet

@@ -19,8 +19,11 @@ from coinfer.rules import Rule
 from coinfer.v1 import coinfer_pb2 as pb
 
 pytestmark = pytest.mark.slow
-CONV = [ChatMessage("system", "You are a helpful assistant."), ChatMessage("user", "Hi"),
-        ChatMessage("assistant", "Hello! How can I help?")]
+CONV = [
+    ChatMessage("system", "You are a helpful assistant."),
+    ChatMessage("user", "Hi"),
+    ChatMessage("assistant", "Hello! How can I help?"),
+]
 
 
 def _problem(seed: int = 3) -> wordprob.WordProblem:
@@ -40,8 +43,14 @@ async def _session(stub, req: t.OpenRequest, drafts: list[str]) -> list:
 async def test_open_session_verifies_extracts_and_refines_from_candidates(stub):
     p = _problem()
     wrong = wordprob.corrupt(p.solution, random.Random(1))
-    req = t.OpenRequest("open-1", "", "", [Rule("arithmetic")], messages=[*CONV, ChatMessage("user", p.prompt)],
-                        extraction=Extraction("marker"))
+    req = t.OpenRequest(
+        "open-1",
+        "",
+        "",
+        [Rule("arithmetic")],
+        messages=[*CONV, ChatMessage("user", p.prompt)],
+        extraction=Extraction("marker"),
+    )
     events = await _session(stub, req, [p.solution, "I am not sure.", wrong, p.solution + " "])
     accepted, verdicts, summary = events[0], [e for e in events if isinstance(e, t.Verdict)], events[-1]
     assert isinstance(accepted, t.SessionAccepted) and accepted.rules == ["arithmetic"]
@@ -67,8 +76,10 @@ async def test_likelihood_threshold_can_say_no(stub):
 
 
 async def test_generate_accepts_a_conversation_and_zero_means_default(stub):
-    msg = pb.GenerateRequest(problem=pb.Problem(messages=[pb.ChatMessage(role="user", content="Explain why the sky is blue.")]),
-                             sampling=pb.SamplingParams(temperature=0.5))  # only temperature: 0 means default elsewhere
+    msg = pb.GenerateRequest(
+        problem=pb.Problem(messages=[pb.ChatMessage(role="user", content="Explain why the sky is blue.")]),
+        sampling=pb.SamplingParams(temperature=0.5),
+    )  # only temperature: 0 means default elsewhere
     events = [convert.event_from_pb(m) async for m in stub.Generate(msg, timeout=120)]
     summary = events[-1]
     assert isinstance(summary, t.Summary) and summary.source == t.AnswerSource.CLOUD
@@ -76,16 +87,39 @@ async def test_generate_accepts_a_conversation_and_zero_means_default(stub):
     assert "no drafts (cloud plan)" in summary.trace  # not "no valid draft after retries": there were none
 
 
-@pytest.mark.parametrize("problem,code,fragment", [
-    (pb.Problem(prompt="q", messages=[pb.ChatMessage(role="user", content="q")]), "INVALID_ARGUMENT", "problem.prompt"),
-    (pb.Problem(messages=[pb.ChatMessage(role="robot", content="q")]), "INVALID_ARGUMENT", "problem.messages[0].role"),
-    (pb.Problem(messages=[pb.ChatMessage(role="user", content="q"), pb.ChatMessage(role="assistant", content="a")]),
-     "INVALID_ARGUMENT", "problem.messages[1].role"),
-    (pb.Problem(prompt="q", extraction=pb.Extraction(kind=pb.EXTRACTION_KIND_REGEX, pattern="(")), "INVALID_ARGUMENT",
-     "problem.extraction.pattern"),
-    (pb.Problem(prompt="q", extraction=pb.Extraction(kind=42)), "INVALID_ARGUMENT", "problem.extraction.kind"),
-    (pb.Problem(prompt="q", rules=[pb.Rule(kind="task_check")]), "INVALID_ARGUMENT", "problem.rules[0].params.check"),
-])
+@pytest.mark.parametrize(
+    "problem,code,fragment",
+    [
+        (
+            pb.Problem(prompt="q", messages=[pb.ChatMessage(role="user", content="q")]),
+            "INVALID_ARGUMENT",
+            "problem.prompt",
+        ),
+        (
+            pb.Problem(messages=[pb.ChatMessage(role="robot", content="q")]),
+            "INVALID_ARGUMENT",
+            "problem.messages[0].role",
+        ),
+        (
+            pb.Problem(
+                messages=[pb.ChatMessage(role="user", content="q"), pb.ChatMessage(role="assistant", content="a")]
+            ),
+            "INVALID_ARGUMENT",
+            "problem.messages[1].role",
+        ),
+        (
+            pb.Problem(prompt="q", extraction=pb.Extraction(kind=pb.EXTRACTION_KIND_REGEX, pattern="(")),
+            "INVALID_ARGUMENT",
+            "problem.extraction.pattern",
+        ),
+        (pb.Problem(prompt="q", extraction=pb.Extraction(kind=42)), "INVALID_ARGUMENT", "problem.extraction.kind"),
+        (
+            pb.Problem(prompt="q", rules=[pb.Rule(kind="task_check")]),
+            "INVALID_ARGUMENT",
+            "problem.rules[0].params.check",
+        ),
+    ],
+)
 async def test_bad_open_requests_name_the_field(stub, problem, code, fragment):
     with pytest.raises(grpc.aio.AioRpcError) as e:
         [m async for m in stub.Generate(pb.GenerateRequest(problem=problem), timeout=60)]
@@ -104,9 +138,16 @@ async def test_split_over_int8_edge_for_a_word_problem(int8_draft, channel):
     edge = OrtDraftEngine(int8_draft)
     pipe = EdgePipeline(edge, channel)
     p = _problem(7)
-    res = await pipe.solve("", p.prompt, [Rule("arithmetic")], Sampling(n=4, seed=1), Plan.SPLIT, 60.0,
-                           extraction=Extraction("marker"),
-                           refine=t.SamplingParams(temperature=0.0, stop=("\n\n\n",)))
+    res = await pipe.solve(
+        "",
+        p.prompt,
+        [Rule("arithmetic")],
+        Sampling(n=4, seed=1),
+        Plan.SPLIT,
+        60.0,
+        extraction=Extraction("marker"),
+        refine=t.SamplingParams(temperature=0.0, stop=("\n\n\n",)),
+    )
     assert res.summary is not None and not res.fallback_reason and res.valid
     assert res.refine_mode in ("accepted", "candidates", "alone") and "answer" in res.fields
     assert sorted(res.verdicts) == sorted(d.index for d in res.drafts)

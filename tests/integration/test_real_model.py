@@ -38,16 +38,18 @@ async def test_the_real_model_answers_paris_in_every_plan(real_daemon, plan):
     extra = {"coinfer": {"plan": plan}}
     # seeded drafts: what is asserted is the pipeline (the answer from the plan asked, finished, no
     # template tokens), not how often a 135M model's temperature-0.3 samples ramble (one in CI did)
-    plain = await client.chat.completions.create(model="coinfer-edge", messages=QUESTION, max_tokens=64, seed=3,
-                                                 extra_body=extra)
+    plain = await client.chat.completions.create(
+        model="coinfer-edge", messages=QUESTION, max_tokens=64, seed=3, extra_body=extra
+    )
     text, info = plain.choices[0].message.content, plain.model_extra["coinfer"]
     assert "Paris" in text, (text, info)
     assert "<|im_" not in text and "<|endoftext|>" not in text  # the template's tokens never leak
     assert plain.choices[0].finish_reason == "stop", info  # it stopped at its end of turn, not the budget
     assert info["plans"][-1] == plan and not info["fallback_reason"], info
 
-    stream = await client.chat.completions.create(model="coinfer-edge", messages=QUESTION, max_tokens=64, seed=3,
-                                                  stream=True, extra_body=extra)
+    stream = await client.chat.completions.create(
+        model="coinfer-edge", messages=QUESTION, max_tokens=64, seed=3, stream=True, extra_body=extra
+    )
     parts, finish = [], None
     async for chunk in stream:
         parts.append(chunk.choices[0].delta.content or "")
@@ -59,7 +61,10 @@ PROMPTS = [
     [{"role": "user", "content": "Explain why the sky is blue."}],
     [{"role": "user", "content": "What is the capital of France? Answer in one word."}],
     [{"role": "user", "content": "Write a haiku about autumn."}],
-    [{"role": "system", "content": "You are a friendly chef."}, {"role": "user", "content": "What is your favourite food?"}],
+    [
+        {"role": "system", "content": "You are a friendly chef."},
+        {"role": "user", "content": "What is your favourite food?"},
+    ],
 ]
 
 
@@ -74,8 +79,9 @@ async def test_natural_prompts_are_answered_by_the_plan_asked_within_the_deadlin
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{real_daemon.http_port}/v1", api_key="unused", max_retries=0)
     for messages in PROMPTS:
         t0 = time.perf_counter()
-        r = await client.chat.completions.create(model="coinfer-edge", messages=messages, max_tokens=128,
-                                                 extra_body={"coinfer": {"plan": plan}})
+        r = await client.chat.completions.create(
+            model="coinfer-edge", messages=messages, max_tokens=128, extra_body={"coinfer": {"plan": plan}}
+        )
         info = r.model_extra["coinfer"]
         assert time.perf_counter() - t0 < 30.0, info
         # the cloud's own answer streams as it is written (docs/api.md, Streaming): a loop is cut there and

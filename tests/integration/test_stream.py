@@ -30,8 +30,12 @@ def _client(daemon):
 async def _streamed(daemon, prompt: str, plan: str) -> tuple[list[tuple[float, str]], float, str, dict]:
     """(each content delta with its arrival time, the finishing chunk's time, its finish_reason, its coinfer block)."""
     stream = await _client(daemon).chat.completions.create(
-        model="coinfer-edge", messages=[{"role": "user", "content": prompt}], stream=True, seed=SEED,
-        extra_body={"coinfer": {"plan": plan}})
+        model="coinfer-edge",
+        messages=[{"role": "user", "content": prompt}],
+        stream=True,
+        seed=SEED,
+        extra_body={"coinfer": {"plan": plan}},
+    )
     deltas, finished, finish, info = [], 0.0, "", {}
     async for chunk in stream:
         now = time.perf_counter()
@@ -45,17 +49,23 @@ async def _streamed(daemon, prompt: str, plan: str) -> tuple[list[tuple[float, s
 
 async def _whole(daemon, prompt: str, plan: str) -> tuple[str, dict]:
     r = await _client(daemon).chat.completions.create(
-        model="coinfer-edge", messages=[{"role": "user", "content": prompt}], seed=SEED,
-        extra_body={"coinfer": {"plan": plan}})
+        model="coinfer-edge",
+        messages=[{"role": "user", "content": prompt}],
+        seed=SEED,
+        extra_body={"coinfer": {"plan": plan}},
+    )
     return r.choices[0].message.content, r.model_extra["coinfer"]
 
 
 async def _solved(daemon, prompt: str, plan: str) -> tuple[str, epb.SolveResult]:
     """What a gRPC client showing chunks as they come ends on (resets withdraw), and the result."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.grpc_port}") as ch:
-        req = epb.SolveRequest(problem=pb.Problem(messages=[pb.ChatMessage(role="user", content=prompt)]), plan=plan,
-                               # the drafts' defaults as HTTP's (over gRPC, 0 is greedy), seeded alike
-                               sampling=convert.to_pb(t.SamplingParams(seed=SEED), pb.SamplingParams))
+        req = epb.SolveRequest(
+            problem=pb.Problem(messages=[pb.ChatMessage(role="user", content=prompt)]),
+            plan=plan,
+            # the drafts' defaults as HTTP's (over gRPC, 0 is greedy), seeded alike
+            sampling=convert.to_pb(t.SamplingParams(seed=SEED), pb.SamplingParams),
+        )
         events = [ev async for ev in epb_grpc.CoinferEdgeStub(ch).Solve(req, timeout=120)]
     shown = ""
     for ev in events:

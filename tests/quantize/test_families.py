@@ -12,8 +12,10 @@ from tests.families import FAMILIES, build
 
 pytestmark = pytest.mark.slow
 SCHEMES = ("dynamic", "static", "weight-only")
-LONG_TURN = ("Explain how a rainbow forms, step by step, then list three uses of a paperclip and answer in JSON "
-             "with keys name and age. 用一句话介绍长城。")
+LONG_TURN = (
+    "Explain how a rainbow forms, step by step, then list three uses of a paperclip and answer in JSON "
+    "with keys name and age. 用一句话介绍长城。"
+)
 
 
 def _linear_count(model_dir, fused: bool = False) -> int:
@@ -42,8 +44,12 @@ def family(request, tmp_path_factory):
     ids = AutoTokenizer.from_pretrained(str(hf))(text, add_special_tokens=False)["input_ids"]
     export_dir(hf, root / "onnx", parity_prompt=ids, parity_steps=16)
     for scheme in SCHEMES:  # structure-checked here; the gates have their own test
-        int8_dir(root / "onnx", root / scheme, QuantConfig(scheme=scheme, calib_prompts=8),
-                 BuildOptions(gates=None, progress=False))
+        int8_dir(
+            root / "onnx",
+            root / scheme,
+            QuantConfig(scheme=scheme, calib_prompts=8),
+            BuildOptions(gates=None, progress=False),
+        )
     return name, root
 
 
@@ -76,8 +82,10 @@ def test_the_gates_judge_a_model_without_tasks(family):
     from coinfer.quantize.gates import GateConfig, gate_dirs
 
     name, root = family
-    results = {r.name: r for r in gate_dirs(root / "onnx", root / "static", GateConfig(prompts=8, max_new_tokens=16),
-                                            progress=False)}
+    results = {
+        r.name: r
+        for r in gate_dirs(root / "onnx", root / "static", GateConfig(prompts=8, max_new_tokens=16), progress=False)
+    }
     assert results["top1_agreement"].value >= 0.85, results["top1_agreement"].message
     assert results["nll_delta"].value <= 0.1, results["nll_delta"].message
     assert results["kl_divergence"].value <= 0.05, results["kl_divergence"].message
@@ -93,7 +101,9 @@ def test_edge_drafts_five_for_a_chat_prompt_and_honours_stop_strings(family):
     name, root = family
     engine = OrtDraftEngine(root / "static")  # static INT8: batch-invariant, so a row's tokens ignore its batch-mates
     prompt = engine.render([ChatMessage("system", "You are terse."), ChatMessage("user", "Write a haiku about rain.")])
-    s = Sampling(n=5, temperature=1.0, top_p=1.0, presence_penalty=0.0, frequency_penalty=0.0, max_new_tokens=24, seed=7)
+    s = Sampling(
+        n=5, temperature=1.0, top_p=1.0, presence_penalty=0.0, frequency_penalty=0.0, max_new_tokens=24, seed=7
+    )
     free = engine.generate(prompt, s)
     assert [d.index for d in free] == list(range(5))
     longest = max(free, key=lambda d: len(d.text)).text
@@ -123,7 +133,7 @@ def test_vllm_serves_the_same_directory(family, offline_vllm):
     served_ids = offline_vllm.greedy(EngineConfig(model=str(root / "hf"), dtype="float32"), ids, 8)  # ids, not text
     hf = AutoModelForCausalLM.from_pretrained(str(root / "hf"), dtype=torch.float32, attn_implementation="eager")
     with torch.no_grad():  # transformers' logits along vLLM's greedy path
-        logits = hf(torch.tensor([ids + served_ids])).logits[0, len(ids) - 1:-1]
+        logits = hf(torch.tensor([ids + served_ids])).logits[0, len(ids) - 1 : -1]
     assert len(served_ids) == 8
     # each served token is transformers' argmax, up to a near tie of two float32 kernels (random weights give
     # flat distributions: a 1e-4 gap is a tie, a different model would miss by whole logits)
@@ -155,13 +165,31 @@ def test_external_data_through_export_int8_and_the_edge(tmp_path):
 
     build("qwen2", tmp_path / "hf")
     assert main(["export", str(tmp_path / "hf"), str(tmp_path / "onnx"), "--external-data", "always", "--quiet"]) == 0
-    assert (tmp_path / "onnx" / "model.onnx.data").stat().st_size > 10 * (tmp_path / "onnx" / "model.onnx").stat().st_size
+    assert (tmp_path / "onnx" / "model.onnx.data").stat().st_size > 10 * (
+        tmp_path / "onnx" / "model.onnx"
+    ).stat().st_size
     for scheme in SCHEMES:
         out = tmp_path / scheme
-        assert main(["int8", str(tmp_path / "onnx"), str(out), "--scheme", scheme, "--quiet", "--no-gates",
-                     "--calib-prompts", "4"]) == 0, scheme
-        assert has_external_data(out / "model.onnx") and sorted(p.name for p in out.iterdir() if "onnx" in p.name) == \
-            ["model.onnx", "model.onnx.data"], scheme
+        assert (
+            main(
+                [
+                    "int8",
+                    str(tmp_path / "onnx"),
+                    str(out),
+                    "--scheme",
+                    scheme,
+                    "--quiet",
+                    "--no-gates",
+                    "--calib-prompts",
+                    "4",
+                ]
+            )
+            == 0
+        ), scheme
+        assert has_external_data(out / "model.onnx") and sorted(p.name for p in out.iterdir() if "onnx" in p.name) == [
+            "model.onnx",
+            "model.onnx.data",
+        ], scheme
         manifest = json.loads((out / "manifest.json").read_text())
         assert "model.onnx.data" in manifest["files"] and manifest["checks"]["passed"]
         engine = OrtDraftEngine(out)  # the manifest covers the weights file too
@@ -208,7 +236,7 @@ def test_kv_buffer_export_writes_the_cache_in_place(name, tmp_path):
     logits, past = engine.lm.step(logits.argmax(-1)[:, None].astype(np.int64), past)
     assert isinstance(past, Buffers) and past.length == len(ids) + 1
     assert [v.data_ptr() for v in past] == ptrs  # written in place: the same memory every step
-    assert np.abs(past[0].numpy()[0, :, len(ids)]).sum() > 0 and not past[0].numpy()[0, :, len(ids) + 1:].any()
+    assert np.abs(past[0].numpy()[0, :, len(ids)]).sum() > 0 and not past[0].numpy()[0, :, len(ids) + 1 :].any()
 
     export_dir(hf, tmp_path / "concat")
     concat = OrtDraftEngine(tmp_path / "concat")
@@ -216,8 +244,9 @@ def test_kv_buffer_export_writes_the_cache_in_place(name, tmp_path):
     s = Sampling(n=3, temperature=0.0, max_new_tokens=12, presence_penalty=0.0, frequency_penalty=0.0)
     assert [d.token_ids for d in engine.generate(prompt, s)] == [d.token_ids for d in concat.generate(prompt, s)]
 
-    int8_dir(tmp_path / "buffer", tmp_path / "int8", QuantConfig(scheme="dynamic"),
-             BuildOptions(gates=None, progress=False))
+    int8_dir(
+        tmp_path / "buffer", tmp_path / "int8", QuantConfig(scheme="dynamic"), BuildOptions(gates=None, progress=False)
+    )
     checked, problems = check_structure(tmp_path / "int8" / "model.onnx")
     assert problems == [] and checked == _linear_count(hf, fused=True)
     q = OrtDraftEngine(tmp_path / "int8")

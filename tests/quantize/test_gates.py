@@ -43,7 +43,9 @@ def test_the_measures_are_the_textbook_ones():
     assert gates["kl_divergence"].value == pytest.approx(kl) and gates["nll_delta"].value == pytest.approx(nll)
     assert f"perplexity x{math.exp(nll):.3f}" in gates["nll_delta"].detail
     for name in TASK_FREE:  # each failing gate names its measure and the miss
-        assert not gates[name].passed and gates[name].message.startswith(f"{name} ") and "FAIL by" in gates[name].message
+        assert (
+            not gates[name].passed and gates[name].message.startswith(f"{name} ") and "FAIL by" in gates[name].message
+        )
 
 
 def test_greedy_match_is_reported_never_failed():
@@ -65,8 +67,9 @@ def test_without_gradable_prompts_the_accuracy_gate_names_the_gates_that_judge()
     assert "not applicable" in msg and all(n in msg for n in TASK_FREE) and "greedy" not in msg
 
 
-@pytest.mark.parametrize("field, value", [("max_kl_divergence", -0.1), ("max_nll_delta", 11.0),
-                                          ("min_top1_agreement", 1.5)])
+@pytest.mark.parametrize(
+    "field, value", [("max_kl_divergence", -0.1), ("max_nll_delta", 11.0), ("min_top1_agreement", 1.5)]
+)
 def test_bad_thresholds_are_refused(field, value):
     with pytest.raises(ValueError, match=field):
         GateConfig(**{field: value}).validate()
@@ -99,8 +102,21 @@ def _weight_of(onnx_dir, module: str) -> str:
 
 
 def _check(main, capsys, reference, candidate, *extra) -> tuple[int, dict]:
-    rc = main(["check", str(candidate), "--reference", str(reference), "--prompts", "12", "--max-new-tokens", "32",
-               "--json", "--quiet", *extra])
+    rc = main(
+        [
+            "check",
+            str(candidate),
+            "--reference",
+            str(reference),
+            "--prompts",
+            "12",
+            "--max-new-tokens",
+            "32",
+            "--json",
+            "--quiet",
+            *extra,
+        ]
+    )
     return rc, {g["name"]: g for g in json.loads(capsys.readouterr().out)["gates"]["gates"]}
 
 

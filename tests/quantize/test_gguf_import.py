@@ -62,9 +62,15 @@ def _llama_gguf(model, tok, path, eos: str):
     w.add_chat_template(tok.chat_template)
     sd = {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()}
     w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
-    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down"}
+    names = {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
         for hf, gg in names.items():
@@ -88,8 +94,16 @@ def tiny(tmp_path_factory):
 
     tok = tokenizer("qwen2")
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
     model = LlamaForCausalLM(cfg).eval()
     return model, tok, _llama_gguf(model, tok, tmp_path_factory.mktemp("gguf") / "tiny.gguf", "<|endoftext|>")
 
@@ -115,8 +129,9 @@ def test_a_gguf_round_trip_keeps_logits_tokens_template_and_stops_at_end_of_turn
     text = "Explain how a rainbow forms.<|im_end|> 用一句话介绍长城。 17 times 23"
     assert back(text)["input_ids"] == tok(text)["input_ids"] and back.eos_token == "<|im_end|>"
     chat = [{"role": "user", "content": "Hi"}]
-    assert back.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
-        tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert back.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == tok.apply_chat_template(
+        chat, tokenize=False, add_generation_prompt=True
+    )
     assert main(["import", str(f), str(out)]) == 2  # an existing output is never overwritten
     assert "output directory exists" in capsys.readouterr().err
 
@@ -176,12 +191,13 @@ def test_smollm2_imports_with_chatml_and_stops_at_im_end(smollm2_hf):
     question = [ChatMessage("user", "What is the capital of France?")]
     text = ChatFormat.from_dir(smollm2).render(question)  # the edge's renderer of the saved template
     assert text.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
-    assert text == tok.apply_chat_template([{"role": "user", "content": question[0].content}], tokenize=False,
-                                           add_generation_prompt=True)
+    assert text == tok.apply_chat_template(
+        [{"role": "user", "content": question[0].content}], tokenize=False, add_generation_prompt=True
+    )
     model = AutoModelForCausalLM.from_pretrained(str(smollm2)).eval()
     ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
     with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=32, do_sample=False)[0, ids.shape[1]:].tolist()
+        out = model.generate(ids, max_new_tokens=32, do_sample=False)[0, ids.shape[1] :].tolist()
     answer = tok.decode(out, skip_special_tokens=True)
     print(f"SmolLM2 (transformers, greedy): {answer!r}")
     assert "Paris" in answer and out[-1] == im_end  # stopped at its end of turn, not at the token budget

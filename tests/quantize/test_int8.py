@@ -52,8 +52,9 @@ def test_each_scheme_is_per_channel_smaller_and_passes_its_gates(built, artifact
     assert manifest["providers"] and manifest["source"]["sha256"] and manifest["tokenizer_sha256"]
     assert manifest["params"]["embeddings"] == "fp16" and manifest["params"]["fp16_tables"]
     ops = {n.op_type for n in onnx.load(str(d / "model.onnx")).graph.node}
-    assert {"dynamic": "MatMulInteger", "static": "DequantizeLinear", "weight-only": "MatMulNBits"}[scheme] in ops \
-        or (scheme == "dynamic" and "DynamicQuantizeLinear" in ops)
+    assert {"dynamic": "MatMulInteger", "static": "DequantizeLinear", "weight-only": "MatMulNBits"}[scheme] in ops or (
+        scheme == "dynamic" and "DynamicQuantizeLinear" in ops
+    )
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -89,8 +90,12 @@ def _build_raw(artifacts, out, cfg: QuantConfig):
         from coinfer.quantize.prompts import task_prompts
 
         tok = Tokenizer.from_file(str(artifacts.draft_onnx / "tokenizer.json"))
-        reader = lambda: KvCalibrationReader(artifacts.draft_onnx / "model.onnx", tok,  # noqa: E731
-                                             task_prompts(4, held_out=False), decode_steps=2)
+        reader = lambda: KvCalibrationReader(  # noqa: E731
+            artifacts.draft_onnx / "model.onnx",
+            tok,
+            task_prompts(4, held_out=False),
+            decode_steps=2,
+        )
     quantize_model(artifacts.draft_onnx / "model.onnx", out / "model.onnx", cfg, calibration=reader)
     return out
 
@@ -113,8 +118,9 @@ def test_gates_fail_a_broken_model_and_say_which_by_how_much(artifacts, tmp_path
             init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 4, init.name))
     onnx.save(model, str(d / "model.onnx"))
     assert check_structure(d / "model.onnx")[1] == []  # structurally fine: only the gates can tell
-    rc = main(["check", str(d), "--reference", str(artifacts.draft_onnx), "--allow-unverified", "--quiet",
-               "--prompts", "12"])
+    rc = main(
+        ["check", str(d), "--reference", str(artifacts.draft_onnx), "--allow-unverified", "--quiet", "--prompts", "12"]
+    )
     out = capsys.readouterr().out
     assert rc == 1
     assert "top1_agreement" in out and "FAIL by" in out
@@ -122,8 +128,18 @@ def test_gates_fail_a_broken_model_and_say_which_by_how_much(artifacts, tmp_path
 
 def test_failed_gate_publishes_nothing_unless_kept_and_the_edge_refuses_it(artifacts, tmp_path, capsys):
     out = tmp_path / "strict"
-    args = ["int8", str(artifacts.draft_onnx), str(out), "--min-top1-agreement", "1.0", "--max-kl-divergence", "0.0",
-            "--prompts", "16", "--quiet"]
+    args = [
+        "int8",
+        str(artifacts.draft_onnx),
+        str(out),
+        "--min-top1-agreement",
+        "1.0",
+        "--max-kl-divergence",
+        "0.0",
+        "--prompts",
+        "16",
+        "--quiet",
+    ]
     assert main(args) == 1
     assert "NOT published" in capsys.readouterr().out and not out.exists()
     assert list(tmp_path.iterdir()) == []
@@ -138,21 +154,54 @@ def test_failed_gate_publishes_nothing_unless_kept_and_the_edge_refuses_it(artif
 def test_static_calibration_file(artifacts, tmp_path, capsys):
     good = tmp_path / "calib.jsonl"
     good.write_text('{"task": "arith", "prompt": "If x=3 and y=4, compute x*y."}\n\n{"prompt": "free text"}\n')
-    assert main(["int8", str(artifacts.draft_onnx), str(tmp_path / "s"), "--scheme", "static", "--calibration",
-                 str(good), "--no-gates", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "int8",
+                str(artifacts.draft_onnx),
+                str(tmp_path / "s"),
+                "--scheme",
+                "static",
+                "--calibration",
+                str(good),
+                "--no-gates",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert check_structure(tmp_path / "s" / "model.onnx")[1] == []
-    for body, msg in [('{"prompt": "ok"}\nnot json\n', "calib.jsonl:2: not JSON"),
-                      ('{"task": "poetry", "prompt": "x"}\n', "task: unknown 'poetry'"),
-                      ('{"text": "x"}\n', 'non-empty string "prompt"'),
-                      ("", "no prompts")]:
+    for body, msg in [
+        ('{"prompt": "ok"}\nnot json\n', "calib.jsonl:2: not JSON"),
+        ('{"task": "poetry", "prompt": "x"}\n', "task: unknown 'poetry'"),
+        ('{"text": "x"}\n', 'non-empty string "prompt"'),
+        ("", "no prompts"),
+    ]:
         good.write_text(body)
-        assert main(["int8", str(artifacts.draft_onnx), str(tmp_path / "bad"), "--scheme", "static",
-                     "--calibration", str(good), "--quiet"]) == 2
+        assert (
+            main(
+                [
+                    "int8",
+                    str(artifacts.draft_onnx),
+                    str(tmp_path / "bad"),
+                    "--scheme",
+                    "static",
+                    "--calibration",
+                    str(good),
+                    "--quiet",
+                ]
+            )
+            == 2
+        )
         assert msg in capsys.readouterr().err
         assert not (tmp_path / "bad").exists()
     good.write_bytes(b'{"prompt": "\xff"}\n')
-    assert main(["int8", str(artifacts.draft_onnx), str(tmp_path / "bad"), "--scheme", "static",
-                 "--calibration", str(good)]) == 2
+    assert (
+        main(
+            ["int8", str(artifacts.draft_onnx), str(tmp_path / "bad"), "--scheme", "static", "--calibration", str(good)]
+        )
+        == 2
+    )
     assert "not UTF-8" in capsys.readouterr().err
 
 
@@ -187,8 +236,10 @@ def test_bench_rounds_report_each_models_median():
     machine's speed falls on every model alike), the peak RSS the largest seen."""
     from coinfer.quantize.bench import _median_row
 
-    runs = [{"model": "m", "read_ms": r, "decode_ms_b1": b1, "decode_ms_step_b5": b5, "peak_rss_mb": rss, "batch": 5}
-            for r, b1, b5, rss in [(9.0, 30.0, 40.0, 100.0), (1.0, 10.0, 12.0, 300.0), (2.0, 11.0, 13.0, 200.0)]]
+    runs = [
+        {"model": "m", "read_ms": r, "decode_ms_b1": b1, "decode_ms_step_b5": b5, "peak_rss_mb": rss, "batch": 5}
+        for r, b1, b5, rss in [(9.0, 30.0, 40.0, 100.0), (1.0, 10.0, 12.0, 300.0), (2.0, 11.0, 13.0, 200.0)]
+    ]
     row = _median_row(runs)
     assert (row["read_ms"], row["decode_ms_b1"], row["decode_ms_step_b5"]) == (2.0, 11.0, 13.0)
     assert row["peak_rss_mb"] == 300.0 and row["rounds"] == 3 and row["batch"] == 5 and row["model"] == "m"
@@ -206,8 +257,20 @@ def test_cli_bad_input_exits_2_and_leaves_nothing(tmp_path, artifacts, capsys):
     assert main(["int8", str(corrupt), str(tmp_path / "out3")]) == 2
     assert "not a valid ONNX model" in capsys.readouterr().err
     assert main(["check", str(corrupt)]) == 2
-    assert main(["int8", str(artifacts.draft_onnx), str(tmp_path / "out4"), "--block-size", "100",
-                 "--scheme", "weight-only"]) == 2
+    assert (
+        main(
+            [
+                "int8",
+                str(artifacts.draft_onnx),
+                str(tmp_path / "out4"),
+                "--block-size",
+                "100",
+                "--scheme",
+                "weight-only",
+            ]
+        )
+        == 2
+    )
     assert "block_size" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt", "exists"]
     assert main(["check", str(artifacts.draft_onnx), "--json"]) == 1
@@ -222,12 +285,19 @@ def test_fp16_embeddings_only_touch_tables_read_by_gather_alone(tmp_path):
     table = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3), "table")
     shared = numpy_helper.from_array(np.ones((4, 3), np.float32), "shared")  # tied: also a MatMul weight
     g = helper.make_graph(
-        [helper.make_node("Gather", ["table", "ids"], ["e"], name="g1"),
-         helper.make_node("Gather", ["shared", "ids"], ["f"], name="g2"),
-         helper.make_node("MatMul", ["x", "shared"], ["y"], name="mm")],
-        "t", [helper.make_tensor_value_info("ids", TensorProto.INT64, [2]),
-              helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("e", "f", "y")], [table, shared])
+        [
+            helper.make_node("Gather", ["table", "ids"], ["e"], name="g1"),
+            helper.make_node("Gather", ["shared", "ids"], ["f"], name="g2"),
+            helper.make_node("MatMul", ["x", "shared"], ["y"], name="mm"),
+        ],
+        "t",
+        [
+            helper.make_tensor_value_info("ids", TensorProto.INT64, [2]),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+        ],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("e", "f", "y")],
+        [table, shared],
+    )
     path = tmp_path / "m.onnx"
     onnx.save(helper.make_model(g), str(path))
     assert fp16_embeddings(path) == ["table"]
@@ -241,11 +311,29 @@ def test_gates_on_the_users_own_prompts(artifacts, int8_draft, tmp_path, capsys)
     """--prompts-file: the user's chat requests drive the gates; free prompts are not graded, so the
     accuracy gate says it cannot judge instead of passing silently."""
     f = tmp_path / "mine.jsonl"
-    f.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in (
-        "Explain why the sky is blue.", "Tom has 3 apples and buys 4 more. How many apples does he have?",
-        "Write a haiku about the sea.")))
-    rc = main(["check", str(int8_draft), "--reference", str(artifacts.draft_onnx), "--prompts-file", str(f),
-               "--prompts", "3", "--json"])
+    f.write_text(
+        "".join(
+            json.dumps({"prompt": q}) + "\n"
+            for q in (
+                "Explain why the sky is blue.",
+                "Tom has 3 apples and buys 4 more. How many apples does he have?",
+                "Write a haiku about the sea.",
+            )
+        )
+    )
+    rc = main(
+        [
+            "check",
+            str(int8_draft),
+            "--reference",
+            str(artifacts.draft_onnx),
+            "--prompts-file",
+            str(f),
+            "--prompts",
+            "3",
+            "--json",
+        ]
+    )
     report = json.loads(capsys.readouterr().out)
     gates = {g["name"]: g for g in report["gates"]["gates"]}
     assert "3 prompts" in gates["top1_agreement"]["detail"]
@@ -257,8 +345,20 @@ def test_keep_float_leaves_the_named_matmuls_float_and_auto_keeps_none_of_the_de
     """A named module stays float (recorded, and the structure check accepts exactly it); the
     outlier pass finds no massive-activation input in the demo draft, so ``auto`` quantizes all."""
     named = tmp_path / "named"
-    assert main(["int8", str(artifacts.draft_onnx), str(named), "--keep-float", "layers.0.mlp.down_proj",
-                 "--no-gates", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "int8",
+                str(artifacts.draft_onnx),
+                str(named),
+                "--keep-float",
+                "layers.0.mlp.down_proj",
+                "--no-gates",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     manifest = json.loads((named / "manifest.json").read_text())
     assert manifest["params"]["keep_float"] == ["layers.0.mlp.down_proj"] and manifest["params"]["kept_float"] == 1
     graph = onnx.load(str(named / "model.onnx"), load_external_data=False).graph
@@ -273,12 +373,15 @@ def test_keep_float_leaves_the_named_matmuls_float_and_auto_keeps_none_of_the_de
     assert all(s["ratio"] < 100 for s in params["outliers"].values()) and len(params["outliers"]) == 6
 
 
-@pytest.mark.parametrize("name,keep,kept", [
-    ("model.layers.11.mlp.down_proj", ("layers.11.mlp.down_proj",), True),
-    ("model.layers.11.mlp.down_proj", ("layers.1.mlp.down_proj",), False),  # a dotted name is a whole suffix
-    ("model.layers.11.mlp.down_proj", ("down_proj",), True),
-    ("model.layers.11.mlp.up_proj", ("down_proj",), False),
-])
+@pytest.mark.parametrize(
+    "name,keep,kept",
+    [
+        ("model.layers.11.mlp.down_proj", ("layers.11.mlp.down_proj",), True),
+        ("model.layers.11.mlp.down_proj", ("layers.1.mlp.down_proj",), False),  # a dotted name is a whole suffix
+        ("model.layers.11.mlp.down_proj", ("down_proj",), True),
+        ("model.layers.11.mlp.up_proj", ("down_proj",), False),
+    ],
+)
 def test_keep_float_names_match_whole_module_suffixes(name, keep, kept):
     from onnx import helper
 

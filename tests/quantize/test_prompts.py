@@ -25,21 +25,29 @@ def test_task_prompts_come_from_the_requested_side_of_the_split():
 
 def test_prompt_file_lines(tmp_path):
     f = tmp_path / "c.jsonl"
-    f.write_text(json.dumps({"task": "arith", "prompt": "If x=1 and y=2, compute x+y."}) + "\n\n" + json.dumps({"prompt": "hi"}) + "\n")
+    f.write_text(
+        json.dumps({"task": "arith", "prompt": "If x=1 and y=2, compute x+y."})
+        + "\n\n"
+        + json.dumps({"prompt": "hi"})
+        + "\n"
+    )
     got = read_prompt_file(f)
     assert [p.text for p in got] == ["If x=1 and y=2, compute x+y.", "hi"]
     assert got[0].problem is not None and got[1].problem is None
 
 
-@pytest.mark.parametrize("body,msg", [
-    ("[1, 2]\n", "c.jsonl:1: expected an object"),
-    ('{"prompt": ""}\n', "c.jsonl:1: expected an object"),
-    ('{"prompt": "a"}\n{oops\n', "c.jsonl:2: not JSON"),
-    ('{"prompt": "a", "task": "nope"}\n', "task: unknown 'nope'"),
-    ('{"prompt": "Compute 1+2.", "task": "arith"}\n', "c.jsonl:1: problem.prompt: not an arith problem"),
-    ('{"prompt": "' + "x" * 5000 + '"}\n', "exceeds 4096"),
-    ("\n\n", "no prompts"),
-])
+@pytest.mark.parametrize(
+    "body,msg",
+    [
+        ("[1, 2]\n", "c.jsonl:1: expected an object"),
+        ('{"prompt": ""}\n', "c.jsonl:1: expected an object"),
+        ('{"prompt": "a"}\n{oops\n', "c.jsonl:2: not JSON"),
+        ('{"prompt": "a", "task": "nope"}\n', "task: unknown 'nope'"),
+        ('{"prompt": "Compute 1+2.", "task": "arith"}\n', "c.jsonl:1: problem.prompt: not an arith problem"),
+        ('{"prompt": "' + "x" * 5000 + '"}\n', "exceeds 4096"),
+        ("\n\n", "no prompts"),
+    ],
+)
 def test_bad_prompt_files_name_the_line(tmp_path, body, msg):
     f = tmp_path / "c.jsonl"
     f.write_text(body)

@@ -38,11 +38,22 @@ def at(hms: str) -> float:
 
 def test_the_log_is_parsed_with_each_stall_s_stack():
     stalls = parse_stalls(LOG)
-    assert [(s.held_ms, s.on_cpu_ms) for s in stalls] == [(900, 850), (63, 7), (310, 290), (120, 110), (90, 60),
-                                                          (80, 70), (5000, 4000)]
+    assert [(s.held_ms, s.on_cpu_ms) for s in stalls] == [
+        (900, 850),
+        (63, 7),
+        (310, 290),
+        (120, 110),
+        (90, 60),
+        (80, 70),
+        (5000, 4000),
+    ]
     assert stalls[0].at == "2026-11-30 21:10:05,500" and stalls[0].t == at("21:10:05.5")
     assert stalls[1].stack.strip().startswith("(no Python frame was seen")
-    assert [(s.queued_ms, s.gc_ms) for s in stalls[:3]] == [(0, 0), (50, 4), (0, 0)]  # the split is in newer servers' lines only
+    assert [(s.queued_ms, s.gc_ms) for s in stalls[:3]] == [
+        (0, 0),
+        (50, 4),
+        (0, 0),
+    ]  # the split is in newer servers' lines only
     # the stack ends at the next unindented line (here another process' output), not only at a timestamp
     assert stalls[2].stack.splitlines() == LOG.split("loop thread was in:\n")[3].splitlines()[:4]
     assert "EngineCore" not in stalls[2].stack and all(s.threshold_ms == 50 for s in stalls)
@@ -54,14 +65,31 @@ def test_only_stalls_while_the_targets_ran_count_per_target_too():
     # the startup stall (21:10:05) and the one at shutdown (21:20:00) are outside the campaign
     assert (r["stalls"], r["max_held_ms"], r["max_on_cpu_ms"], r["on_cpu_over_50ms"]) == (5, 310, 290, 4)
     assert r["by_target"] == {
-        "edge.Status": {"stalls": 1, "max_held_ms": 63, "max_on_cpu_ms": 7, "max_queued_ms": 50, "max_gc_ms": 4, "suppressed": 3,
-                        "on_cpu_over_50ms": 0},
-        "http.chat": {"stalls": 4, "max_held_ms": 310, "max_on_cpu_ms": 290, "max_queued_ms": 0, "max_gc_ms": 0, "suppressed": 0,
-                      "on_cpu_over_50ms": 4}}
+        "edge.Status": {
+            "stalls": 1,
+            "max_held_ms": 63,
+            "max_on_cpu_ms": 7,
+            "max_queued_ms": 50,
+            "max_gc_ms": 4,
+            "suppressed": 3,
+            "on_cpu_over_50ms": 0,
+        },
+        "http.chat": {
+            "stalls": 4,
+            "max_held_ms": 310,
+            "max_on_cpu_ms": 290,
+            "max_queued_ms": 0,
+            "max_gc_ms": 0,
+            "suppressed": 0,
+            "on_cpu_over_50ms": 4,
+        },
+    }
     kept = r["on_cpu_stacks"]
     assert [(k["at"], k["target"], k["on_cpu_ms"]) for k in kept] == [
-        ("2026-11-30 21:13:20,250", "http.chat", 290), ("2026-11-30 21:13:21,000", "http.chat", 110),
-        ("2026-11-30 21:13:22,000", "http.chat", 60)]  # the first three only
+        ("2026-11-30 21:13:20,250", "http.chat", 290),
+        ("2026-11-30 21:13:21,000", "http.chat", 110),
+        ("2026-11-30 21:13:22,000", "http.chat", 60),
+    ]  # the first three only
     assert kept[0]["stack"].endswith("json.loads(body)")
 
 
@@ -72,9 +100,11 @@ def test_no_stall_and_no_target_give_zeros():
 
 
 def test_an_info_stall_of_an_idle_loop_is_counted_too():
-    line = ("2026-12-02 01:00:00,000 INFO coinfer.loop: event loop held 71 ms (threshold 50 ms), 2 ms of it on CPU, "
-            "46 ms waiting for a core, 0 ms collecting garbage; the loop thread was in:\n"
-            "  (idle in select: no code on the loop held it; the process was not scheduled or a native call in "
-            "another thread held the GIL)\n")
+    line = (
+        "2026-12-02 01:00:00,000 INFO coinfer.loop: event loop held 71 ms (threshold 50 ms), 2 ms of it on CPU, "
+        "46 ms waiting for a core, 0 ms collecting garbage; the loop thread was in:\n"
+        "  (idle in select: no code on the loop held it; the process was not scheduled or a native call in "
+        "another thread held the GIL)\n"
+    )
     (stall,) = parse_stalls(line)
     assert (stall.held_ms, stall.on_cpu_ms, stall.queued_ms) == (71.0, 2.0, 46.0) and "idle in select" in stall.stack

@@ -29,8 +29,9 @@ async def _call(ch, kind: str, method: str, payload: bytes):
     return [m async for m in ch.stream_stream(path)(iter([payload]), timeout=5)]
 
 
-@pytest.mark.parametrize("kind, method", [("unary", "Status"), ("unary", "Probe"), ("stream", "Generate"),
-                                          ("bidi", "Session")])
+@pytest.mark.parametrize(
+    "kind, method", [("unary", "Status"), ("unary", "Probe"), ("stream", "Generate"), ("bidi", "Session")]
+)
 async def test_undecodable_bytes_are_invalid_argument(server, kind, method):
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         for payload in GARBAGE:
@@ -54,7 +55,8 @@ async def test_health_and_reflection_pass_the_guard(server):
         assert (await anext(aiter(watch))).status == health_pb2.HealthCheckResponse.NOT_SERVING
         watch.cancel()
         refl = reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo(
-            iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+        )
         names = {s.name async for r in refl for s in r.list_services_response.service}
         assert "coinfer.v1.CoinferCloud" in names
         with pytest.raises(grpc.aio.AioRpcError) as err:

@@ -57,7 +57,10 @@ def test_start_up_stalls_are_summed_in_one_line_and_serving_ones_warned(caplog):
 
     with caplog.at_level(logging.DEBUG, logger="coinfer.loop"):
         watch = asyncio.run(main())
-    assert watch.startup_stalls == 2 and 0.15 < watch.startup_worst_s < 0.5, (watch.startup_stalls, watch.startup_worst_s)
+    assert watch.startup_stalls == 2 and 0.15 < watch.startup_worst_s < 0.5, (
+        watch.startup_stalls,
+        watch.startup_worst_s,
+    )
     assert watch.stalls == 1 and 0.25 < watch.worst_s < 1.0
     assert sum(lag > 0.12 for lag in lags) == 1 and max(lags) > 0.25  # only the serving stall reached the histogram
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -123,8 +126,11 @@ def test_time_in_the_garbage_collector_is_told_apart(caplog):
     with caplog.at_level(logging.WARNING, logger="coinfer.loop"):
         took = asyncio.run(main())
     assert keep
-    collecting = [float(m.split(" ms collecting garbage")[0].rsplit(", ", 1)[1])
-                  for m in (r.getMessage() for r in caplog.records) if "collecting garbage" in m]
+    collecting = [
+        float(m.split(" ms collecting garbage")[0].rsplit(", ", 1)[1])
+        for m in (r.getMessage() for r in caplog.records)
+        if "collecting garbage" in m
+    ]
     assert max(collecting) >= 0.5 * took * 1e3, (collecting, took)  # the collection is named as the cause
 
 
@@ -140,9 +146,11 @@ def test_freezing_the_heap_hides_the_loaded_objects_from_later_collections():
         gc.unfreeze()
 
 
-IDLE = ('  File "/x/asyncio/base_events.py", line 1884, in _run_once\n    event_list = self._selector.select(timeout)\n'
-        '  File "/usr/lib/python3.11/selectors.py", line 468, in select\n'
-        '    fd_event_list = self._selector.poll(timeout, max_ev)\n')
+IDLE = (
+    '  File "/x/asyncio/base_events.py", line 1884, in _run_once\n    event_list = self._selector.select(timeout)\n'
+    '  File "/usr/lib/python3.11/selectors.py", line 468, in select\n'
+    "    fd_event_list = self._selector.poll(timeout, max_ev)\n"
+)
 HELD = IDLE + '  File "/x/edge/service.py", line 227, in parse\n    json.loads(body)\n'
 
 

@@ -54,7 +54,8 @@ def test_the_hook_does_nothing_in_a_process_that_is_not_being_spawned():
     before = {t.name for t in __import__("threading").enumerate()}
     process.watch_parent_if_spawned()
     assert "die-with-parent" not in before and "die-with-parent" not in {
-        t.name for t in __import__("threading").enumerate()}
+        t.name for t in __import__("threading").enumerate()
+    }
 
 
 def test_worker_threads_run_below_the_loop():

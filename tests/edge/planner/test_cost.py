@@ -17,12 +17,28 @@ from coinfer.edge.planner.cost import (
     predict,
 )
 
-EDGE = EdgeProfile(model_bytes=200_000_000, disk_read_bps=500e6, pcie_h2d_bps=None, session_ms=400, warmup_ms=30,
-                   prefill_ms_per_token=0.2, step_ms={1: 5.0, 5: 7.0})
+EDGE = EdgeProfile(
+    model_bytes=200_000_000,
+    disk_read_bps=500e6,
+    pcie_h2d_bps=None,
+    session_ms=400,
+    warmup_ms=30,
+    prefill_ms_per_token=0.2,
+    step_ms={1: 5.0, 5: 7.0},
+)
 NET = NetProfile(rtt_ms=20, up_bps=10e6, down_bps=10e6)
 CLOUD = CloudProfile(queue_ms=0, verify_ms=15, refine_ttft_ms=20, refine_ms_per_token=4, setup_ms=5)
-REQ = RequestShape(prompt_tokens=40, draft_tokens=48, n_drafts=5, answer_tokens=40, prompt_bytes=40, draft_bytes=48,
-                   answer_bytes=40, split_steps=40, cloud_steps=56)
+REQ = RequestShape(
+    prompt_tokens=40,
+    draft_tokens=48,
+    n_drafts=5,
+    answer_tokens=40,
+    prompt_bytes=40,
+    draft_bytes=48,
+    answer_bytes=40,
+    split_steps=40,
+    cloud_steps=56,
+)
 Q = {"edge": 0.4, "split": 0.7, "cloud": 0.6}
 pos = st.floats(min_value=1e-3, max_value=1e4, allow_nan=False)
 
@@ -92,7 +108,9 @@ def test_a_slower_or_longer_cloud_generation_only_slows_cloud_plans(mspt, extra,
     short = dataclasses.replace(REQ, split_steps=steps, cloud_steps=steps)
     long = dataclasses.replace(REQ, split_steps=steps + extra, cloud_steps=steps + extra)
     for plan in ("split", "cloud"):
-        assert predict(plan, short, EDGE, NET, slow, 0.5).total_ms >= predict(plan, short, EDGE, NET, fast, 0.5).total_ms
+        assert (
+            predict(plan, short, EDGE, NET, slow, 0.5).total_ms >= predict(plan, short, EDGE, NET, fast, 0.5).total_ms
+        )
         assert predict(plan, long, EDGE, NET, fast, 0.5).total_ms >= predict(plan, short, EDGE, NET, fast, 0.5).total_ms
     assert predict("edge", long, EDGE, NET, slow, 0.5).total_ms == predict("edge", short, EDGE, NET, fast, 0.5).total_ms
 
@@ -100,7 +118,8 @@ def test_a_slower_or_longer_cloud_generation_only_slows_cloud_plans(mspt, extra,
 def test_first_run_penalty_counts_only_before_the_model_is_warm():
     slow_first = dataclasses.replace(EDGE, first_run_ms=40.0)
     assert cold_start_ms(dataclasses.replace(slow_first, state="cold")) == pytest.approx(
-        cold_start_ms(dataclasses.replace(EDGE, state="cold")) + 40.0)
+        cold_start_ms(dataclasses.replace(EDGE, state="cold")) + 40.0
+    )
     assert cold_start_ms(dataclasses.replace(slow_first, state="loading", loading_remaining_ms=5)) == 45.0
     assert cold_start_ms(slow_first) == 0.0
 
@@ -180,8 +199,9 @@ def test_choose_weighs_the_edge_by_its_escalation():
 
 @given(p_q=st.floats(min_value=0.0, max_value=1.0), extra=pos)
 def test_a_costlier_escalation_never_makes_the_edge_cheaper(p_q, extra):
-    slow = Escalation(shape=dataclasses.replace(ESC.shape, split_steps=ESC.shape.split_steps + extra),
-                      quality=ESC.quality)
+    slow = Escalation(
+        shape=dataclasses.replace(ESC.shape, split_steps=ESC.shape.split_steps + extra), quality=ESC.quality
+    )
     a = predict("edge", REQ, EDGE, NET, CLOUD, p_q, ESC).total_ms
     b = predict("edge", REQ, EDGE, NET, CLOUD, p_q, slow).total_ms
     assert b >= a >= predict("edge", REQ, EDGE, NET, CLOUD, p_q).total_ms

@@ -10,8 +10,14 @@ from coinfer.edge.planner.planner import EXPLORE_RUNS, EdgeState, Planner
 
 def test_absurd_measurements_are_refused_and_noted():
     e = Estimates()
-    for key, bad in [("up_bps", 0.0), ("rtt_ms", -3.0), ("disk_read_bps", math.inf), ("quality.edge.arith", 1.5),
-                     ("verify_ms", math.nan), ("down_bps", None)]:
+    for key, bad in [
+        ("up_bps", 0.0),
+        ("rtt_ms", -3.0),
+        ("disk_read_bps", math.inf),
+        ("quality.edge.arith", 1.5),
+        ("verify_ms", math.nan),
+        ("down_bps", None),
+    ]:
         assert e.observe(key, bad) is False
         assert key not in e.values
     assert len(e.notes) == 6 and "refused absurd" in e.notes[0]
@@ -64,8 +70,10 @@ def test_auto_runs_each_cloud_plan_a_few_times_for_the_task_then_chooses_by_meas
         assert p.choose("arith", 40, 40, 5, warm, cloud_available=True).plan == "cloud"
         p.est.observe("decode_steps.cloud.arith", 30.0)
     after = p.choose("arith", 40, 40, 5, warm, cloud_available=True)
-    assert not after.reason.startswith("explore") and after.plan == min(after.breakdowns.values(),
-                                                                          key=lambda b: b.total_ms).plan
+    assert (
+        not after.reason.startswith("explore")
+        and after.plan == min(after.breakdowns.values(), key=lambda b: b.total_ms).plan
+    )
     # a plan under the quality floor is not explored; without a cloud nothing is
     floor = Planner(Estimates(), quality_floor=0.9)
     assert not floor.choose("arith", 40, 40, 5, warm, cloud_available=True).reason.startswith("explore")
@@ -89,8 +97,15 @@ def _result(rounds: int, drafting: float, total: float, summary=None):
     from coinfer.edge.pipeline import EdgeResult
 
     drafts = [t.Draft(i, "3+5=8; answer 8", 10, -0.1, drafting) for i in range(5)]
-    return EdgeResult("3+5=8; answer 8", "refined", True, drafts=drafts, summary=summary, rounds=rounds,
-                      timings={"drafting": drafting, "total": total})
+    return EdgeResult(
+        "3+5=8; answer 8",
+        "refined",
+        True,
+        drafts=drafts,
+        summary=summary,
+        rounds=rounds,
+        timings={"drafting": drafting, "total": total},
+    )
 
 
 def test_online_updates_from_measured_stage_times():
@@ -105,8 +120,17 @@ def test_online_updates_from_measured_stage_times():
     assert p.est.get("step_ms.5") == 5.0  # retry rounds draft at other batch sizes: not a step sample
     p.observe("edge", "arith", 10, 40, 5, _result(1, 80.0, 80.0), cold)
     assert p.est.get("first_run_ms") == 30.0 and p.est.get("step_ms.5") == 5.0  # a fresh session's extra
-    summary = t.Summary("3+5=8; answer 8", t.AnswerSource.CLOUD, [], [],
-                        t.Timings(0.0, 20.0, 220.0, 230.0, decode_steps=40), "", True, 5, "")
+    summary = t.Summary(
+        "3+5=8; answer 8",
+        t.AnswerSource.CLOUD,
+        [],
+        [],
+        t.Timings(0.0, 20.0, 220.0, 230.0, decode_steps=40),
+        "",
+        True,
+        5,
+        "",
+    )
     p.observe("cloud", "arith", 10, 40, 5, dataclasses.replace(_result(0, 0.0, 300.0, summary), drafts=[]), warm)
     assert p.est.get("decode_steps.cloud.arith") == 40.0 and p.est.get("refine_ms_per_token") == 5.0
     assert p.est.get("refine_ttft_ms") == 20.0 and p.est.has("setup_ms")
@@ -133,9 +157,14 @@ def test_an_escalated_request_teaches_the_edge_and_the_split_apart():
     assert p.choose("arith", 10, 40, 5, warm, cloud_available=True).breakdowns["edge"].escalation_p == 0.0
     edge = dataclasses.replace(_result(1, 50.0, 50.0), valid=False, source="edge_only")
     p.observe("edge", "arith", 10, 40, 5, edge, warm)
-    summary = t.Summary(answer="3+5=8; answer 8", source=t.AnswerSource.REFINED, answer_valid=True,
-                        timings=t.Timings(verify_ms=30.0, refine_ttft_ms=20.0, refine_ms=220.0, total_ms=600.0,
-                                          decode_steps=40, decode_tokens=40))
+    summary = t.Summary(
+        answer="3+5=8; answer 8",
+        source=t.AnswerSource.REFINED,
+        answer_valid=True,
+        timings=t.Timings(
+            verify_ms=30.0, refine_ttft_ms=20.0, refine_ms=220.0, total_ms=600.0, decode_steps=40, decode_tokens=40
+        ),
+    )
     # the cloud rejected the same five drafts, advised a retry round, then refined
     split = dataclasses.replace(_result(2, 60.0, 700.0, summary), verdicts={i: t.Verdict(i, False) for i in range(5)})
     p.observe("split", "arith", 10, 40, 5, split, warm, escalated=True)
@@ -214,8 +243,9 @@ def test_first_run_is_the_first_request_on_a_session_not_the_state():
 import pytest  # noqa: E402
 
 
-@pytest.mark.parametrize("body", ['{"values": []}', '{"values": {"rtt_ms": "x"}}', '{"values": {"rtt_ms": NaN}}',
-                                  '[1, 2]', 'not json', ''])
+@pytest.mark.parametrize(
+    "body", ['{"values": []}', '{"values": {"rtt_ms": "x"}}', '{"values": {"rtt_ms": NaN}}', "[1, 2]", "not json", ""]
+)
 def test_a_calibration_file_of_the_wrong_shape_is_set_aside(tmp_path, body):
     from coinfer.edge.planner.estimates import Estimates
 

@@ -19,8 +19,12 @@ async def test_planner_picks_the_measured_faster_plan(cloud):
     await runner.setup(cloud)
     rows = []
     try:
-        for sc in (Scenario(1, 10e9, "warm", "idle"), Scenario(200, 10e9, "warm", "idle"),
-                   Scenario(1, 10e9, "cold", "idle"), Scenario(200, 10e9, "cold", "idle")):
+        for sc in (
+            Scenario(1, 10e9, "warm", "idle"),
+            Scenario(200, 10e9, "warm", "idle"),
+            Scenario(1, 10e9, "cold", "idle"),
+            Scenario(200, 10e9, "cold", "idle"),
+        ):
             rows.append(await runner.scenario(sc))
     finally:
         await runner.close()
@@ -33,7 +37,9 @@ async def test_planner_picks_the_measured_faster_plan(cloud):
     print("planner regret per scenario:", [round(r["regret"], 2) for r in rows], summary["max_regret"])
     slow = next(r for r in rows if r["rtt_ms"] == 200 and r["edge"] == "warm")
     fast = next(r for r in rows if r["rtt_ms"] == 1 and r["edge"] == "warm")
-    assert slow["measured_ms"]["cloud"] - fast["measured_ms"]["cloud"] > 100  # ~200 ms added; problem variance is the rest
+    assert (
+        slow["measured_ms"]["cloud"] - fast["measured_ms"]["cloud"] > 100
+    )  # ~200 ms added; problem variance is the rest
     assert summarise(rows)["scenarios"] == 4
 
 
@@ -42,8 +48,15 @@ async def test_explain_cli(int8_draft, cloud, tmp_path, capsys):
     def plan_main_(a):
         return asyncio.to_thread(plan_main, a)
 
-    args = ["--model", str(int8_draft), "--cloud", f"127.0.0.1:{cloud.port}", "--prompt",
-            "If x=3 and y=5, compute (x+y)^2-x*y.", "--json"]
+    args = [
+        "--model",
+        str(int8_draft),
+        "--cloud",
+        f"127.0.0.1:{cloud.port}",
+        "--prompt",
+        "If x=3 and y=5, compute (x+y)^2-x*y.",
+        "--json",
+    ]
     assert await plan_main_(args) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["task"] == "arith" and r["chosen"] in r["plans"] and set(r["plans"]) == {"edge", "split", "cloud"}
@@ -51,7 +64,9 @@ async def test_explain_cli(int8_draft, cloud, tmp_path, capsys):
     assert any("pcie_h2d_bps: unavailable" in n for n in r["notes"])
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps({"values": {"up_bps": 0, "rtt_ms": -5}}))
-    assert await plan_main_([*args[:-1], "--edge-state", "cold", "--calibration", str(cal), "--no-probe", "--json"]) == 0
+    assert (
+        await plan_main_([*args[:-1], "--edge-state", "cold", "--calibration", str(cal), "--no-probe", "--json"]) == 0
+    )
     r = json.loads(capsys.readouterr().out)
     assert r["plans"]["split"]["cold_start_ms"] > 0 and r["plans"]["cloud"]["cold_start_ms"] == 0
     assert any("refused absurd" in n for n in r["notes"]) or any("default" in n for n in r["notes"])
