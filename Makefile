@@ -1,7 +1,8 @@
 # coinfer: one command to install and run the demo, one to install and run the tests.
 #   make demo   - install (CPU), build the demo's ONNX/INT8 artefacts (cached), run the end-to-end demo
 #   make models - retrain the shipped demo pair from its recipe (~70 min)
-#   make test   - install (CPU), run the test suite (what CI runs)
+#   make test   - install (CPU), run the test suite (what CI runs, after make lint)
+#   make lint   - ruff check + ruff format --check
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -48,8 +49,10 @@ demo-real: setup
 test: artifacts
 	$(PY) -m pytest -q -ra --durations=15 tests
 
+# what CI checks before the tests: lint rules and the formatter's layout (ruff format rewrites in place)
 lint: setup
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 clean:
 	rm -rf $(VENV) coinfer/v1/*_pb2*.py* .pytest_cache
