@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import time
 import uuid
@@ -14,7 +15,7 @@ from collections.abc import AsyncIterator
 
 from coinfer import types as t
 from coinfer.cloud.config import CloudConfig
-from coinfer.cloud.engine import TargetEngine
+from coinfer.cloud.engine import TargetEngine, metered
 from coinfer.cloud.learning import WeightLearner
 from coinfer.cloud.load import DraftCountController
 from coinfer.cloud.metrics import CloudMetrics
@@ -145,6 +146,7 @@ class CloudCore:
         req.request_id = req.request_id or uuid.uuid4().hex[:16]
         deadline_ms = req.deadline_ms or self.cfg.policy.default_deadline_ms
         w = self.learner.weights
+        cost = metered()  # before the session starts tasks: they count into it too
         s = Session(
             self.cfg,
             self.engine,
@@ -166,6 +168,8 @@ class CloudCore:
         outcome, chunks = "error", [0]
         try:
             async for ev in s.run(inbox):
+                if isinstance(ev, t.Summary):  # the engine work so far: every request the answer needed
+                    ev.cost = dataclasses.replace(cost)
                 self.metrics.observe(ev, chunks)
                 yield ev
             outcome = "ok"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import time
@@ -20,8 +21,32 @@ from coinfer.chat import ChatFormat, ChatMessage
 from coinfer.cloud.config import EngineConfig
 from coinfer.errors import Reason, Unavailable
 from coinfer.serving import logs
+from coinfer.types import CloudCost
 
 log = logging.getLogger(__name__)
+
+# The session whose engine requests are being counted. A context variable rather than an argument
+# threaded through every call: the session's parts call the engine from tasks they start, and a task
+# copies the context it was created in, so each of them adds to the session's one CloudCost.
+_COST: contextvars.ContextVar[CloudCost | None] = contextvars.ContextVar("coinfer_cloud_cost", default=None)
+
+
+def metered() -> CloudCost:
+    """Count the engine work of the current task, and of the tasks it starts from now on, into a
+    new ``CloudCost`` (returned): call it where a session begins."""
+    cost = CloudCost()
+    _COST.set(cost)
+    return cost
+
+
+def _count(cost: CloudCost | None, prompt: int, cached: int, decoded: int) -> None:
+    """Fold one vLLM request (its prompt, prefix-cache hits and generated tokens) into ``cost``."""
+    if cost is None:
+        return
+    cost.engine_requests += 1
+    cost.prompt_tokens += prompt
+    cost.cached_tokens += cached
+    cost.decoded_tokens += decoded
 
 
 @dataclass
@@ -285,15 +310,20 @@ class VllmEngine(TargetEngine):
         for Status, and abort upstream when the caller is cancelled (then re-raise)."""
         if self._llm is None or self._llm.errored:
             raise Unavailable("engine is not running")
+        from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
         self._running += 1
+        cost, delta, decoded, cached, seen = _COST.get(), sp.output_kind == RequestOutputKind.DELTA, 0, 0, False
         try:
             # closed with the caller's iteration (each generator in the chain closes the one it reads),
             # so that a caller that stops early aborts the request now, not when the collector runs
             async with contextlib.aclosing(self._llm.generate({"prompt_token_ids": ids}, sp, request_id)) as outs:
                 async for out in outs:
                     self.last_output = time.monotonic()
+                    n = sum(len(c.token_ids) for c in out.outputs)  # delta outputs: the new tokens only
+                    decoded, seen = decoded + n if delta else n, True
+                    cached = max(cached, out.num_cached_tokens or 0)
                     yield out
         except asyncio.CancelledError:
             await self.abort(request_id)
@@ -302,6 +332,8 @@ class VllmEngine(TargetEngine):
             raise Unavailable("engine: stopped; retry (the replica restarts it)") from exc
         finally:
             self._running -= 1
+            if seen:  # aborted requests too: what they computed was spent
+                _count(cost, len(ids), cached, decoded)
 
     async def _prompt(self, prompt: str) -> tuple[list[int], int]:
         """(token ids of ``prompt``, tokens of context left after it): tokenized off the loop."""

@@ -223,6 +223,28 @@ class Timings:
 
 
 @dataclass
+class CloudCost:
+    """What one session made the cloud's engine do, counted where every engine request passes
+    (``VllmEngine._run``): the cloud's own cost of an answer, which the edge's planner weighs plans by
+    (``cloud_thrift``). Counts, not seconds: the engine batches many sessions into each step, so a
+    session's wall time in it is not its share of the machine, while the tokens it computed are."""
+
+    engine_requests: int = 0
+    """vLLM requests: verification scoring, the judge, refinement, candidates (each a scheduling cost)."""
+    prompt_tokens: int = 0
+    """Prompt tokens of those requests, prefix-cache hits included."""
+    cached_tokens: int = 0
+    """Of ``prompt_tokens``, those read from vLLM's prefix cache instead of computed."""
+    decoded_tokens: int = 0
+    """Every token the engine generated for the session (all samples of a batched request)."""
+
+    @property
+    def work_tokens(self) -> int:
+        """Tokens the engine computed: prefill past the cache, plus decoding."""
+        return self.prompt_tokens - self.cached_tokens + self.decoded_tokens
+
+
+@dataclass
 class Summary:
     answer: str
     source: AnswerSource
@@ -243,6 +265,8 @@ class Summary:
     """Which cloud replica answered (host:port)."""
     finish_reason: str = ""
     """"stop" or "length" (the answer hit its token budget); "" = "stop"."""
+    cost: CloudCost | None = None
+    """The engine work this answer cost the cloud; None from a cloud that does not report it."""
 
 
 @dataclass

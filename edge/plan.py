@@ -67,20 +67,27 @@ async def explain(args) -> dict:
         await core.close()
 
 
+def _work(tokens: float | None) -> str:
+    """Engine tokens per answer the cloud reported for the plan ("-": never reported)."""
+    return "-" if tokens is None else f"{tokens:.0f}"
+
+
 def render(r: dict) -> str:
     lines = [
         f"task {r['task']}, {r['num_drafts']} drafts, edge model {r['edge_state']} "
         f"({r['model_bytes'] / 1e6:.1f} MB), cloud {'serving' if r['cloud']['serving'] else 'unavailable'}",
         "",
         f"{'plan':<6} {'cold start':>10} {'drafting':>9} {'transfer':>9} {'cloud':>8} {'escalate':>9} "
-        f"{'total ms':>9} {'quality':>8}",
+        f"{'total ms':>9} {'quality':>8} {'cloud tok':>9}",
     ]
     for p, b in sorted(r["plans"].items(), key=lambda kv: kv[1]["total_ms"]):
         mark = " <- chosen" if p == r["chosen"] else ""
-        # escalate: auto's edge answer failing the rules goes to a split (its chance times its cost)
+        # escalate: auto's edge answer failing the rules goes to a split (its chance times its cost);
+        # cloud tok: what the plan costs the cloud per answer as the cloud reports it (Summary.cost)
         lines.append(
             f"{p:<6} {b['cold_start_ms']:>10.1f} {b['drafting_ms']:>9.1f} {b['transfer_ms']:>9.1f} "
-            f"{b['cloud_ms']:>8.1f} {b['escalation_ms']:>9.1f} {b['total_ms']:>9.1f} {b['quality']:>8.2f}{mark}"
+            f"{b['cloud_ms']:>8.1f} {b['escalation_ms']:>9.1f} {b['total_ms']:>9.1f} {b['quality']:>8.2f} "
+            f"{_work(b['cloud_work']):>9}{mark}"
         )
     sh = r["shape"]
     lines += [

@@ -126,6 +126,10 @@ class RequestShape:
     """Expected target decode steps refining after drafts (history)."""
     cloud_steps: float = 0.0
     """Expected target decode steps answering alone (history)."""
+    split_work: float | None = None
+    """Engine tokens a split costs the cloud, as the cloud reports it (``Summary.cost``); None: not measured."""
+    cloud_work: float | None = None
+    """Engine tokens the cloud plan costs the cloud, as reported; None: not measured."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,9 @@ class Breakdown:
     """What an escalation adds when it happens (the split after the edge attempt)."""
     escalation_cloud_ms: float = 0.0
     """The cloud's share of an escalation's cost."""
+    cloud_work: float | None = None
+    """Expected engine tokens the plan costs the cloud (the cloud's own report, history; an
+    escalation's share included); None while a plan it needs was never measured."""
 
     @property
     def attempt_ms(self) -> float:
@@ -220,6 +227,7 @@ def _split(r: RequestShape, e: EdgeProfile, n: NetProfile, c: CloudProfile, qual
         transfer_ms=transfer,
         cloud_ms=cloud,
         quality=quality,
+        cloud_work=r.split_work,
     )
 
 
@@ -241,6 +249,7 @@ def predict_escalation(r: RequestShape, e: EdgeProfile, n: NetProfile, c: CloudP
         transfer_ms=transfer,
         cloud_ms=cloud,
         quality=quality,
+        cloud_work=r.split_work,
     )
 
 
@@ -259,6 +268,7 @@ def _edge(
         transfer_ms=0.0,
         cloud_ms=0.0,
         quality=quality,
+        cloud_work=0.0,
     )
     if escalation is None or n is None or c is None:  # no cloud to escalate to: the edge's answer stands
         return bd
@@ -270,6 +280,7 @@ def _edge(
         escalation_p=p,
         escalation_cost_ms=x.total_ms,
         escalation_cloud_ms=x.cloud_ms,
+        cloud_work=None if x.cloud_work is None else p * x.cloud_work,
     )
 
 
@@ -299,8 +310,27 @@ def predict(
             transfer_ms=transfer,
             cloud_ms=c.queue_ms + c.setup_ms + c.generation_ms(r.cloud_steps),
             quality=quality,
+            cloud_work=r.cloud_work,
         )
     raise ValueError(f"plan: unknown {plan!r} (known: {', '.join(PLANS)})")
+
+
+def _reported(near: list[Breakdown]) -> bool:
+    """Every plan in the running has the cloud's own report of its cost: weigh by that."""
+    return all(b.cloud_work is not None for b in near)
+
+
+def _thrift_key(near: list[Breakdown]):
+    """What "costs the cloud least" means among ``near``: the engine tokens the cloud reports per
+    answer where every plan has them (what its CPU is spent on: scoring prefill, refinement, rounds),
+    else the time the request holds the cloud (the model's prediction, all there is before reports)."""
+    if _reported(near):
+        return lambda b: (b.cloud_work, b.total_ms)
+    return lambda b: (b.cloud_load_ms, b.total_ms)
+
+
+def _load(b: Breakdown, near: list[Breakdown]) -> str:
+    return f"{b.cloud_work:.0f} engine tokens" if _reported(near) else f"{b.cloud_load_ms:.0f} ms"
 
 
 def choose(
@@ -327,7 +357,7 @@ def choose(
     if ok:
         fastest = min(ok, key=lambda b: b.total_ms)
         near = [b for b in ok if b.total_ms <= fastest.total_ms * (1.0 + thrift)]
-        best = min(near, key=lambda b: (b.cloud_load_ms, b.total_ms))
+        best = min(near, key=_thrift_key(near))
         others = ", ".join(
             f"{b.plan} {b.total_ms:.0f} ms"
             for b in sorted(bd.values(), key=lambda b: b.total_ms)
@@ -341,8 +371,8 @@ def choose(
         why = (
             "fastest predicted"
             if best is fastest
-            else f"within {thrift:.0%} of the fastest and holds the cloud least ({best.cloud_load_ms:.0f} vs "
-            f"{fastest.cloud_load_ms:.0f} ms): predicted"
+            else f"within {thrift:.0%} of the fastest and costs the cloud least ({_load(best, near)} vs "
+            f"{_load(fastest, near)}): predicted"
         )
         reason = (
             f"{best.plan}: {why} ({best.total_ms:.0f} ms{esc}) with expected quality "

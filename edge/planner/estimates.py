@@ -55,7 +55,7 @@ DEFAULTS: dict[str, float] = {
 # answer is valid, how much slower a fresh session's first request drafts — are draws from a distribution whose mean is what the cost model wants: a
 # running mean, then an EWMA over ~1/OUTCOME_ALPHA requests, so one hard problem does not
 # swing the next plan. Speeds, the network and the cloud's load track conditions: ``alpha``.
-OUTCOMES = ("draft_tokens", "answer_tokens", "decode_steps", "rounds", "quality", "first_run")
+OUTCOMES = ("draft_tokens", "answer_tokens", "decode_steps", "rounds", "quality", "first_run", "cloud_tokens")
 OUTCOME_ALPHA = 0.05
 _BOUNDS = {
     "bps": (1e3, 1e12),
@@ -73,8 +73,9 @@ def _bounds(key: str) -> tuple[float, float]:
         return _BOUNDS["bps"]
     if key.startswith("quality."):
         return _BOUNDS["quality"]
-    if key.startswith("decode_steps"):
-        # 0 is a measurement: a split whose draft the cloud accepted as is decodes nothing (refused as
+    if key.startswith(("decode_steps", "cloud_tokens")):
+        # 0 is a measurement: a split whose draft the cloud accepted as is decodes nothing, and when the
+        # rules decide, costs the engine nothing (``cloud_tokens``: the cloud's reported work) (refused as
         # absurd before, split kept its 64-step default: 428 ms predicted for word problems whose
         # splits took a median 104 ms)
         return (0.0, _BOUNDS["tokens"][1])

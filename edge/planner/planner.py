@@ -6,6 +6,8 @@ Online updates (each plan that ran, with its own result and times):
                 and generation time); decode_steps.<plan>.<task>, the answer's length in steps
   split         verify_ms = what the split took beyond drafting, refinement and the transfer model
   cloud         setup_ms = what the request took beyond generation, the transfer model and queue
+  split, cloud  cloud_tokens.<plan>.<task>: the engine tokens the cloud reports the answer cost it
+                (``Summary.cost``), what ``cloud_thrift`` weighs plans by once both are measured
   every plan    draft / answer sizes per task, quality.<plan>.<task> (rule-valid answers); a split
                 also measures quality.edge (was any first-round draft rule-valid)
   escalation    auto's edge answer failed the rules and a split refined its drafts: two runs,
@@ -120,7 +122,14 @@ class Planner:
             rounds=e.get(f"rounds.{task}"),
             split_steps=e.get(f"decode_steps.split.{task}"),
             cloud_steps=self._cloud_steps(task),
+            split_work=self._work(f"cloud_tokens.split.{task}"),
+            cloud_work=self._work(f"cloud_tokens.cloud.{task}"),
         )
+
+    def _work(self, key: str) -> float | None:
+        """The cloud's reported engine tokens per answer (``Summary.cost``) for a plan and task; None
+        until measured (no default: a guessed cost would decide ``cloud_thrift`` on nothing)."""
+        return self.est.values.get(key) if self.est.has(key) else None
 
     def _cloud_steps(self, task: str) -> float:
         """The cloud plan's decode steps for ``task``: measured, else as long as the answers the
@@ -138,7 +147,11 @@ class Planner:
         escalations' own history."""
         e = self.est
         x = dataclasses.replace(
-            shape, rounds=e.get(f"rounds.escalated.{task}"), split_steps=e.get(f"decode_steps.escalated.{task}")
+            shape,
+            rounds=e.get(f"rounds.escalated.{task}"),
+            split_steps=e.get(f"decode_steps.escalated.{task}"),
+            # an escalation's own reports, else a split's: the same session, its first round known bad
+            split_work=w if (w := self._work(f"cloud_tokens.escalated.{task}")) is not None else shape.split_work,
         )
         return Escalation(shape=x, quality=e.get(f"quality.escalated.{task}"))
 
@@ -298,6 +311,8 @@ class Planner:
         # the cloud's generation: its speed (fast-tracked) apart from this answer's length (averaged)
         # 0 steps is an answer too: the cloud accepted a verified draft as it stands
         e.observe(f"decode_steps.{kind}.{task}", float(tm.decode_steps))
+        if result.summary.cost is not None:  # what the answer cost the cloud, as the cloud counts it
+            e.observe(f"cloud_tokens.{kind}.{task}", float(result.summary.cost.work_tokens))
         if tm.decode_steps > 0:
             if tm.refine_ttft_ms > 0:
                 # net of the queue wait the Status RPC reported: the cost model adds that itself

@@ -350,3 +350,39 @@ async def test_finished_samples_come_as_they_finish_and_stopping_early_aborts_th
     # aborted by the time aclose returns (not left to finish or to the garbage collector): vLLM's own
     # count of unfinished requests, the candidates' child requests included
     assert eng._llm.output_processor.get_num_unfinished_requests() == 0 and eng.stats().running == 0
+
+
+async def test_the_engine_counts_each_sessions_work_apart(cloud):
+    """``metered``: what each task asked of the engine, counted where every request passes; two
+    concurrent tasks never see each other's tokens, and a request outside any session counts nowhere."""
+    from coinfer.chat import ChatMessage
+    from coinfer.cloud.engine import GenParams, metered
+
+    eng = cloud.core.engine
+    prompt = eng.render([ChatMessage("user", ARITH)])
+    n_prompt = len(eng._ids(prompt))
+
+    async def one(k: int):
+        cost = metered()
+        streamed = [c async for c in eng.generate(prompt, GenParams(max_tokens=12), f"meter-gen-{k}")]
+        samples = await eng.sample(prompt, GenParams(max_tokens=8, temperature=0.9, seed=k), 3, f"meter-n-{k}")
+        return cost, sum(c.tokens for c in streamed) + sum(c.tokens for c in samples)  # streamed: per chunk
+
+    (a, a_tokens), (b, b_tokens) = await asyncio.gather(one(1), one(2))
+    for cost, tokens in ((a, a_tokens), (b, b_tokens)):
+        assert cost.engine_requests == 2 and cost.prompt_tokens == 2 * n_prompt
+        assert cost.decoded_tokens == tokens and 0 <= cost.cached_tokens <= cost.prompt_tokens
+        assert cost.work_tokens == cost.prompt_tokens - cost.cached_tokens + tokens
+
+
+async def test_a_summary_reports_what_the_answer_cost_the_engine(stub):
+    """Each Summary carries the engine work of its own session (the planner weighs plans by it): a
+    draft the exact rules accept costs the engine nothing; the cloud answering alone decodes its answer."""
+    bad = "3+5=9; answer 9"
+    split = await run_session(stub, [open_msg(), draft(0, bad), done(1), draft(1, GOOD), done(1)])
+    alone = await run_session(stub, [open_msg(), done(0)])
+    s, a = split[-1], alone[-1]
+    assert isinstance(s, t.Summary) and isinstance(a, t.Summary) and s.cost is not None and a.cost is not None
+    assert s.answer == GOOD and s.cost == t.CloudCost()  # arith's checkers decide: no scoring, no refinement
+    assert a.cost.engine_requests >= 1 and a.cost.prompt_tokens >= a.prompt_tokens
+    assert a.cost.decoded_tokens >= a.timings.decode_tokens >= 1

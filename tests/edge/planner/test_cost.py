@@ -174,11 +174,36 @@ def test_thrift_takes_a_near_tie_that_holds_the_cloud_less():
     ratio = bd["split"].total_ms / bd["cloud"].total_ms
     assert plain.plan == "cloud" and 1.0 < ratio < 1.5 and bd["split"].cloud_load_ms < bd["cloud"].cloud_load_ms
     thrifty = choose(req, edge, NET, CLOUD, Q, 0.5, thrift=ratio - 1.0 + 0.01)
-    assert thrifty.plan == "split" and "holds the cloud least" in thrifty.reason
+    assert thrifty.plan == "split" and "costs the cloud least" in thrifty.reason and " ms vs " in thrifty.reason
     assert choose(req, edge, NET, CLOUD, Q, 0.5, thrift=ratio - 1.0 - 0.01).plan == "cloud"
     # the quality floor still rules: a thrifty plan below it is never taken
     assert choose(req, edge, NET, CLOUD, Q | {"split": 0.1}, 0.5, thrift=1.0).plan == "cloud"
     assert choose(req, edge, NET, CLOUD, Q, 0.0, thrift=1.0).plan == "edge"  # no cloud at all
+
+
+def test_thrift_weighs_plans_by_the_clouds_reported_cost_once_every_plan_has_one():
+    """Issue 34: the time a request holds the cloud is not what it costs the cloud (a split that scores
+    five drafts holds it less than the cloud plan and costs it more). Once the cloud has reported both
+    plans' engine tokens per answer, the thrift takes the one the cloud says is cheaper; with one
+    plan unmeasured the prediction still decides (a guess must not)."""
+    req = dataclasses.replace(REQ, split_steps=10, cloud_steps=50)
+    edge = dataclasses.replace(EDGE, step_ms={1: 5.0, 5: 4.0})
+    bd = choose(req, edge, NET, CLOUD, Q, 0.5).breakdowns
+    thrift = bd["split"].total_ms / bd["cloud"].total_ms - 1.0 + 0.01  # both plans near the fastest
+    assert choose(req, edge, NET, CLOUD, Q, 0.5, thrift=thrift).plan == "split"  # holds the cloud less
+    costly_split = dataclasses.replace(req, split_work=900.0, cloud_work=300.0)
+    c = choose(costly_split, edge, NET, CLOUD, Q, 0.5, thrift=thrift)
+    assert c.plan == "cloud" and "300 engine tokens vs" not in c.reason  # the fastest: no thrift reason
+    cheap_split = dataclasses.replace(req, split_work=100.0, cloud_work=300.0)
+    c = choose(cheap_split, edge, NET, CLOUD, Q, 0.5, thrift=thrift)
+    assert c.plan == "split" and "100 engine tokens vs 300 engine tokens" in c.reason
+    half = dataclasses.replace(req, split_work=900.0, cloud_work=None)  # the cloud plan never reported
+    assert choose(half, edge, NET, CLOUD, Q, 0.5, thrift=thrift).plan == "split"
+    # the edge plan costs the cloud its escalations' share of a split: p * the split's reported work
+    esc = Escalation(shape=costly_split, quality=0.9)
+    b = predict("edge", costly_split, edge, NET, CLOUD, 0.25, esc)
+    assert b.cloud_work == pytest.approx(0.75 * 900.0)
+    assert predict("edge", costly_split, edge, None, None, 0.25).cloud_work == 0.0  # no cloud: no cost
 
 
 def test_choose_weighs_the_edge_by_its_escalation():

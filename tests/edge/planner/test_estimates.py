@@ -143,6 +143,30 @@ def test_online_updates_from_measured_stage_times():
     assert p.est.get("quality.split.arith") == 1.0 and p.est.get("quality.edge.arith") == 0.75
 
 
+def test_the_clouds_reported_cost_is_learnt_per_plan_and_task_and_a_silent_cloud_teaches_none():
+    """``Summary.cost`` (engine tokens the cloud computed for the answer) becomes ``cloud_tokens.<plan>.
+    <task>``, a mean over answers (0 is an answer: a draft the rules accept costs the engine nothing);
+    the request shape carries it; a cloud that reports no cost leaves the plan unmeasured, not 0."""
+    from coinfer import types as t
+
+    p = Planner(Estimates())
+    warm = EdgeState(1_000_000, "warm")
+    assert p.shape("arith", 10, 40, 5).split_work is None and p.shape("arith", 10, 40, 5).cloud_work is None
+
+    def ran(plan: str, cost: t.CloudCost | None) -> None:
+        summary = t.Summary("3+5=8; answer 8", t.AnswerSource.CLOUD, timings=t.Timings(total_ms=100.0), cost=cost)
+        p.observe(plan, "arith", 10, 40, 5, _result(1, 50.0, 200.0, summary), warm)
+
+    ran("cloud", None)
+    assert p.shape("arith", 10, 40, 5).cloud_work is None
+    ran("split", t.CloudCost(engine_requests=0))  # accepted by the rules
+    ran("split", t.CloudCost(engine_requests=3, prompt_tokens=300, cached_tokens=100, decoded_tokens=40))
+    ran("cloud", t.CloudCost(engine_requests=1, prompt_tokens=60, decoded_tokens=40))
+    shape = p.shape("arith", 10, 40, 5)
+    assert shape.split_work == 120.0 and shape.cloud_work == 100.0  # (0 + 240) / 2; 60 + 40
+    assert p.shape("words", 10, 40, 5).split_work is None  # per task
+
+
 def test_an_escalated_request_teaches_the_edge_and_the_split_apart():
     """Auto's edge answer failed the rules and a split refined its drafts: the edge attempt is learnt
     from the edge's own verdict (its failure rate is the chance of escalating), the split as a split of
