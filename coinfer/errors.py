@@ -48,7 +48,8 @@ class CoinferError(Exception):
         super().__init__(message)
         self.message = message
         self.reason = reason or self.default_reason
-        # our messages lead with the field they concern ("temperature: must be ..."): read once, here
+        # the field as data: given by the raiser (``require``), or from a peer's ErrorInfo (``from_rpc``);
+        # a message raised here without one leads with its field ("temperature: must be ..."), read once
         self.field = field if field is not None else field_of(message)
 
 
@@ -109,6 +110,25 @@ def error_info(exc: grpc.aio.AioRpcError) -> tuple[str, dict[str, str]]:
     return "", {}
 
 
+def from_rpc(exc: grpc.aio.AioRpcError) -> CoinferError:
+    """A peer's refusal of a request (INVALID_ARGUMENT, RESOURCE_EXHAUSTED) as the error this side raises:
+    the kind by status code, the reason and the field from its ``ErrorInfo`` (never from the message
+    text; a status without one names no field)."""
+    reason, meta = error_info(exc)
+    kind = {
+        grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+        grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
+        grpc.StatusCode.UNAVAILABLE: Unavailable,
+        grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    }.get(exc.code(), CoinferError)
+    known = reason in Reason.__members__
+    return kind(
+        exc.details() or "request: refused by the cloud",
+        reason=Reason(reason) if known else None,
+        field=meta.get("field", ""),
+    )
+
+
 def field_of(message: str) -> str:
     """What a message leads with, before its first colon: the field an error names
     ("temperature: must be ...") or a failure's code ("UNAVAILABLE: ...")."""
@@ -137,4 +157,4 @@ def internal_error(exc: BaseException) -> str:
 def require(cond: bool, field: str, message: str) -> None:
     """Raise InvalidArgument('<field>: <message>') unless ``cond``."""
     if not cond:
-        raise InvalidArgument(f"{field}: {message}")
+        raise InvalidArgument(f"{field}: {message}", field=field)

@@ -12,6 +12,9 @@ from coinfer.errors import InvalidArgument, ResourceExhausted, require
 MAX_REQUEST_ID = 128
 MAX_DEADLINE_MS = 600_000
 """The longest deadline a request may ask for (10 minutes): past it a client has gone."""
+MAX_NEW_TOKENS = 4096
+"""The largest token budget a request may ask for (an OpenAI ``max_tokens``, a refinement's budget):
+the context of the small models served here; a server clamps it further to its own budget."""
 
 
 def check_question(prompt: str, messages: Sequence[ChatMessage], max_chars: int, where: str = "") -> str:

@@ -4,15 +4,41 @@ too) from a TOML file, then environment variables (``COINFER_EDGE_<FIELD>``), th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coinfer.edge.kinds import RequestedPlan
 from coinfer.edge.targets import parse_targets
-from coinfer.types import PLAN_CHOICES as PLANS  # one definition, in the shared package
+from coinfer.validate import MAX_DEADLINE_MS, MAX_NEW_TOKENS
 
 ENV_PREFIX = "COINFER_EDGE_"
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A setting's range, declared on its field (``bounded``) and checked by ``EdgeConfig.validate``
+    for every field that has one: a bad value fails at load, naming the setting."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+
+    def holds(self, v: float) -> bool:
+        return (
+            (self.ge is None or v >= self.ge) and (self.gt is None or v > self.gt) and (self.le is None or v <= self.le)
+        )
+
+    def __str__(self) -> str:
+        lo = f"[{self.ge:g}" if self.ge is not None else f"({self.gt:g}" if self.gt is not None else "(-inf"
+        return f"{lo}, {self.le:g}]" if self.le is not None else f"{lo}, inf)"
+
+
+def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None, **meta: Any):
+    """A dataclass field with its range (``Bound``) in its metadata."""
+    return field(default=default, metadata={"bound": Bound(ge, gt, le), **meta})
 
 
 @dataclass
@@ -23,9 +49,9 @@ class EdgeConfig:
     """Load a model without (or failing) its manifest."""
     providers: str = ""
     """Comma-separated ONNX Runtime providers; empty = CUDA when present, else CPU."""
-    threads: int = 0
+    threads: int = bounded(0, ge=0)
     """ORT intra-op threads; 0 = all cores."""
-    worker_nice: int = 5
+    worker_nice: int = bounded(5, ge=0, le=19)
     """How far below the serving event loop drafting and checks run (nice values, 0..19; 0 = the same).
     On a CPU box the drafting threads otherwise take every core from the loop (/healthz waited 95 ms)."""
     warm: bool = True
@@ -43,40 +69,41 @@ class EdgeConfig:
     tls_key: str = ""
     tls_server_name: str = ""
     grpc_host: str = "127.0.0.1"
-    grpc_port: int = 50061
+    grpc_port: int = bounded(50061, ge=-1, le=65535)
     """EdgeService port; 0 = any free one; -1 = off."""
     http_host: str = "127.0.0.1"
-    http_port: int = 8000
+    http_port: int = bounded(8000, ge=-1, le=65535)
     """OpenAI-compatible HTTP API (+ /metrics, /healthz); 0 = any free one; -1 = off."""
-    http_header_timeout_s: float = 10.0
+    http_header_timeout_s: float = bounded(10.0, gt=0, le=3600)
     """A connection must send a complete request head within this of connecting (or of its last response)."""
-    http_body_timeout_s: float = 30.0
+    http_body_timeout_s: float = bounded(30.0, gt=0, le=3600)
     """A request body must arrive within this, else 408."""
-    http_max_connections: int = 0
+    http_max_connections: int = bounded(0, ge=0)
     """Open HTTP connections at most (more: 503 and closed); 0 = half the descriptor limit, at most 4096."""
-    plan: str = "auto"
-    deadline_ms: int = 30_000
+    plan: RequestedPlan = RequestedPlan.AUTO
+    """The plan of a request that asks for ``auto``: ``auto`` lets the planner choose."""
+    deadline_ms: int = bounded(30_000, ge=100, le=MAX_DEADLINE_MS)
     """Default whole-request deadline."""
-    max_prompt_chars: int = 2048
-    max_drafts: int = 16
-    max_new_tokens: int = 1024
-    replays: int = 2
+    max_prompt_chars: int = bounded(2048, ge=1)
+    max_drafts: int = bounded(16, ge=1)
+    max_new_tokens: int = bounded(1024, ge=1, le=MAX_NEW_TOKENS)
+    replays: int = bounded(2, ge=0, le=5)
     """A cloud session that fails before its summary (replica killed, draining, full) is replayed on
     another replica with the drafts already written, at most this many times, within the deadline."""
-    breaker_failures: int = 3
-    breaker_reset_s: float = 10.0
+    breaker_failures: int = bounded(3, ge=1)
+    breaker_reset_s: float = bounded(10.0, gt=0)
     model_name: str = "coinfer-edge"
     """The model id the OpenAI API lists and accepts."""
     planner_state: str = ""
     """JSON file where the planner's calibration persists; empty = in memory only."""
-    quality_floor: float = 0.0
+    quality_floor: float = bounded(0.0, ge=0, le=1)
     """Plan "auto": the fastest plan whose expected quality (rule-valid answers) reaches this."""
-    cloud_thrift: float = 0.25
+    cloud_thrift: float = bounded(0.25, ge=0, le=1)
     """Plan "auto": of the plans predicted within this fraction of the fastest, the one that holds the
     cloud least (the cloud is shared: its busy time is every other user's queue). 0 = the fastest."""
     probe_on_start: bool = True
     """Calibrate at start (disk, PCIe, decode steps, network, cloud queue)."""
-    reprobe_s: float = 300.0
+    reprobe_s: float = bounded(300.0, gt=0)
     """Network / cloud estimates older than this are re-probed (in the background)."""
 
     @property
@@ -85,30 +112,19 @@ class EdgeConfig:
         return [p for p in self.providers.split(",") if p]
 
     def validate(self) -> None:
+        """Every field's declared ``Bound``, then the rules between fields. ValueError naming the setting."""
         if not self.model:
             raise ValueError("model: a draft model directory is required")
-        if self.plan not in PLANS:
-            raise ValueError(f"plan: must be one of {', '.join(PLANS)}, got {self.plan!r}")
-        for name in ("grpc_port", "http_port"):
-            if not -1 <= getattr(self, name) <= 65535:
-                raise ValueError(f"{name}: must be -1..65535, got {getattr(self, name)}")
-        if not 100 <= self.deadline_ms <= 600_000:
-            raise ValueError(f"deadline_ms: must be in 100..600000, got {self.deadline_ms}")
-        for name in ("http_header_timeout_s", "http_body_timeout_s"):
-            if not 0 < getattr(self, name) <= 3600:
-                raise ValueError(f"{name}: must be in (0, 3600], got {getattr(self, name)}")
-        if not 0 <= self.worker_nice <= 19:
-            raise ValueError(f"worker_nice: must be in 0..19, got {self.worker_nice}")
-        if self.http_max_connections < 0:
-            raise ValueError(f"http_max_connections: must be >= 0, got {self.http_max_connections}")
-        if not 0.0 <= self.cloud_thrift <= 1.0:
-            raise ValueError(f"cloud_thrift: must be in 0..1, got {self.cloud_thrift}")
-        if not 0 <= self.replays <= 5:
-            raise ValueError(f"replays: must be in 0..5, got {self.replays}")
+        plans = tuple(RequestedPlan)
+        if self.plan not in plans:
+            raise ValueError(f"plan: must be one of {', '.join(plans)}, got {self.plan!r}")
+        self.plan = RequestedPlan(self.plan)
+        for f in dataclasses.fields(self):
+            bound, v = f.metadata.get("bound"), getattr(self, f.name)
+            if bound is not None and not bound.holds(v):
+                raise ValueError(f"{f.name}: must be in {bound}, got {v}")
         if self.cloud:
             parse_targets(self.cloud)  # a bad target fails at start, naming the field
-        if self.breaker_failures < 1 or self.breaker_reset_s <= 0:
-            raise ValueError("breaker_failures >= 1 and breaker_reset_s > 0 required")
         if self.token and not self.cloud:
             raise ValueError("token: given without a cloud target")
 

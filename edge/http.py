@@ -51,11 +51,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from coinfer import types as t
 from coinfer.chat import ChatMessage
+from coinfer.edge.kinds import RequestedPlan
 from coinfer.edge.service import Done, EdgeCore, SolveRequest
+from coinfer.edge.shown import AnswerView
 from coinfer.errors import CoinferError, DeadlineExceeded, ResourceExhausted, Unavailable, field_of, internal_error
 from coinfer.extract import KINDS, Extraction
 from coinfer.rules import Rule
-from coinfer.types import PLAN_CHOICES
+from coinfer.validate import MAX_NEW_TOKENS
 
 MAX_BODY_BYTES = 1 << 20
 
@@ -73,7 +75,7 @@ class CoinferExtra(BaseModel):
     # a bare name for the kinds that need no parameter; {"kind": "regex", "pattern": ...} for a regex
     extraction: Literal[tuple(k for k in KINDS if k != "regex")] | ExtractionBody | None = None
     rules: list[dict[str, Any]] = Field(default_factory=list)
-    plan: Literal[PLAN_CHOICES] = "auto"
+    plan: RequestedPlan = RequestedPlan.AUTO
     # upper bounds are the daemon's (EdgeConfig.max_drafts, coinfer.validate.MAX_DEADLINE_MS): checked once,
     # by the core that serves gRPC too
     num_drafts: int = Field(default=0, ge=0)
@@ -83,7 +85,7 @@ class CoinferExtra(BaseModel):
 class _Base(BaseModel):
     model_config = ConfigDict(extra="allow")  # OpenAI fields we do not use are accepted and ignored
     model: str
-    max_tokens: int | None = Field(default=None, ge=1, le=4096)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
@@ -145,7 +147,8 @@ def _sampling(body: _Base) -> t.SamplingParams | None:
 def _refine(body: _Base) -> t.SamplingParams | None:
     """The refinement's sampling: the fields given, no penalties and greedy for the rest (the
     draft defaults are for exploring; the final answer should not be penalised for repeating a
-    draft's words). The cloud clamps the token budget to its own."""
+    draft's words). Unset, the budget is the largest a request may ask for: the cloud clamps it to
+    its own (its policy's refinement budget), which is the answer budget that applies."""
     given = _given(body)
     if not given:
         return None
@@ -156,7 +159,7 @@ def _refine(body: _Base) -> t.SamplingParams | None:
                 "top_p": 1.0,
                 "presence_penalty": 0.0,
                 "frequency_penalty": 0.0,
-                "max_new_tokens": 4096,
+                "max_new_tokens": MAX_NEW_TOKENS,
             }
             | given
         )
@@ -338,36 +341,6 @@ async def _respond(
     )
 
 
-class Release:
-    """What of the answer may leave over HTTP, where nothing sent can be taken back: a chunk marked final
-    sends the text since the last reset up to its end (held chunks before it too); the rest waits for
-    the answer. After an ``AnswerReset`` the chunks that follow repeat what was sent: only text past it
-    leaves."""
-
-    def __init__(self) -> None:
-        self.text = ""  # the answer streamed since the last reset
-        self.sent = ""  # what left over HTTP
-
-    def chunk(self, ev: t.AnswerChunk) -> str:
-        """The text to send now for ``ev`` ("" to hold it)."""
-        self.text += ev.text
-        # text that does not extend what was sent (a replay's own answer after a failure) waits for the answer
-        if not ev.final or len(self.text) <= len(self.sent) or not self.text.startswith(self.sent):
-            return ""
-        new, self.sent = self.text[len(self.sent) :], self.text
-        return new
-
-    def reset(self) -> None:
-        self.text = ""
-
-    def rest(self, answer: str) -> str | None:
-        """The text of ``answer`` still to send; None when what was sent does not begin it."""
-        if not answer.startswith(self.sent):
-            return None
-        rest, self.sent = answer[len(self.sent) :], answer
-        return rest
-
-
 class _Completion:
     """One OpenAI-style response to a validated request: its id, object names and events."""
 
@@ -435,24 +408,23 @@ class _Completion:
         yield "data: [DONE]\n\n"
 
     async def _stream_events(self):
-        release = Release()
+        sent = AnswerView()  # what left over HTTP: final text at once, the rest with the answer
         async for ev in self.all_events():
             if isinstance(ev, t.Draft):
                 yield self.chunk(None, None, {"event": "draft", "draft": _draft_info(ev)})
             elif isinstance(ev, t.Verdict):
                 yield self.chunk(None, None, {"event": "verdict", "verdict": _verdict_info(ev)})
-            elif isinstance(ev, t.AnswerChunk):
-                if text := release.chunk(ev):
+            elif isinstance(ev, (t.AnswerChunk, t.AnswerReset)):
+                # a reset: a rejected refinement, or a replay after a failure; its answer follows
+                if text := sent.see(ev):
                     yield self.chunk(text)
-            elif isinstance(ev, t.AnswerReset):
-                release.reset()  # a rejected refinement, or a replay after a failure: its answer follows
             elif isinstance(ev, Done):
                 answer = ev.result.answer
-                rest = release.rest(answer)
+                rest = sent.rest(answer)
                 if rest is None:  # sent text cannot be withdrawn: no answer rather than a wrong one
                     raise Unavailable(
-                        f"answer: the cloud failed after {len(release.sent)} chars of its answer "
-                        f"were streamed, and the answer came from elsewhere "
+                        f"answer: a cloud replica failed after {len(sent.final)} chars of its answer "
+                        f"were streamed, and its replay answered differently "
                         f"({ev.result.fallback_reason or 'a replay'}): retry the request"
                     )
                 if rest:

@@ -1,19 +1,56 @@
-"""One edge request's lifecycle, owned by one object: the plan chosen, the local answer when the
-cloud fails while the edge model is cold, and auto's escalation of a rule-failing edge answer to a
-split with the same drafts (a cloud session's replays on other replicas happen inside the pipeline
-run). ``EdgeCore`` validates, asks the planner, hands the request over, and records metrics and
-learns from the ``Outcome``."""
+"""One edge request's lifecycle, owned by one object, from a checked request to its last event: the plan
+(the planner's choice under auto, the breaker's word on the cloud), every fallback (the cloud skipped:
+none configured or its circuit open; the cloud failing while the edge model is cold: load it and
+answer locally; a cloud session's replays and its local answer happen inside the pipeline run),
+auto's escalation of a rule-failing edge answer to a split with the same drafts, the breaker and the
+planner fed with the outcome, and the request's events (one queue: pipeline callbacks in, one
+generator out). ``EdgeCore`` checks the request and hands it over."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
+from typing import Protocol
 
+from coinfer import types as t
+from coinfer.chat import conversation
+from coinfer.edge.config import EdgeConfig
 from coinfer.edge.draft_engine import OrtDraftEngine
+from coinfer.edge.kinds import FallbackKind, RequestedPlan
 from coinfer.edge.link import CloudLink
-from coinfer.edge.pipeline import CloudFailed, EdgePipeline, EdgeResult, Plan
+from coinfer.edge.metrics import EdgeMetrics
+from coinfer.edge.pipeline import CloudFailed, EdgePipeline, EdgeResult, Event, Plan, Run
+from coinfer.edge.planner.cost import Choice
+from coinfer.edge.planner.planner import EdgeState, Planner
+from coinfer.edge.request import ValidRequest
+from coinfer.edge.shown import AnswerView
+
+LOCAL_RESERVE_FACTOR = 1.5
+LOCAL_RESERVE_MIN_S = 0.25
+"""A cloud plan's local fallback starts 1.5x its predicted drafting time + 0.25 s before the deadline
+(the prediction is a mean; the margin covers the rules and the answer's trip to the client)."""
+
+
+class Edge(Protocol):
+    """What a lifecycle uses of the daemon (``EdgeCore``): its parts, and its model's state."""
+
+    cfg: EdgeConfig
+    link: CloudLink
+    planner: Planner
+    metrics: EdgeMetrics
+
+    def edge_state(self) -> EdgeState: ...
+
+    def pool_queue(self) -> None: ...
+
+    def maybe_reprobe(self) -> None: ...
+
+    def engine_for(self, plan: Plan) -> Awaitable[OrtDraftEngine | None]: ...
+
+    def load_engine(self) -> Awaitable[OrtDraftEngine]: ...
 
 
 @dataclass(frozen=True)
@@ -35,6 +72,42 @@ class CloudTokens:
 
 
 @dataclass
+class Done:
+    """The last event of a request."""
+
+    result: EdgeResult
+    plan: Plan
+    """The plan that produced the answer: the last of ``plans`` ("split" after an escalation)."""
+    plans: list[Plan] = field(default_factory=list)
+    """The plans that ran, in order: the planner's choice first (["edge", "split"]: auto's edge
+    answer failed the rules and a split refined its drafts)."""
+    cloud_tokens: CloudTokens = field(default_factory=CloudTokens)
+
+    def info(self) -> dict:
+        """What both APIs report about a finished request besides its answer (gRPC SolveResult
+        field names; enums as their wire strings)."""
+        r = self.result
+        return {
+            "source": r.source,
+            "valid": r.valid,
+            "plan": self.plan,
+            "plans": list(self.plans or [self.plan]),
+            "rounds": r.rounds,
+            "fallback_reason": r.fallback_reason,
+            "timings_ms": r.timings,
+            "predicted_ms": r.predicted,
+            "plan_reason": r.plan_reason,
+            "fields": r.fields,
+            "refine_mode": r.refine_mode or "",
+            "task": r.task,
+            "replays": list(r.replays),
+            "replica": r.summary.replica if r.summary is not None else "",
+            "cloud_tokens": dataclasses.asdict(self.cloud_tokens),
+            "finish_reason": r.finish_reason,
+        }
+
+
+@dataclass
 class Ran:
     """One plan that ran for a request: auto's edge plan, then its escalation to a split when the
     edge's answer failed the rules; otherwise just the plan chosen."""
@@ -45,28 +118,6 @@ class Ran:
     ms: float
     """Measured wall time: from the request's start for the first plan (waiting for a cold model
     counts, as in its prediction), from its own start for an escalation."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What a request's lifecycle produced: every plan that ran, in order, and the request's result
-    (the last plan's answer, with the stage times of every plan that ran)."""
-
-    runs: tuple[Ran, ...]
-    result: EdgeResult
-
-    @property
-    def plan(self) -> str:
-        """The plan that produced the answer."""
-        return self.runs[-1].plan.value
-
-    @property
-    def plans(self) -> list[str]:
-        return [r.plan.value for r in self.runs]
-
-    @property
-    def cloud_tokens(self) -> CloudTokens:
-        return CloudTokens.of([r.result for r in self.runs])
 
 
 def merged(runs: list[Ran]) -> EdgeResult:
@@ -88,72 +139,217 @@ def merged(runs: list[Ran]) -> EdgeResult:
     return final
 
 
-@dataclass
-class RequestLifecycle:
-    """Runs one validated request under the plan the planner chose (``auto``: the planner chose it,
-    so a rule-failing edge answer may escalate)."""
+@dataclass(frozen=True, kw_only=True)
+class Decision:
+    """The plan a request runs and why."""
 
-    req: object  # edge.service.SolveRequest
-    sampling: object  # edge.sampling.Sampling
     plan: Plan
-    engine: OrtDraftEngine | None
-    auto: bool
-    deadline_s: float
-    t0: float
-    on_event: Callable[[object], None]
-    local_reserve_s: float
-    link: CloudLink
-    replays: int
-    load_engine: Callable[[], Awaitable[OrtDraftEngine]]
-    """Loads the edge model for a request that needs it now (the cold-cloud fallback)."""
-    runs: list[Ran] = field(default_factory=list)
+    why: str
+    """The planner's reason, or "requested"."""
+    skipped: FallbackKind | None = None
+    """Why the cloud the plan wanted is skipped (NO_CLOUD, CIRCUIT_OPEN): the edge answers."""
+    skip_reason: str = ""
+    edge: EdgeState
+    """The edge's state when the plan was chosen (what the planner learns against)."""
+    choice: Choice | None = None
+    """The planner's choice (auto only: the predictions, and leave to escalate)."""
+
+
+class RequestLifecycle:
+    """Runs one checked request to its ``Done``: ``events()`` yields its events as they happen."""
+
+    def __init__(self, edge: Edge, request: ValidRequest) -> None:
+        self.edge, self.request = edge, request
+        self.shown = AnswerView()
+        """What the user has seen of the answer (the pipeline feeds it; fallbacks read it)."""
+        self.t0 = time.perf_counter()
+        """The user's clock: waiting for a cold model counts."""
+        req = request.req
+        self.task = req.task or "open"
+        self.size = edge.planner.prompt_size("\n".join(m.content for m in conversation(req.prompt, req.messages)))
+        self.runs: list[Ran] = []
+
+    # ---- the plan ----------------------------------------------------------------------------------
+    def decide(self) -> Decision:
+        """The plan to run: the one asked for, or the planner's under auto; the edge when the cloud is
+        skipped. An open circuit past its cool-down is offered to the planner too: the half-open trial
+        is the only way back to the cloud (taken by ``allow()`` only if the plan chosen uses it)."""
+        edge, link = self.edge, self.edge.link
+        state = edge.edge_state()
+        edge.pool_queue()
+        asked, choice = self.request.plan, None
+        if asked is RequestedPlan.AUTO:
+            cloud_ok = link.enabled and link.breaker.would_allow()
+            choice = edge.planner.choose(self.task, *self.size, self.request.sampling.n, state, cloud_ok)
+            plan, why = Plan(choice.plan), choice.reason
+        else:
+            plan, why = asked.plan, "requested"
+        if plan is not Plan.EDGE and not link.enabled:
+            return Decision(
+                plan=Plan.EDGE,
+                why=why,
+                skipped=FallbackKind.NO_CLOUD,
+                skip_reason="no cloud configured",
+                edge=state,
+                choice=choice,
+            )
+        if plan is not Plan.EDGE and not link.breaker.allow():
+            return Decision(
+                plan=Plan.EDGE,
+                why=why,
+                skipped=FallbackKind.CIRCUIT_OPEN,
+                skip_reason=f"cloud circuit {link.breaker.state}",
+                edge=state,
+                choice=choice,
+            )
+        return Decision(plan=plan, why=why, edge=state, choice=choice)
+
+    def _local_reserve_s(self, d: Decision) -> float:
+        """How long before the deadline a cloud plan's local answer starts (0: no hedge)."""
+        if d.plan is not Plan.CLOUD:
+            return 0.0
+        predicted = self.edge.planner.local_ms(self.task, *self.size, self.request.sampling.n, d.edge)
+        return LOCAL_RESERVE_FACTOR * predicted / 1e3 + LOCAL_RESERVE_MIN_S
+
+    # ---- the run -----------------------------------------------------------------------------------
+    async def events(self) -> AsyncIterator[Event | Done]:
+        """t.Draft, t.Verdict, t.AnswerChunk, t.AnswerReset ... as they happen, then one Done."""
+        edge = self.edge
+        d = self.decide()
+        edge.maybe_reprobe()
+        engine = await edge.engine_for(d.plan)
+        edge.metrics.plans.labels(d.plan.value).inc()
+        waited_ms = (time.perf_counter() - self.t0) * 1e3
+        q: asyncio.Queue[Event | None] = asyncio.Queue()
+
+        def on_event(ev: Event) -> None:
+            if isinstance(ev, t.Draft):
+                edge.metrics.drafts.inc()
+                edge.metrics.tokens.inc(ev.num_tokens)
+            q.put_nowait(ev)
+
+        job = asyncio.create_task(self._run(d, engine, on_event))
+        job.add_done_callback(lambda _: q.put_nowait(None))
+        try:
+            while (ev := await q.get()) is not None:
+                if not isinstance(ev, t.Summary):
+                    yield ev
+            await job  # a request's own fault (or a bug) is raised here
+            self._after_cloud()
+            self._learn(d)
+            result = self._result(d, waited_ms)
+            if not self.shown.streamed:  # a local answer arrives whole
+                whole = t.AnswerChunk(result.answer)
+                self.shown.see(whole)
+                yield whole
+            self._count(result)
+            yield Done(
+                result=result,
+                plan=self.runs[-1].plan,
+                plans=[r.plan for r in self.runs],
+                cloud_tokens=CloudTokens.of([r.result for r in self.runs]),
+            )
+        finally:
+            if not job.done():
+                job.cancel()
+
+    def _run_spec(self, plan: Plan, deadline_s: float, on_event, **extra) -> Run:
+        return Run(plan=plan, deadline_s=deadline_s, on_event=on_event, shown=self.shown, **extra)
 
     def _left(self) -> float:
-        return max(0.1, self.deadline_s - (time.perf_counter() - self.t0))
+        return max(0.1, self.request.deadline_s - (time.perf_counter() - self.t0))
 
-    async def _solve(self, pipe: EdgePipeline, plan: Plan, deadline_s: float, **extra) -> EdgeResult:
-        req = self.req
-        # the user's sampling reaches the refinement too (OpenAI fidelity); unset: the cloud's defaults
-        kw = {"messages": req.messages, "extraction": req.extraction, "refine": req.refine or req.sampling}
-        if self.local_reserve_s and plan is Plan.CLOUD:
-            kw["local_reserve_s"] = self.local_reserve_s
-        return await pipe.solve(
-            req.task,
-            req.prompt,
-            req.rules,
-            self.sampling,
-            plan,
-            deadline_s,
-            req.request_id,
-            self.on_event,
-            **kw,
-            **extra,
-        )
-
-    async def run(self) -> Outcome:
+    async def _run(self, d: Decision, engine: OrtDraftEngine | None, on_event) -> None:
         """The plan chosen; under auto, a rule-failing edge answer escalates to a split with its drafts."""
-        plan = self.plan
-        pipe = EdgePipeline(self.engine, self.link.channel if plan is not Plan.EDGE else None, self.replays)
+        edge, request, link = self.edge, self.request, self.edge.link
+        replays = edge.cfg.replays
+        pipe = EdgePipeline(engine, link.channel if d.plan is not Plan.EDGE else None, replays)
+        spec = self._run_spec(
+            d.plan, request.deadline_s, on_event, local_reserve_s=self._local_reserve_s(d) if engine else 0.0
+        )
         try:
-            r = await self._solve(pipe, plan, self.deadline_s)
+            r = await pipe.run(request, spec)
         except CloudFailed as exc:  # the cloud plan failed while the edge was cold: load it and answer locally
-            r = await self._solve(EdgePipeline(await self.load_engine(), None), Plan.EDGE, self._left())
-            r = dataclasses.replace(r, fallback_reason=str(exc), fallback_kind=exc.kind)
-        self.runs.append(Ran(plan=plan, result=r, ms=(time.perf_counter() - self.t0) * 1e3))
+            local = EdgePipeline(await edge.load_engine(), None)
+            r = await local.run(request, self._run_spec(Plan.EDGE, self._left(), on_event))
+            r = dataclasses.replace(r, fallback_reason=str(exc), fallback_kind=exc.kind, fallback_status=exc.status)
+        self.runs.append(Ran(plan=d.plan, result=r, ms=(time.perf_counter() - self.t0) * 1e3))
         if (
-            plan is Plan.EDGE
-            and self.auto
+            d.plan is Plan.EDGE
+            and d.choice is not None
             and not r.valid
             and r.drafts
             and not r.fallback_reason
-            and self.link.enabled
-            and self.link.breaker.allow()
+            and d.skipped is None
+            and link.enabled
+            and link.breaker.allow()
         ):
             # auto chose the edge, but its answer failed the rules: a healthy cloud verifies and
             # refines the same drafts (sent as they are: no drafting twice)
             t1 = time.perf_counter()
-            up = EdgePipeline(self.engine, self.link.channel, self.replays)
-            r2 = await self._solve(up, Plan.SPLIT, self._left(), drafts=r.drafts)
+            up = EdgePipeline(engine, link.channel, replays)
+            r2 = await up.run(request, self._run_spec(Plan.SPLIT, self._left(), on_event, drafts=r.drafts))
             r2 = dataclasses.replace(r2, plan_reason="edge answer failed the rules: escalated to split with its drafts")
             self.runs.append(Ran(plan=Plan.SPLIT, result=r2, ms=(time.perf_counter() - t1) * 1e3))
-        return Outcome(tuple(self.runs), merged(self.runs))
+
+    # ---- what the request teaches ------------------------------------------------------------------
+    def _after_cloud(self) -> None:
+        """The circuit breaker and the draft count from the cloud's part of a request (an escalation's
+        too: its session is a cloud call like any other)."""
+        link, last = self.edge.link, self.runs[-1]
+        if last.plan is not Plan.EDGE:
+            kind = last.result.fallback_kind
+            if last.result.fallback_reason and kind is not None and kind.counts_against_cloud:
+                link.breaker.failure(last.result.fallback_reason)
+            else:
+                link.breaker.success()
+        summary = last.result.summary
+        if summary is not None and summary.recommended_drafts:
+            link.recommended_drafts = summary.recommended_drafts  # adopt the cloud's count
+
+    def _learn(self, d: Decision) -> None:
+        """Each plan that ran, with its own outcome: its measured / predicted latency (the edge attempt
+        against the edge's own prediction, an escalation against the escalation's) and the planner's
+        estimates (an escalation as a split observation of its own)."""
+        edge, runs, n = self.edge, self.runs, self.request.sampling.n
+        first = runs[0].plan.value
+        for i, ran in enumerate(runs):
+            r = ran.result
+            if d.choice is not None and first in d.choice.breakdowns and not r.fallback_reason and d.skipped is None:
+                b = d.choice.breakdowns[first]
+                predicted = b.attempt_ms if i == 0 else b.escalation_cost_ms
+                if predicted > 0:
+                    edge.metrics.plan_ratio.labels(ran.plan.value).observe(ran.ms / predicted)
+            # before the skip reason is attached: an edge plan run because the cloud was skipped
+            # is still a clean measurement of the edge plan
+            edge.planner.observe(ran.plan.value, self.task, *self.size, n, r, d.edge, escalated=i > 0)
+
+    def _result(self, d: Decision, waited_ms: float) -> EdgeResult:
+        """The request's result as the user sees it: the runs' (``merged``), with the planner's reason
+        and prediction, the request's own times, and why the cloud was skipped when it was."""
+        result = merged(self.runs)
+        # "cold_start": waiting for the edge model to load
+        add: dict = {
+            "plan_reason": d.why if not result.plan_reason else f"{d.why}; {result.plan_reason}",
+            "timings": result.timings | {"request": (time.perf_counter() - self.t0) * 1e3, "cold_start": waited_ms},
+        }
+        if d.choice is not None and d.plan.value in d.choice.breakdowns:
+            b = d.choice.breakdowns[d.plan.value]  # the choice's expectation (an escalation's share included)
+            add["predicted"] = {k: v for k, v in b.as_dict().items() if k.endswith("_ms")}
+        if d.skipped is not None and not result.fallback_reason:
+            add["fallback_reason"], add["fallback_kind"] = d.skip_reason, d.skipped
+        return dataclasses.replace(result, **add)
+
+    def _count(self, result: EdgeResult) -> None:
+        """A finished request's metrics, by the plan that produced its answer."""
+        m, link = self.edge.metrics, self.edge.link
+        if result.fallback_reason:
+            m.fallbacks.labels(result.fallback_kind or "UNKNOWN").inc()
+        if result.replays:
+            m.replays.inc(len(result.replays))
+        first = self.shown.first_chunk_at if self.shown.first_chunk_at is not None else time.perf_counter()
+        m.ttft.observe(first - self.t0)
+        m.latency.observe(time.perf_counter() - self.t0)
+        m.requests.labels(self.runs[-1].plan.value, result.source).inc()
+        m.circuit.set(1 if link.breaker.state is t.BreakerState.OPEN else 0)
+        m.replicas(link.replicas.values())

@@ -31,6 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from coinfer.edge.breaker import CircuitBreaker
 from coinfer.edge.channel import cloud_channel
 from coinfer.edge.config import EdgeConfig
+from coinfer.edge.sampling import DEFAULT_DRAFTS
 from coinfer.edge.targets import parse_targets
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ class CloudLink:
         self.cfg = cfg
         self.channel: grpc.aio.Channel | None = None
         self.breaker = CircuitBreaker(cfg.breaker_failures, cfg.breaker_reset_s)
-        self.recommended_drafts = 5  # docs/design.md §4.2, until the cloud says otherwise
+        self.recommended_drafts = DEFAULT_DRAFTS  # until the cloud says otherwise
         self.replicas: dict[str, Replica] = {}
         self.resolve_s, self.status_s = resolve_s, status_s
         self._resolver: asyncio.Task | None = None

@@ -24,11 +24,13 @@ from coinfer import convert
 from coinfer import types as t
 from coinfer.chat import ChatMessage
 from coinfer.edge.draft_engine import DraftResult, OrtDraftEngine
+from coinfer.edge.kinds import FallbackKind, FinishReason
+from coinfer.edge.request import SolveRequest, ValidRequest, compiled
 from coinfer.edge.sampling import Sampling
-from coinfer.errors import InvalidArgument, Reason, ResourceExhausted, error_info
+from coinfer.edge.shown import AnswerView
+from coinfer.errors import Reason, error_info, from_rpc
 from coinfer.extract import Extraction
 from coinfer.rules import Rule, RuleSet
-from coinfer.tasks import get_task
 from coinfer.types import Plan  # noqa: F401 - re-exported: callers name the plan with the pipeline
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
@@ -47,23 +49,28 @@ def request_fault(exc: grpc.aio.AioRpcError) -> bool:
     return code == grpc.StatusCode.RESOURCE_EXHAUSTED and error_info(exc)[0] != Reason.SESSIONS_FULL
 
 
-def failure_kind(exc: BaseException) -> str:
-    """A cloud failure as data: the server's ``ErrorInfo`` reason (``coinfer.errors.Reason``), else
-    the status code's name; a deadline, the cloud's or the edge's own, is ``DEADLINE``."""
+def failure_kind(exc: BaseException) -> FallbackKind:
+    """A cloud failure as data: the server's ``ErrorInfo`` reason (``coinfer.errors.Reason``); a deadline,
+    the cloud's or the edge's own, is ``DEADLINE``; a stream that ended early is ``UNAVAILABLE``; any
+    other call with no coinfer reason is ``TRANSPORT`` (its status name: ``failure_status``)."""
     if isinstance(exc, grpc.aio.AioRpcError):
         reason = error_info(exc)[0]
         if reason:
-            return reason
-        return Reason.DEADLINE if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED else exc.code().name
-    return Reason.DEADLINE if isinstance(exc, TimeoutError) else Reason.UNAVAILABLE
+            return FallbackKind.of_reason(reason)
+        return FallbackKind.DEADLINE if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED else FallbackKind.TRANSPORT
+    return FallbackKind.DEADLINE if isinstance(exc, TimeoutError) else FallbackKind.UNAVAILABLE
 
 
-def cloud_failed(kind: str) -> bool:
-    """Whether a fallback (its ``failure_kind``) counts against the cloud in the circuit breaker. Not a
-    full cloud (all sessions, or this edge's quota, in use: load) and not a request's own deadline
-    running out (a client asking for 50 ms would otherwise switch the cloud off for everyone; a hung
-    engine is caught by the cloud's heartbeat and shows as NOT_SERVING)."""
-    return kind not in (Reason.SESSIONS_FULL, Reason.DEADLINE)
+def failure_status(exc: BaseException) -> str:
+    """The gRPC status a cloud failure ended with, by name ("" when no call ended: the stream stopped
+    early, or the edge's own wait ran out)."""
+    return exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else ""
+
+
+def cloud_failed(kind: FallbackKind | str) -> bool:
+    """Whether a fallback (its ``failure_kind``) counts against the cloud in the circuit breaker
+    (``FallbackKind.counts_against_cloud``)."""
+    return FallbackKind(kind).counts_against_cloud
 
 
 LOCAL_FINISH_S = 0.1
@@ -123,10 +130,12 @@ def follow_advice(s: Sampling, advice: t.RetryAdvice) -> Sampling:
 class CloudFailed(ConnectionError):
     """The cloud failed a request and no edge model is loaded to answer it locally."""
 
-    def __init__(self, reason: str, kind: str) -> None:
+    def __init__(self, reason: str, kind: FallbackKind, status: str = "") -> None:
         super().__init__(reason)
         self.kind = kind
         """The failure as data (``failure_kind``)."""
+        self.status = status
+        """The gRPC status it ended with (``failure_status``)."""
 
 
 @dataclass(frozen=True)
@@ -142,9 +151,11 @@ class EdgeResult:
     summary: t.Summary | None = None
     rounds: int = 0
     fallback_reason: str = ""
-    fallback_kind: str = ""
+    fallback_kind: FallbackKind | None = None
     """The fallback's cause as data (``failure_kind``, or ``NO_CLOUD`` / ``CIRCUIT_OPEN`` when the
     cloud was skipped): what the breaker and the metrics decide on; ``fallback_reason`` is for people."""
+    fallback_status: str = ""
+    """The gRPC status name the failed cloud call ended with ("" when none did)."""
     timings: dict[str, float] = field(default_factory=dict)
     """ms: first_draft, drafting (all rounds), total; after an escalation also ``escalation`` (the
     split's own time; drafting and total then cover the edge attempt and the split)."""
@@ -156,60 +167,129 @@ class EdgeResult:
     """The task preset that ran ("" = open request)."""
     fields: dict = field(default_factory=dict)
     """Fields extracted from the answer."""
-    refine_mode: str = ""
-    """How the cloud's refinement used the drafts (candidates | prefix | alone); "" = none."""
+    refine_mode: t.RefineMode | None = None
+    """How the cloud's refinement used the drafts; None: no refinement (the wire's "")."""
     replays: list[str] = field(default_factory=list)
     """Why each replay on another replica happened (a session that failed before its summary)."""
-    finish_reason: str = "stop"
-    """"length" when the answer hit its token budget (incomplete), else "stop"."""
+    finish_reason: FinishReason = FinishReason.STOP
+    """``length`` when the answer hit its token budget (incomplete), ``repetition`` when the loop
+    watch cut it, else ``stop``."""
 
 
-class _Filling:
-    """``ResultBuilder``'s methods; its fields are ``EdgeResult``'s, made mutable."""
+def refine_mode_of(mode: str) -> t.RefineMode | None:
+    """The cloud's ``Summary.refine_mode`` ("" = none; one this edge does not know: None)."""
+    try:
+        return t.RefineMode(mode) if mode else None
+    except ValueError:
+        log.warning("unknown refine mode from the cloud: %r", mode)
+        return None
+
+
+@dataclass(kw_only=True)
+class ResultBuilder:
+    """An ``EdgeResult`` being filled in by one run of a plan (drafts, verdicts and the summary arrive as
+    the run goes); ``freeze`` hands the result over. The same fields as ``EdgeResult``, mutable
+    (tests/edge/test_pipeline.py holds the two field lists equal)."""
+
+    answer: str = ""
+    source: t.ResultSource = t.ResultSource.EDGE_ONLY
+    valid: bool = False
+    drafts: list[t.Draft] = field(default_factory=list)
+    verdicts: dict[int, t.Verdict] = field(default_factory=dict)
+    summary: t.Summary | None = None
+    rounds: int = 0
+    fallback_reason: str = ""
+    fallback_kind: FallbackKind | None = None
+    fallback_status: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+    predicted: dict[str, float] = field(default_factory=dict)
+    plan_reason: str = ""
+    task: str = ""
+    fields: dict = field(default_factory=dict)
+    refine_mode: t.RefineMode | None = None
+    replays: list[str] = field(default_factory=list)
+    finish_reason: FinishReason = FinishReason.STOP
 
     def take(self, summary: t.Summary) -> None:
         """The cloud's answer: adopt its summary."""
         self.summary, self.answer, self.valid = summary, summary.answer, summary.answer_valid
         self.source = t.ResultSource.of(summary.source)
-        self.fields, self.refine_mode = dict(summary.fields), summary.refine_mode
-        self.finish_reason = summary.finish_reason or "stop"
+        self.fields, self.refine_mode = dict(summary.fields), refine_mode_of(summary.refine_mode)
+        self.finish_reason = FinishReason.of(summary.finish_reason)
+
+    def fell_back(self, exc: BaseException, reason: str) -> None:
+        """The cloud failed: the answer is the edge's, and says why."""
+        self.source, self.summary, self.refine_mode = t.ResultSource.EDGE_ONLY, None, None
+        self.fallback_reason, self.fallback_kind, self.fallback_status = reason, failure_kind(exc), failure_status(exc)
 
     def freeze(self) -> EdgeResult:
         """The result, owning copies of what the run filled in."""
-        return EdgeResult(**{f.name: copy.copy(getattr(self, f.name)) for f in dataclasses.fields(self)})
+        return EdgeResult(**{f.name: copy.copy(getattr(self, f.name)) for f in dataclasses.fields(EdgeResult)})
 
 
-ResultBuilder = dataclasses.make_dataclass(
-    "ResultBuilder",
-    [
-        (f.name, f.type, field(default=f.default, default_factory=f.default_factory))
-        for f in dataclasses.fields(EdgeResult)
-    ],
-    bases=(_Filling,),
-    namespace={"__module__": __name__},
-)
-"""An ``EdgeResult`` being filled in by one run of a plan (drafts, verdicts and the summary arrive as
-the run goes); ``freeze`` hands the result over. Derived from ``EdgeResult``'s fields, so the two
-never drift apart (a frozen dataclass and a mutable one cannot share fields by inheritance)."""
-
-
-Event = t.Draft | t.CloudEvent
+Event = t.Draft | t.CloudEvent | t.AnswerReset
 OnEvent = Callable[[Event], None]
 
 
-def _prepare_replay(why: str, result: ResultBuilder, answered: list[bool], emit: OnEvent) -> list[t.Draft]:
+def _ignore(ev: Event) -> None:
+    pass
+
+
+@dataclass(kw_only=True)
+class Run:
+    """How one run of a plan goes: its plan and deadline, where its events go, what the user has seen of
+    the answer (``shown``: the pipeline feeds it every event it emits; a fallback reads it), drafts
+    already written for the request (an escalation sends them instead of drafting again) and, under
+    the cloud plan, how long before the deadline the local answer starts (``local_reserve_s``)."""
+
+    plan: Plan = Plan.SPLIT
+    deadline_s: float = 60.0
+    on_event: OnEvent = _ignore
+    shown: AnswerView = field(default_factory=AnswerView)
+    drafts: list[t.Draft] | None = None
+    local_reserve_s: float = 0.0
+
+    def emit(self, ev: Event) -> None:
+        self.shown.see(ev)
+        self.on_event(ev)
+
+
+def _prepare_replay(why: str, result: ResultBuilder, run: Run) -> list[t.Draft]:
     """Ready ``result`` for a replay of its cloud session on another replica; returns the drafts written
     so far, which travel again as the replay's first round (no re-drafting)."""
     log.warning("cloud session failed before its summary (%s): replaying on another replica", why)
     result.replays.append(why)
-    if answered:  # the streamed answer is withdrawn: the replay writes its own
-        answered.clear()
-        emit(t.AnswerReset(why))
+    if run.shown.streamed:  # the streamed answer is withdrawn: the replay writes its own
+        run.emit(t.AnswerReset(why))
     # Each index once: a replay after a kill once sent index 4 twice and lost the request to
     # INVALID_ARGUMENT (CI, test_replicas; the path that doubled it not found)
     drafts = list({d.index: d for d in result.drafts}.values())
     result.drafts, result.verdicts, result.summary = [], {}, None
     return drafts
+
+
+class _Hedge:
+    """The cloud plan's local answer, drafted from ``reserve_s`` before the deadline on (the cloud that
+    answers in time cancels it; one that does not leaves an answer ready at the deadline)."""
+
+    def __init__(self, draft: Callable[[], asyncio.Future], start_in_s: float) -> None:
+        self.started = False
+        self._draft, self._start_in_s = draft, start_in_s
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> list[t.Draft]:
+        await asyncio.sleep(self._start_in_s)
+        self.started = True
+        return await self._draft()
+
+    def drafts(self) -> asyncio.Task | None:
+        """The drafts under way, if they started."""
+        return self.task if self.started else None
+
+    async def cancel(self) -> None:
+        if not self.task.done():
+            self.task.cancel()  # the cloud answered (or failed early): no local drafts from it
+            await asyncio.gather(self.task, return_exceptions=True)
 
 
 class EdgePipeline:
@@ -243,14 +323,17 @@ class EdgePipeline:
         self,
         task_prompt: str,
         s: Sampling,
+        *,
         start: int,
         t0: float,
         emit: Callable[[t.Draft], asyncio.Future | None],
         stop_at: float | None = None,
+        prefix: str = "",
     ) -> list[t.Draft]:
         """Write ``s.n`` drafts in a worker thread; ``emit`` each one on the loop as it finishes. At
         ``stop_at`` (``time.perf_counter()``) the drafts still being written end there, truncated: the
-        request's deadline bounds drafting (192 tokens took 3.4 s here against a 3 s deadline)."""
+        request's deadline bounds drafting (192 tokens took 3.4 s here against a 3 s deadline).
+        ``prefix``: answer text the drafts continue (each draft's text begins with it)."""
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[DraftResult | None] = asyncio.Queue()
         stop = False
@@ -261,7 +344,10 @@ class EdgePipeline:
         job = loop.run_in_executor(
             None,
             lambda: self.engine.generate(
-                task_prompt, s, on_draft=lambda d: loop.call_soon_threadsafe(q.put_nowait, d), cancelled=cancelled
+                task_prompt + prefix,
+                s,
+                on_draft=lambda d: loop.call_soon_threadsafe(q.put_nowait, d),
+                cancelled=cancelled,
             ),
         )
         job.add_done_callback(lambda _: q.put_nowait(None))  # done callbacks run on the loop: after every draft
@@ -269,11 +355,11 @@ class EdgePipeline:
         try:
             while (r := await q.get()) is not None:
                 d = t.Draft(
-                    start + r.index,
-                    r.text,
-                    r.num_tokens,
-                    r.mean_logprob,
-                    (time.perf_counter() - t0) * 1e3,
+                    index=start + r.index,
+                    text=prefix + r.text,
+                    num_tokens=r.num_tokens,
+                    mean_logprob=r.mean_logprob,
+                    edge_ms=(time.perf_counter() - t0) * 1e3,
                     truncated=r.finish_reason == "length",
                 )
                 out.append(d)
@@ -303,11 +389,11 @@ class EdgePipeline:
         res, parsed = checked[best]
         return drafts[best], res.valid, dict(parsed.fields) if parsed.ok else {}
 
-    async def _finish_local(self, result: ResultBuilder, ruleset: RuleSet) -> None:
-        # the request's rules over every draft: off the loop
-        best, result.valid, result.fields = await asyncio.to_thread(self.local_answer, ruleset, result.drafts)
+    async def _finish_local(self, result: ResultBuilder, ruleset: RuleSet, drafts: list[t.Draft]) -> None:
+        """The best of ``drafts`` as the answer (the request's rules over every one: off the loop)."""
+        best, result.valid, result.fields = await asyncio.to_thread(self.local_answer, ruleset, drafts)
         result.answer = best.text if best is not None else ""
-        result.finish_reason = "length" if best is not None and best.truncated else "stop"
+        result.finish_reason = FinishReason.LENGTH if best is not None and best.truncated else FinishReason.STOP
 
     async def solve(
         self,
@@ -326,178 +412,179 @@ class EdgePipeline:
         drafts: list[t.Draft] | None = None,
         local_reserve_s: float = 0.0,
     ) -> EdgeResult:
-        """Answer ``prompt`` (one user turn) or ``messages`` (a conversation) under ``plan``.
+        """Answer ``prompt`` (one user turn) or ``messages`` (a conversation) under ``plan``: the
+        pipeline alone, without the daemon's checks (tools, benchmarks and tests); the daemon's
+        lifecycle calls ``run`` with a request it checked and compiled once.
 
         ``task_name`` "" is an open request; ``extraction`` and ``rules`` say how answers are
         checked; ``refine`` is the cloud refinement's sampling (None: the cloud's defaults);
-        ``drafts``: drafts already written for this request (an edge answer escalated to the
-        cloud sends them as its first round instead of drafting again). ``local_reserve_s``: under
-        the cloud plan, local drafts start this long before the deadline (a hedge, cancelled when
-        the cloud answers), so that a cloud that misses it leaves an answer ready at the deadline
-        rather than one drafted after it. The cloud is given a deadline ``CLOUD_MARGIN_S`` shorter
-        than the edge's, so that its best answer by then arrives before the edge stops waiting."""
-        t0 = time.perf_counter()
-        task = get_task(task_name)
-        cloud_deadline_ms = int(max(0.05, deadline_s - min(CLOUD_MARGIN_S, 0.1 * deadline_s)) * 1e3)
-        req = t.OpenRequest(
-            request_id=request_id,
-            task=task_name,
+        ``drafts`` and ``local_reserve_s``: as ``Run``'s."""
+        s = sampling or Sampling()
+        s.validate()
+        req = SolveRequest(
             prompt="" if messages else prompt,
+            task=task_name,
             rules=list(rules or []),
-            refine=refine,
-            deadline_ms=cloud_deadline_ms,
+            request_id=request_id,
             messages=list(messages or []),
             extraction=extraction or Extraction(),
         )
-        ruleset = await asyncio.to_thread(
-            lambda: RuleSet(rules or [], task, task.parse_problem(req.question), extraction=req.extraction)
+        valid = await asyncio.to_thread(compiled, req, s, deadline_s, refine=refine)
+        run = Run(
+            plan=plan,
+            deadline_s=deadline_s,
+            on_event=on_event or _ignore,
+            drafts=drafts,
+            local_reserve_s=local_reserve_s,
         )
-        s = sampling or Sampling()
-        s.validate()
-        req.expected_drafts = len(drafts) if drafts else s.n
-        emit = on_event or (lambda ev: None)
-        result = ResultBuilder("", t.ResultSource.EDGE_ONLY, False, task=task_name)
+        return await self.run(valid, run)
+
+    async def run(self, request: ValidRequest, run: Run) -> EdgeResult:
+        """One run of ``run.plan`` for a checked, compiled request. The cloud is given a deadline
+        ``CLOUD_MARGIN_S`` shorter than the edge's, so that its best answer by then arrives before the
+        edge stops waiting. A local answer after streamed final text (``run.shown.final``) continues
+        that text: an answer the user has begun to read is never replaced."""
+        t0 = time.perf_counter()
+        deadline_s, s = run.deadline_s, request.sampling
+        cloud_deadline_ms = int(max(0.05, deadline_s - min(CLOUD_MARGIN_S, 0.1 * deadline_s)) * 1e3)
+        req = request.open_request(cloud_deadline_ms, len(run.drafts) if run.drafts else s.n)
+        result = ResultBuilder(task=request.req.task)
         model_prompt = self.engine.render(req.conversation) if self.engine is not None else ""
         local_stop = t0 + deadline_s - LOCAL_FINISH_S  # local drafts end in time for the rules and the reply
-        if plan is Plan.EDGE or self.stub is None:
-            result.drafts = await self._draft_round(model_prompt, s, 0, t0, lambda d: emit(d), local_stop)
-            await self._finish_local(result, ruleset)
+        if run.plan is Plan.EDGE or self.stub is None:
+            result.drafts = await self._draft_round(
+                model_prompt, s, start=0, t0=t0, emit=run.emit, stop_at=local_stop, prefix=run.shown.final
+            )
+            await self._finish_local(result, request.ruleset, result.drafts)
             result.rounds = 1
             result.timings = {"drafting": (time.perf_counter() - t0) * 1e3, "total": (time.perf_counter() - t0) * 1e3}
             return result.freeze()
-        hedge: asyncio.Task | None = None  # the cloud plan's local answer, started before the deadline
-        hedging: list[bool] = []
-        if plan is Plan.CLOUD and self.engine is not None and not drafts and local_reserve_s > 0:
-
-            async def draft_early() -> list[t.Draft]:
-                await asyncio.sleep(max(0.0, deadline_s - local_reserve_s))
-                hedging.append(True)
-                return await self._draft_round(model_prompt, s, 0, t0, lambda d: None, local_stop)
-
-            hedge = asyncio.create_task(draft_early())
-        try:
-            done = await self._solve_remote(
-                req,
-                ruleset,
-                model_prompt,
-                s,
-                plan,
-                deadline_s,
-                t0,
-                emit,
-                result,
-                drafts,
-                lambda: hedge if hedging else None,
+        hedge = None
+        if run.plan is Plan.CLOUD and self.engine is not None and not run.drafts and run.local_reserve_s > 0:
+            hedge = _Hedge(
+                lambda: self._draft_round(model_prompt, s, start=0, t0=t0, emit=_ignore, stop_at=local_stop),
+                max(0.0, deadline_s - run.local_reserve_s),
             )
-            return done.freeze()
-        finally:
-            if hedge is not None and not hedge.done():
-                hedge.cancel()  # the cloud answered (or failed early): no local drafts from it
-                await asyncio.gather(hedge, return_exceptions=True)
-
-    async def _solve_remote(
-        self,
-        req: t.OpenRequest,
-        ruleset: RuleSet,
-        model_prompt: str,
-        s: Sampling,
-        plan: Plan,
-        deadline_s: float,
-        t0: float,
-        emit: OnEvent,
-        result: ResultBuilder,
-        drafts: list[t.Draft] | None,
-        hedge: Callable[[], asyncio.Task | None],
-    ) -> ResultBuilder:
-        """The split or cloud plan, with replays on other replicas and the local fallback (``hedge()``:
-        the local drafts already under way, if any)."""
-        answered: list[bool] = []
-
-        def emit_cloud(ev: Event) -> None:
-            if isinstance(ev, t.AnswerChunk) and ev.text:
-                answered.append(True)
-            elif isinstance(ev, t.AnswerReset):  # the cloud withdrew what it streamed (passed on as is)
-                answered.clear()
-            emit(ev)
-
         try:
-            async with asyncio.timeout(deadline_s):
+            remote = _Remote(self, request, req, run, model_prompt, t0, hedge)
+            return (await remote.solve(result)).freeze()
+        finally:
+            if hedge is not None:
+                await hedge.cancel()
+
+
+class _Remote:
+    """The split or cloud plan of one run: its cloud session, replays on other replicas, and the local
+    fallback when the cloud fails (the hedge's drafts when they started; drafts already written;
+    else a short round; after streamed final text, only drafts that continue it)."""
+
+    def __init__(
+        self,
+        pipe: EdgePipeline,
+        request: ValidRequest,
+        req: t.OpenRequest,
+        run: Run,
+        model_prompt: str,
+        t0: float,
+        hedge: _Hedge | None,
+    ) -> None:
+        self.pipe, self.request, self.req, self.run, self.model_prompt = pipe, request, req, run, model_prompt
+        self.t0, self.hedge = t0, hedge
+
+    async def solve(self, result: ResultBuilder) -> ResultBuilder:
+        run, drafts = self.run, self.run.drafts
+        try:
+            async with asyncio.timeout(run.deadline_s):
                 while True:
-                    left = max(0.1, deadline_s - (time.perf_counter() - t0))
+                    left = max(0.1, run.deadline_s - (time.perf_counter() - self.t0))
                     # no wait_for_ready on a replay: _replica_ready saw a READY replica; if it is gone by
                     # now the call fails fast (and may replay again) instead of waiting out the deadline
                     try:
-                        if plan is Plan.CLOUD:
-                            return await self._cloud_only(req, left, emit_cloud, t0)
-                        return await self._split(req, model_prompt, s, left, emit_cloud, t0, result, drafts or None)
+                        if run.plan is Plan.CLOUD:
+                            return await self._cloud_only(left)
+                        return await self._split(left, result, drafts or None)
                     except (grpc.aio.AioRpcError, ConnectionError) as exc:
                         if (
-                            len(result.replays) >= self.replays
+                            len(result.replays) >= self.pipe.replays
                             or not replayable(exc)
-                            or not await self._replica_ready()
+                            or not await self.pipe._replica_ready()
                         ):
                             raise
-                        drafts = _prepare_replay(failure_reason(exc), result, answered, emit) or drafts
+                        drafts = _prepare_replay(failure_reason(exc), result, run) or drafts
         except (grpc.aio.AioRpcError, TimeoutError, ConnectionError) as exc:
-            reason = failure_reason(exc)
-            if isinstance(exc, grpc.aio.AioRpcError) and request_fault(exc):
-                # the request itself is wrong: falling back would hide it; the cloud's message names the field
-                kind = InvalidArgument if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else ResourceExhausted
-                raise kind(exc.details() or "request: refused by the cloud") from None
-            if answered:  # what the cloud streamed is withdrawn: the answer now comes from the edge
-                emit(t.AnswerReset(reason))
-            if self.engine is None:
-                raise CloudFailed(
-                    reason, failure_kind(exc)
-                ) from exc  # the caller loads the edge model, answers locally
-            log.warning("cloud failed (%s): answering from local drafts", reason)
-            if not result.drafts:  # drafts already written (escalated, or before a replay) are not written again
-                early = hedge()
-                # past the deadline already: a short round still (an answer, late by at most this)
-                stop = max(t0 + deadline_s - LOCAL_FINISH_S, time.perf_counter() + LATE_DRAFT_S)
-                result.drafts = (
-                    list(drafts)
-                    if drafts
-                    else await early
-                    if early is not None
-                    else await self._draft_round(model_prompt, s, 0, t0, lambda d: None, stop)
-                )
-            await self._finish_local(result, ruleset)
-            result.source, result.fallback_reason, result.summary = t.ResultSource.EDGE_ONLY, reason, None
-            result.fallback_kind = failure_kind(exc)
-            result.refine_mode = ""
-            result.timings["total"] = (time.perf_counter() - t0) * 1e3
-            return result
+            return await self._fall_back(exc, result, drafts)
 
-    async def _split(
-        self,
-        req: t.OpenRequest,
-        task_prompt: str,
-        s: Sampling,
-        deadline_s: float,
-        emit: OnEvent,
-        t0: float,
-        result: ResultBuilder,
-        written: list[t.Draft] | None = None,
+    async def _fall_back(
+        self, exc: BaseException, result: ResultBuilder, drafts: list[t.Draft] | None
     ) -> ResultBuilder:
-        call = self.stub.Session(timeout=deadline_s)
-        await call.write(pb.EdgeMessage(open=convert.open_to_pb(req)))
-        return await _SplitSession(self, call, req, task_prompt, emit, t0, result, written).run(s)
+        reason = failure_reason(exc)
+        if isinstance(exc, grpc.aio.AioRpcError) and request_fault(exc):
+            # the request itself is wrong: falling back would hide it; the cloud's ErrorInfo names the field
+            raise from_rpc(exc) from None
+        if self.run.shown.streamed:  # what the cloud streamed is withdrawn: the answer now comes from the edge
+            self.run.emit(t.AnswerReset(reason))
+        if self.pipe.engine is None:  # the caller loads the edge model and answers locally
+            raise CloudFailed(reason, failure_kind(exc), failure_status(exc)) from exc
+        log.warning("cloud failed (%s): answering from local drafts", reason)
+        await self.pipe._finish_local(result, self.request.ruleset, await self._local_drafts(result, drafts))
+        result.fell_back(exc, reason)
+        result.timings["total"] = (time.perf_counter() - self.t0) * 1e3
+        return result
 
-    async def _cloud_only(self, req: t.OpenRequest, deadline_s: float, emit: OnEvent, t0: float) -> ResultBuilder:
+    async def _local_drafts(self, result: ResultBuilder, drafts: list[t.Draft] | None) -> list[t.Draft]:
+        """The drafts the local answer is chosen from: those written already (escalated, or before a
+        replay), else the hedge's, else a short round (past the deadline already: an answer, late by
+        at most ``LATE_DRAFT_S``). After streamed final text, only drafts that begin with it; when
+        none does, a round that continues it."""
+        prefix = self.run.shown.final
+        if not result.drafts:
+            early = self.hedge.drafts() if self.hedge is not None and not prefix else None
+            result.drafts = list(drafts) if drafts else await early if early is not None else []
+        usable = [d for d in result.drafts if d.text.startswith(prefix)]
+        if not usable:
+            stop = max(self.t0 + self.run.deadline_s - LOCAL_FINISH_S, time.perf_counter() + LATE_DRAFT_S)
+            usable = await self.pipe._draft_round(
+                self.model_prompt,
+                self.request.sampling,
+                start=max((d.index for d in result.drafts), default=-1) + 1,
+                t0=self.t0,
+                emit=_ignore,
+                stop_at=stop,
+                prefix=prefix,
+            )
+            result.drafts = result.drafts + usable
+        return usable
+
+    async def _split(self, deadline_s: float, result: ResultBuilder, written: list[t.Draft] | None) -> ResultBuilder:
+        call = self.pipe.stub.Session(timeout=deadline_s)
+        await call.write(pb.EdgeMessage(open=convert.open_to_pb(self.req)))
+        session = _SplitSession(
+            pipe=self.pipe,
+            call=call,
+            req=self.req,
+            task_prompt=self.model_prompt,
+            emit=self.run.emit,
+            t0=self.t0,
+            result=result,
+            written=written,
+        )
+        return await session.run(self.request.sampling)
+
+    async def _cloud_only(self, deadline_s: float) -> ResultBuilder:
+        req = self.req
         msg = pb.GenerateRequest(
             request_id=req.request_id, problem=convert.problem_to_pb(req), deadline_ms=req.deadline_ms
         )
         if req.refine is not None:
             msg.sampling.CopyFrom(convert.to_pb(req.refine, pb.SamplingParams))
-        result = ResultBuilder("", t.ResultSource.CLOUD, False, task=req.task)
-        async for m in self.stub.Generate(msg, timeout=deadline_s):
+        result = ResultBuilder(source=t.ResultSource.CLOUD, task=req.task)
+        async for m in self.pipe.stub.Generate(msg, timeout=deadline_s):
             ev = convert.event_from_pb(m)
-            emit(ev)
+            self.run.emit(ev)
             if isinstance(ev, t.Summary):
                 result.take(ev)
                 result.source = t.ResultSource.CLOUD
-        result.timings = {"total": (time.perf_counter() - t0) * 1e3}
+        result.timings = {"total": (time.perf_counter() - self.t0) * 1e3}
         return result
 
 
@@ -507,6 +594,7 @@ class _SplitSession:
 
     def __init__(
         self,
+        *,
         pipe: EdgePipeline,
         call,
         req: t.OpenRequest,
@@ -546,7 +634,9 @@ class _SplitSession:
             for d in drafts:
                 await self.write(pb.EdgeMessage(draft=convert.to_pb(d, pb.Draft)))
         else:
-            drafts = await self.pipe._draft_round(self.task_prompt, sampling, start, self.t0, self._send, self.stop_at)
+            drafts = await self.pipe._draft_round(
+                self.task_prompt, sampling, start=start, t0=self.t0, emit=self._send, stop_at=self.stop_at
+            )
             # drafted rounds only: sending drafts that exist waits for the session's acceptance (a
             # round trip the planner's transfer term holds), which is no drafting
             self.drafting_ms += (time.perf_counter() - t_r) * 1e3

@@ -17,6 +17,10 @@ import numpy as np
 from coinfer.errors import require
 from coinfer.types import SamplingParams
 
+DEFAULT_DRAFTS = 5
+"""Drafts per round until the cloud recommends a count (docs/design.md §4.2's n; the cloud's own
+recommendation, §3.3, is 5 at moderate load, so a fresh edge asks what a loaded-but-healthy cloud would)."""
+
 
 @dataclass(frozen=True)
 class Sampling(SamplingParams):
@@ -27,7 +31,7 @@ class Sampling(SamplingParams):
     per-draft runs with those seeds.
     """
 
-    n: int = 5
+    n: int = DEFAULT_DRAFTS
     """Drafts per round (1..max_drafts)."""
 
     def validate(self, field: str = "sampling", max_drafts: int = 16, max_new_tokens: int = 1024) -> None:

@@ -10,6 +10,7 @@ import grpc
 from coinfer import convert
 from coinfer import types as t
 from coinfer.chat import ChatMessage
+from coinfer.edge.kinds import RequestedPlan
 from coinfer.edge.service import Done, EdgeCore, SolveRequest
 from coinfer.errors import InvalidArgument, ResourceExhausted, abort
 from coinfer.v1 import coinfer_pb2 as pb
@@ -32,7 +33,7 @@ def solve_request(request: epb.SolveRequest) -> SolveRequest:
         rules=[convert.rule_from_pb(r) for r in p.rules],
         sampling=convert.from_pb(request.sampling, t.SamplingParams) if request.HasField("sampling") else None,
         num_drafts=request.num_drafts,
-        plan=request.plan or "auto",
+        plan=request.plan or RequestedPlan.AUTO,  # the wire's string: checked (and named if unknown) by the core
         deadline_ms=request.deadline_ms,
         request_id=request.request_id,
         messages=[ChatMessage(m.role, m.content) for m in p.messages],

@@ -100,29 +100,6 @@ async def test_the_coinfer_block_carries_the_plans_that_ran_and_the_clouds_token
         assert last["plans"] == ["edge", "split"] and last["cloud_tokens"] == {"generated": 42, "prompt": 17}
 
 
-def test_final_text_leaves_at_once_and_held_text_waits_for_the_answer():
-    from coinfer import types as t
-    from coinfer.edge.http import Release
-
-    r = Release()
-    assert r.chunk(t.AnswerChunk("3+5=8;", final=False)) == ""  # a refinement the rules may still refuse
-    assert r.chunk(t.AnswerChunk(" 8^2=64;", final=True)) == "3+5=8; 8^2=64;"  # final: the held text before it too
-    assert r.chunk(t.AnswerChunk(" 3*5=16;")) == ""
-    r.reset()  # the refinement was rejected: the draft follows, beginning with what was sent
-    assert r.chunk(t.AnswerChunk("3+5=8; 8^2=64;", final=True)) == ""  # already sent
-    assert r.chunk(t.AnswerChunk(" 3*5=15; answer 49", final=True)) == " 3*5=15; answer 49"
-    assert r.rest("3+5=8; 8^2=64; 3*5=15; answer 49") == ""
-    # held to the end: the answer whole at Done
-    r = Release()
-    assert r.chunk(t.AnswerChunk("Paris")) == "" and r.rest("Paris.") == "Paris."
-    # final text a later answer does not begin (a replica failed, the answer came from elsewhere)
-    r = Release()
-    assert r.chunk(t.AnswerChunk("The sky", final=True)) == "The sky"
-    r.reset()
-    assert r.chunk(t.AnswerChunk("Blue light", final=True)) == ""  # never sent over what was
-    assert r.rest("Blue light scatters.") is None
-
-
 async def _streamed(monkeypatch, tmp_path, events: list) -> list[dict]:
     """The server-sent events (parsed) of a streamed chat completion whose core yields ``events``."""
     import httpx

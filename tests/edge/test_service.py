@@ -51,12 +51,13 @@ class FakePipeline:
     def __init__(self, engine, channel, replays: int = 2) -> None:
         pass
 
-    async def solve(self, task, prompt, rules, s, plan, deadline_s, request_id, on_event, *, drafts=None, **kw):
+    async def run(self, request, run):
+        plan, drafts = run.plan, run.drafts
         FakePipeline.calls.append((plan, len(drafts or [])))
         if plan is Plan.EDGE:
             out = [t.Draft(index=i, text="3+5=9; answer 9", num_tokens=10) for i in range(3)]
             for d in out:
-                on_event(d)
+                run.emit(d)
             return EdgeResult(
                 answer=out[0].text,
                 source="edge_only",
@@ -166,9 +167,9 @@ def test_the_grpc_result_carries_the_plans_and_the_cloud_tokens():
 class PassingEdgePipeline(FakePipeline):
     """The edge's answer passes the rules: no escalation, so auto reaches the cloud only by choosing it."""
 
-    async def solve(self, task, prompt, rules, s, plan, deadline_s, request_id, on_event, *, drafts=None, **kw):
-        r = await super().solve(task, prompt, rules, s, plan, deadline_s, request_id, on_event, drafts=drafts, **kw)
-        return dataclasses.replace(r, answer="3+5=8; answer 8", valid=True) if plan is Plan.EDGE else r
+    async def run(self, request, run):
+        r = await super().run(request, run)
+        return dataclasses.replace(r, answer="3+5=8; answer 8", valid=True) if run.plan is Plan.EDGE else r
 
 
 async def test_auto_probes_an_open_circuit_once_it_has_cooled_down(core, monkeypatch):
