@@ -148,14 +148,14 @@ class CloudCore:
         w = self.learner.weights
         cost = metered()  # before the session starts tasks: they count into it too
         s = Session(
-            self.cfg,
-            self.engine,
-            req,
-            task,
-            spec,
-            rules,
-            self.controller.recommended,
-            deadline_ms / 1e3,
+            cfg=self.cfg,
+            engine=self.engine,
+            req=req,
+            task=task,
+            spec=spec,
+            rules=rules,
+            recommended_drafts=self.controller.recommended,
+            deadline_s=deadline_ms / 1e3,
             weights=(w.a, w.b, w.g),
             load=self.controller.smoothed,
             round_odds=self.round_odds,

@@ -29,9 +29,29 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from coinfer.cloud.policy import fit_weights
+from coinfer.cloud.ranking import MS_PER_S, Ranked
+from coinfer.rules import RuleSet
 from coinfer.serving import statefile
+from coinfer.tasks import Task
 
 log = logging.getLogger(__name__)
+
+Outcome = tuple[float, float, float, float]
+"""One ranked draft's outcome: (verifier score, agreement, verification latency in s, label 1/0)."""
+
+
+def outcome_rows(ranked: Ranked, answer: str, task: Task, spec: dict, rules: RuleSet) -> list[Outcome]:
+    """A finished session's ranked drafts as outcome rows, each labelled right (1) or wrong (0): graded
+    by the task where it can grade, else by whether it agrees with the answer the session gave."""
+    final_key = task.answer_key(rules.parse(answer))
+    rows = []
+    for j, _, agree in ranked:
+        try:
+            label = float(task.grade(spec, j.parsed))
+        except Exception:  # noqa: BLE001 - a task that cannot grade: agreement with the answer
+            label = float(task.answer_key(j.parsed) == final_key)
+        rows.append((j.verdict.score, agree, j.verdict.verify_ms / MS_PER_S, label))
+    return rows
 
 
 class _WeightsSchema(BaseModel):
@@ -65,7 +85,7 @@ class WeightLearner:
     alpha: float = 0.3
     """EWMA weight of a new fit."""
     path: Path | None = None
-    rows: list[tuple[float, float, float, float]] = field(default_factory=list)
+    rows: list[Outcome] = field(default_factory=list)
     _pending: int = 0
     """Sessions recorded here since this replica's last update."""
     _written_sessions: int = 0
@@ -81,7 +101,7 @@ class WeightLearner:
             log.info("scheduler weights from %s: a=%.3f b=%.3f g=%.3f (%d updates)", p, w.a, w.b, w.g, w.updates)
         return cls(w, every, alpha, p, _written_sessions=w.sessions)
 
-    def record(self, rows: list[tuple[float, float, float, float]]) -> bool:
+    def record(self, rows: list[Outcome]) -> bool:
         """Add one session's outcome rows; returns True when this session triggered an update.
         With learning off (``every`` 0) nothing is kept."""
         if not self.every:

@@ -1,8 +1,10 @@
-"""One co-inference session: verify drafts as they arrive, then refine (docs/design.md §2.2).
+"""One co-inference session: verify drafts as they arrive, then answer (docs/design.md §2.2).
 
-This file holds the session's stream and its driver (rounds of drafts, retry advice, the
-deadline); verification and ranking are ``coinfer.cloud.judging``, the answer paths
-``coinfer.cloud.answering``, the state they share ``coinfer.cloud.session_state``.
+``Session`` coordinates its parts, each in a file of its own: the judge turns drafts into verdicts
+(``coinfer.cloud.judging.Judge``), the answerer turns the ranked verdicts into an answer
+(``coinfer.cloud.answering.Answerer``), the answer stream owns what the client was shown
+(``coinfer.cloud.answer_stream.AnswerStream``); the session drives the rounds of drafts
+(``coinfer.cloud.rounds``), the retry advice and the deadline, and ends on the Summary.
 
 Input: the edge's drafts and end-of-round markers (an async iterator).
 Output: domain events (``coinfer.types``) in the order the edge should see them:
@@ -19,10 +21,21 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from coinfer import types as t
-from coinfer.cloud.answering import Answer, Answering
-from coinfer.cloud.judging import Judging
-from coinfer.cloud.session_state import Ranked
-from coinfer.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, field_of
+from coinfer.cloud.answer import Answer, draft_answer
+from coinfer.cloud.answer_stream import AnswerStream
+from coinfer.cloud.answering import Answerer
+from coinfer.cloud.config import CloudConfig
+from coinfer.cloud.context import SessionContext
+from coinfer.cloud.engine import TargetEngine
+from coinfer.cloud.judging import Judge
+from coinfer.cloud.learning import Outcome, outcome_rows
+from coinfer.cloud.policy import RoundOdds
+from coinfer.cloud.ranking import MS_PER_S, Ranked
+from coinfer.cloud.rounds import Rounds, request_kind, retry_advice
+from coinfer.cloud.summary import summary
+from coinfer.errors import DeadlineExceeded
+from coinfer.rules import RuleSet
+from coinfer.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -35,232 +48,169 @@ class DraftsDone:
 
 
 EdgeItem = t.Draft | DraftsDone
-_END = object()
 
 
-@dataclass
-class Session(Judging, Answering):
-    """One session (its state: ``SessionState``); ``run`` drives it."""
+class Session:
+    """One session over its parts; ``run`` drives it."""
+
+    def __init__(
+        self,
+        *,
+        cfg: CloudConfig,
+        engine: TargetEngine,
+        req: t.OpenRequest,
+        task: Task,
+        spec: dict,
+        rules: RuleSet,
+        recommended_drafts: int,
+        deadline_s: float,
+        weights: tuple[float, float, float] | None = None,
+        load: float = 0.0,
+        round_odds: RoundOdds | None = None,
+    ) -> None:
+        """``weights``: the scheduler weights (a, b, g) in force (None: the configured ones); ``load``: the
+        engine's at open (raises the latency weight); ``round_odds``: the service's record of how often a
+        round of drafts holds a valid one (None: retry as configured)."""
+        self.ctx = SessionContext(cfg=cfg, engine=engine, req=req, task=task, spec=spec, rules=rules)
+        self.recommended_drafts, self.deadline_s, self.round_odds = recommended_drafts, deadline_s, round_odds
+        self.stream = AnswerStream()
+        self.judge = Judge(self.ctx, weights=weights, load=load)
+        self.answerer = Answerer(self.ctx, judge=self.judge, stream=self.stream)
+        self.rounds = Rounds(cfg.limits)
+        self.outcome: list[Outcome] = []
+        """(score, agreement, latency_s, label) per ranked draft once finished: the learner's input."""
+        self.t0 = time.perf_counter()
 
     def _ms(self) -> float:
-        return (time.perf_counter() - self.t0) * 1e3
+        return (time.perf_counter() - self.t0) * MS_PER_S
 
-    async def _finish(self, out: asyncio.Queue, verify_ms: float) -> None:
-        """The session's answer once the drafts are in: the best verified draft as is, a refinement
-        of the drafts, or (no valid draft) the cloud's own answer; then the Summary."""
-        ranked = self._ranked()
-        t_ref = time.perf_counter()
-        not_as_is = self._accept_as_is(ranked) if ranked else ""
-        if ranked and not not_as_is and self._cut_short(ranked[0][0]):
-            a = await self._answer_continued(ranked, out)
-        elif ranked and not not_as_is:
-            a = await self._answer_as_is(ranked, out)
-        elif ranked:
-            a = await self._answer_refined(ranked, not_as_is, out)
-        else:
-            a = await self._answer_alone(out)
-        if self.cfg.policy.learn_every:  # grading every draft only feeds the learner; parses client text: off the loop
-            await asyncio.to_thread(self._outcome, ranked, a.text)
-        await out.put(
-            self._summary(
-                ranked,
-                a,
-                t.Timings(verify_ms, a.ttft_ms, (time.perf_counter() - t_ref) * 1e3, self._ms(), a.steps, a.generated),
-            )
-        )
+    @property
+    def kind(self) -> tuple:
+        """What rounds of drafts of this request are counted by (``RoundOdds``)."""
+        return request_kind(self.ctx.req, self.ctx.rules)
 
-    async def _chunk(self, out: asyncio.Queue, text: str, final: bool = False) -> None:
-        """Stream ``text``; ``final``: every answer the session can still end on begins with what was
-        streamed so far, this included (``coinfer.cloud.answering``'s docstring says where)."""
-        self.shown += text
-        await out.put(t.AnswerChunk(text, final))
-
-    async def _withdraw(self, out: asyncio.Queue, reason: str) -> None:
-        """Withdraw what was streamed (``AnswerReset``): the answer will be streamed anew."""
-        if self.shown:
-            self.shown = ""
-            await out.put(t.AnswerReset(reason))
-
-    async def _replace_streamed(self, out: asyncio.Queue, answer: str, reason: str) -> None:
-        """The answer is not the text streamed: withdraw it (``AnswerReset``) and stream the answer,
-        so that a client showing chunks as they come ends on the answer the Summary carries."""
-        if self.shown == answer:
-            return
-        await self._withdraw(out, reason)
-        await self._chunk(out, answer, final=True)  # decided: this is the answer
+    def _another_round_pays(self) -> bool:
+        """Whether another round of drafts is worth its wait: rounds of this kind of request lately held a
+        valid draft often enough (``PolicyConfig.min_round_odds``)."""
+        return self.round_odds is None or self.round_odds.pays(self.kind, self.ctx.policy.min_round_odds)
 
     def _summary(self, ranked: Ranked, a: Answer, timings: t.Timings) -> t.Summary:
-        rank_of = {j.draft.index: r for j, r, _ in ranked}
-        scores = [
-            t.DraftScore(i, j.verdict.valid, j.verdict.score, rank_of.get(i, 0.0))
-            for i, j in sorted(self.judged.items())
-        ]
-        trace = (
-            "; ".join(
-                f"Draft#{j.draft.index} "
-                + (
-                    f"scored {j.verdict.score:.2f}, passed {','.join(j.verdict.rules_passed)}"
-                    if j.verdict.valid
-                    else f"failed {j.verdict.failed_rule}: {j.verdict.error}"
-                )
-                for j in self.judged.values()
-            )
-            + f" | {a.note}"
-        )
-        return t.Summary(
-            answer=a.text,
-            source=a.source,
-            chosen_drafts=[j.draft.index for j in a.chosen],
-            scores=scores,
+        engine = self.ctx.engine
+        return summary(
+            req=self.ctx.req,
+            judged=self.judge.judged,
+            ranked=ranked,
+            answer=a,
             timings=timings,
-            trace=f"[THINKING_TRACE: {trace}]",
-            answer_valid=a.valid,
             recommended_drafts=self.recommended_drafts,
-            request_id=self.req.request_id,
-            refine_mode=a.mode,
-            fields=dict(a.parsed.fields) if a.parsed is not None and a.parsed.ok else {},
-            prompt_tokens=self.engine.count_tokens(self.prompt_text),
-            answer_tokens=self.engine.count_tokens(a.text),
-            finish_reason=a.finish,
+            prompt_tokens=engine.count_tokens(self.ctx.prompt_text),
+            answer_tokens=engine.count_tokens(a.text),
         )
+
+    async def _finish(self, verify_ms: float) -> None:
+        """The answer once the drafts are in (``Answerer.answer``), then the Summary."""
+        ranked = self.judge.ranked()
+        t_ref = time.perf_counter()
+        a = await self.answerer.answer(ranked, self.rounds.attempt)
+        if self.ctx.policy.learn_every:  # grading every draft only feeds the learner; parses client text: off the loop
+            ctx = self.ctx
+            self.outcome += await asyncio.to_thread(outcome_rows, ranked, a.text, ctx.task, ctx.spec, ctx.rules)
+        refine_ms = (time.perf_counter() - t_ref) * MS_PER_S
+        timings = t.Timings(
+            verify_ms=verify_ms,
+            refine_ttft_ms=a.ttft_ms,
+            refine_ms=refine_ms,
+            total_ms=self._ms(),
+            decode_steps=a.steps,
+            decode_tokens=a.generated,
+        )
+        self.stream.put(self._summary(ranked, a, timings))
 
     def _at_deadline(self) -> t.Summary | None:
         """The best answer the session has when its deadline expires mid-work (refinement, retries,
         candidates): the best verified draft, as is; None when no draft was verified valid. The
         deadline bounds the wait: an answer before it, never a better one after."""
-        ranked = self._ranked()
+        ranked = self.judge.ranked()
         if not ranked:
             return None
-        a = self._draft_answer(
+        a = draft_answer(
             ranked[0][0], t.RefineMode.DEADLINE, "deadline reached: the best verified draft returned as is"
         )
         return self._summary(ranked, a, t.Timings(total_ms=self._ms()))
 
-    def _advice(self) -> t.RetryAdvice:
-        errors: dict[str, int] = {}
-        for j in self.judged.values():
-            if not j.verdict.valid:
-                code = field_of(j.verdict.error)
-                errors[code] = errors.get(code, 0) + 1
-        reason = ", ".join(f"{k} x{n}" for k, n in sorted(errors.items(), key=lambda kv: -kv[1])) or "no drafts"
-        # explore more each round: hotter, more diverse, a few more drafts
-        base = t.SamplingParams()
-        sampling = t.SamplingParams(
-            temperature=min(1.5, base.temperature + 0.3 * self.attempt),
-            top_p=base.top_p,
-            presence_penalty=min(2.0, base.presence_penalty + 0.2 * self.attempt),
-            frequency_penalty=min(2.0, base.frequency_penalty + 0.1 * self.attempt),
-            max_new_tokens=base.max_new_tokens,
-        )
-        n = min(self.cfg.limits.max_drafts - len(self.seen), self.recommended_drafts + 2 * self.attempt)
-        return t.RetryAdvice(self.attempt, n, sampling, reason)
-
-    @property
-    def _kind(self) -> tuple:
-        """What rounds of drafts are counted by (``RoundOdds``): the task and the rules in force."""
-        return self.req.task, tuple(self.rules.labels)
-
-    def _another_round_pays(self) -> bool:
-        """Whether another round of drafts is worth its wait: rounds of this kind of request lately held a
-        valid draft often enough (``PolicyConfig.min_round_odds``)."""
-        return self.round_odds is None or self.round_odds.pays(self._kind, self.cfg.policy.min_round_odds)
-
     # ---- driver ---------------------------------------------------------------------
-    async def _consume(self, inbox: AsyncIterator[EdgeItem], out: asyncio.Queue) -> None:
+    async def _consume(self, inbox: AsyncIterator[EdgeItem]) -> None:
         round_tasks: list[asyncio.Task] = []
-        pending: dict[tuple, asyncio.Future] = {}
-
-        async def verify_and_emit(d: t.Draft) -> None:
-            await out.put(await self._verify(d, pending))
-
         try:
-            await self._rounds(inbox, out, round_tasks, pending, verify_and_emit)
+            await self._rounds(inbox, round_tasks)
         finally:  # a cancelled or failed session stops its verifications (and their vLLM requests)
             for tk in round_tasks:
                 tk.cancel()
             await asyncio.gather(*round_tasks, return_exceptions=True)
 
-    async def _rounds(
-        self,
-        inbox: AsyncIterator[EdgeItem],
-        out: asyncio.Queue,
-        round_tasks: list[asyncio.Task],
-        pending: dict,
-        verify_and_emit,
-    ) -> None:
-        lim = self.cfg.limits
-        sent_in_round = 0
+    async def _verify_and_emit(self, d: t.Draft) -> None:
+        self.stream.put(await self.judge.verdict(d))
+
+    async def _rounds(self, inbox: AsyncIterator[EdgeItem], round_tasks: list[asyncio.Task]) -> None:
+        rounds, p = self.rounds, self.ctx.policy
         async for item in inbox:
             if isinstance(item, t.Draft):
-                if item.index in self.seen:
-                    raise InvalidArgument(f"draft.index: {item.index} was already sent")
-                if len(item.text) > lim.max_draft_chars:
-                    raise ResourceExhausted(f"draft.text: {len(item.text)} chars > limit {lim.max_draft_chars}")
-                if len(self.seen) >= lim.max_drafts:
-                    raise ResourceExhausted(f"draft: more than {lim.max_drafts} drafts in one session")
-                self.seen.add(item.index)
-                round_tasks.append(asyncio.create_task(verify_and_emit(item), name=f"d{item.index}"))
-                sent_in_round += 1
+                rounds.take(item)
+                round_tasks.append(asyncio.create_task(self._verify_and_emit(item), name=f"d{item.index}"))
                 continue
-            if item.count != sent_in_round:
-                raise InvalidArgument(f"done.count: {item.count} but {sent_in_round} drafts were sent this round")
+            rounds.close(item.count)
             await asyncio.gather(*round_tasks)
             verify_ms = self._ms()
             round_tasks.clear()
-            sent_in_round = 0
-            budget_left = self.cfg.limits.max_drafts - len(self.seen)
-            found = bool(self._ranked())
+            found = bool(self.judge.ranked())
             if self.round_odds is not None:
-                self.round_odds.observe(self._kind, found)
-            if (
-                found
-                or self.attempt >= self.cfg.policy.max_retries
-                or budget_left < 1
-                or not self._another_round_pays()
-            ):
-                await self._finish(out, verify_ms)
+                self.round_odds.observe(self.kind, found)
+            if found or rounds.attempt >= p.max_retries or rounds.drafts_left < 1 or not self._another_round_pays():
+                await self._finish(verify_ms)
                 return
-            self.attempt += 1
-            await out.put(self._advice())
+            rounds.attempt += 1
+            self.stream.put(
+                retry_advice(
+                    verdicts=[j.verdict for j in self.judge.judged.values()],
+                    attempt=rounds.attempt,
+                    drafts_left=rounds.drafts_left,
+                    recommended=self.recommended_drafts,
+                )
+            )
         # the edge closed its side without finishing a round: answer from what we have
         await asyncio.gather(*round_tasks)
-        await self._finish(out, self._ms())
+        await self._finish(self._ms())
 
-    async def run(self, inbox: AsyncIterator[EdgeItem]) -> AsyncIterator[t.CloudEvent]:
-        out: asyncio.Queue = asyncio.Queue()
-        yield t.SessionAccepted(self.req.request_id, self.rules.labels, self.recommended_drafts)
-
-        async def consume() -> None:
-            try:
-                async with asyncio.timeout(self.deadline_s):
-                    await self._consume(inbox, out)
-                await out.put(_END)
-            except TimeoutError:
-                best = self._at_deadline()
-                if best is not None:  # what was streamed of an unfinished refinement is not the answer
-                    await self._replace_streamed(out, best.answer, "deadline: the best verified draft, as is")
-                await out.put(
-                    best
-                    if best is not None
-                    else DeadlineExceeded(
-                        f"deadline_ms: session exceeded its {self.deadline_s * 1e3:.0f} ms deadline with no verified draft"
+    async def _drive(self, inbox: AsyncIterator[EdgeItem]) -> None:
+        """The session's work, its end or failure handed to the reader through the stream."""
+        try:
+            async with asyncio.timeout(self.deadline_s):
+                await self._consume(inbox)
+            self.stream.end()
+        except TimeoutError:
+            best = self._at_deadline()
+            if best is None:
+                self.stream.fail(
+                    DeadlineExceeded(
+                        f"deadline_ms: session exceeded its {self.deadline_s * MS_PER_S:.0f} ms deadline with no verified draft"
                     )
                 )
-                if best is not None:
-                    await out.put(_END)
-            except BaseException as exc:  # hand every failure to the reader below
-                await out.put(exc)
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
+                return
+            # what was streamed of an unfinished refinement is not the answer
+            self.stream.replace(best.answer, "deadline: the best verified draft, as is")
+            self.stream.put(best)
+            self.stream.end()
+        except BaseException as exc:  # hand every failure to the reader
+            self.stream.fail(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
 
-        task = asyncio.create_task(consume())
+    async def run(self, inbox: AsyncIterator[EdgeItem]) -> AsyncIterator[t.CloudEvent]:
+        ctx = self.ctx
+        yield t.SessionAccepted(ctx.req.request_id, ctx.rules.labels, self.recommended_drafts)
+        task = asyncio.create_task(self._drive(inbox))
         try:
-            while True:
-                ev = await out.get()
-                if ev is _END:
-                    return
-                if isinstance(ev, BaseException):
-                    raise ev
+            async for ev in self.stream.events():
                 yield ev
         finally:
             if not task.done():

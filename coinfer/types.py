@@ -11,6 +11,7 @@ from enum import IntEnum, StrEnum
 from coinfer.chat import ChatMessage, conversation, question_of
 from coinfer.errors import require
 from coinfer.extract import Extraction
+from coinfer.repetition import FINISH_REASON as LOOP_FINISH_REASON
 from coinfer.rulespec import Rule
 
 
@@ -87,6 +88,17 @@ class VerifierKind(StrEnum):
 
     LIKELIHOOD = "likelihood"
     JUDGE = "judge"
+
+
+class FinishReason(StrEnum):
+    """Why an answer ended (``Summary.finish_reason``, OpenAI's ``finish_reason``)."""
+
+    STOP = "stop"
+    """The model ended it (end of turn, a stop string)."""
+    LENGTH = "length"
+    """It hit its token budget: incomplete."""
+    REPETITION = LOOP_FINISH_REASON
+    """The cloud stopped its own generation where it fell into a loop (``coinfer.repetition``)."""
 
 
 @dataclass(frozen=True)

@@ -8,73 +8,58 @@ from __future__ import annotations
 import asyncio
 
 from coinfer import types as t
-from coinfer.cloud.config import CloudConfig
-from coinfer.cloud.engine import Chunk, EngineStats, GenParams, TargetEngine
+from coinfer.cloud.config import CloudConfig, PolicyConfig
+from coinfer.cloud.engine import Chunk, GenParams, TargetEngine
 from coinfer.cloud.session import DraftsDone, Session
 from coinfer.extract import Extraction
 from coinfer.rules import Rule, RuleSet
 from coinfer.tasks import OPEN
+from tests.cloud.engines import ScriptedEngine
 from tests.streams import shown as _shown
 
 RIGHT = "Tom buys 3 * 4 = 12 apples.\nNow he has 5 + 12 = 17 apples.\nAnswer: 17"
 WRONG = "Tom buys 3 * 4 = 12 apples.\nNow he has 4 + 12 = 16 apples.\nAnswer: 16"
 
 
-class ScriptedEngine(TargetEngine):
-    """Logprobs per continuation from a table; every generation answers ``reply``."""
-
-    def __init__(
-        self, logprobs: dict[str, list[float]], reply: str, finish: str = "stop", delay_s: float = 0.0
-    ) -> None:
-        self.logprobs, self.reply, self.generated, self.finish = logprobs, reply, 0, finish
-        self.delay_s = delay_s  # per generated word: a slow refinement
-
-    def count_tokens(self, text: str) -> int:
-        return len(text.split())
-
-    async def generate(self, prompt: str, params: GenParams, request_id: str):
-        words = self.reply.split(" ")
-        for i, word in enumerate(words):
-            await asyncio.sleep(self.delay_s)
-            self.generated += 1
-            yield Chunk(word + (" " if i + 1 < len(words) else ""), 1, self.finish if i + 1 == len(words) else None)
-
-    async def sample(self, prompt: str, params: GenParams, n: int, request_id: str) -> list[Chunk]:
-        self.generated += n
-        return [Chunk(self.reply, 1) for _ in range(n)]
-
-    async def continuation_logprobs(
-        self, prompt: str, continuation: str, request_id: str, end: bool = True
-    ) -> list[float]:
-        return self.logprobs.get(continuation, [-5.0] * 8)
-
-    async def judge(self, prompt: str, schema: dict, max_tokens: int, request_id: str) -> str:
-        raise NotImplementedError
-
-    async def abort(self, request_id: str) -> None:
-        return None
-
-    async def check_health(self) -> None:
-        return None
-
-    def stats(self) -> EngineStats:
-        return EngineStats(running=0, max_num_seqs=8, ready=True)
-
-    @property
-    def max_model_len(self) -> int:
-        return 4096
+def _make(
+    engine: TargetEngine,
+    req: t.OpenRequest,
+    task=OPEN,
+    spec: dict | None = None,
+    rules: RuleSet | None = None,
+    *,
+    deadline_s: float = 10.0,
+    round_odds=None,
+    **policy,
+) -> Session:
+    """A session of ``req`` on ``engine``; ``policy``: PolicyConfig fields that differ from the defaults."""
+    spec = {} if spec is None else spec
+    return Session(
+        cfg=CloudConfig(policy=PolicyConfig(**policy)),
+        engine=engine,
+        req=req,
+        task=task,
+        spec=spec,
+        rules=rules if rules is not None else RuleSet(req.rules, task, spec, extraction=req.extraction),
+        recommended_drafts=5,
+        deadline_s=deadline_s,
+        round_odds=round_odds,
+    )
 
 
-def _session(engine: TargetEngine) -> Session:
-    req = t.OpenRequest(
+def _apples(refine: t.SamplingParams | None = None) -> t.OpenRequest:
+    return t.OpenRequest(
         request_id="r",
         task="",
         prompt="Tom has 5 apples and buys 3 bags of 4. How many?",
         rules=[Rule("arithmetic")],
+        refine=refine,
         extraction=Extraction("marker"),
     )
-    rules = RuleSet(req.rules, OPEN, {}, extraction=req.extraction)
-    return Session(CloudConfig(), engine, req, OPEN, {}, rules, recommended_drafts=5, deadline_s=10.0)
+
+
+def _session(engine: TargetEngine, *, rules: RuleSet | None = None, **kw) -> Session:
+    return _make(engine, _apples(kw.pop("refine", None)), rules=rules, **kw)
 
 
 async def _run(session: Session, drafts: list[str], truncated: bool = False) -> list:
@@ -110,17 +95,14 @@ def test_a_draft_with_one_token_the_target_doubts_is_refined():
 def test_the_clouds_own_answer_is_not_refused_by_the_likelihood_threshold():
     # every draft fails the rules; the target's greedy answer scores low (free prose would), yet it is its own
     engine = ScriptedEngine({RIGHT: [-2.0] * 12}, reply=RIGHT)
-    session = _session(engine)
-    session.cfg.policy.max_retries = 0
+    session = _session(engine, max_retries=0)
     summary = asyncio.run(_run(session, ["Tom buys 3 * 4 = 13 apples.\nAnswer: 13"]))[-1]
     assert summary.refine_mode == "alone" and summary.answer_valid
     assert engine.generated == len(RIGHT.split(" "))  # greedy only: no candidates were sampled
 
 
-def _refining(engine: ScriptedEngine) -> Session:
-    session = _session(engine)
-    session.cfg.policy.accept_min_score = 2.0  # never accept as is: always refine
-    return session
+def _refining(engine: ScriptedEngine, **kw) -> Session:
+    return _session(engine, accept_min_score=2.0, **kw)  # never accept as is: always refine
 
 
 def test_a_refinement_that_contradicts_agreeing_drafts_is_refused():
@@ -178,8 +160,7 @@ def test_finish_reason_is_that_of_the_text_returned():
     # a truncated draft accepted as is where the request's answer budget is the draft's own: "length";
     # a finished one: "stop"
     engine = ScriptedEngine({RIGHT: [-0.05] * 12}, reply="unused")
-    same_budget = _session(engine)
-    same_budget.req.refine = t.SamplingParams(max_new_tokens=12)
+    same_budget = _session(engine, refine=t.SamplingParams(max_new_tokens=12))
     assert asyncio.run(_run(same_budget, [RIGHT, RIGHT + " "], truncated=True))[-1].finish_reason == "length"
     assert asyncio.run(_run(_session(engine), [RIGHT, RIGHT + " "]))[-1].finish_reason == "stop"
 
@@ -187,8 +168,7 @@ def test_finish_reason_is_that_of_the_text_returned():
 def test_a_finished_draft_is_chosen_over_a_truncated_one_of_any_score():
     ramble = "L'Etoile, la Cite, la Bastille, Paris, la cite, la region, la culture, les pays que le monde ne"
     engine = ScriptedEngine({RIGHT: [-0.2] * 12, ramble: [-0.01] * 12}, reply="unused")
-    session = _session(engine)
-    session.rules = RuleSet([], OPEN, {})  # free text: no rule tells them apart
+    session = _session(engine, rules=RuleSet([], OPEN, {}))  # free text: no rule tells them apart
 
     async def inbox():
         yield t.Draft(0, ramble, 64, -0.01, 1.0, truncated=True)
@@ -218,8 +198,7 @@ def test_the_deadline_returns_the_best_verified_draft_instead_of_an_error():
     import time
 
     engine = ScriptedEngine({RIGHT: [-0.1] * 12}, reply=RIGHT, delay_s=1.0)  # a refinement of ~12 s
-    session = _refining(engine)
-    session.deadline_s = 0.8
+    session = _refining(engine, deadline_s=0.8)
     t0 = time.perf_counter()
     events = asyncio.run(_run(session, [RIGHT]))
     summary = events[-1]
@@ -233,17 +212,13 @@ def test_the_likelihood_threshold_is_relative_to_the_draft_models_own_confidence
     model did passes at -1.1; one it finds far less likely fails; the floor bounds a claimed own value."""
     prose = "Autumn wind carries leaves across the quiet road; the year lets them go. Answer: 17"
     engine = ScriptedEngine({prose: [-1.1] * 12}, reply="unused")
-    session = _session(engine)
-    assert session._floor(None) == -0.5 and session._floor(0.0) == -0.5  # not reported: absolute
-    assert session._floor(-0.9) == -1.4 and session._floor(-0.05) == -0.55 and session._floor(-50.0) == -3.0
 
     async def one(own: float) -> t.Verdict:
         async def inbox():
             yield t.Draft(0, prose, 12, own, 1.0)
             yield DraftsDone(1)
 
-        s = _session(engine)
-        s.cfg.policy.max_retries = 0
+        s = _session(engine, max_retries=0)
         return [ev async for ev in s.run(inbox()) if isinstance(ev, t.Verdict)][0]
 
     assert asyncio.run(one(-0.9)).valid  # the draft model was about as sure: natural text
@@ -260,23 +235,18 @@ def test_cloud_candidates_continue_the_greedy_answers_own_right_steps():
     spec = arith.parse_problem("If x=3 and y=5, compute (x+y)^2-x*y.")
 
     class Candidates(ScriptedEngine):
-        prompts: list[str] = []
-
         async def sample(self, prompt: str, params: GenParams, n: int, request_id: str) -> list[Chunk]:
             self.prompts.append(prompt)
             return [Chunk(" 64-15=49; answer 49", 3) for _ in range(n)]
 
     engine = Candidates({}, reply="3+5=8; 8^2=64; 3*5=15; 64-15=48; answer 48")
     req = t.OpenRequest(request_id="r", task="arith", prompt="If x=3 and y=5, compute (x+y)^2-x*y.")
-    session = Session(
-        CloudConfig(), engine, req, arith, spec, RuleSet([], arith, spec), recommended_drafts=5, deadline_s=10.0
-    )
-    session.cfg.policy.max_retries = 0
-    session.cfg.policy.calculator_fixes = 0  # candidates alone (the corrections: below)
+    # candidates alone (the corrections: below)
+    session = _make(engine, req, arith, spec, RuleSet([], arith, spec), max_retries=0, calculator_fixes=0)
     events = asyncio.run(_run(session, ["3+5=9; answer 9"]))
     summary = events[-1]
     assert _shown(events) == summary.answer  # the greedy answer streamed first is withdrawn
-    assert engine.prompts and engine.prompts[0].endswith("3+5=8; 8^2=64; 3*5=15;")
+    assert len(engine.prompts) == 2 and engine.prompts[1].endswith("3+5=8; 8^2=64; 3*5=15;")  # greedy, then sampled
     assert summary.answer == "3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 49" and summary.answer_valid
     assert summary.refine_mode == "alone"  # no draft step was right: the drafts gave nothing
 
@@ -286,10 +256,9 @@ class Replies(ScriptedEngine):
 
     def __init__(self, replies: list[str]) -> None:
         super().__init__({}, reply="")
-        self.replies, self.prompts = list(replies), []
+        self.replies = list(replies)
 
     async def generate(self, prompt: str, params: GenParams, request_id: str):
-        self.prompts.append(prompt)
         self.reply = self.replies.pop(0)
         async for chunk in super().generate(prompt, params, request_id):
             yield chunk
@@ -298,8 +267,7 @@ class Replies(ScriptedEngine):
 def test_a_wrong_computed_value_in_the_clouds_answer_is_corrected_and_the_target_continues():
     slip = "Tom buys 3 * 4 = 12 apples.\nNow he has 5 + 12 = 16 apples.\nAnswer: 16"
     engine = Replies([slip, " apples.\nAnswer: 17"])
-    session = _session(engine)
-    session.cfg.policy.max_retries = 0
+    session = _session(engine, max_retries=0)
     events = asyncio.run(_run(session, ["Tom buys 3 * 4 = 13 apples.\nAnswer: 13"]))
     summary = events[-1]
     assert engine.prompts[1].endswith("Now he has 5 + 12 = 17")  # the true value, then the target goes on
@@ -317,34 +285,15 @@ def test_a_drafts_slip_on_a_sum_is_corrected_into_the_prefix_the_target_continue
     rest = " AC 12>8; AD 5:17; BC 11>8; BD 4:14; CD 9>8; answer A,D"
     engine = Replies([rest])
     req = t.OpenRequest(request_id="r", task="select", prompt=prompt)
-    session = Session(
-        CloudConfig(),
-        engine,
-        req,
-        select,
-        spec,
-        RuleSet(select.default_rules(spec), select, spec),
-        recommended_drafts=5,
-        deadline_s=10.0,
-    )
-    session.cfg.policy.max_retries = 0
+    session = _make(engine, req, select, spec, RuleSet(select.default_rules(spec), select, spec), max_retries=0)
     # the draft's first step has the wrong cost (7 is right): the cloud starts after it, corrected
     summary = asyncio.run(_run(session, ["AB 8:15; AC 12>8; answer A,B"]))[-1]
     assert engine.prompts[0].endswith("AB 7:15;")
     assert summary.answer == "AB 7:15;" + rest and summary.answer_valid and summary.refine_mode == "prefix"
 
     no_fix = Replies(["AB 7:15;" + rest])
-    session = Session(
-        CloudConfig(),
-        no_fix,
-        req,
-        select,
-        spec,
-        RuleSet(select.default_rules(spec), select, spec),
-        recommended_drafts=5,
-        deadline_s=10.0,
-    )
-    session.cfg.policy.max_retries, session.cfg.policy.calculator_fixes = 0, 0
+    rules = RuleSet(select.default_rules(spec), select, spec)
+    session = _make(no_fix, req, select, spec, rules, max_retries=0, calculator_fixes=0)
     assert asyncio.run(_run(session, ["AB 8:15; AC 12>8; answer A,B"]))[-1].refine_mode == "alone"
 
 
@@ -359,18 +308,14 @@ def test_free_text_is_accepted_as_is_when_the_target_is_about_as_confident_as_th
 
     def session() -> Session:
         req = t.OpenRequest(request_id="r", task="", prompt="Explain why the sky is blue.")
-        return Session(
-            CloudConfig(), engine, req, OPEN, {}, RuleSet([], OPEN, {}), recommended_drafts=5, deadline_s=10.0
-        )
+        return _make(engine, req, rules=RuleSet([], OPEN, {}), max_retries=0)
 
     async def run(text: str) -> list:
         async def inbox():
             yield t.Draft(0, text, 12, -0.63, 1.0)
             yield DraftsDone(1)
 
-        s = session()
-        s.cfg.policy.max_retries = 0
-        return [ev async for ev in s.run(inbox())]
+        return [ev async for ev in session().run(inbox())]
 
     summary = asyncio.run(run(prose))[-1]
     assert summary.refine_mode == "accepted" and summary.answer == prose and engine.generated == 0
@@ -387,17 +332,16 @@ def test_free_text_is_accepted_as_is_when_the_target_is_about_as_confident_as_th
 def test_the_clouds_own_generation_stops_when_it_falls_into_a_loop():
     loop = " ".join(["a leaf falls"] * 60)  # 180 tokens here (one per word)
     engine = ScriptedEngine({}, reply=loop)
-    session = _session(engine)
-    session.cfg.policy.max_retries = 0
+    session = _session(engine, max_retries=0)
     summary = asyncio.run(_run(session, ["Tom buys 3 * 4 = 13 apples.\nAnswer: 13"]))[-1]
-    from coinfer.cloud.answering import LOOP_CHECK_TOKENS
+    from coinfer.cloud.writer import LOOP_CHECK_TOKENS
     from coinfer.repetition import repetition_error
 
     # stopped at the first check that saw the loop, not at its budget; then the candidates (4 here)
     first = next(
         n for n in range(LOOP_CHECK_TOKENS, 181, LOOP_CHECK_TOKENS) if repetition_error(" ".join(loop.split()[:n]))
     )
-    assert first < 60 and engine.generated == first + session.cfg.policy.cloud_candidates
+    assert first < 60 and engine.generated == first + session.ctx.policy.cloud_candidates
     assert not summary.answer_valid and summary.finish_reason == "repetition"
 
 
@@ -437,13 +381,11 @@ def test_text_streamed_as_final_begins_every_answer_the_session_can_end_on():
     assert _final(events) == events[-1].answer == right2
     # the deadline during a refinement: the best draft, final
     engine = ScriptedEngine({RIGHT: [-0.1] * 12}, reply=RIGHT, delay_s=1.0)
-    session = _refining(engine)
-    session.deadline_s = 0.5
+    session = _refining(engine, deadline_s=0.5)
     assert _final(asyncio.run(_run(session, [RIGHT]))) == RIGHT
     # a task's own answer (the rules judge it whole): held, then corrected or replaced as before
     engine = ScriptedEngine({}, reply=WRONG)
-    session = _session(engine)
-    session.cfg.policy.max_retries = 0
+    session = _session(engine, max_retries=0)
     events = asyncio.run(_run(session, ["Tom buys 3 * 4 = 13 apples.\nAnswer: 13"]))
     first = next((i for i, e in enumerate(events) if isinstance(e, t.AnswerReset)), len(events))
     assert not any(e.final for e in events[:first] if isinstance(e, t.AnswerChunk))
@@ -452,10 +394,8 @@ def test_text_streamed_as_final_begins_every_answer_the_session_can_end_on():
 
 def _open_alone(engine: ScriptedEngine) -> Session:
     """The cloud plan of an open request with no rules: only the loop watch judges its answer."""
-    session = _session(engine)
-    session.req.rules, session.req.extraction = [], Extraction()
-    session.rules = RuleSet([], OPEN, {})
-    return session
+    req = t.OpenRequest(request_id="r", task="", prompt="Tom has 5 apples and buys 3 bags of 4. How many?")
+    return _make(engine, req, rules=RuleSet([], OPEN, {}))
 
 
 def test_an_open_requests_own_answer_streams_as_final_and_a_loop_is_cut_not_replaced():
@@ -489,11 +429,9 @@ def test_a_prefix_refinement_is_final_while_it_writes_what_the_best_draft_says()
     def refined(reply: str) -> list:
         engine = ScriptedEngine({best: [-0.05] * 12, other: [-0.1] * 12}, reply=reply)
         req = t.OpenRequest(request_id="r", task="arith", prompt=prompt)
-        session = Session(
-            CloudConfig(), engine, req, arith, spec, RuleSet([], arith, spec), recommended_drafts=5, deadline_s=10.0
-        )
-        session.cfg.policy.accept_min_score = 2.0  # refine: the consensus steps "3+5=8; 8^2=64;" continued
-        session.cfg.policy.rules_decide = False  # the preset's checkers would accept the draft as is
+        # accept_min_score 2: refine, the consensus steps "3+5=8; 8^2=64;" continued; rules_decide off:
+        # the preset's checkers would accept the draft as is
+        session = _make(engine, req, arith, spec, RuleSet([], arith, spec), accept_min_score=2.0, rules_decide=False)
         return asyncio.run(_run(session, [best, other]))
 
     # the target writes the best draft's own steps: every chunk final, the prefix the first
@@ -508,19 +446,7 @@ def test_a_prefix_refinement_is_final_while_it_writes_what_the_best_draft_says()
     assert any(isinstance(e, t.AnswerReset) for e in events) and _final(events) == events[-1].answer == best
 
 
-class Counting(ScriptedEngine):
-    """A scripted engine that counts the verifier's scoring calls."""
-
-    scored = 0
-
-    async def continuation_logprobs(
-        self, prompt: str, continuation: str, request_id: str, end: bool = True
-    ) -> list[float]:
-        self.scored += 1
-        return await super().continuation_logprobs(prompt, continuation, request_id, end)
-
-
-def _preset(engine: TargetEngine, rules: list[Rule] | None = None) -> tuple[Session, str]:
+def _preset(engine: TargetEngine, rules: list[Rule] | None = None, **policy) -> tuple[Session, str]:
     import random
 
     from coinfer.tasks import TASKS
@@ -530,14 +456,12 @@ def _preset(engine: TargetEngine, rules: list[Rule] | None = None) -> tuple[Sess
     spec = task.parse_problem(problem.prompt)
     req = t.OpenRequest(request_id="r", task="arith", prompt=problem.prompt, rules=list(rules or []))
     ruleset = RuleSet(req.rules, task, spec)
-    return Session(CloudConfig(), engine, req, task, spec, ruleset, recommended_drafts=5, deadline_s=10.0), task.solve(
-        spec
-    )
+    return _make(engine, req, task, spec, ruleset, **policy), task.solve(spec)
 
 
 def test_where_a_presets_own_checkers_pass_a_draft_no_model_is_asked_and_it_is_the_answer():
     # the target doubts a token (-6: refined on an open request), but the exact checkers passed the draft
-    engine = Counting({}, reply="unused")
+    engine = ScriptedEngine({}, reply="unused")
     session, right = _preset(engine)
     engine.logprobs = {right: [-0.05] * 10 + [-6.0]}
     wrong = right.replace("9+10=19; answer 19", "9+10=18; answer 18")
@@ -554,9 +478,8 @@ def test_a_preset_with_rules_of_its_own_or_the_switch_off_is_verified_by_the_mod
         ([Rule("numeric_bounds", {"field": "answer", "min": -100, "max": 100})], True),
         (None, False),
     ):
-        engine = Counting({}, reply="unused")
-        session, right = _preset(engine, rules)
-        session.cfg.policy.rules_decide = decide
+        engine = ScriptedEngine({}, reply="unused")
+        session, right = _preset(engine, rules, rules_decide=decide)
         engine.logprobs = {right: [-0.05] * 10 + [-6.0]}
         summary = asyncio.run(_run(session, [right]))[-1]
         assert engine.scored >= 1 and summary.refine_mode != "accepted"
@@ -568,11 +491,10 @@ def test_no_retry_is_advised_where_rounds_of_this_kind_never_held_a_valid_draft(
     odds = RoundOdds(explore_every=1000)
     for retried in (True, False):
         engine = ScriptedEngine({}, reply=RIGHT)
-        session = _session(engine)
-        session.round_odds = odds
+        session = _session(engine, round_odds=odds)
         if not retried:  # the same kind of request found nothing in its rounds many times
             for _ in range(30):
-                odds.observe(session._kind, False)
+                odds.observe(session.kind, False)
         events = asyncio.run(_run(session, [WRONG.replace("4 + 12 = 16", "4 + 12 = 15")]))
         assert any(isinstance(e, t.RetryAdvice) for e in events) is retried
         if not retried:

@@ -1,0 +1,140 @@
+"""The cloud's own answer, when no draft is valid (or none was sent: the cloud plan). The target
+continues from the steps the drafts got right before their first mistake (most common path first);
+its greedy answer is not held to the likelihood threshold (it is the target's most likely answer);
+when it fails a rule, a wrong computed value is corrected and the answer continued, then sampled
+candidates are checked (docs/design.md §2.2).
+
+Where only the loop watch can refuse the answer (``RuleSet.only_loop_watch``), it streams as final and
+is kept whatever follows: no correction, no candidates (they would withdraw it); a loop is cut, not
+replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+
+from coinfer import types as t
+from coinfer.cloud.answer import Answer, finish_reason, join_steps
+from coinfer.cloud.answer_stream import AnswerStream
+from coinfer.cloud.context import SessionContext
+from coinfer.cloud.judging import Judge
+from coinfer.cloud.policy import consensus_prefix
+from coinfer.cloud.writer import Writer, always, never
+from coinfer.tasks import OPEN
+from coinfer.tasks.base import split_steps
+
+ONE_DRAFT = 1
+"""Support a step needs to join the prefix the cloud continues: one draft's verified step is right."""
+
+
+class CloudAlone:
+    """The cloud's own answer for one session (``answer``)."""
+
+    def __init__(self, ctx: SessionContext, *, judge: Judge, writer: Writer, stream: AnswerStream) -> None:
+        self.ctx, self.judge, self.writer, self.stream = ctx, judge, writer, stream
+
+    async def answer(self) -> Answer:
+        """The cloud's answer, from the steps the drafts judged so far got right."""
+        ctx, p = self.ctx, self.ctx.policy
+        drafts = [j.draft.text for j in self.judge.judged.values()]
+        verified = await asyncio.to_thread(lambda: [self._prefix_steps(text) for text in drafts])
+        prefix_steps = consensus_prefix([v for v in verified if v], ONE_DRAFT)
+        prefix = join_steps(prefix_steps)
+        commit = ctx.rules.only_loop_watch  # only the loop watch can refuse it: final as it streams
+        w = await self.writer.write(ctx.prompt_text, prefix, p.refine_max_tokens, "cloud", always if commit else never)
+        valid, why, parsed = await self.judge.recheck(w.text, likelihood=False)
+        a = Answer(
+            text=w.text,
+            source=t.AnswerSource.CLOUD,
+            valid=valid,
+            parsed=parsed,
+            mode=t.RefineMode.PREFIX if prefix_steps else t.RefineMode.ALONE,  # a verified prefix is the drafts' work
+            finish=w.finish,
+            note="streamed as final: a loop cut" if w.finish == t.FinishReason.REPETITION and commit else "",
+            ttft_ms=w.ttft_ms,
+            steps=w.tokens,
+            generated=w.tokens,
+        )
+        if not valid and p.calculator_fixes and not commit:
+            why = await self._calculator_fixed(a, why)
+        if not a.valid and p.cloud_candidates > 0 and not commit:
+            # candidates continue from the greedy answer's own steps before its first mistake (right
+            # steps kept, fewer tokens decoded: select's candidates cost 0.6x)
+            own = ctx.task.verified_prefix(ctx.spec, a.text)
+            await self._candidates(a, join_steps(own) if len(own) > len(prefix_steps) else prefix, why)
+        a.note = (
+            (
+                f"no valid draft after retries: cloud answered alone from {len(prefix_steps)} verified steps"
+                if drafts
+                else "no drafts (cloud plan): the cloud answered alone"
+            )
+            + (f"; {a.note}" if a.note else "")
+            + ("" if a.valid else " (its answer failed verification)")
+        )
+        return a
+
+    def _prefix_steps(self, text: str) -> list[str]:
+        """A draft's steps before its first mistake, and that step corrected where its mistake is a
+        computed value (``Task.corrected_prefix``: the subset or operands stay the draft's). Tasks only:
+        a word problem's draft carries its plan in prose, which nothing here checks."""
+        task, spec = self.ctx.task, self.ctx.spec
+        ok = task.verified_prefix(spec, text)
+        if task is OPEN or not self.ctx.policy.calculator_fixes:
+            return ok
+        fixed = task.corrected_prefix(spec, text)
+        steps = split_steps(fixed) if fixed else []
+        # the corrected step must be one the task verifies (arith: a step of the expression; a draft's
+        # right arithmetic on the wrong terms, corrected, is still the wrong step: held-out prefix
+        # answers fell from 0.96 to 0.71 right without this)
+        if len(steps) == len(ok) + 1 and steps[: len(ok)] == ok and task.step_ok(spec, steps[-1]):
+            return steps
+        return ok
+
+    async def _calculator_fixed(self, a: Answer, why: str) -> str:
+        """The cloud's answer ``a`` failed the rules (``why``): where a computed value is wrong (an
+        ``a op b = c``, a task step's sum), the true value replaces it (``Task.corrected_prefix``) and
+        the target continues from there, up to ``calculator_fixes`` times; ``a`` is updated in place.
+        Returns why the last answer still fails ('' when it passes)."""
+        ctx = self.ctx
+        for n in range(ctx.policy.calculator_fixes):
+            fixed = await asyncio.to_thread(ctx.task.corrected_prefix, ctx.spec, a.text)  # linear in the text
+            if fixed is None:
+                break
+            self.stream.withdraw(f"the cloud's answer failed {why}: a computed value corrected")
+            w = await self.writer.write(ctx.prompt_text, fixed, ctx.answer_budget, f"fix{n}")
+            a.steps, a.generated = a.steps + w.tokens, a.generated + w.tokens
+            a.valid, why, a.parsed = await self.judge.recheck(w.text, likelihood=False)
+            a.text, a.finish = w.text, w.finish
+            if a.valid:
+                a.note = f"{n + 1} computed value(s) corrected"
+                return ""
+        return why
+
+    async def _candidates(self, a: Answer, prefix: str, why: str) -> None:
+        """Sample ``cloud_candidates`` answers in one batched request; each is checked as it finishes
+        and the first that passes the rules replaces ``a``'s text, the others aborted (SmolLM2's haiku:
+        one of 4 candidates looped to its 192-token budget while the other three ended by token 35)."""
+        ctx, p = self.ctx, self.ctx.policy
+        cands = ctx.engine.finished_samples(
+            ctx.prompt_text + prefix,
+            dataclasses.replace(ctx.params(p.refine_max_tokens), temperature=p.cloud_temperature, seed=None),
+            p.cloud_candidates,
+            ctx.request_id("cands"),
+        )
+        done, last = 0, 0
+        async with contextlib.aclosing(cands):
+            async for cand in cands:
+                done, last = done + 1, cand.tokens
+                a.generated += cand.tokens
+                ok, _, parsed = await self.judge.recheck(prefix + cand.text, likelihood=False)
+                if ok:
+                    self.stream.replace(prefix + cand.text, f"the cloud's answer failed {why}; a candidate passed")
+                    a.text, a.valid, a.parsed = prefix + cand.text, True, parsed
+                    a.finish = finish_reason(cand.finish_reason)
+                    break
+        # one batched request: its steps are the last finished candidate's tokens, and each candidate
+        # aborted then had decoded as many (they advance in lockstep)
+        a.steps += last
+        a.generated += (p.cloud_candidates - done) * last

@@ -1,0 +1,81 @@
+"""The session's outgoing events, in order, and the cloud's one record of what of the answer the client
+has been shown.
+
+Every answer chunk and every withdrawal goes through ``AnswerStream``: ``chunk`` streams text (and says
+whether it is final), ``withdraw`` takes it all back (``AnswerReset``), ``replace`` makes the shown text
+the answer. Other events (verdicts, retry advice, the Summary) go through ``put``, which refuses chunks
+and resets so that nothing streams answer text past the record. The reader (``Session.run``) takes the
+events with ``events``: they end at ``end``, or raise what ``fail`` was given.
+
+Writes never wait: the queue is unbounded (a session's events are bounded by its token budget), so
+the writers are plain methods and a writer is never suspended between the record and the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from coinfer import types as t
+
+_END = object()
+"""The marker after the last event."""
+
+
+class AnswerStream:
+    """A session's events for the edge, and ``shown``: the answer text streamed since the last reset."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._shown = ""
+
+    @property
+    def shown(self) -> str:
+        """The answer text the client has been streamed since the last ``AnswerReset``."""
+        return self._shown
+
+    def put(self, event: t.CloudEvent) -> None:
+        """An event that is not answer text (a Verdict, RetryAdvice, the Summary)."""
+        if isinstance(event, (t.AnswerChunk, t.AnswerReset)):
+            raise TypeError("answer text goes through chunk / withdraw / replace: they keep the record")
+        self._queue.put_nowait(event)
+
+    def chunk(self, text: str, final: bool = False) -> None:
+        """Stream ``text``; ``final``: every answer the session can still end on begins with what was
+        streamed so far, this included (``coinfer.cloud.answering``'s docstring says where)."""
+        self._shown += text
+        self._queue.put_nowait(t.AnswerChunk(text, final))
+
+    def withdraw(self, reason: str) -> None:
+        """Withdraw what was streamed (``AnswerReset``): the answer will be streamed anew. Nothing
+        shown, nothing to withdraw: no reset."""
+        if self._shown:
+            self._shown = ""
+            self._queue.put_nowait(t.AnswerReset(reason))
+
+    def replace(self, answer: str, reason: str) -> None:
+        """Make ``answer`` the text shown: where it is not what was streamed, withdraw that and stream
+        the answer (final: decided), so that a client showing chunks as they come ends on the answer
+        the Summary carries."""
+        if self._shown == answer:
+            return
+        self.withdraw(reason)
+        self.chunk(answer, final=True)
+
+    def end(self) -> None:
+        """No event follows."""
+        self._queue.put_nowait(_END)
+
+    def fail(self, exc: BaseException) -> None:
+        """The session failed: ``events`` raises ``exc`` after the events before it."""
+        self._queue.put_nowait(exc)
+
+    async def events(self) -> AsyncIterator[t.CloudEvent]:
+        """The events in order, until ``end``; raises what ``fail`` was given."""
+        while True:
+            ev = await self._queue.get()
+            if ev is _END:
+                return
+            if isinstance(ev, BaseException):
+                raise ev
+            yield ev

@@ -1,0 +1,81 @@
+"""What one session was asked and what it answers with: the request, its task and rules, the config and
+the engine. Fixed when the session opens and read by every part of it (``Judge``, ``Answerer``,
+``Session``); nothing here changes while the session runs, so the parts share it without sharing state.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from dataclasses import dataclass, field
+
+from coinfer import types as t
+from coinfer.cloud.config import CloudConfig, PolicyConfig
+from coinfer.cloud.engine import GenParams, TargetEngine
+from coinfer.rules import RuleSet
+from coinfer.tasks import OPEN, Task
+
+KEY_CHARS = 12
+"""Hex characters of a session's engine key: unique enough across the sessions one engine serves."""
+
+
+def _new_key() -> str:
+    return uuid.uuid4().hex[:KEY_CHARS]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionContext:
+    """One session's request and the means to answer it (read-only)."""
+
+    cfg: CloudConfig
+    engine: TargetEngine
+    req: t.OpenRequest
+    task: Task
+    spec: dict
+    rules: RuleSet
+    key: str = field(default_factory=_new_key)
+    """Prefix of the session's engine request ids: unique across sessions even when two edges reuse a
+    request_id (vLLM refuses a second request under an id still running)."""
+
+    @property
+    def policy(self) -> PolicyConfig:
+        return self.cfg.policy
+
+    def request_id(self, tag: str) -> str:
+        """The engine request id of this session's request ``tag`` ("v3": draft 3's verification)."""
+        return f"{self.key}-{tag}"
+
+    @functools.cached_property
+    def prompt_text(self) -> str:
+        """The conversation rendered with the target's chat template (computed once)."""
+        return self.engine.render(self.req.conversation)
+
+    @property
+    def rules_decide(self) -> bool:
+        """The rules alone judge a draft (``PolicyConfig.rules_decide``): no LLM verifier, no refinement."""
+        return self.policy.rules_decide and self.rules.exact
+
+    @property
+    def thresholded(self) -> bool:
+        """The likelihood threshold judges open requests; a built-in preset's checkers are exact."""
+        return self.task is OPEN
+
+    def params(self, max_tokens: int) -> GenParams:
+        """The request's sampling (temperature, top_p, penalties, seed, stop), else the policy's."""
+        sp = self.req.refine
+        if sp is None:
+            return GenParams(max_tokens=max_tokens, temperature=self.policy.refine_temperature)
+        return GenParams(
+            max_tokens=min(max_tokens, sp.max_new_tokens),
+            temperature=sp.temperature,
+            top_p=sp.top_p,
+            presence_penalty=sp.presence_penalty,
+            frequency_penalty=sp.frequency_penalty,
+            seed=sp.seed,
+            stop=sp.stop,
+        )
+
+    @property
+    def answer_budget(self) -> int:
+        """The tokens this request gives the cloud's answer: the policy's, or less when the request asks."""
+        return self.params(self.policy.refine_max_tokens).max_tokens

@@ -1,0 +1,101 @@
+"""A stand-in target engine for unit tests of the session's parts: scripted logprobs and replies, and a
+record of what it was asked (no model, no vLLM; the real engine is tested in test_service.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from coinfer import types as t
+from coinfer.cloud.config import CloudConfig, PolicyConfig
+from coinfer.cloud.context import SessionContext
+from coinfer.cloud.engine import Chunk, EngineStats, GenParams, TargetEngine
+from coinfer.rules import RuleSet
+from coinfer.tasks import OPEN, Task
+
+UNKNOWN_LOGPROBS = [-5.0] * 8
+"""What the engine scores a continuation it has no entry for: far below any threshold."""
+
+
+class ScriptedEngine(TargetEngine):
+    """Logprobs per continuation from a table; every generation answers ``reply``; the judge answers
+    ``judged``. Counts what it did: ``generated`` tokens, ``scored`` continuations, and the request ids
+    and prompts it was given."""
+
+    def __init__(
+        self,
+        logprobs: dict[str, list[float]],
+        reply: str,
+        finish: str = "stop",
+        delay_s: float = 0.0,
+        judged: str = "",
+    ) -> None:
+        self.logprobs, self.reply, self.generated, self.finish = logprobs, reply, 0, finish
+        self.delay_s = delay_s  # per generated word: a slow refinement
+        self.judged = judged
+        self.scored = 0
+        self.request_ids: list[str] = []
+        self.prompts: list[str] = []
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    async def generate(self, prompt: str, params: GenParams, request_id: str):
+        self.request_ids.append(request_id)
+        self.prompts.append(prompt)
+        words = self.reply.split(" ")
+        for i, word in enumerate(words):
+            await asyncio.sleep(self.delay_s)
+            self.generated += 1
+            yield Chunk(word + (" " if i + 1 < len(words) else ""), 1, self.finish if i + 1 == len(words) else None)
+
+    async def sample(self, prompt: str, params: GenParams, n: int, request_id: str) -> list[Chunk]:
+        self.request_ids.append(request_id)
+        self.prompts.append(prompt)
+        self.generated += n
+        return [Chunk(self.reply, 1) for _ in range(n)]
+
+    async def continuation_logprobs(
+        self, prompt: str, continuation: str, request_id: str, end: bool = True
+    ) -> list[float]:
+        self.scored += 1
+        self.request_ids.append(request_id)
+        return self.logprobs.get(continuation, UNKNOWN_LOGPROBS)
+
+    async def judge(self, prompt: str, schema: dict, max_tokens: int, request_id: str) -> str:
+        self.request_ids.append(request_id)
+        return self.judged
+
+    async def abort(self, request_id: str) -> None:
+        return None
+
+    async def check_health(self) -> None:
+        return None
+
+    def stats(self) -> EngineStats:
+        return EngineStats(running=0, max_num_seqs=8, ready=True)
+
+    @property
+    def max_model_len(self) -> int:
+        return 4096
+
+
+def context(
+    engine: TargetEngine,
+    req: t.OpenRequest | None = None,
+    task: Task = OPEN,
+    spec: dict | None = None,
+    rules: RuleSet | None = None,
+    **policy,
+) -> SessionContext:
+    """A session's context on ``engine`` (``req``: an open request with no rules by default); ``policy``:
+    PolicyConfig fields that differ from the defaults."""
+    req = req or t.OpenRequest(request_id="r", task="", prompt="Explain why the sky is blue.")
+    spec = {} if spec is None else spec
+    rules = rules if rules is not None else RuleSet(req.rules, task, spec, extraction=req.extraction)
+    cfg = CloudConfig(policy=PolicyConfig(**policy))
+    return SessionContext(cfg=cfg, engine=engine, req=req, task=task, spec=spec, rules=rules)
+
+
+def draft(index: int, text: str, *, own: float = -0.1, num_tokens: int = 12, truncated: bool = False) -> t.Draft:
+    """A draft as the edge sends it (``own``: its model's mean logprob of it)."""
+    return t.Draft(index, text, num_tokens, own, 1.0, truncated=truncated)
