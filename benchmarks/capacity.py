@@ -124,6 +124,8 @@ class Step:
     ttft_p50_s: float
     accuracy: float | None
     sources: dict = field(default_factory=dict)
+    engine_tokens_per_answer: float | None = None
+    """Mean of the servers' own reports (``Result.engine_tokens``) over answers that have one."""
 
     def held(self, slo_s: float) -> bool:
         return self.failed == 0 and self.answers > 0 and self.p95_s <= slo_s
@@ -147,6 +149,7 @@ def summary(steps: list[Step], slo_s: float, sat: Step) -> dict:
     return {
         "capacity_rps": round(best.rate, 3) if best is not None else 0.0,
         "cloud_cpu_s_per_answer": round(sat.cpu_per_answer, 4),
+        "engine_tokens_per_answer": sat.engine_tokens_per_answer,
         "accuracy": at.accuracy,
         "p50_s": at.p50_s,
         "p95_s": at.p95_s,
@@ -294,6 +297,9 @@ class Result:
     ttft_s: float
     failed: str = ""
     source: str = ""
+    engine_tokens: int | None = None
+    """Tokens the target engine computed for the answer, as its server reports them: coinfer's
+    ``Summary.cost`` (prefill past the prefix cache + decoding), vLLM's usage (prompt + completion)."""
 
 
 def workload(name: str, n: int, seed: int) -> list[Request]:
@@ -341,22 +347,30 @@ async def ask_coinfer(core, req: Request, plan: str, rid: str, deadline_ms: int)
     lat = time.perf_counter() - t0
     r = done.result
     fell_back = f"fallback: {r.fallback_kind}" if r.fallback_reason else ""
-    return Result(req.grade(r.answer), lat, ttft or lat, fell_back, "->".join(done.plans) + f":{r.source}")
+    cost = r.summary.cost if r.summary is not None else None
+    work = cost.work_tokens if cost is not None else (0 if done.plans == ["edge"] else None)  # edge: no cloud
+    return Result(req.grade(r.answer), lat, ttft or lat, fell_back, "->".join(done.plans) + f":{r.source}", work)
 
 
 async def ask_vllm(client, model: str, req: Request, best_of: bool) -> Result:
     t0 = time.perf_counter()
     if not best_of:
-        text, ttft = "", 0.0
+        text, ttft, used = "", 0.0, None
         stream = await client.chat.completions.create(
-            model=model, messages=req.messages, max_tokens=req.max_tokens, temperature=0.0, stream=True
+            model=model,
+            messages=req.messages,
+            max_tokens=req.max_tokens,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
         )
         async for c in stream:
             if c.choices and c.choices[0].delta.content:
                 ttft = ttft or time.perf_counter() - t0
                 text += c.choices[0].delta.content
+            used = c.usage or used
         lat = time.perf_counter() - t0
-        return Result(req.grade(text), lat, ttft or lat, source="greedy")
+        return Result(req.grade(text), lat, ttft or lat, source="greedy", engine_tokens=_tokens(used))
     r = await client.chat.completions.create(
         model=model, messages=req.messages, max_tokens=req.max_tokens, temperature=BEST_OF_TEMPERATURE, n=BEST_OF
     )
@@ -364,11 +378,16 @@ async def ask_vllm(client, model: str, req: Request, best_of: bool) -> Result:
     lat = time.perf_counter() - t0
     if req.case is None:  # open prose: nothing to vote on, the most frequent text (else the first)
         text = Counter(" ".join(x.split()) for x in texts).most_common(1)[0][0]
-        return Result(None, lat, lat, source="vote")
+        return Result(None, lat, lat, source="vote", engine_tokens=_tokens(r.usage))
     votes = Counter(k for x in texts if (k := req.case.vote_key(x)) is not None)
     winner = votes.most_common(1)[0][0] if votes else None
     text = next((x for x in texts if winner is not None and req.case.vote_key(x) == winner), texts[0])
-    return Result(req.grade(text), lat, lat, source="vote")
+    return Result(req.grade(text), lat, lat, source="vote", engine_tokens=_tokens(r.usage))
+
+
+def _tokens(usage) -> int | None:
+    """vLLM's usage as engine tokens: the prompt (one prefill for all n samples) and every completion."""
+    return None if usage is None else usage.prompt_tokens + usage.completion_tokens
 
 
 # ---- the ladder ----------------------------------------------------------------------------------------
@@ -409,6 +428,9 @@ def _step(rate: float, results: list[Result], wall: float, cpu: float) -> Step:
         ttft_p50_s=round(pct([r.ttft_s for r in good], 0.5), 3),
         accuracy=round(sum(graded) / len(graded), 3) if graded else None,
         sources=dict(Counter(r.source if not r.failed else r.failed for r in results)),
+        engine_tokens_per_answer=round(sum(w) / len(w), 1)
+        if (w := [r.engine_tokens for r in good if r.engine_tokens is not None])
+        else None,
     )
 
 
@@ -711,15 +733,16 @@ async def _run(args, progress: Callable[[str], None]) -> dict:
 def table(report: dict) -> str:
     """The report as the markdown table docs/measurements.md keeps."""
     rows = [
-        "| workload | system | capacity (answers/s at SLO) | saturated answers/s | cloud CPU-s / answer | accuracy "
-        "| p50 s | p95 s | first content p50 s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| workload | system | capacity (answers/s at SLO) | saturated answers/s | cloud CPU-s / answer "
+        "| engine tokens / answer | accuracy | p50 s | p95 s | first content p50 s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for wl, systems in report["workloads"].items():
         for name, r in systems.items():
             rows.append(
                 f"| {wl} (SLO {report['slo_s'].get(wl, 0):.2f} s) | {name} | {r['capacity_rps']} | "
-                f"{r['saturated_answers_per_s']} | {r['cloud_cpu_s_per_answer']} | {r['accuracy']} | {r['p50_s']} | {r['p95_s']} | "
+                f"{r['saturated_answers_per_s']} | {r['cloud_cpu_s_per_answer']} | {r['engine_tokens_per_answer']} | "
+                f"{r['accuracy']} | {r['p50_s']} | {r['p95_s']} | "
                 f"{r['ttft_p50_s']} |"
             )
     return "\n".join(rows)
