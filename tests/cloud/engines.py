@@ -9,11 +9,28 @@ from coinfer import types as t
 from coinfer.cloud.config import CloudConfig, PolicyConfig
 from coinfer.cloud.context import SessionContext
 from coinfer.cloud.engine import Chunk, EngineStats, GenParams, TargetEngine
-from coinfer.rules import RuleSet
+from coinfer.extract import Extraction
+from coinfer.rules import Rule, RuleSet
 from coinfer.tasks import OPEN, Task
 
 UNKNOWN_LOGPROBS = [-5.0] * 8
 """What the engine scores a continuation it has no entry for: far below any threshold."""
+
+RIGHT = "Tom buys 3 * 4 = 12 apples.\nNow he has 5 + 12 = 17 apples.\nAnswer: 17"
+WRONG = "Tom buys 3 * 4 = 12 apples.\nNow he has 4 + 12 = 16 apples.\nAnswer: 16"
+"""Two drafts of ``apples()`` the arithmetic rule passes: the right answer, and a misread problem."""
+
+
+def apples(refine: t.SamplingParams | None = None) -> t.OpenRequest:
+    """An open word problem with the arithmetic rule and an ``Answer:`` marker to extract."""
+    return t.OpenRequest(
+        request_id="r",
+        task="",
+        prompt="Tom has 5 apples and buys 3 bags of 4. How many?",
+        rules=[Rule("arithmetic")],
+        refine=refine,
+        extraction=Extraction("marker"),
+    )
 
 
 class ScriptedEngine(TargetEngine):
@@ -77,6 +94,19 @@ class ScriptedEngine(TargetEngine):
     @property
     def max_model_len(self) -> int:
         return 4096
+
+
+class Replies(ScriptedEngine):
+    """Answers each generation with the next of ``replies``."""
+
+    def __init__(self, replies: list[str]) -> None:
+        super().__init__({}, reply="")
+        self.replies = list(replies)
+
+    async def generate(self, prompt: str, params: GenParams, request_id: str):
+        self.reply = self.replies.pop(0)
+        async for chunk in super().generate(prompt, params, request_id):
+            yield chunk
 
 
 def context(

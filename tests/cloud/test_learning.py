@@ -104,3 +104,25 @@ def test_a_state_file_of_the_wrong_shape_is_set_aside(tmp_path, body, caplog):
     ok = tmp_path / "ok.json"
     ok.write_text('{"weights": {"a": 1, "b": 0.5, "g": 0.25, "updates": 3, "sessions": 9}}')  # ints are fine
     assert WeightLearner.open(0.4, 0.3, 0.3, every=2, alpha=0.5, path=str(ok)).weights.sessions == 9
+
+
+def test_outcome_rows_label_drafts_by_the_tasks_grade_else_by_agreement_with_the_answer():
+    from coinfer import types as t
+    from coinfer.cloud.learning import outcome_rows
+    from coinfer.cloud.ranking import Judged
+    from coinfer.extract import Extraction
+    from coinfer.rules import RuleSet
+    from coinfer.tasks import OPEN, TASKS
+
+    def judged(i: int, text: str, rules: RuleSet) -> Judged:
+        v = t.Verdict(draft_index=i, valid=True, score=0.8, verify_ms=250.0)
+        return Judged(draft=t.Draft(i, text), verdict=v, parsed=rules.parse(text))
+
+    rules = RuleSet([], OPEN, {}, extraction=Extraction("marker"))  # open: no grade, agreement decides
+    ranked = [(judged(0, "Answer: 17", rules), 1.0, 0.5), (judged(1, "Answer: 16", rules), 0.9, 0.5)]
+    assert outcome_rows(ranked, "So: Answer: 17", OPEN, {}, rules) == [(0.8, 0.5, 0.25, 1.0), (0.8, 0.5, 0.25, 0.0)]
+    arith = TASKS["arith"]  # a task that grades: right or wrong whatever the answer said
+    spec = arith.parse_problem("If x=3 and y=5, compute (x+y)^2-x*y.")
+    rules = RuleSet([], arith, spec)
+    right = judged(0, arith.solve(spec), rules)
+    assert [r[3] for r in outcome_rows([(right, 1.0, 1.0)], "answer 48", arith, spec, rules)] == [1.0]

@@ -11,14 +11,10 @@ from coinfer import types as t
 from coinfer.cloud.config import CloudConfig, PolicyConfig
 from coinfer.cloud.engine import Chunk, GenParams, TargetEngine
 from coinfer.cloud.session import DraftsDone, Session
-from coinfer.extract import Extraction
 from coinfer.rules import Rule, RuleSet
 from coinfer.tasks import OPEN
-from tests.cloud.engines import ScriptedEngine
+from tests.cloud.engines import RIGHT, WRONG, Replies, ScriptedEngine, apples
 from tests.streams import shown as _shown
-
-RIGHT = "Tom buys 3 * 4 = 12 apples.\nNow he has 5 + 12 = 17 apples.\nAnswer: 17"
-WRONG = "Tom buys 3 * 4 = 12 apples.\nNow he has 4 + 12 = 16 apples.\nAnswer: 16"
 
 
 def _make(
@@ -47,19 +43,8 @@ def _make(
     )
 
 
-def _apples(refine: t.SamplingParams | None = None) -> t.OpenRequest:
-    return t.OpenRequest(
-        request_id="r",
-        task="",
-        prompt="Tom has 5 apples and buys 3 bags of 4. How many?",
-        rules=[Rule("arithmetic")],
-        refine=refine,
-        extraction=Extraction("marker"),
-    )
-
-
 def _session(engine: TargetEngine, *, rules: RuleSet | None = None, **kw) -> Session:
-    return _make(engine, _apples(kw.pop("refine", None)), rules=rules, **kw)
+    return _make(engine, apples(kw.pop("refine", None)), rules=rules, **kw)
 
 
 async def _run(session: Session, drafts: list[str], truncated: bool = False) -> list:
@@ -249,19 +234,6 @@ def test_cloud_candidates_continue_the_greedy_answers_own_right_steps():
     assert len(engine.prompts) == 2 and engine.prompts[1].endswith("3+5=8; 8^2=64; 3*5=15;")  # greedy, then sampled
     assert summary.answer == "3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 49" and summary.answer_valid
     assert summary.refine_mode == "alone"  # no draft step was right: the drafts gave nothing
-
-
-class Replies(ScriptedEngine):
-    """Answers each generation with the next of ``replies``; records the prompts."""
-
-    def __init__(self, replies: list[str]) -> None:
-        super().__init__({}, reply="")
-        self.replies = list(replies)
-
-    async def generate(self, prompt: str, params: GenParams, request_id: str):
-        self.reply = self.replies.pop(0)
-        async for chunk in super().generate(prompt, params, request_id):
-            yield chunk
 
 
 def test_a_wrong_computed_value_in_the_clouds_answer_is_corrected_and_the_target_continues():

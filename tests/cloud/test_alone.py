@@ -1,0 +1,93 @@
+"""The cloud's own answer alone, around a stand-in engine: from the drafts' right steps, a computed value
+corrected, candidates sampled; kept as streamed where only the loop watch judges it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from coinfer import types as t
+from coinfer.cloud.alone import CloudAlone
+from coinfer.cloud.answer_stream import AnswerStream
+from coinfer.cloud.judging import Judge
+from coinfer.cloud.writer import Writer
+from coinfer.rules import RuleSet
+from coinfer.tasks import OPEN, TASKS
+from tests.cloud.engines import RIGHT, Replies, ScriptedEngine, apples, context, draft
+from tests.streams import shown
+
+
+def _alone(ctx, drafts: list[str] = ()) -> tuple[t.Summary, list, Judge]:
+    stream = AnswerStream()
+    judge = Judge(ctx)
+    alone = CloudAlone(ctx, judge=judge, writer=Writer(ctx, stream), stream=stream)
+
+    async def go():
+        for i, text in enumerate(drafts):
+            await judge.verdict(draft(i, text))
+        a = await alone.answer()
+        stream.end()
+        return a, [ev async for ev in stream.events()]
+
+    a, events = asyncio.run(go())
+    return a, events, judge
+
+
+def test_with_no_drafts_the_cloud_answers_alone_and_its_greedy_answer_is_not_thresholded():
+    engine = ScriptedEngine({RIGHT: [-3.0] * 12}, reply=RIGHT)  # far below any likelihood threshold
+    a, events, _ = _alone(context(engine, apples()))
+    assert a.valid and a.text == RIGHT == shown(events) and a.source == t.AnswerSource.CLOUD
+    assert a.mode is t.RefineMode.ALONE and a.note.startswith("no drafts (cloud plan)") and engine.scored == 0
+    assert a.steps == a.generated == len(RIGHT.split(" "))
+
+
+def test_a_wrong_computed_value_is_corrected_and_the_target_continues():
+    slip = "Tom buys 3 * 4 = 12 apples.\nNow he has 5 + 12 = 16 apples.\nAnswer: 16"
+    engine = Replies([slip, " apples.\nAnswer: 17"])
+    a, events, _ = _alone(context(engine, apples()))
+    assert engine.prompts[1].endswith("Now he has 5 + 12 = 17") and a.valid and a.text == shown(events)
+    assert "1 computed value(s) corrected" in a.note and any(isinstance(e, t.AnswerReset) for e in events)
+
+
+def test_candidates_replace_a_failed_answer_and_count_their_tokens():
+    engine = ScriptedEngine({}, reply="Tom buys 3 * 4 = 13 apples.\nAnswer: 13")
+    ctx = context(engine, apples(), calculator_fixes=0, cloud_candidates=3)
+    a, events, _ = _alone(ctx)
+    assert not a.valid and a.note.endswith("(its answer failed verification)")  # candidates say the same
+    assert engine.generated == len(engine.reply.split(" ")) + 3
+    engine = Replies(["Tom buys 3 * 4 = 13 apples.\nAnswer: 13"])
+    engine.sample = _sampled(RIGHT)
+    a, events, _ = _alone(context(engine, apples(), calculator_fixes=0, cloud_candidates=3))
+    assert a.valid and a.text == RIGHT == shown(events) and a.finish is t.FinishReason.STOP
+
+
+def _sampled(text: str):
+    from coinfer.cloud.engine import Chunk
+
+    async def sample(prompt, params, n, request_id):
+        return [Chunk(text, 5, "stop") for _ in range(n)]
+
+    return sample
+
+
+def test_the_drafts_right_steps_are_the_prefix_the_target_continues():
+    select = TASKS["select"]
+    prompt = "Pick 2 of A(4,9) B(3,6) C(8,2) D(1,8) with cost<=8."
+    spec = select.parse_problem(prompt)
+    rest = " AC 12>8; AD 5:17; BC 11>8; BD 4:14; CD 9>8; answer A,D"
+    engine = Replies([rest])
+    req = t.OpenRequest(request_id="r", task="select", prompt=prompt)
+    ctx = context(engine, req, select, spec, RuleSet(select.default_rules(spec), select, spec))
+    a, events, judge = _alone(ctx, ["AB 8:15; AC 12>8; answer A,B"])  # its first cost is wrong: 7
+    assert not judge.judged[0].verdict.valid and engine.prompts[0].endswith("AB 7:15;")
+    assert a.valid and a.text == "AB 7:15;" + rest and a.mode is t.RefineMode.PREFIX
+    assert a.note.startswith("no valid draft after retries: cloud answered alone from 1 verified steps")
+
+
+def test_where_only_the_loop_watch_judges_the_answer_streams_final_and_a_loop_is_kept_cut():
+    loop = " ".join(["a leaf falls"] * 60)
+    engine = ScriptedEngine({}, reply=loop)
+    req = t.OpenRequest(request_id="r", task="", prompt="Write a haiku.")
+    a, events, _ = _alone(context(engine, req, OPEN, {}, RuleSet([], OPEN, {})))
+    assert a.finish is t.FinishReason.REPETITION and not a.valid and "a loop cut" in a.note
+    assert all(e.final for e in events) and not any(isinstance(e, t.AnswerReset) for e in events)
+    assert engine.generated == len(a.text.split())  # no candidates after it

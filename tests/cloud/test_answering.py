@@ -1,0 +1,111 @@
+"""The answerer alone, around a stand-in engine and a judge: which path answers (as is, continued,
+refined, alone), and what it streams (final, or held and withdrawn when the refinement is refused)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from coinfer import types as t
+from coinfer.cloud.answer_stream import AnswerStream
+from coinfer.cloud.answering import Answerer
+from coinfer.cloud.judging import Judge
+from coinfer.tasks import TASKS
+from tests.cloud.engines import RIGHT, WRONG, ScriptedEngine, apples, context, draft
+from tests.streams import shown
+
+RIGHT2 = RIGHT.replace("Tom", "Tom then")
+
+
+def _answer(ctx, drafts: list[t.Draft], attempt: int = 0):
+    """(answer, events streamed, answerer) once ``drafts`` are judged."""
+    stream = AnswerStream()
+    judge = Judge(ctx)
+    answerer = Answerer(ctx, judge=judge, stream=stream)
+
+    async def go():
+        for d in drafts:
+            await judge.verdict(d)
+        a = await answerer.answer(judge.ranked(), attempt)
+        stream.end()
+        return a, [ev async for ev in stream.events()]
+
+    a, events = asyncio.run(go())
+    return a, events, answerer
+
+
+def test_a_likely_agreed_draft_is_the_answer_as_is_streamed_final_at_once():
+    engine = ScriptedEngine({RIGHT: [-0.05] * 12}, reply="unused")
+    a, events, _ = _answer(context(engine, apples()), [draft(0, RIGHT), draft(1, RIGHT + " ")])
+    assert a.mode is t.RefineMode.ACCEPTED and a.source == t.AnswerSource.DRAFT and a.text == RIGHT
+    assert events == [t.AnswerChunk(RIGHT, True)] and engine.generated == 0
+    assert a.note.startswith("best draft accepted as is")
+
+
+def test_a_good_draft_cut_short_is_continued_and_a_failed_continuation_dropped():
+    engine = ScriptedEngine({RIGHT: [-0.05] * 12}, reply=" That is all.")
+    drafts = [draft(0, RIGHT, truncated=True), draft(1, RIGHT + " ", truncated=True)]
+    a, events, _ = _answer(context(engine, apples()), drafts)
+    assert a.text == RIGHT + " That is all." == shown(events) and a.mode is t.RefineMode.PREFIX
+    assert events[0] == t.AnswerChunk(RIGHT, True) and not any(e.final for e in events[1:])
+    engine = ScriptedEngine({RIGHT: [-0.05] * 12}, reply=" and 2 + 2 = 5")
+    a, events, _ = _answer(context(engine, apples()), drafts)
+    assert a.text == RIGHT == shown(events) and a.finish is t.FinishReason.LENGTH
+    assert "continuation failed" in a.note
+
+
+def test_a_refinement_that_contradicts_agreeing_drafts_is_withdrawn_for_the_best_draft():
+    engine = ScriptedEngine({RIGHT: [-0.1] * 12, RIGHT2: [-0.09] * 12, WRONG: [-0.3] * 12}, reply=WRONG)
+    ctx = context(engine, apples(), accept_min_score=2.0)  # never as is: refine
+    a, events, _ = _answer(ctx, [draft(0, RIGHT), draft(1, RIGHT2)], attempt=2)
+    assert a.text == RIGHT2 == shown(events) and a.source == t.AnswerSource.DRAFT
+    assert a.mode is t.RefineMode.CANDIDATES and len(a.chosen) == 2 and "contradicts" in a.note
+    resets = [e for e in events if isinstance(e, t.AnswerReset)]
+    assert len(resets) == 1 and resets[0].reason.startswith("refinement rejected: contradicts")
+    assert ctx.request_id("r2") in engine.request_ids and ctx.request_id("o2") in engine.request_ids  # attempt 2
+
+
+def test_a_refinement_that_passes_is_the_answer():
+    engine = ScriptedEngine({RIGHT: [-0.1] * 12}, reply="(1) " + RIGHT)  # a copied label is dropped
+    a, events, _ = _answer(context(engine, apples(), accept_min_score=2.0), [draft(0, RIGHT)])
+    assert a.source == t.AnswerSource.REFINED and a.text == RIGHT and a.valid
+    assert not any(isinstance(e, t.AnswerReset) for e in events) and a.steps == a.generated == engine.generated
+
+
+def test_the_refine_plan_continues_consensus_steps_only_of_a_likely_best_draft():
+    arith, prompt = TASKS["arith"], "If x=3 and y=5, compute (x+y)^2-x*y."
+    spec = arith.parse_problem(prompt)
+    best, other = "3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 49", "3+5=8; 8^2=64; 5*3=15; 64-15=49; answer 49"
+    req = t.OpenRequest(request_id="r", task="arith", prompt=prompt)
+    engine = ScriptedEngine({best: [-0.05] * 12, other: [-0.1] * 12}, reply=" 3*5=15; 64-15=49; answer 49")
+    ctx = context(engine, req, arith, spec, accept_min_score=2.0, rules_decide=False)
+    a, events, answerer = _answer(ctx, [draft(0, best), draft(1, other)])
+    assert a.mode is t.RefineMode.PREFIX and events[0] == t.AnswerChunk("3+5=8; 8^2=64;", True)
+    assert all(e.final for e in events) and a.text == best
+    # a best draft the target doubts is not forced on it: candidates instead
+    engine.logprobs = {best: [-0.5] * 12, other: [-0.6] * 12}
+    ctx = context(engine, req, arith, spec, accept_min_score=2.0, rules_decide=False)
+    judge = Judge(ctx)
+    for i, text in enumerate((best, other)):
+        asyncio.run(judge.verdict(draft(i, text)))
+    plan = Answerer(ctx, judge=judge, stream=AnswerStream()).refine_plan(judge.ranked())
+    assert plan.mode is t.RefineMode.CANDIDATES and plan.prefix == "" and best in plan.prompt
+
+
+def test_no_valid_draft_hands_the_answer_to_the_cloud_alone():
+    engine = ScriptedEngine({}, reply=RIGHT)
+    a, _, _ = _answer(context(engine, apples(), max_retries=0), [draft(0, WRONG)])
+    assert a.source == t.AnswerSource.CLOUD and a.mode is t.RefineMode.ALONE and a.valid
+
+
+def test_why_not_as_is_reads_the_judges_logprobs_and_the_rules_can_decide():
+    engine = ScriptedEngine({WRONG: [-0.05] * 11 + [-4.0]}, reply="unused")
+    ctx = context(engine, apples(), accept_min_score=0.6)  # score 0.68 passes: one token the target doubts
+    a, _, answerer = _answer(ctx, [draft(0, WRONG)])
+    assert a.mode is t.RefineMode.CANDIDATES and "a token at logprob -4.00" in a.note
+    arith, prompt = TASKS["arith"], "If x=3 and y=5, compute (x+y)^2-x*y."
+    spec = arith.parse_problem(prompt)
+    req = t.OpenRequest(request_id="r", task="arith", prompt=prompt)
+    ctx = context(ScriptedEngine({}, reply="unused"), req, arith, spec)
+    a, _, answerer = _answer(ctx, [draft(0, arith.solve(spec), truncated=True)])
+    assert a.mode is t.RefineMode.ACCEPTED  # the preset's checkers passed it: whole, not continued
+    assert not answerer.cut_short(answerer.judge.ranked()[0][0])

@@ -1,0 +1,89 @@
+"""The judge alone, around a stand-in engine: rules first, then the LLM verifier; duplicates as support;
+where the rules decide no model is asked; an answer re-checked by the same rules and threshold."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from coinfer import types as t
+from coinfer.cloud.judging import Judge
+from tests.cloud.engines import RIGHT, ScriptedEngine, apples, context, draft
+
+SLIP = "Tom buys 3 * 4 = 13 apples.\nAnswer: 13"
+
+
+def _judge(engine: ScriptedEngine, **policy) -> Judge:
+    return Judge(context(engine, apples(), **policy))
+
+
+def test_a_draft_the_rules_fail_costs_no_model_time():
+    engine = ScriptedEngine({}, reply="")
+    judge = _judge(engine)
+    v = asyncio.run(judge.verdict(draft(0, SLIP)))
+    assert not v.valid and v.failed_rule == "arithmetic" and engine.scored == 0
+    assert judge.judged[0].verdict is v and judge.ranked() == []
+
+
+def test_the_likelihood_verifier_scores_and_thresholds_a_draft_and_records_its_logprobs():
+    engine = ScriptedEngine({RIGHT: [-0.1] * 11 + [-2.0]}, reply="")
+    judge = _judge(engine)
+    v = asyncio.run(judge.verdict(draft(0, RIGHT, own=-0.1)))
+    assert v.valid and v.rules_passed[-1] == "likelihood" and v.verify_ms > 0
+    assert (
+        judge.min_logprob(0) == -2.0
+        and judge.mean_logprob(0) == pytest.approx(-3.1 / 12)
+        and judge.mean_logprob(1) is None
+    )
+    assert engine.request_ids == [judge.ctx.request_id("v0")]
+    engine.logprobs[RIGHT] = [-1.0] * 12  # the draft model was sure (-0.1), the target is not
+    bad = asyncio.run(_judge(engine).verdict(draft(0, RIGHT, own=-0.1)))
+    assert not bad.valid and bad.failed_rule == "likelihood" and bad.error.startswith("low_likelihood")
+
+
+def test_a_duplicate_shares_the_verdict_being_computed_and_counts_as_support():
+    engine = ScriptedEngine({RIGHT: [-0.1] * 12}, reply="")
+    judge = _judge(engine)
+
+    async def both() -> list[t.Verdict]:
+        return await asyncio.gather(judge.verdict(draft(0, RIGHT)), judge.verdict(draft(1, RIGHT + " ")))
+
+    first, dup = asyncio.run(both())
+    assert engine.scored == 1 and dup.duplicate_of == 1 and dup.valid == first.valid
+    assert judge.judged[0].support == 2 and judge.judged[1].support == 0
+    assert judge.mean_logprob(1) == judge.mean_logprob(0)
+    assert [j.draft.index for j, _, _ in judge.ranked()] == [0]
+
+
+def test_where_the_rules_decide_a_passing_draft_is_valid_with_no_model_asked():
+    from coinfer.tasks import TASKS
+
+    arith = TASKS["arith"]
+    prompt = "If x=3 and y=5, compute (x+y)^2-x*y."
+    spec = arith.parse_problem(prompt)
+    req = t.OpenRequest(request_id="r", task="arith", prompt=prompt)
+    engine = ScriptedEngine({}, reply="")
+    v = asyncio.run(Judge(context(engine, req, arith, spec)).verdict(draft(0, arith.solve(spec))))
+    assert v.valid and v.score == 1.0 and engine.scored == 0
+
+
+def test_the_judge_verifier_asks_the_model_for_a_verdict():
+    engine = ScriptedEngine({}, reply="", judged='{"valid": false, "score": 0.2, "error": "step 2"}')
+    v = asyncio.run(_judge(engine, verifier="judge").verdict(draft(0, RIGHT)))
+    assert not v.valid and v.failed_rule == "judge" and v.error == "step 2" and engine.scored == 0
+    engine.judged = '{"valid": true, "score": 0.9, "error": ""}'
+    v = asyncio.run(_judge(engine, verifier="judge").verdict(draft(0, RIGHT)))
+    assert v.valid and v.score == 0.9 and v.rules_passed[-1] == "judge"
+
+
+def test_a_recheck_applies_the_rules_and_the_threshold_only_where_asked():
+    engine = ScriptedEngine({RIGHT: [-1.0] * 12}, reply="")
+    judge = _judge(engine)
+    ok, why, parsed = asyncio.run(judge.recheck(SLIP, likelihood=False))
+    assert not ok and why.startswith("arithmetic:") and parsed.fields["answer"] == 13
+    assert asyncio.run(judge.recheck(RIGHT, likelihood=False))[:2] == (True, "") and engine.scored == 0
+    ok, why, _ = asyncio.run(judge.recheck(RIGHT, than=-0.1))  # the draft it replaces scored -0.1
+    assert not ok and why.startswith("low_likelihood") and engine.scored == 1
+    assert asyncio.run(judge.recheck(RIGHT, than=-0.9))[0]  # relative to a draft the target found -0.9
+    assert judge.mean_logprob(-1) is None  # a re-checked answer is not a draft: nothing recorded

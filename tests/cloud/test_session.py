@@ -1,0 +1,82 @@
+"""The session as a coordinator, around a stand-in engine: the order of its events, the rounds' limits,
+the deadline, the learner's rows (the answer policy itself: test_session_policy.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from coinfer import types as t
+from coinfer.cloud.config import CloudConfig, Limits, PolicyConfig
+from coinfer.cloud.session import DraftsDone, Session
+from coinfer.errors import DeadlineExceeded, InvalidArgument
+from coinfer.rules import RuleSet
+from coinfer.tasks import OPEN
+from tests.cloud.engines import ScriptedEngine, draft
+
+PROSE = "The sky is blue because air molecules scatter blue sunlight more than red."
+
+
+def _session(engine: ScriptedEngine, deadline_s: float = 10.0, **policy) -> Session:
+    req = t.OpenRequest(request_id="rid", task="", prompt="Explain why the sky is blue.")
+    return Session(
+        cfg=CloudConfig(limits=Limits(max_drafts=4), policy=PolicyConfig(**policy)),
+        engine=engine,
+        req=req,
+        task=OPEN,
+        spec={},
+        rules=RuleSet([], OPEN, {}),
+        recommended_drafts=3,
+        deadline_s=deadline_s,
+    )
+
+
+def _run(session: Session, items: list) -> list:
+    async def inbox():
+        for item in items:
+            yield item
+
+    async def go() -> list:
+        return [ev async for ev in session.run(inbox())]
+
+    return asyncio.run(go())
+
+
+def test_events_come_accepted_then_verdicts_then_the_answer_and_its_summary():
+    engine = ScriptedEngine({PROSE: [-0.6] * 12}, reply="unused")
+    events = _run(_session(engine), [draft(0, PROSE, own=-0.63), DraftsDone(1)])
+    assert isinstance(events[0], t.SessionAccepted) and events[0].request_id == "rid"
+    assert isinstance(events[1], t.Verdict) and events[1].valid
+    assert events[2] == t.AnswerChunk(PROSE, True) and isinstance(events[-1], t.Summary) and len(events) == 4
+    assert events[-1].timings.total_ms >= events[-1].timings.verify_ms > 0
+
+
+def test_a_round_with_no_valid_draft_is_advised_a_retry_and_the_next_round_answers():
+    engine = ScriptedEngine({PROSE: [-0.6] * 12}, reply="unused")
+    events = _run(_session(engine), [draft(0, "bad"), DraftsDone(1), draft(1, PROSE, own=-0.63), DraftsDone(1)])
+    (advice,) = [e for e in events if isinstance(e, t.RetryAdvice)]
+    assert advice.attempt == 1 and advice.num_drafts == 3 and advice.reason.startswith("low_likelihood")
+    assert events[-1].answer == PROSE
+
+
+def test_a_round_that_miscounts_its_drafts_fails_the_session():
+    with pytest.raises(InvalidArgument, match="done.count"):
+        _run(_session(ScriptedEngine({}, reply="")), [draft(0, PROSE), DraftsDone(2)])
+
+
+def test_the_deadline_with_no_verified_draft_is_an_error():
+    engine = ScriptedEngine({}, reply="word " * 50, delay_s=0.05)  # the cloud's own answer: 2.5 s
+    with pytest.raises(DeadlineExceeded, match="deadline_ms: session exceeded its 200 ms deadline"):
+        _run(_session(engine, deadline_s=0.2), [])
+
+
+def test_a_finished_session_leaves_the_learners_rows_when_learning_is_on():
+    engine = ScriptedEngine({PROSE: [-0.6] * 12}, reply="unused")
+    session = _session(engine)
+    _run(session, [draft(0, PROSE, own=-0.63), DraftsDone(1)])
+    ((score, agree, latency_s, label),) = session.outcome
+    assert 0 < score < 1 and agree == 1.0 and latency_s >= 0 and label == 1.0  # agrees with the answer
+    off = _session(engine, learn_every=0)
+    _run(off, [draft(0, PROSE, own=-0.63), DraftsDone(1)])
+    assert off.outcome == []
