@@ -21,9 +21,9 @@ says what its fallback draft says, and the cloud's own answer to an open request
 nothing to extract (only the loop watch judges it; a loop is cut, ``finish_reason: "repetition"``,
 not replaced). Text a check of the whole answer may still refuse (a refinement, a preset's or a
 ruled request's answer) is held until the answer is decided, then sent; a local (edge) answer
-arrives whole. After an ``AnswerReset`` the text already sent is not sent again. Should a replica fail
-after final text left and the answer end differently (a local fallback), the stream ends with an
-error event instead of an answer it does not begin (docs/api.md, Streaming).
+arrives whole. After an ``AnswerReset`` the text already sent is not sent again. A local fallback
+after final text left continues that text (``edge/shown.py``); only a replay that answers differently
+after final text left ends the stream with an error event (docs/api.md, Streaming).
 
 Progress chunks carry an empty delta and a ``coinfer`` object (each draft and each verdict as it
 happens). The last chunk's ``coinfer`` holds the result (answer, source, validity, extracted ``fields``,

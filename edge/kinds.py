@@ -1,4 +1,5 @@
-"""The edge's closed sets, one definition each. ``StrEnum``: every member equals its wire string
+"""The edge's own closed sets, one definition each (the shared ones -- ``Plan``, ``RefineMode``,
+``FinishReason``, ``ResultSource`` -- are ``coinfer.types``'). ``StrEnum``: every member equals its wire string
 (the gRPC ``SolveResult`` and the HTTP ``coinfer`` block carry strings), so conversion happens once,
 at the boundary, and a comparison with the string still holds."""
 
@@ -7,7 +8,6 @@ from __future__ import annotations
 from enum import StrEnum
 
 from coinfer.errors import Reason
-from coinfer.repetition import FINISH_REASON as LOOP
 from coinfer.types import Plan
 
 
@@ -67,22 +67,3 @@ class FallbackKind(StrEnum):
             return cls(reason)
         except ValueError:
             return cls.INTERNAL
-
-
-class FinishReason(StrEnum):
-    """Why an answer ended (the OpenAI ``finish_reason``; gRPC ``SolveResult.finish_reason``)."""
-
-    STOP = "stop"
-    """It ended by itself (EOS or a stop string)."""
-    LENGTH = "length"
-    """It hit its token budget: incomplete."""
-    REPETITION = LOOP
-    """The loop watch cut it where it started repeating."""
-
-    @classmethod
-    def of(cls, value: str) -> FinishReason:
-        """The cloud's string ("" = stop; one this edge does not know: stop, the answer is whole)."""
-        try:
-            return cls(value or cls.STOP)
-        except ValueError:
-            return cls.STOP

@@ -24,7 +24,7 @@ from coinfer import convert
 from coinfer import types as t
 from coinfer.chat import ChatMessage
 from coinfer.edge.draft_engine import DraftResult, OrtDraftEngine
-from coinfer.edge.kinds import FallbackKind, FinishReason
+from coinfer.edge.kinds import FallbackKind
 from coinfer.edge.request import SolveRequest, ValidRequest, compiled
 from coinfer.edge.sampling import Sampling
 from coinfer.edge.shown import AnswerView
@@ -171,9 +171,19 @@ class EdgeResult:
     """How the cloud's refinement used the drafts; None: no refinement (the wire's "")."""
     replays: list[str] = field(default_factory=list)
     """Why each replay on another replica happened (a session that failed before its summary)."""
-    finish_reason: FinishReason = FinishReason.STOP
+    finish_reason: t.FinishReason = t.FinishReason.STOP
     """``length`` when the answer hit its token budget (incomplete), ``repetition`` when the loop
     watch cut it, else ``stop``."""
+
+
+def finish_reason_of(value: str) -> t.FinishReason:
+    """The cloud's ``Summary.finish_reason`` ("" = stop; one this edge does not know: stop, the answer
+    is whole)."""
+    try:
+        return t.FinishReason(value or t.FinishReason.STOP)
+    except ValueError:
+        log.warning("unknown finish reason from the cloud: %r", value)
+        return t.FinishReason.STOP
 
 
 def refine_mode_of(mode: str) -> t.RefineMode | None:
@@ -208,14 +218,14 @@ class ResultBuilder:
     fields: dict = field(default_factory=dict)
     refine_mode: t.RefineMode | None = None
     replays: list[str] = field(default_factory=list)
-    finish_reason: FinishReason = FinishReason.STOP
+    finish_reason: t.FinishReason = t.FinishReason.STOP
 
     def take(self, summary: t.Summary) -> None:
         """The cloud's answer: adopt its summary."""
         self.summary, self.answer, self.valid = summary, summary.answer, summary.answer_valid
         self.source = t.ResultSource.of(summary.source)
         self.fields, self.refine_mode = dict(summary.fields), refine_mode_of(summary.refine_mode)
-        self.finish_reason = FinishReason.of(summary.finish_reason)
+        self.finish_reason = finish_reason_of(summary.finish_reason)
 
     def fell_back(self, exc: BaseException, reason: str) -> None:
         """The cloud failed: the answer is the edge's, and says why."""
@@ -393,7 +403,7 @@ class EdgePipeline:
         """The best of ``drafts`` as the answer (the request's rules over every one: off the loop)."""
         best, result.valid, result.fields = await asyncio.to_thread(self.local_answer, ruleset, drafts)
         result.answer = best.text if best is not None else ""
-        result.finish_reason = FinishReason.LENGTH if best is not None and best.truncated else FinishReason.STOP
+        result.finish_reason = t.FinishReason.LENGTH if best is not None and best.truncated else t.FinishReason.STOP
 
     async def solve(
         self,
