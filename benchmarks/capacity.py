@@ -745,6 +745,22 @@ def table(report: dict) -> str:
                 f"{r['accuracy']} | {r['p50_s']} | {r['p95_s']} | "
                 f"{r['ttft_p50_s']} |"
             )
+    rows += [
+        "",
+        "Unloaded (one request at a time; coinfer's edges drafting for real): streamed time to first content and "
+        "total latency, p50",
+        "",
+        "| workload | system | first content p50 s | total p50 s | first content / vLLM greedy's |",
+        "|---|---|---|---|---|",
+    ]
+    for wl, systems in report["workloads"].items():
+        greedy = (systems.get("vllm-greedy") or {}).get("unloaded") or {}
+        for name, r in systems.items():
+            u = r.get("unloaded")
+            if not u:
+                continue
+            ratio = f"{u['ttft_p50_s'] / greedy['ttft_p50_s']:.2f}x" if greedy.get("ttft_p50_s") else "-"
+            rows.append(f"| {wl} | {name} | {u['ttft_p50_s']} | {u['p50_s']} | {ratio} |")
     return "\n".join(rows)
 
 
