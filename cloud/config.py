@@ -2,11 +2,47 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from coinfer.chat import CANDIDATE_FORMAT, REFINE_TEMPLATE
 from coinfer.types import VerifierKind
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """A numeric field's range, declared on the field (``bounded``) and checked by ``check_bounds``."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+
+    def error(self, value: float) -> str:
+        """Why ``value`` is out of range ("" when it is not); NaN is in no range."""
+        for limit, ok, rule in (
+            (self.ge, lambda lim: value >= lim, ">="),
+            (self.gt, lambda lim: value > lim, ">"),
+            (self.le, lambda lim: value <= lim, "<="),
+        ):
+            if limit is not None and not ok(limit):
+                return f"must be {rule} {limit:g}, got {value}"
+        return ""
+
+
+def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None) -> Any:
+    """A dataclass field with its range: ``check_bounds`` refuses a value outside it, naming the field.
+    A field that may be None (off) is checked only when set."""
+    return field(default=default, metadata={"bounds": Bounds(ge=ge, gt=gt, le=le)})
+
+
+def check_bounds(obj: Any, section: str) -> None:
+    """Raise ValueError naming the first field of dataclass ``obj`` outside its declared ``Bounds``."""
+    for f in dataclasses.fields(obj):
+        b, v = f.metadata.get("bounds"), getattr(obj, f.name)
+        if b is not None and v is not None and (why := b.error(v)):
+            raise ValueError(f"{section}.{f.name}: {why}")
 
 
 @dataclass
@@ -105,32 +141,40 @@ class Limits:
             raise ValueError(f"limits.open_timeout_s: must be > 0, got {self.open_timeout_s}")
 
 
+MAX_TEMPERATURE = 2.0
+"""The most a sampling temperature may be (as a request's: ``SamplingParams.validate``)."""
+MAX_MARGIN_NATS = 10.0
+"""A likelihood margin past this many nats per token lets any text through: a typo, not a policy."""
+MAX_CALCULATOR_FIXES = 8
+"""Each correction is a generation the user waits for: a few fix an answer's slips (6 by default)."""
+
+
 @dataclass
 class PolicyConfig:
     """Verification, scheduling and refinement policy (docs/design.md §2.2, §3.1-4.4)."""
 
-    a: float = 1.0
+    a: float = bounded(1.0, ge=0)
     """Weight of the verifier score in the scheduler score."""
-    b: float = 0.3
+    b: float = bounded(0.3, ge=0)
     """Weight of agreement, 1 - std of scores across drafts."""
-    g: float = 0.02
+    g: float = bounded(0.02, ge=0)
     """Latency weight (per second of verification)."""
-    min_support: int = 2
+    min_support: int = bounded(2, ge=1)
     """Drafts that must share a step for it to join the consensus prefix."""
     consensus_prefix: bool = True
     """Start the refinement from the valid drafts' consensus steps (docs/design.md §4.4)."""
-    prefix_min_score: float = 0.9
-    """...but only when the best draft's verifier score reaches this (see cloud/answering.py, _refine_plan)."""
-    context_drafts: int = 2
+    prefix_min_score: float = bounded(0.9, ge=0)
+    """...but only when the best draft's verifier score reaches this (see cloud/answering.py, Answerer.refine_plan)."""
+    context_drafts: int = bounded(2, ge=1)
     """Best valid drafts used as refinement context."""
-    accept_min_score: float = 0.9
+    accept_min_score: float = bounded(0.9, ge=0)
     """Accept the best verified draft as the answer, with no refinement (no cloud decode tokens),
     when its verifier score reaches this, ``accept_min_agreement`` of the valid drafts share its
     answer and its least likely token's logprob under the target is at least
     ``accept_min_token_logprob``; > 1 disables. Tuned on train-side problems
     (``benchmarks/policy_tune.py``); see docs/measurements.md."""
-    accept_min_agreement: float = 0.5
-    accept_min_token_logprob: float = -3.0
+    accept_min_agreement: float = bounded(0.5, ge=0)
+    accept_min_token_logprob: float = bounded(-3.0, le=0)
     """A single wrong number in a long draft barely moves its mean logprob but is a token the
     target finds very unlikely: the minimum catches it."""
     rules_decide: bool = True
@@ -138,13 +182,13 @@ class PolicyConfig:
     that passes them is right: no LLM verifier is asked, and the best such draft is the answer as is (no
     refinement, no continuation). The verifier's prefill per draft and the refinement were most of what a
     split answer cost the cloud (benchmarks/capacity.py); off: every valid draft is scored as on open requests."""
-    min_round_odds: float = 0.1
+    min_round_odds: float = bounded(0.1, ge=0, le=1)
     """Advise another round of drafts only where rounds of the same kind of request (task and rules) held a
     draft the rules pass at least this often lately (``coinfer.cloud.policy.RoundOdds``; every tenth refusal
     retries anyway, to keep measuring); 0: retry up to ``max_retries`` always."""
-    max_retries: int = 2
+    max_retries: int = bounded(2, ge=0)
     """Retry rounds advised to the edge before the cloud drafts itself."""
-    refine_temperature: float = 0.0
+    refine_temperature: float = bounded(0.0, ge=0, le=MAX_TEMPERATURE)
     """Refinement is greedy by default: the tasks have one exact answer (the seed's 0.7
     is for open-ended prose). A request's own sampling overrides it."""
     refine_template: str = REFINE_TEMPLATE
@@ -152,7 +196,7 @@ class PolicyConfig:
     best verified drafts, each formatted with ``candidate_format``). History and system kept."""
     candidate_format: str = CANDIDATE_FORMAT
     """One candidate in ``refine_template``: ``{n}`` (1-based) and ``{text}``."""
-    min_mean_logprob: float = -0.5
+    min_mean_logprob: float = bounded(-0.5, le=0)
     """Likelihood verifier threshold (open requests): a draft whose mean per-token log-probability
     under the target (its exact token span in the rendered conversation, plus end of turn) is
     below this is invalid (with ``relative_margin``: the stricter of the two is relaxed to it).
@@ -161,7 +205,7 @@ class PolicyConfig:
     and rejects 100% of their corrupted copies; it rejects none of 22 rule-passing wrong drafts
     (consistent arithmetic on a misread problem, as likely to the target as a right answer).
     -inf disables."""
-    relative_margin: float | None = 0.5
+    relative_margin: float | None = bounded(0.5, ge=0, le=MAX_MARGIN_NATS)
     """Relative likelihood threshold: a draft is also valid when the target's mean logprob of it is
     at least the draft model's own (``Draft.mean_logprob``) minus this margin, down to
     ``min_mean_logprob_floor``; None = the absolute threshold alone. Measured
@@ -170,7 +214,7 @@ class PolicyConfig:
     (median -0.75 per token), margin 0.5 keeps 100% and rejects 100% of the corrupted (median -4.9);
     margin 0.25: 92.5% / 100%. The demo pair's draft is confident (own median -0.05 on its valid
     word-problem drafts), so its threshold stays about -0.55 (``benchmarks/policy_tune.py --held-out``)."""
-    accept_free_text_margin: float | None = 0.25
+    accept_free_text_margin: float | None = bounded(0.25, ge=0, le=MAX_MARGIN_NATS)
     """An open request's draft with no extractable answer (free text) is accepted as is when the
     target's mean logprob of it is at least the draft model's own minus this margin and no token is
     below ``accept_free_text_min_token_logprob``: the target would write it about as confidently.
@@ -178,20 +222,20 @@ class PolicyConfig:
     80 corrupted): margin 0.25 with a -8 token bound accepts 100% of the good drafts as is and none of
     the corrupted; with -3 (the formulaic bound) 72.5%, -5 96.3% (good drafts' least likely token:
     median -2.7; corrupted: -18.8). None = always refine free text."""
-    accept_free_text_min_token_logprob: float = -8.0
+    accept_free_text_min_token_logprob: float = bounded(-8.0, le=0)
     """Free prose has surprising words a formula has not (see ``accept_free_text_margin``)."""
-    min_mean_logprob_floor: float = -3.0
+    min_mean_logprob_floor: float = bounded(-3.0, le=0)
     """The relative threshold never goes below this: an edge that reports a very low own logprob
     cannot get any text accepted."""
-    refine_override_nats: float = 0.2
+    refine_override_nats: float = bounded(0.2, ge=0)
     """A refinement whose answer disagrees with what every verified draft says (>= 2 drafts, same
     extracted answer, or the same text when nothing is extracted) is refused, and the best draft
     returned, unless the target's mean per-token logprob of the refinement (as an answer to the
     plain conversation) beats the best draft's by at least this: the target must clearly prefer
     the change. Measured on the real model: refinement turned "The capital of France is Paris."
     (two drafts) into "Luxembourg"."""
-    refine_max_tokens: int = 512
-    calculator_fixes: int = 6
+    refine_max_tokens: int = bounded(512, ge=1)
+    calculator_fixes: int = bounded(6, ge=0, le=MAX_CALCULATOR_FIXES)
     """When the cloud answers itself and its answer fails the rules on a computed value -- an
     ``a op b = c`` (the ``arithmetic`` rule, on any text), a task step's sum, or a select answer that
     is not the best subset its own steps list -- the true value replaces the wrong one, as a
@@ -203,38 +247,40 @@ class PolicyConfig:
     answer (fixes of sums only, 2), 6: 0.925 at 62.4; with answer corrections 1.0 at 57.2. On held-out
     word problems the target's answers that the rules caught were arithmetic slips on a right plan
     ("64 - 63 = 11")."""
-    cloud_candidates: int = 4
+    cloud_candidates: int = bounded(4, ge=0)
     """When the cloud answers itself and its greedy answer fails the rules: sampled
     candidates (one batched request) checked against the rules; 0 disables."""
-    cloud_temperature: float = 0.7
-    default_deadline_ms: int = 60_000
-    verifier: str = "likelihood"
+    cloud_temperature: float = bounded(0.7, ge=0, le=MAX_TEMPERATURE)
+    default_deadline_ms: int = bounded(60_000, ge=1)
+    verifier: VerifierKind | str = VerifierKind.LIKELIHOOD
     """LLM verifier after the rules: "likelihood" (the target's prompt logprobs of the draft; any
     model) or "judge" (the model answers {valid, score, error} as constrained JSON; needs an
-    instruction-tuned verifier model to mean anything)."""
-    learn_every: int = 100
+    instruction-tuned verifier model to mean anything). A name (``str``: as a config file, variable or
+    flag gives it) becomes its ``VerifierKind`` when the config is built, or is refused naming the field."""
+    learn_every: int = bounded(100, ge=0)
     """Refit a, b, g from outcomes every this many sessions (docs/design.md §3.1); 0 disables learning."""
-    learn_alpha: float = 0.3
+    learn_alpha: float = bounded(0.3, gt=0, le=1)
     """EWMA weight of each refit."""
 
+    def __post_init__(self) -> None:
+        # checked as it is built, so that a bad value fails at load naming the field; the settings loader
+        # hands over the verifier's name as a file, variable or flag gave it: its enum from here on
+        self._check_verifier()
+        self.verifier = VerifierKind(self.verifier)
+        self.validate()
+
+    def _check_verifier(self) -> None:
+        if self.verifier not in tuple(VerifierKind):
+            raise ValueError(f"policy.verifier: must be {'|'.join(VerifierKind)}, got {self.verifier!r}")
+
     def validate(self) -> None:
+        check_bounds(self, "policy")
         for name, keys in (("refine_template", ("question", "candidates")), ("candidate_format", ("n", "text"))):
             try:
                 getattr(self, name).format(**{k: "" for k in keys})
             except (KeyError, IndexError, ValueError) as exc:
                 raise ValueError(f"policy.{name}: only {{{'}, {'.join(keys)}}} may be used: {exc}") from None
-        if self.verifier not in tuple(VerifierKind):
-            raise ValueError(f"policy.verifier: must be {'|'.join(VerifierKind)}, got {self.verifier!r}")
-        if not 0 <= self.calculator_fixes <= 8:
-            raise ValueError(f"policy.calculator_fixes: must be in [0, 8], got {self.calculator_fixes}")
-        if self.learn_every < 0 or not 0.0 < self.learn_alpha <= 1.0:
-            raise ValueError("policy.learn_every >= 0 and policy.learn_alpha in (0, 1] required")
-        if self.accept_free_text_margin is not None and not 0.0 <= self.accept_free_text_margin <= 10.0:
-            raise ValueError(
-                f"policy.accept_free_text_margin: must be in [0, 10] or None, got {self.accept_free_text_margin}"
-            )
-        if self.relative_margin is not None and not 0.0 <= self.relative_margin <= 10.0:
-            raise ValueError(f"policy.relative_margin: must be in [0, 10] or None, got {self.relative_margin}")
+        self._check_verifier()
         if not self.min_mean_logprob_floor <= self.min_mean_logprob:
             raise ValueError("policy.min_mean_logprob_floor: must be <= policy.min_mean_logprob")
 

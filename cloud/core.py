@@ -45,7 +45,7 @@ class CloudCore:
         self.controller = DraftCountController()
         p = cfg.policy
         self.round_odds = RoundOdds()
-        self.learner = WeightLearner.open(p.a, p.b, p.g, p.learn_every, p.learn_alpha, cfg.state_path)
+        self.learner = WeightLearner.open(p.a, p.b, p.g, every=p.learn_every, alpha=p.learn_alpha, path=cfg.state_path)
         self.metrics = CloudMetrics()
         self._publish_weights()
 

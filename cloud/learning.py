@@ -69,7 +69,7 @@ class StateFile(BaseModel):
     weights: _WeightsSchema
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Weights:
     a: float
     b: float
@@ -78,7 +78,7 @@ class Weights:
     sessions: int = 0
 
 
-@dataclass
+@dataclass(kw_only=True)
 class WeightLearner:
     weights: Weights
     every: int = 100
@@ -92,14 +92,14 @@ class WeightLearner:
     """``weights.sessions`` as last read from or written to the shared file."""
 
     @classmethod
-    def open(cls, a: float, b: float, g: float, every: int, alpha: float, path: str) -> WeightLearner:
-        w = Weights(a, b, g)
+    def open(cls, a: float, b: float, g: float, *, every: int, alpha: float, path: str) -> WeightLearner:
+        w = Weights(a=a, b=b, g=g)
         p = Path(path) if path else None
         saved = statefile.load(p, StateFile)  # an invalid file is set aside: it must not stop the service
         if saved is not None:
             w = Weights(**saved.weights.model_dump())
             log.info("scheduler weights from %s: a=%.3f b=%.3f g=%.3f (%d updates)", p, w.a, w.b, w.g, w.updates)
-        return cls(w, every, alpha, p, _written_sessions=w.sessions)
+        return cls(weights=w, every=every, alpha=alpha, path=p, _written_sessions=w.sessions)
 
     def record(self, rows: list[Outcome]) -> bool:
         """Add one session's outcome rows; returns True when this session triggered an update.

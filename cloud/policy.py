@@ -78,16 +78,29 @@ def consensus_prefix(drafts: Sequence[Sequence[str]], min_support: int) -> list[
         alive = [d for d in alive if len(d) > pos and d[pos] == step]
 
 
-def refine_max_tokens(best_score: float, cap: int, lo: int = 64) -> int:
+# The seed's two points of the refinement budget (docs/design.md §4.4): a draft the verifier scores
+# 0.72 gets 256 tokens of refinement, one it scores 0.95 gets 512; linear between and beyond.
+LOW_SCORE, LOW_SCORE_TOKENS = 0.72, 256
+HIGH_SCORE, HIGH_SCORE_TOKENS = 0.95, 512
+MIN_REFINE_TOKENS = 64
+"""The least budget a refinement gets, however low the score: room to write a short answer."""
+
+
+def refine_max_tokens(best_score: float, cap: int, lo: int = MIN_REFINE_TOKENS) -> int:
     """Latency-aware budget (docs/design.md §4.4): score 0.72 -> 256 tokens, 0.95 -> 512, linear between,
     clamped to [lo, cap]. A confident draft earns a longer refinement."""
-    tokens = 256 + (best_score - 0.72) / (0.95 - 0.72) * 256
+    per_score = (HIGH_SCORE_TOKENS - LOW_SCORE_TOKENS) / (HIGH_SCORE - LOW_SCORE)
+    tokens = LOW_SCORE_TOKENS + (best_score - LOW_SCORE) * per_score
     return int(max(lo, min(cap, tokens)))
 
 
 def load_scaled_g(g: float, load: float) -> float:
     """The latency weight rises with load (docs/design.md §3.1): at full load latency counts twice as much."""
     return g * (1.0 + min(1.0, max(0.0, load)))
+
+
+MIN_FIT_ROWS = 8
+"""Fewer outcomes than this cannot separate three weights and an intercept (4 unknowns) from noise."""
 
 
 def fit_weights(
@@ -97,10 +110,10 @@ def fit_weights(
     ``(score, agreement, latency_s, label)``; ridge-regularised, a, b, g clipped at 0 and
     rescaled to sum to ``total`` (ranks are invariant to a positive scale, so the sum is free
     and pinning it keeps the EWMA between fits meaningful). None when the outcomes cannot
-    tell the terms apart: fewer than 8 rows, one label only, or every coefficient <= 0."""
+    tell the terms apart: fewer than ``MIN_FIT_ROWS`` rows, one label only, or every coefficient <= 0."""
     import numpy as np
 
-    if len(rows) < 8:
+    if len(rows) < MIN_FIT_ROWS:
         return None
     arr = np.asarray(rows, dtype=np.float64)
     y = arr[:, 3]
@@ -131,6 +144,7 @@ class RoundOdds:
 
     def __init__(
         self,
+        *,
         prior_hits: float = 1.0,
         prior_rounds: float = 2.0,
         decay: float = 0.98,

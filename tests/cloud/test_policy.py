@@ -69,6 +69,8 @@ def test_round_odds_stop_retries_where_rounds_never_hold_a_valid_draft_and_still
     from coinfer.cloud.policy import RoundOdds
 
     odds = RoundOdds(explore_every=4)
+    with pytest.raises(TypeError):
+        RoundOdds(1.0, 2.0)  # keyword-only: five numbers in a row are easy to swap
     assert odds.pays("select", 0.1)  # unseen: the prior (1 in 2) retries as before
     for _ in range(40):
         odds.observe("select", False)
