@@ -476,7 +476,9 @@ class EdgePipeline:
                 max(0.0, deadline_s - run.local_reserve_s),
             )
         try:
-            remote = _Remote(self, request, req, run, model_prompt, t0, hedge)
+            remote = _Remote(
+                pipe=self, request=request, req=req, run=run, model_prompt=model_prompt, t0=t0, hedge=hedge
+            )
             return (await remote.solve(result)).freeze()
         finally:
             if hedge is not None:
@@ -490,6 +492,7 @@ class _Remote:
 
     def __init__(
         self,
+        *,
         pipe: EdgePipeline,
         request: ValidRequest,
         req: t.OpenRequest,

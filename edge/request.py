@@ -80,13 +80,17 @@ class ValidRequest:
 def infer_task(prompt: str) -> str:
     """The task preset whose problem format ``prompt`` matches (apps need not name it); "" (an
     open request) when none does."""
+    return _inferred(prompt)[0]
+
+
+def _inferred(prompt: str) -> tuple[str, dict | None]:
+    """``infer_task`` with the problem the matching preset parsed (None for an open request)."""
     for name, task in TASKS.items():
         try:
-            task.parse_problem(prompt)
-            return name
+            return name, task.parse_problem(prompt)
         except InvalidArgument:
             continue
-    return ""
+    return "", None
 
 
 def compiled(
@@ -96,11 +100,14 @@ def compiled(
     *,
     plan: RequestedPlan = RequestedPlan.AUTO,
     refine: t.SamplingParams | None = None,
+    spec: dict | None = None,
 ) -> ValidRequest:
-    """``req`` with its problem parsed and its rules compiled (bad rules: INVALID_ARGUMENT naming them).
-    Blocking for hostile input: call it off the event loop."""
+    """``req`` with its problem parsed (``spec``: parsed already, when its task was inferred) and its
+    rules compiled (bad rules: INVALID_ARGUMENT naming them). Blocking for hostile input: call it off
+    the event loop."""
     task = get_task(req.task, "task")
-    ruleset = RuleSet(req.rules, task, task.parse_problem(req.question), "rules", req.extraction)
+    spec = spec if spec is not None else task.parse_problem(req.question)
+    ruleset = RuleSet(req.rules, task, spec, "rules", req.extraction)
     return ValidRequest(
         req=req, task=task, ruleset=ruleset, sampling=sampling, deadline_s=deadline_s, plan=plan, refine=refine
     )
@@ -123,7 +130,9 @@ def _checked(req: SolveRequest, c: EdgeConfig, recommended_drafts: int) -> Valid
     require(req.plan in plans, "plan", f"must be one of {', '.join(plans)}, got {req.plan!r}")
     require(0 <= req.num_drafts <= c.max_drafts, "num_drafts", f"must be in 0..{c.max_drafts}")
     check_deadline(req.deadline_ms)
-    req.task = req.task or infer_task(req.question)
+    spec = None
+    if not req.task:
+        req.task, spec = _inferred(req.question)
     base = req.sampling or t.SamplingParams()
     n = req.num_drafts or min(c.max_drafts, recommended_drafts)
     s = Sampling(**{f.name: getattr(base, f.name) for f in dataclasses.fields(t.SamplingParams)}, n=n)
@@ -133,4 +142,4 @@ def _checked(req: SolveRequest, c: EdgeConfig, recommended_drafts: int) -> Valid
         asked = RequestedPlan(c.plan)  # the daemon's own plan stands in for auto
     deadline_s = (req.deadline_ms or c.deadline_ms) / 1e3
     # the user's sampling reaches the refinement too (OpenAI fidelity); unset: the cloud's defaults
-    return compiled(req, s, deadline_s, plan=asked, refine=req.refine or req.sampling)
+    return compiled(req, s, deadline_s, plan=asked, refine=req.refine or req.sampling, spec=spec)

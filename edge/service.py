@@ -99,11 +99,14 @@ class EdgeCore:
         remaining = 0.0
         if self.model_state is t.ModelState.LOADING:
             cold = dataclasses.replace(
-                self.planner.edge_profile(EdgeState(self.model_bytes, t.ModelState.COLD, gpu=gpu)), first_run_ms=0.0
+                self.planner.edge_profile(EdgeState(model_bytes=self.model_bytes, state=t.ModelState.COLD, gpu=gpu)),
+                first_run_ms=0.0,
             )  # the "loading" state adds it itself
             remaining = max(0.0, cold_start_ms(cold) - (time.perf_counter() - self._load_started) * 1e3)
         fresh = self.engine is None or self.engine.runs == 0
-        return EdgeState(self.model_bytes, self.model_state, remaining, gpu, fresh)
+        return EdgeState(
+            model_bytes=self.model_bytes, state=self.model_state, loading_remaining_ms=remaining, gpu=gpu, fresh=fresh
+        )
 
     _edge_state = edge_state  # edge.plan's name for it
 

@@ -169,3 +169,26 @@ def test_the_checked_request_carries_its_compiled_rules_and_sampling(tmp_path):
     r = _request(core, plan="edge", deadline_ms=2500)
     assert r.req.task == "arith" and r.task.name == "arith" and r.ruleset.task is r.task
     assert r.sampling.n == 3 and r.deadline_s == 2.5 and r.plan is RequestedPlan.EDGE
+
+
+def test_a_request_is_parsed_and_its_rules_compiled_once(tmp_path, monkeypatch):
+    from coinfer.rules import RuleSet
+    from coinfer.tasks import TASKS
+
+    calls = {"parse": 0, "compile": 0}
+    arith, parse = TASKS["arith"], TASKS["arith"].parse_problem
+
+    def counted_parse(prompt):
+        calls["parse"] += 1
+        return parse(prompt)
+
+    class CountedRuleSet(RuleSet):
+        def __init__(self, *a, **kw):
+            calls["compile"] += 1
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(arith, "parse_problem", counted_parse)
+    monkeypatch.setattr("coinfer.edge.request.RuleSet", CountedRuleSet)
+    core = _core(tmp_path)
+    r = _request(core, plan="edge")  # no task named: inferred, and the inference's parse is kept
+    assert r.req.task == "arith" and calls == {"parse": 1, "compile": 1}
