@@ -7,7 +7,8 @@ travel as text. The template is the Jinja string in the model directory's
 (sandboxed Jinja, ``trim_blocks`` / ``lstrip_blocks``, ``raise_exception``), so the edge needs
 jinja2 but not transformers. A test checks both renderings agree.
 
-A model without a template gets the documented plain format (``PLAIN_FORMAT``)::
+A model without a template gets the documented plain format (``PLAIN_FORMAT``) for a plain
+prompt (a request's ``prompt``, no ``messages``)::
 
     <system content>
     <blank line>
@@ -15,6 +16,12 @@ A model without a template gets the documented plain format (``PLAIN_FORMAT``)::
     Assistant: <content>
     User: <content>
     Assistant:
+
+A request in chat form (``messages``: what ``conversation`` returns as a ``Conversation`` with
+``chat_form``) to a model without a template is refused (``NoChatTemplate``, an InvalidArgument that
+names the model and the fix), as vLLM refuses one: never rendered silently in the plain format. The fix
+is a template for the model (``quantize import --chat-template FILE``, ``quantize export --chat-template
+FILE``, vLLM's ``--chat-template``).
 
 The rendered text of a template already holds the model's BOS where the template writes it,
 so it is tokenized without adding special tokens; plain text is tokenized with them.
@@ -25,10 +32,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from functools import lru_cache
 from pathlib import Path
 
-from coinfer.errors import require
+from coinfer.errors import InvalidArgument, require
 
 ROLES = ("system", "user", "assistant")
 MAX_MESSAGES = 64
@@ -70,9 +78,24 @@ def validate_messages(messages: Sequence[ChatMessage], field: str = "messages", 
     require(total <= max_chars, field, f"{total} chars > limit {max_chars}")
 
 
+class Conversation(list):
+    """A request's turns (a list of ChatMessage) that remembers whether the request was in chat form."""
+
+    chat_form: bool = False
+    """True when the turns are the request's ``messages``; False for a plain prompt made one user turn."""
+
+    def __init__(self, messages=(), chat_form: bool = False) -> None:
+        super().__init__(messages)
+        self.chat_form = chat_form
+
+
+class NoChatTemplate(InvalidArgument):
+    """A request in chat form to a model without a chat template."""
+
+
 def conversation(prompt: str, messages: Sequence[ChatMessage] = ()) -> list[ChatMessage]:
-    """The request as a conversation: its messages, else the prompt as one user turn."""
-    return list(messages) if messages else [ChatMessage("user", prompt)]
+    """The request as a conversation: its messages (chat form), else the prompt as one user turn."""
+    return Conversation(messages, chat_form=True) if messages else Conversation([ChatMessage("user", prompt)])
 
 
 def question_of(messages: Sequence[ChatMessage]) -> str:
@@ -81,8 +104,9 @@ def question_of(messages: Sequence[ChatMessage]) -> str:
 
 
 def with_question(messages: Sequence[ChatMessage], question: str) -> list[ChatMessage]:
-    """The conversation with its last user turn replaced by ``question`` (history and system kept)."""
-    out = list(messages)
+    """The conversation with its last user turn replaced by ``question`` (history and system kept; chat form
+    kept)."""
+    out = Conversation(messages, chat_form=getattr(messages, "chat_form", False))
     for i in range(len(out) - 1, -1, -1):
         if out[i].role == "user":
             out[i] = ChatMessage("user", question)
@@ -122,6 +146,8 @@ class ChatFormat:
     """Jinja chat template; empty = the plain format."""
     bos_token: str = ""
     eos_token: str = ""
+    source: str = dataclass_field(default="", compare=False)
+    """Where the format was read (the model directory): named in errors."""
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ChatFormat:
@@ -140,15 +166,28 @@ class ChatFormat:
             v = cfg.get(name) or ""
             return v.get("content", "") if isinstance(v, dict) else v
 
-        return cls(template, tok("bos_token"), tok("eos_token"))
+        return cls(template, tok("bos_token"), tok("eos_token"), str(d))
 
     @property
     def templated(self) -> bool:
         return bool(self.template)
 
+    def require_template(self, messages: Sequence[ChatMessage], field: str = "messages") -> None:
+        """NoChatTemplate if ``messages`` is a conversation in chat form and this format has no template (what
+        ``render`` checks; a session may check it when it opens, before any work)."""
+        if not self.template and getattr(messages, "chat_form", False):
+            raise NoChatTemplate(
+                f"{field}: the model ({self.source or 'this model'}) has no chat template, so it cannot read a "
+                "conversation; send a plain prompt instead, or give the model a template (quantize import / "
+                "export --chat-template FILE; vLLM --chat-template FILE)",
+                field=field,
+            )
+
     def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> str:
-        """The model's input text for ``messages`` (ending where the assistant's answer starts)."""
+        """The model's input text for ``messages`` (ending where the assistant's answer starts). Without a
+        template: the plain format, or NoChatTemplate for a conversation in chat form."""
         if not self.template:
+            self.require_template(messages)
             return plain(messages, add_generation_prompt)
         return _compile(self.template).render(
             messages=[{"role": m.role, "content": m.content} for m in messages],

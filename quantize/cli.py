@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m coinfer.quantize import FILE.gguf OUT_DIR                    # GGUF -> Hugging Face directory (float32)
+    python -m coinfer.quantize import FILE.gguf OUT_DIR [--chat-template F]  # GGUF -> Hugging Face directory (float32)
     python -m coinfer.quantize export MODEL_DIR OUT_DIR [--dtype fp16]     # ONNX with KV cache + parity vs torch
     python -m coinfer.quantize int8 ONNX_DIR OUT_DIR [--scheme weight-only|dynamic|static] [--keep-float auto]
     python -m coinfer.quantize check DIR [--providers CUDAExecutionProvider] [--reference FP32_DIR]
@@ -44,22 +44,42 @@ def _gate_config(args: argparse.Namespace) -> GateConfig:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from coinfer.quantize.gguf_import import import_gguf
+    from coinfer.quantize.gguf_import import import_gguf, read_chat_template
 
-    report = import_gguf(args.gguf, args.out)
+    template = read_chat_template(args.chat_template) if args.chat_template else None
+    report = import_gguf(args.gguf, args.out, chat_template=template)
+    types = ", ".join(f"{n} {k}" for k, n in report["source"]["tensor_types"].items())
     _out(
         args,
         report,
         f"imported {args.gguf.name} ({report['source']['architecture']}, {report['parameters'] / 1e6:.0f}M "
-        f"parameters, float32) to {args.out} in {report['seconds']['total']:.0f} s; end of turn "
-        f"{report['end_of_turn']!r}, eos ids {report['eos_token_id']}",
+        f"parameters from {types}; float32) to {args.out} in {report['seconds']['total']:.0f} s; chat template "
+        f"{report['chat_template'] or 'none (plain prompts only)'}, end of turn {report['end_of_turn']!r}, "
+        f"eos ids {report['eos_token_id']}",
     )
     return 0
+
+
+def _add_chat_template(out: Path, template: str) -> None:
+    """``template`` as the exported model's chat template (``chat_template.jinja``, which wins over
+    ``tokenizer_config.json``'s in transformers and in ``coinfer.chat.ChatFormat``), listed in its manifest (the
+    export's own records kept). The stop tokens stay the source's ``config.json``'s: a template that ends its
+    turns with another token is better given to ``import``, which reads the end of turn off it."""
+    from coinfer.manifest import MANIFEST, write_manifest
+
+    (out / "chat_template.jinja").write_text(template, encoding="utf-8")
+    manifest = json.loads((out / MANIFEST).read_text())
+    write_manifest(out, {k: v for k, v in manifest.items() if k not in ("format", "version", "files")})
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from coinfer.quantize.export import export_dir
 
+    template = None
+    if args.chat_template:
+        from coinfer.quantize.gguf_import import read_chat_template
+
+        template = read_chat_template(args.chat_template)
     prompt = None
     if args.parity_steps:
         from tokenizers import Tokenizer
@@ -70,7 +90,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         tok_file = args.model / "tokenizer.json"
         prompt = (
             TaskPrompt("If x=3 and y=5, compute (x+y)^2-x*y.").ids(
-                Tokenizer.from_file(str(tok_file)), ChatFormat.from_dir(args.model)
+                Tokenizer.from_file(str(tok_file)),
+                ChatFormat(template, *_bos_eos(args.model)) if template else ChatFormat.from_dir(args.model),
             )
             if tok_file.exists()
             else [1, 2, 3, 4]
@@ -91,8 +112,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         )
     except ParityFailed as exc:
         report = exc.report
-    parity = report.get("parity", {})
     published = not report["failures"] or args.keep_failed
+    if template and published:
+        _add_chat_template(args.out, template)
+        report["chat_template"] = str(args.chat_template)
+    parity = report.get("parity", {})
     _out(
         args,
         report,
@@ -105,6 +129,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         ),
     )
     return 0 if not report["failures"] else 1
+
+
+def _bos_eos(model_dir: Path) -> tuple[str, str]:
+    from coinfer.chat import ChatFormat
+
+    fmt = ChatFormat.from_dir(model_dir)
+    return fmt.bos_token, fmt.eos_token
 
 
 def cmd_int8(args: argparse.Namespace) -> int:
@@ -260,7 +291,18 @@ def _import_command(sub) -> None:
     )
     p.add_argument("gguf", type=Path, help=f"GGUF file (architectures: {', '.join(GGUF_ARCHITECTURES)})")
     p.add_argument("out", type=Path, help="output directory (must not exist)")
+    _chat_template_arg(p, "the imported model's (saved with its tokenizer: the edge's export and vLLM read it)")
     p.set_defaults(func=cmd_import)
+
+
+def _chat_template_arg(p: argparse.ArgumentParser, whose: str) -> None:
+    p.add_argument(
+        "--chat-template",
+        type=Path,
+        metavar="FILE",
+        help=f"Jinja chat template (as vLLM's --chat-template) to use as {whose}; it replaces the model's own. "
+        "A model without one serves plain prompts only: requests in chat form are refused",
+    )
 
 
 def _export_command(sub) -> None:
@@ -295,6 +337,7 @@ def _export_command(sub) -> None:
         help="weights in model.onnx.data beside the graph (auto: above 1 GiB; a protobuf file holds 2 GiB "
         "at most); int8 keeps its source's layout",
     )
+    _chat_template_arg(p, "the exported model's (the edge renders conversations with it)")
     p.set_defaults(func=cmd_export)
 
 
