@@ -38,9 +38,9 @@ import time
 from collections import Counter
 
 from benchmarks.open_accuracy import RULES, WORDS, Case, cases
-from coinfer.types import PLAN_CHOICES
+from coinfer.edge.kinds import RequestedPlan
 
-PLANS = PLAN_CHOICES
+PLANS = tuple(p.value for p in RequestedPlan)
 
 
 def _coinfer(case: Case, plan: str) -> dict:
@@ -102,7 +102,7 @@ def summarize(rows: list[dict]) -> dict:
 
 def goals(report: dict) -> dict:
     plans = report["all"]
-    single = {p: plans[p] for p in PLANS if p != "auto"}
+    single = {p: plans[p] for p in PLANS if p != RequestedPlan.AUTO}
     best = max(single, key=lambda p: (single[p]["accuracy"], -single[p]["median_ms"]))
     auto = plans["auto"]
     ratio = auto.get("mean_measured_over_mean_predicted", 0.0)

@@ -9,6 +9,7 @@ from typing import Any
 
 from coinfer.chat import CANDIDATE_FORMAT, REFINE_TEMPLATE
 from coinfer.types import VerifierKind
+from coinfer.validate import MAX_DEADLINE_MS
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ class Limits:
     open_timeout_s: float = 10.0
     """A Session stream must send its SessionOpen within this, or it is closed (DEADLINE_EXCEEDED)."""
     max_message_bytes: int = 4 << 20
-    max_deadline_ms: int = 600_000
+    max_deadline_ms: int = MAX_DEADLINE_MS
 
     def validate(self) -> None:
         # a limit below 1 refuses every request it bounds (max_sessions -1: every session)

@@ -25,7 +25,7 @@ from coinfer.errors import InvalidArgument, Reason, ResourceExhausted, Unavailab
 from coinfer.rules import RuleSet
 from coinfer.serving import logs
 from coinfer.tasks import get_task
-from coinfer.validate import check_deadline, check_question, check_request_id
+from coinfer.validate import MAX_NEW_TOKENS, check_deadline, check_question, check_request_id
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class CloudCore:
         rules = RuleSet(req.rules, task, spec, extraction=req.extraction)
         if req.refine is not None:
             # a longer budget than the policy's is clamped to it in the session, not refused
-            req.refine.validate("refine", max(4096, self.cfg.policy.refine_max_tokens))
+            req.refine.validate("refine", max(MAX_NEW_TOKENS, self.cfg.policy.refine_max_tokens))
         if req.expected_drafts > lim.max_drafts:
             raise ResourceExhausted(f"expected_drafts: {req.expected_drafts} > limit {lim.max_drafts}")
         check_deadline(req.deadline_ms, lim.max_deadline_ms)

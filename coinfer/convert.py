@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 import types
 import typing
 from typing import Any, TypeVar
@@ -24,6 +25,7 @@ from coinfer.rules import MAX_PARAMS_BYTES, Rule
 from coinfer.v1 import coinfer_pb2 as pb
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _EVENT_FIELD = {
     t.SessionAccepted: "accepted",
@@ -101,6 +103,8 @@ def from_pb(msg: Any, cls: type[T]) -> T:
                 kw[f.name] = list(v)
         elif dataclasses.is_dataclass(target):
             kw[f.name] = from_pb(v, target) if msg.HasField(f.name) else None
+        elif isinstance(target, type) and issubclass(target, enum.StrEnum):
+            kw[f.name] = _str_enum(target, v, f)
         elif isinstance(target, type) and issubclass(target, enum.Enum):
             kw[f.name] = target(v)
         elif isinstance(v, float):
@@ -108,6 +112,18 @@ def from_pb(msg: Any, cls: type[T]) -> T:
         else:
             kw[f.name] = v
     return cls(**kw)
+
+
+def _str_enum(cls: type[enum.StrEnum], value: str, f: dataclasses.Field) -> Any:
+    """A closed set sent as a string (``Summary.refine_mode``): "" is the field's default (proto3 cannot
+    send "unset"), and so is a value this version does not know -- a newer peer's, logged -- since a
+    report field must not fail an answer that is otherwise whole."""
+    if value:
+        try:
+            return cls(value)
+        except ValueError:
+            log.warning("%s: unknown %s %r from the peer; taken as the default", f.name, cls.__name__, value)
+    return f.default if f.default is not dataclasses.MISSING else None
 
 
 _ZERO_MEANS_DEFAULT = {"top_p": 1.0, "max_new_tokens": t.SamplingParams.max_new_tokens}

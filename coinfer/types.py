@@ -13,20 +13,16 @@ from coinfer.errors import require
 from coinfer.extract import Extraction
 from coinfer.repetition import FINISH_REASON as LOOP_FINISH_REASON
 from coinfer.rulespec import Rule
+from coinfer.validate import MAX_NEW_TOKENS
 
 
 class Plan(StrEnum):
     """Where a request runs: the edge alone, drafts on the edge verified and refined by the cloud,
-    or the cloud alone. ``AUTO`` (a request's or config's choice, not a plan) lets the planner pick."""
+    or the cloud alone. What a request or config may ask for adds ``auto`` (``coinfer.edge.kinds.RequestedPlan``)."""
 
     EDGE = "edge"
     SPLIT = "split"
     CLOUD = "cloud"
-
-
-AUTO = "auto"
-PLAN_CHOICES = (AUTO, *Plan)
-"""What a request, the HTTP API and the edge config may name."""
 
 
 class RefineMode(StrEnum):
@@ -120,7 +116,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     """Stop strings: the text ends before the first one (EOS always stops)."""
 
-    def validate(self, field: str, max_new_tokens: int = 4096) -> None:
+    def validate(self, field: str, max_new_tokens: int = MAX_NEW_TOKENS) -> None:
         require(0.0 <= self.temperature <= 2.0, f"{field}.temperature", f"must be in [0, 2], got {self.temperature:g}")
         require(0.0 < self.top_p <= 1.0, f"{field}.top_p", f"must be in (0, 1], got {self.top_p:g}")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -267,16 +263,16 @@ class Summary:
     answer_valid: bool = False
     recommended_drafts: int = 0
     request_id: str = ""
-    refine_mode: str = ""
-    """candidates | prefix | alone: how the refinement used the drafts."""
+    refine_mode: RefineMode | None = None
+    """How the cloud used the drafts (accepted, prefix, candidates, alone, deadline); None: not said."""
     fields: dict = field(default_factory=dict)
     """Fields extracted from the final answer."""
     prompt_tokens: int = 0
     answer_tokens: int = 0
     replica: str = ""
     """Which cloud replica answered (host:port)."""
-    finish_reason: str = ""
-    """"stop" or "length" (the answer hit its token budget); "" = "stop"."""
+    finish_reason: FinishReason = FinishReason.STOP
+    """"stop", "length" (the answer hit its token budget) or "repetition"; "" on the wire = "stop"."""
     cost: CloudCost | None = None
     """The engine work this answer cost the cloud; None from a cloud that does not report it."""
 

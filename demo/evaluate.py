@@ -120,7 +120,7 @@ def refine_accuracy(
     # as the cloud does it: only drafts that pass the rules (marker extraction, every equation right)
     # and the likelihood threshold are candidates (the best 2 by mean logprob); none: the target alone.
     # A refinement that fails the rules is withdrawn and the best candidate returned (cloud.answering's
-    # _answer_refined); "refine_raw" counts the refinements as written.
+    # Answerer._refined); "refine_raw" counts the refinements as written.
     rules = _rules()
     chosen = [_verified(tmodel, ttok, tfmt, it, d, rules) for it, d in zip(items, drafts)]
     todo = [i for i, c in enumerate(chosen) if c]
@@ -156,7 +156,7 @@ def refine_accuracy(
 
 def cloud_answer(refinement: str, candidates: list[str], rules) -> str:
     """What the cloud returns for a refinement of verified ``candidates`` (best first): the
-    refinement when it passes the rules, else the best candidate (``coinfer.cloud.answering.Answering._answer_refined``)."""
+    refinement when it passes the rules, else the best candidate (``coinfer.cloud.answering.Answerer._refined``)."""
     return refinement if rules.check(refinement)[0].valid else candidates[0]
 
 

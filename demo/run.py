@@ -40,6 +40,7 @@ import grpc
 from coinfer import types as t
 from coinfer.demo import wordprob
 from coinfer.demo.artifacts import ensure_artifacts
+from coinfer.edge.sampling import DEFAULT_DRAFTS
 from coinfer.tasks import TASKS, problems
 
 if TYPE_CHECKING:  # the engines import ONNX Runtime, vLLM and torch: only when the demo runs, not for --help
@@ -381,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         "are one or two problems there)",
     )
     ap.add_argument("--show", type=int, default=2, help="problems per kind printed in full (drafts, verdicts, timings)")
-    ap.add_argument("--drafts", type=int, default=5, help="drafts per problem (edge batch size)")
+    ap.add_argument("--drafts", type=int, default=DEFAULT_DRAFTS, help="drafts per problem (edge batch size)")
     ap.add_argument("--seed", type=int, default=7, help="problem and sampling seed")
     ap.add_argument("--temperature", type=float, default=0.3, help="draft sampling temperature")
     # The seed's penalties (presence 0.2, frequency 0.1) target word-level vocabularies; the demo's

@@ -41,9 +41,9 @@ async def explain(args) -> dict:
         await core.start()
         probed = list(core.planner.est.values)
         task = args.task or infer_task(args.prompt) or "open"  # open requests: their own estimates
-        state = core._edge_state()
+        state = core.edge_state()
         if args.edge_state != "auto":
-            state = EdgeState(state.model_bytes, args.edge_state, 0.0, state.gpu)
+            state = EdgeState(model_bytes=state.model_bytes, state=args.edge_state, gpu=state.gpu)
         n = args.num_drafts or core.link.recommended_drafts
         cloud_ok = core.link.enabled and core.link.serving
         size = core.planner.prompt_size(args.prompt)

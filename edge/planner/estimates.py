@@ -17,6 +17,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from coinfer.serving import statefile
+from coinfer.validate import MAX_DEADLINE_MS
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ OUTCOMES = ("draft_tokens", "answer_tokens", "decode_steps", "rounds", "quality"
 OUTCOME_ALPHA = 0.05
 _BOUNDS = {
     "bps": (1e3, 1e12),
-    "ms": (0.0, 600_000.0),
+    "ms": (0.0, float(MAX_DEADLINE_MS)),  # no stage of a request outlasts the longest deadline
     "tokens": (1.0, 1e5),
     "quality": (0.0, 1.0),
     "bytes_per_token": (0.25, 64.0),

@@ -1,6 +1,7 @@
 from coinfer import convert
 from coinfer import types as t
 from coinfer.rules import Rule
+from coinfer.v1 import coinfer_pb2 as pb
 
 
 def test_open_round_trip_keeps_rules_and_defaults():
@@ -43,3 +44,19 @@ def test_every_cloud_event_round_trips():
     ]
     for ev in events:
         assert convert.event_from_pb(convert.event_to_pb(ev)) == ev
+
+
+def test_a_summarys_closed_sets_arrive_typed_and_an_unknown_or_empty_value_is_the_default(caplog):
+    """``refine_mode`` / ``finish_reason`` travel as strings (proto3 cannot send "unset"): "" is the field's
+    default, a newer peer's unknown value too (logged), a known one its enum member."""
+    for mode, finish, want_mode, want_finish in [
+        ("prefix", "length", t.RefineMode.PREFIX, t.FinishReason.LENGTH),
+        ("", "", None, t.FinishReason.STOP),
+        ("telepathy", "moon", None, t.FinishReason.STOP),
+    ]:
+        msg = pb.Summary(answer="8", refine_mode=mode, finish_reason=finish)
+        s = convert.from_pb(msg, t.Summary)
+        assert (s.refine_mode, s.finish_reason) == (want_mode, want_finish)
+        assert s.refine_mode is None or type(s.refine_mode) is t.RefineMode
+        assert convert.to_pb(s, pb.Summary).finish_reason == want_finish.value  # back to the wire's string
+    assert "unknown RefineMode 'telepathy'" in caplog.text and "unknown FinishReason 'moon'" in caplog.text
