@@ -8,17 +8,31 @@ HF cache classes change shape between transformers releases; the exported graph 
 
 What varies by family, read from the loaded module rather than from a per-family copy:
 
-- projections: separate ``q/k/v_proj`` (Llama, Mistral, Qwen2 with bias, Qwen3, Gemma 2) or one
+- projections: separate ``q/k/v_proj`` (Llama, Mistral, Qwen2 with bias, Qwen3, Gemma 2/3) or one
   fused ``qkv_proj`` (Phi-3); MLP ``gate_proj``/``up_proj`` or fused ``gate_up_proj`` (Phi-3);
-- Qwen3's per-head ``q_norm`` / ``k_norm`` before the rotation;
-- Gemma 2's sandwich norms (after attention, before and after the MLP), attention-logit and
-  final-logit soft-capping, ``query_pre_attn_scalar`` (the module's ``scaling``) and the
-  embedding scale (inside its embedding module);
+- per-head ``q_norm`` / ``k_norm`` before the rotation (Qwen3; Gemma 3's ``(1 + w)`` form);
+- Gemma 2/3's sandwich norms (after attention, before and after the MLP), attention-logit and
+  final-logit soft-capping where the config sets them, ``query_pre_attn_scalar`` (the module's
+  ``scaling``) and the embedding scale (inside its embedding module, in the model's dtype);
 - sliding-window attention per layer (Mistral, Phi-3 on every layer; Gemma 2 on alternate
-  layers; Qwen2 where ``use_sliding_window``), masked exactly as transformers does
-  (key j visible to query i when ``i - window < j <= i``), so no context cap is needed;
+  layers, Gemma 3 on five of every six; Qwen2 where ``use_sliding_window``), masked exactly as
+  transformers does (key j visible to query i when ``i - window < j <= i``) over the whole
+  cache, so no context cap is needed (see "Sliding windows" below);
 - rotary frequencies and attention scaling are the model's own ``rotary_emb`` tables (default,
-  Llama 3, linear, YaRN; partial rotary as Phi-3 allows); length-dependent scalings are refused.
+  Llama 3, linear, YaRN; partial rotary as Phi-3 allows), one per layer type where the model has
+  several (Gemma 3: local layers at ``rope_local_base_freq``, global ones at ``rope_theta`` with
+  the config's scaling); length-dependent scalings are refused.
+
+Sliding windows, in both graphs, are a mask over a cache that keeps every position, not a ring
+buffer of ``window`` slots. The cache layout is then one for every layer and every family: one
+``[B, H_kv, P, D]`` tensor per layer whose slot is the position, which is what the edge runtime
+preallocates (one capacity and one length for all layers, ``edge.onnx_lm.Buffers``), what
+GroupQueryAttention writes in place at ``seqlens_k`` (its ``local_window_size`` then attends the
+last ``window`` keys only, so a local layer's step costs the window, not the context), and what a
+draft rolled back to a shorter prefix needs (truncate the length; a ring would have overwritten the
+positions it returns to). A ring would save the local layers' cache beyond the window (Gemma 3
+270M: 15 of 18 layers, 1 KV head of 256: 30 KB a position) at the price of per-layer capacities and
+a write index the node does not take.
 
 Input / output names follow Optimum's ``text-generation-with-past`` export,
 so an ``optimum-cli``-exported model runs on the same edge runtime:
@@ -35,8 +49,10 @@ its GroupQueryAttention (``quantize/gqa_op.py``), whose cache inputs may be fixe
 the runtime binds as outputs too, so no step concatenates or copies the cache; and, since a decode
 step of a small model is mostly per-node dispatch, the layer is written in as few nodes as its
 numerics allow: the query, key and value projections as one MatMul (and gate with up), rotations
-as RotaryEmbedding nodes (full-width rotary without per-head norms), and each residual sum with
-the RMSNorm after it as one SkipSimplifiedLayerNormalization (``quantize/contrib_ops.py``).
+as RotaryEmbedding nodes (full-width rotary; per-head norms first, on the projection's per-head
+view), each RMSNorm in the form ONNX Runtime fuses into one node (Gemma's ``(1 + w)`` folded into
+a constant), and each residual sum with the RMSNorm after it as one
+SkipSimplifiedLayerNormalization (``quantize/contrib_ops.py``).
 Concatenated projections quantize exactly as the separate ones: per-channel scales are per row.
 
 Only the last position's logits by default: sampling needs nothing else, and the LM head over
@@ -54,8 +70,8 @@ from transformers import PreTrainedModel
 from coinfer.quantize.contrib_ops import tables as rotary_tables
 
 STATIC_ROPE = ("llama3", "linear", "yarn")
-KV_CACHES = ("concat", "buffer")
 """RoPE scalings whose frequencies are fixed by the config (exported as constants)."""
+KV_CACHES = ("concat", "buffer")
 
 
 def io_names(num_layers: int) -> tuple[list[str], list[str]]:
@@ -65,9 +81,24 @@ def io_names(num_layers: int) -> tuple[list[str], list[str]]:
     return ["input_ids", "attention_mask", "position_ids", *past], ["logits", *present]
 
 
-def rope_type(cfg) -> str:
+def rope_types(cfg) -> list[str]:
+    """The rope type of each of the model's rotary tables (Gemma 3: one per layer type)."""
     rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    return rope.get("rope_type", rope.get("type")) or "default"
+    per_layer_type = rope and all(isinstance(v, dict) for v in rope.values())  # {layer type: parameters}
+    return [r.get("rope_type", r.get("type")) or "default" for r in (rope.values() if per_layer_type else [rope])]
+
+
+def refusal(cfg) -> str | None:
+    """Why the export graph cannot state the model of ``cfg`` exactly; None when it can."""
+    for kind in rope_types(cfg):
+        if kind not in ("default", *STATIC_ROPE):
+            return (
+                f"rope_type {kind!r} unsupported (supported: default, {', '.join(STATIC_ROPE)}; "
+                "it depends on the sequence length)"
+            )
+    if getattr(cfg, "use_bidirectional_attention", False):
+        return "use_bidirectional_attention: not a causal LM (an embedding model's attention)"
+    return None
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -104,9 +135,35 @@ def _soft_cap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
 
 def _window(cfg, attn: nn.Module) -> int | None:
     """The layer's sliding window, as its transformers module applies it (None = full attention)."""
-    if hasattr(attn, "sliding_window"):  # per layer: Gemma 2, Qwen2/3 (layer_types)
+    if hasattr(attn, "sliding_window"):  # per layer: Gemma 2/3, Qwen2/3 (layer_types)
         return attn.sliding_window
     return getattr(cfg, "sliding_window", None)  # every layer: Mistral, Phi-3
+
+
+def _rotaries(rotary: nn.Module, layer_types: list[str] | None, n: int) -> tuple[list, list[int]]:
+    """([(inv_freq, attention scaling)] per distinct table, the table of each of ``n`` layers): one table
+    for all layers, or one per layer type where the module keeps several (Gemma 3's
+    ``sliding_attention_inv_freq`` at the local base, ``full_attention_inv_freq`` at the global one)."""
+    if hasattr(rotary, "inv_freq"):
+        return [(rotary.inv_freq, rotary.attention_scaling)], [0] * n
+    kinds = sorted(set(layer_types[:n]))
+    tables = [(getattr(rotary, f"{k}_inv_freq"), getattr(rotary, f"{k}_attention_scaling")) for k in kinds]
+    return tables, [kinds.index(k) for k in layer_types[:n]]
+
+
+def _rms_gamma(norm: nn.Module) -> tuple[torch.Tensor, float] | None:
+    """(gamma, eps) with which ``norm`` computes ``x / sqrt(mean(x^2) + eps) * gamma``: its weight (Llama's
+    RMSNorm) or ``1 + weight`` (Gemma's), told apart by evaluating the module; None for any other norm."""
+    eps, w = getattr(norm, "variance_epsilon", getattr(norm, "eps", None)), getattr(norm, "weight", None)
+    if eps is None or w is None or w.dim() != 1:
+        return None
+    x = torch.randn(3, w.numel(), generator=torch.Generator().manual_seed(0)).to(w.dtype)
+    with torch.no_grad():
+        ref, h = norm(x), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        for gamma in (w.detach(), 1.0 + w.detach()):
+            if torch.allclose(h * gamma, ref, rtol=1e-5, atol=1e-6):
+                return gamma.clone(), float(eps)
+    return None
 
 
 class ExportDecoder(nn.Module):
@@ -119,11 +176,8 @@ class ExportDecoder(nn.Module):
         self.all_logits = all_logits
         self.kv_cache = kv_cache
         cfg = hf.config
-        if rope_type(cfg) not in ("default", *STATIC_ROPE):
-            raise ValueError(
-                f"unsupported rope_type {rope_type(cfg)!r} (supported: default, {', '.join(STATIC_ROPE)}; "
-                "dynamic / longrope scaling depends on the sequence length)"
-            )
+        if why := refusal(cfg):
+            raise ValueError(why)
         self.num_layers = cfg.num_hidden_layers
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
@@ -135,9 +189,10 @@ class ExportDecoder(nn.Module):
         self.windows = [_window(cfg, layer.self_attn) for layer in self.model.layers]
         # the model's own rotary tables: for static scalings they depend on the config only, never on
         # the sequence length, so one exported graph holds them exactly
-        rotary = self.model.rotary_emb
-        self.register_buffer("inv_freq", rotary.inv_freq.detach().to(torch.float32).clone(), persistent=False)
-        self.rope_scale = float(rotary.attention_scaling)
+        tables, self.layer_rope = _rotaries(self.model.rotary_emb, getattr(cfg, "layer_types", None), self.num_layers)
+        for j, (inv_freq, _) in enumerate(tables):
+            self.register_buffer(f"inv_freq_{j}", inv_freq.detach().to(torch.float32).clone(), persistent=False)
+        self.rope_scales = [float(scale) for _, scale in tables]
         self.lm_head = hf.lm_head
         if self.lm_head.weight is self.model.embed_tokens.weight:
             # Tied embeddings: exported as they are, the head is MatMul(Transpose(table)), which no
@@ -162,29 +217,45 @@ class ExportDecoder(nn.Module):
             m.gate_up_proj if hasattr(m, "gate_up_proj") else _fuse([m.gate_proj, m.up_proj])
             for m in (layer.mlp for layer in self.model.layers)
         )
-        # one rotation node per projection where the rotation is the whole head and nothing sits
-        # between projection and rotation (Qwen3 normalizes each head first: written out there)
-        self.rotary_node = self.inv_freq.numel() * 2 == self.head_dim and not hasattr(attn[0], "q_norm")
+        # every RMSNorm as x / rms(x) * gamma with a constant gamma (Gemma's 1 + w folded in), so ONNX
+        # Runtime fuses each into one node, and a residual sum with the norm after it into one more
+        # (by the norm's name under ``self.model``: traced code looks modules up by name, not identity)
+        self.gammas: dict[str, tuple[str, float]] = {}
+        norms = [(n, m) for n, m in self.model.named_modules() if "norm" in type(m).__name__.lower()]
+        for j, (name, norm) in enumerate(norms):
+            if found := _rms_gamma(norm):
+                self.register_buffer(f"gamma_{j}", found[0], persistent=False)
+                self.gammas[name] = (f"gamma_{j}", found[1])
+        # one rotation node per projection where the rotation is the whole head (per-head norms, as
+        # Qwen3's and Gemma 3's, run on the [B, T, H, D] view of the projection first)
+        self.rotary_node = all(
+            getattr(self, f"inv_freq_{j}").numel() * 2 == self.head_dim for j in range(len(self.rope_scales))
+        )
         if self.rotary_node:
             positions = int(getattr(self.config, "max_position_embeddings", 0) or 4096)
-            cos, sin = rotary_tables(self.inv_freq, self.rope_scale, positions, self.lm_head.weight.dtype)
-            self.register_buffer("cos_table", cos, persistent=False)
-            self.register_buffer("sin_table", sin, persistent=False)
+            for j, scale in enumerate(self.rope_scales):
+                cos, sin = rotary_tables(getattr(self, f"inv_freq_{j}"), scale, positions, self.lm_head.weight.dtype)
+                self.register_buffer(f"cos_table_{j}", cos, persistent=False)
+                self.register_buffer(f"sin_table_{j}", sin, persistent=False)
 
-    def _add_norm(
-        self, module: nn.Module, x: torch.Tensor, delta: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(``module``'s norm of ``x + delta``, ``x + delta``); the buffer graph writes Llama's RMSNorm as
-        ONNX Runtime's fused nodes (Gemma's ``(1 + w)`` norm, with ``eps``, stays its own module)."""
-        eps = getattr(module, "variance_epsilon", None)
-        if self.kv_cache != "buffer" or eps is None:
-            x = x if delta is None else x + delta
-            return module(x), x
-        if delta is not None:
-            return torch.ops.coinfer.skip_rms_norm(x, delta, module.weight, float(eps))
-        h = x.to(torch.float32)  # the form ONNX Runtime fuses into one SimplifiedLayerNormalization
+    def _norm(self, norm: str, x: torch.Tensor) -> torch.Tensor:
+        """The RMSNorm named ``norm`` (under ``self.model``) of ``x``; in the buffer graph in the form ONNX Runtime fuses into one
+        SimplifiedLayerNormalization (over the last axis, a head's for per-head norms)."""
+        if self.kv_cache != "buffer" or norm not in self.gammas:
+            return self.model.get_submodule(norm)(x)
+        name, eps = self.gammas[norm]
+        h = x.to(torch.float32)
         h = h / torch.sqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-        return module.weight * h.to(x.dtype), x
+        return getattr(self, name) * h.to(x.dtype)
+
+    def _add_norm(self, norm: str, x: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the norm ``norm`` of ``x + delta``, ``x + delta``); the buffer graph writes an RMSNorm after a
+        residual sum as one SkipSimplifiedLayerNormalization node."""
+        if self.kv_cache == "buffer" and delta is not None and norm in self.gammas:
+            name, eps = self.gammas[norm]
+            return torch.ops.coinfer.skip_rms_norm(x, delta, getattr(self, name), eps)
+        x = x if delta is None else x + delta
+        return self._norm(norm, x), x
 
     def _qkv(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         a = self.model.layers[i].self_attn
@@ -198,8 +269,7 @@ class ExportDecoder(nn.Module):
         self,
         i: int,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
         positions: torch.Tensor,
         mask: torch.Tensor,
         pk: torch.Tensor,
@@ -211,8 +281,13 @@ class ExportDecoder(nn.Module):
             from coinfer.quantize import gqa_op  # noqa: F401 - registers torch.ops.coinfer.gqa
 
             q, k, v = self._qkv(i, x)
-            q = torch.ops.coinfer.rotary(q, positions, self.cos_table, self.sin_table, self.num_heads)
-            k = torch.ops.coinfer.rotary(k, positions, self.cos_table, self.sin_table, self.num_kv_heads)
+            if hasattr(a, "q_norm"):  # per head: over the last axis of the [B, T, H, D] view
+                q = self._norm(f"layers.{i}.self_attn.q_norm", q.view(b, t, self.num_heads, -1)).reshape(b, t, -1)
+                k = self._norm(f"layers.{i}.self_attn.k_norm", k.view(b, t, self.num_kv_heads, -1)).reshape(b, t, -1)
+            j = self.layer_rope[i]
+            cos_table, sin_table = getattr(self, f"cos_table_{j}"), getattr(self, f"sin_table_{j}")
+            q = torch.ops.coinfer.rotary(q, positions, cos_table, sin_table, self.num_heads)
+            k = torch.ops.coinfer.rotary(k, positions, cos_table, sin_table, self.num_kv_heads)
             seqlens, total = mask
             out, k, v = torch.ops.coinfer.gqa(
                 q,
@@ -233,9 +308,9 @@ class ExportDecoder(nn.Module):
         q = q.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
         k = k.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
         v = v.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        if hasattr(a, "q_norm"):  # Qwen3: RMSNorm over each head's dimension before the rotation
-            q, k = a.q_norm(q), a.k_norm(k)
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        if hasattr(a, "q_norm"):  # Qwen3, Gemma 3: RMSNorm over each head's dimension before the rotation
+            q, k = self._norm(f"layers.{i}.self_attn.q_norm", q), self._norm(f"layers.{i}.self_attn.k_norm", k)
+        q, k = _rope(q, *rope), _rope(k, *rope)
         if self.kv_cache == "buffer":  # one GroupQueryAttention node: the cache may be a buffer written in place
             from coinfer.quantize import gqa_op  # noqa: F401 - registers torch.ops.coinfer.gqa
 
@@ -282,9 +357,11 @@ class ExportDecoder(nn.Module):
         t = input_ids.shape[1]
         total = attention_mask.shape[1]
         x = self.model.embed_tokens(input_ids)  # Gemma's module scales by sqrt(hidden) itself
-        freqs = position_ids[..., None].to(torch.float32) * self.inv_freq  # [B, T, R/2]
-        emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, T, R]
-        cos, sin = (emb.cos() * self.rope_scale).to(x.dtype), (emb.sin() * self.rope_scale).to(x.dtype)
+        ropes = []  # (cos, sin) [B, 1, T, R] of each rotary table
+        for j, scale in enumerate(self.rope_scales):
+            freqs = position_ids[..., None].to(torch.float32) * getattr(self, f"inv_freq_{j}")  # [B, T, R/2]
+            emb = torch.cat([freqs, freqs], dim=-1)[:, None]
+            ropes.append(((emb.cos() * scale).to(x.dtype), (emb.sin() * scale).to(x.dtype)))
         # query i sits at absolute slot total-t+i; it may see key j <= that slot, if unpadded
         q_slot = torch.arange(t, device=x.device) + (total - t)
         k_slot = torch.arange(total, device=x.device)
@@ -301,16 +378,18 @@ class ExportDecoder(nn.Module):
         presents: list[torch.Tensor] = []
         delta = None  # the last block's output, added to the residual stream by the next norm
         for i, layer in enumerate(self.model.layers):
-            y, x = self._add_norm(layer.input_layernorm, x, delta)
-            h, k, v = self._attn(i, y, cos, sin, position_ids, masks[self.windows[i]], past[2 * i], past[2 * i + 1])
-            if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma 2: norms around both blocks
-                x = x + layer.post_attention_layernorm(h)
-                delta = layer.post_feedforward_layernorm(self._mlp(i, layer.pre_feedforward_layernorm(x)))
+            y, x = self._add_norm(f"layers.{i}.input_layernorm", x, delta)
+            rope = ropes[self.layer_rope[i]]
+            h, k, v = self._attn(i, y, rope, position_ids, masks[self.windows[i]], past[2 * i], past[2 * i + 1])
+            if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma 2/3: norms around both blocks
+                h = self._norm(f"layers.{i}.post_attention_layernorm", h)
+                y, x = self._add_norm(f"layers.{i}.pre_feedforward_layernorm", x, h)
+                delta = self._norm(f"layers.{i}.post_feedforward_layernorm", self._mlp(i, y))
             else:
-                y, x = self._add_norm(layer.post_attention_layernorm, x, h)
+                y, x = self._add_norm(f"layers.{i}.post_attention_layernorm", x, h)
                 delta = self._mlp(i, y)
             presents += [k, v]
         if not self.all_logits:  # [B, 1, hidden]: the LM head runs on the last position only
             x, delta = x[:, -1:], delta[:, -1:]
-        logits = _soft_cap(self.lm_head(self._add_norm(self.model.norm, x, delta)[0]), self.final_cap)
+        logits = _soft_cap(self.lm_head(self._add_norm("norm", x, delta)[0]), self.final_cap)
         return (logits, *presents)

@@ -35,7 +35,7 @@ from coinfer.quantize.artifact import (
     staged,
     tokenizer_hash,
 )
-from coinfer.quantize.decoder_graph import KV_CACHES, STATIC_ROPE, ExportDecoder, io_names, rope_type
+from coinfer.quantize.decoder_graph import KV_CACHES, ExportDecoder, io_names, refusal
 
 log = logging.getLogger(__name__)
 SUPPORTED = (
@@ -45,11 +45,13 @@ SUPPORTED = (
     "MistralForCausalLM",
     "Phi3ForCausalLM",
     "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
 )
 """Decoder-only families the export graph states exactly (``quantize/decoder_graph.py``): Llama (GQA,
 tied embeddings, Llama 3 / linear / YaRN rope scaling; SmolLM2), Qwen2/2.5 (qkv bias), Qwen3 (q/k norm),
 Mistral and Phi-3 (sliding window, fused qkv / gate_up), Gemma 2 (soft-capping, sandwich norms,
-alternating sliding window)."""
+alternating sliding window), Gemma 3 text (per-head (1 + w) q/k norms, 5:1 local / global layers, the
+local layers' own rotary base; Gemma 2's soft-capping where the config sets it)."""
 DTYPES = ("fp32", "fp16")
 
 
@@ -85,11 +87,8 @@ def load_source(model_dir: Path) -> PreTrainedModel:
         raise ExportError(
             f"{cfg_path}: architecture {archs or cfg.model_type!r} unsupported (supported: {', '.join(SUPPORTED)})"
         )
-    if rope_type(cfg) not in ("default", *STATIC_ROPE):
-        raise ExportError(
-            f"{cfg_path}: rope_type {rope_type(cfg)!r} unsupported (supported: default, "
-            f"{', '.join(STATIC_ROPE)}; it depends on the sequence length)"
-        )
+    if why := refusal(cfg):
+        raise ExportError(f"{cfg_path}: {why}")
     # eager attention: the reference parity compares against (SDPA skips Gemma 2's soft-capping)
     return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="eager").eval()
 

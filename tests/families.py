@@ -23,6 +23,10 @@ COMMON = dict(
     max_position_embeddings=512,
 )
 
+TINY_GEMMA3 = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=7, num_attention_heads=2, num_key_value_heads=1
+)
+
 
 @dataclass(frozen=True)
 class Family:
@@ -38,6 +42,14 @@ _CHATML = Family(
     "<|im_end|>",
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+)
+_GEMMA = Family(
+    ("<pad>", "<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"),
+    "<bos>",
+    "<end_of_turn>",
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>"
+    "{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n{{ m['content'] | trim }}"
+    "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}",
 )
 FAMILIES = {
     "llama": Family(
@@ -64,14 +76,8 @@ FAMILIES = {
         "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|assistant|>\n{% endif %}",
     ),
-    "gemma2": Family(
-        ("<pad>", "<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"),
-        "<bos>",
-        "<end_of_turn>",
-        "{{ bos_token }}{% for m in messages %}<start_of_turn>"
-        "{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n{{ m['content'] | trim }}"
-        "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}",
-    ),
+    "gemma2": _GEMMA,
+    "gemma3": _GEMMA,
 }
 CORPUS = [
     "Explain how a rainbow forms, step by step.",
@@ -90,7 +96,15 @@ CORPUS = [
 
 def config(name: str, tok):
     """The family's config at test size, with the tokenizer's special ids."""
-    from transformers import Gemma2Config, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
+    from transformers import (
+        Gemma2Config,
+        Gemma3TextConfig,
+        LlamaConfig,
+        MistralConfig,
+        Phi3Config,
+        Qwen2Config,
+        Qwen3Config,
+    )
 
     ids = dict(
         eos_token_id=tok.convert_tokens_to_ids(tok.eos_token),
@@ -122,6 +136,17 @@ def config(name: str, tok):
             sliding_window=32,
             attn_logit_softcapping=50.0,
             final_logit_softcapping=30.0,
+        ),
+        # 7 layers: 5 local, 1 global, 1 local (layer_types' 5:1 pattern); a window of 8, so every decode step
+        # of parity is past it; the local layers' rotary base (10k) apart from the global ones' (1M, scaled
+        # linearly as Gemma 3 4B+ is); query_pre_attn_scalar apart from head_dim; soft-capping unset (None)
+        "gemma3": lambda: Gemma3TextConfig(
+            **{**ids, **TINY_GEMMA3},
+            head_dim=32,
+            query_pre_attn_scalar=24,
+            sliding_window=8,
+            rope_scaling={"rope_type": "linear", "factor": 8.0},
+            architectures=["Gemma3ForCausalLM"],
         ),
     }[name]()
 

@@ -223,10 +223,12 @@ def test_kv_buffer_export_writes_the_cache_in_place(name, tmp_path):
     assert report["parity"]["greedy_match"] and report["parity"]["max_logit_diff"] < 1e-3, report["parity"]
     graph = onnx.load(str(tmp_path / "buffer" / "model.onnx"), load_external_data=False).graph
     ops = [n.op_type for n in graph.node]
-    assert ops.count("GroupQueryAttention") == 2  # one per layer
-    # written out: Qwen3's per-head norms sit between projection and rotation; Gemma's norm is (1 + w)
-    assert ops.count("RotaryEmbedding") == (0 if name == "qwen3" else 4)  # query and key, per layer
-    assert ops.count("SkipSimplifiedLayerNormalization") == (0 if name == "gemma2" else 4)
+    layers = json.loads((hf / "config.json").read_text())["num_hidden_layers"]
+    assert ops.count("GroupQueryAttention") == layers
+    assert ops.count("RotaryEmbedding") == 2 * layers  # query and key (after Qwen3's, Gemma 3's per-head norms)
+    # the residual sums with the norm after them (Gemma's (1 + w) folded): each layer's two, but the first
+    # layer's input norm (no sum before it), and the final norm's
+    assert ops.count("SkipSimplifiedLayerNormalization") == 2 * layers
 
     engine = OrtDraftEngine(tmp_path / "buffer")
     assert engine.lm.kv_buffer
