@@ -470,17 +470,24 @@ def test_gemma3_imports_with_llama_cpp_conventions_undone(gemma3_hf):
     assert cfg["rope_parameters"]["full_attention"]["rope_theta"] == 1_000_000.0
     assert cfg["tie_word_embeddings"] and cfg["final_logit_softcapping"] is None and cfg["vocab_size"] == 262144
     gguf_file = Path(report["source"]["path"])
+    hf_names = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                "ffn_down": "mlp.down_proj"}  # fmt: skip
+    first = {}  # the first layer tensor of each block type (Q4_K_M mixes them per layer)
+    for name, (kind, _, _) in gguf_metadata(gguf_file, tensors=True)["tensors"].items():
+        if name.startswith("blk.") and name.split(".")[2] in hf_names:
+            first.setdefault(kind, name)
+    assert sorted(first) == ["Q4_K", "Q5_0", "Q6_K", "Q8_0"], first
     with safe_open(str(gemma3_hf / "model.safetensors"), "pt") as st:
-        for gguf_name, hf_name, kind in [
-            ("blk.3.attn_output.weight", "model.layers.3.self_attn.o_proj.weight", "Q4_K"),
-            ("blk.3.ffn_down.weight", "model.layers.3.mlp.down_proj.weight", "Q6_K"),
-            ("blk.3.attn_q.weight", "model.layers.3.self_attn.q_proj.weight", "Q5_0"),  # no q/k permutation (NEOX)
-            ("blk.3.attn_v.weight", "model.layers.3.self_attn.v_proj.weight", "Q8_0"),
-        ]:
-            got_kind, raw = _gguf_tensor(gguf_file, gguf_name)
-            assert got_kind == kind
+        for kind, gguf_name in first.items():  # attn_q / attn_k as written: Gemma's rotary halves need no un-permuting
+            _, layer, part, _ = gguf_name.split(".")
+            _, raw = _gguf_tensor(gguf_file, gguf_name)
             want = torch.from_numpy(dequantize(raw, GGMLQuantizationType[kind]))
-            assert torch.equal(st.get_tensor(hf_name), want), gguf_name
+            assert torch.equal(st.get_tensor(f"model.layers.{layer}.{hf_names[part]}.weight"), want), gguf_name
+        _, raw = _gguf_tensor(gguf_file, "token_embd.weight")  # Q8_0, tied: the embedding and the head
+        assert torch.equal(
+            st.get_tensor("model.embed_tokens.weight"), torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q8_0))
+        )
         for gguf_name, hf_name in [  # llama.cpp's converter stores 1 + w (Gemma3RMSNorm computes x * (1 + w))
             ("blk.3.attn_norm.weight", "model.layers.3.input_layernorm.weight"),
             ("blk.3.attn_q_norm.weight", "model.layers.3.self_attn.q_norm.weight"),
