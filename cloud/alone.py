@@ -7,6 +7,11 @@ candidates are checked (docs/design.md §2.2).
 Where only the loop watch can refuse the answer (``RuleSet.only_loop_watch``), it streams as final and
 is kept whatever follows: no correction, no candidates (they would withdraw it); a loop is cut, not
 replaced.
+
+Where every rule can judge a prefix (``RuleSet.judges_prefix``), it streams as final step by step
+(``_stepwise``): each step is checked before it is shown, a failed step is never shown, and the target
+continues from the last good step, a wrong computed value corrected where the failure is one, else
+sampled anew; so everything streamed begins the answer.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 
 from coinfer import types as t
 from coinfer.cloud.answer import Answer, finish_reason, join_steps
@@ -42,6 +48,10 @@ class CloudAlone:
         verified = await asyncio.to_thread(lambda: [self._prefix_steps(text) for text in drafts])
         prefix_steps = consensus_prefix([v for v in verified if v], ONE_DRAFT)
         prefix = join_steps(prefix_steps)
+        if ctx.rules.judges_prefix and not ctx.rules.only_loop_watch:
+            a = await self._stepwise(prefix)
+            a.mode = t.RefineMode.PREFIX if prefix_steps else t.RefineMode.ALONE
+            return self._noted(a, drafts, prefix_steps)
         commit = ctx.rules.only_loop_watch  # only the loop watch can refuse it: final as it streams
         w = await self.writer.write(ctx.prompt_text, prefix, p.refine_max_tokens, "cloud", always if commit else never)
         valid, why, parsed = await self.judge.recheck(w.text, likelihood=False)
@@ -64,6 +74,11 @@ class CloudAlone:
             # steps kept, fewer tokens decoded: select's candidates cost 0.6x)
             own = ctx.task.verified_prefix(ctx.spec, a.text)
             await self._candidates(a, join_steps(own) if len(own) > len(prefix_steps) else prefix, why)
+        return self._noted(a, drafts, prefix_steps)
+
+    @staticmethod
+    def _noted(a: Answer, drafts: list[str], prefix_steps: list[str]) -> Answer:
+        """``a`` with its note saying where the cloud's answer came from."""
         a.note = (
             (
                 f"no valid draft after retries: cloud answered alone from {len(prefix_steps)} verified steps"
@@ -74,6 +89,66 @@ class CloudAlone:
             + ("" if a.valid else " (its answer failed verification)")
         )
         return a
+
+    async def _stepwise(self, prefix: str) -> Answer:
+        """The cloud's answer step by step (``Writer.write``'s ``check``): each step the rules pass streams
+        as final; at the first that fails, the target continues from the last good step, the failed
+        step's wrong computed value corrected (up to ``calculator_fixes``) or else sampled anew (up to
+        ``cloud_candidates``, seeded: the same request ends on the same text). When the generation ends,
+        what follows the last step is checked with the whole answer and streamed if it passes. An answer
+        that stops (its budget, ``max_chars``, a loop) or runs out of tries ends at its last good step:
+        what was shown."""
+        ctx, p, rules = self.ctx, self.ctx.policy, self.ctx.rules
+        params = ctx.params(p.refine_max_tokens)
+        write = functools.partial(
+            self.writer.write, ctx.prompt_text, check=rules.prefix_error, max_chars=rules.max_chars
+        )
+        w = await write(prefix, p.refine_max_tokens, "cloud")
+        ttft, tokens, fixes, samples, notes = w.ttft_ms, w.tokens, 0, 0, []
+        while True:
+            why = w.error
+            if not why:  # the generation ended: the rest is checked with the whole answer
+                valid, why, parsed = await self.judge.recheck(w.text, likelihood=False)
+                if valid and w.finish is not t.FinishReason.REPETITION:
+                    if rest := w.text[len(self.stream.shown) :]:
+                        self.stream.chunk(rest, final=True)
+                    break
+                if w.finish is not t.FinishReason.STOP:  # it stopped: it ends at its last good step
+                    notes.append(f"cut at its last good step ({w.finish.value})")
+                    break
+            fixed = (
+                await asyncio.to_thread(ctx.task.corrected_prefix, ctx.spec, w.text)
+                if fixes < p.calculator_fixes
+                else None
+            )
+            if fixed is not None and fixed.startswith(self.stream.shown):
+                fixes += 1
+                notes.append(f"a computed value corrected ({why})")
+                w = await write(fixed, ctx.answer_budget, f"fix{fixes}")
+            elif samples < p.cloud_candidates:
+                samples += 1
+                notes.append(f"a step resampled ({why})")
+                seed = (params.seed or 0) + samples
+                sampled = dataclasses.replace(params, temperature=p.cloud_temperature, seed=seed)
+                w = await write(self.stream.shown, p.refine_max_tokens, f"step{samples}", params=sampled)
+            else:
+                notes.append(f"ended at its last good step: no continuation passed ({why})")
+                break
+            tokens += w.tokens
+        text = self.stream.shown
+        valid, _, parsed = await self.judge.recheck(text, likelihood=False)
+        return Answer(
+            text=text,
+            source=t.AnswerSource.CLOUD,
+            valid=valid and bool(text.strip()),  # no good step at all is no answer
+            parsed=parsed,
+            mode=t.RefineMode.ALONE,
+            finish=w.finish,
+            note="streamed as final step by step" + "".join(f"; {n}" for n in notes),
+            ttft_ms=ttft,
+            steps=tokens,
+            generated=tokens,
+        )
 
     def _prefix_steps(self, text: str) -> list[str]:
         """A draft's steps before its first mistake, and that step corrected where its mistake is a

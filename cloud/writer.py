@@ -1,10 +1,17 @@
 """The target writing an answer to the client: its generation streamed chunk by chunk through the
 session's ``AnswerStream``, each chunk marked final or held, and stopped where it falls into a loop.
+
+Or step by step (``check``): where every rule of the request can judge a prefix
+(``RuleSet.judges_prefix``), each step the target completes (``coinfer.rules.step_ends``) is checked
+and only then streamed, as final; the first step that fails stops the generation unshown, and the
+caller continues from the last good step (``coinfer.cloud.alone``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,8 +20,10 @@ from coinfer import types as t
 from coinfer.cloud.answer import finish_reason
 from coinfer.cloud.answer_stream import AnswerStream
 from coinfer.cloud.context import SessionContext
+from coinfer.cloud.engine import GenParams
 from coinfer.cloud.ranking import MS_PER_S
 from coinfer.repetition import repetition_error
+from coinfer.rules import step_ends
 
 LOOP_CHECK_TOKENS = 16
 """How often (in generated tokens) the cloud's own generation is checked for a loop: often enough to
@@ -34,12 +43,14 @@ def always(text: str) -> bool:
 @dataclass(kw_only=True)
 class Written:
     """What a generation wrote: the text (prefix included), its time to first token, the tokens it
-    decoded and why it ended."""
+    decoded and why it ended; written step by step, ``error``: why its last step failed (the text
+    ends with that step, unshown; '' when none failed)."""
 
     text: str
     ttft_ms: float
     tokens: int
     finish: t.FinishReason
+    error: str = ""
 
 
 class Writer:
@@ -49,17 +60,37 @@ class Writer:
         self.ctx, self.stream = ctx, stream
 
     async def write(
-        self, prompt: str, prefix: str, max_tokens: int, tag: str, final: Callable[[str], bool] = never
+        self,
+        prompt: str,
+        prefix: str,
+        max_tokens: int,
+        tag: str,
+        final: Callable[[str], bool] = never,
+        *,
+        check: Callable[[str], str] | None = None,
+        max_chars: float = math.inf,
+        params: GenParams | None = None,
     ) -> Written:
         """Stream the target's answer to ``prompt`` after ``prefix`` (streamed first), each chunk final
         when ``final`` holds for the text so far. A generation that falls into a loop is stopped there
         (checked every ``LOOP_CHECK_TOKENS``; finish "repetition"): the rules would refuse it anyway, and
-        SmolLM2's looping greedy haiku otherwise ran to its 192-token budget before candidates began."""
+        SmolLM2's looping greedy haiku otherwise ran to its 192-token budget before candidates began.
+
+        With ``check`` (the error of a prefix that ends a step, '' when it passes), step by step
+        instead: ``prefix`` begins with what the stream has shown, and each completed step after that is
+        checked and streamed as final; the first that fails stops the generation (``Written.error``),
+        as does passing ``max_chars`` (finish "length"). What follows the last step stays unshown: the
+        caller checks it with the whole answer. ``params``: the sampling (default: the request's)."""
         t_start, ttft = time.perf_counter(), 0.0
-        if prefix:
+        steps = _Steps(self.stream, prefix, check, max_chars) if check else None
+        if steps is None and prefix:
             self.stream.chunk(prefix, final(prefix))
         text, tokens, finish, checked = prefix, 0, t.FinishReason.STOP, 0
-        stream = self.ctx.engine.generate(prompt + prefix, self.ctx.params(max_tokens), self.ctx.request_id(tag))
+        if steps and (error := await steps.advance(text)):  # a prefix's own step failed: nothing to write
+            return Written(text=text[: steps.failed], ttft_ms=ttft, tokens=0, finish=finish, error=error)
+        error = ""
+        params = params or self.ctx.params(max_tokens)
+        stream = self.ctx.engine.generate(prompt + prefix, params, self.ctx.request_id(tag))
         async with contextlib.aclosing(stream):  # leaving early closes it: the engine aborts the request
             async for delta in stream:
                 if not ttft:
@@ -68,10 +99,41 @@ class Writer:
                 finish = finish_reason(delta.finish_reason, finish)
                 if delta.text:
                     text += delta.text
-                    self.stream.chunk(delta.text, final(text))
+                    if steps is None:
+                        self.stream.chunk(delta.text, final(text))
+                    elif error := await steps.advance(text):
+                        text = text[: steps.failed]  # the failed step ends the text
+                        break
+                    elif len(text) > max_chars:
+                        finish = t.FinishReason.LENGTH
+                        break
                 if tokens - checked >= LOOP_CHECK_TOKENS and delta.finish_reason is None:
                     checked = tokens
                     if repetition_error(text):  # linear in the text, which is bounded by max_tokens
                         finish = t.FinishReason.REPETITION
                         break
-        return Written(text=text, ttft_ms=ttft, tokens=tokens, finish=finish)
+        return Written(text=text, ttft_ms=ttft, tokens=tokens, finish=finish, error=error)
+
+
+class _Steps:
+    """A step-by-step write's progress: where its checked text ends (``good``: what the stream shows),
+    where its failed step ends (``failed``), and how far step ends were looked for (``scanned``)."""
+
+    def __init__(self, stream: AnswerStream, prefix: str, check: Callable[[str], str], max_chars: float) -> None:
+        assert prefix.startswith(stream.shown), "a step-by-step write continues what the stream shows"
+        self.stream, self.check, self.max_chars = stream, check, max_chars
+        self.good = self.failed = self.scanned = len(stream.shown)
+
+    async def advance(self, text: str) -> str:
+        """Check the steps ``text`` completes past the checked text (within ``max_chars``), in order,
+        streaming each that passes as final; the error of the first that fails ('' when none does).
+        Client rules: off the loop."""
+        ends = [e for e in step_ends(text, max(self.good, self.scanned)) if e <= self.max_chars]
+        self.scanned = len(text) - 1  # a last "." ends a sentence only once a space follows it
+        for end in ends:
+            if err := await asyncio.to_thread(self.check, text[:end]):
+                self.failed = end
+                return err
+            self.stream.chunk(text[self.good : end], final=True)
+            self.good = end
+        return ""

@@ -26,6 +26,25 @@ except ``length``, ``regex`` and ``arithmetic`` which run on the raw text. The e
 itself is an implicit first rule (``parse``): the request's declared extraction
 (``coinfer.extract``), else the task preset's own parser; a draft it cannot parse fails with
 ``parse_error: ...`` before any other rule runs.
+
+What a prefix can tell (``judges_prefix``; docs/api.md, Streaming). The cloud streams an answer as
+final step by step only where every check of the request can judge a *prefix*: a rule's verdict on a
+prefix is its verdict on that part of every answer that begins with it (what fails there fails the
+whole; what passes there no continuation makes fail). Such a prefix is judged where a step ends (``step_ends``: a line, a ``;``, a sentence's ``.``/``!``/``?`` before a space):
+
+- ``arithmetic``: an equation is complete once a step ends after it (a step's end breaks every chain
+  of numbers), and a wrong one stays wrong.
+- ``regex`` with ``must_match: false``: a forbidden match in a prefix is a match in the whole, where
+  the pattern cannot look past the prefix's end: a pattern with ``$``, ``\\Z``, ``\\z``, a word
+  boundary (``\\b``, ``\\B``, ``\\m``, ``\\M``) or a lookahead (``(?=``, ``(?!``) could match there and not
+  in the whole, or the reverse, so it judges only the whole (``end_sensitive``; conservative: an
+  escaped ``\\$`` counts too).
+- ``length`` with only a ``max``: a prefix over it is over it for good; the cloud stops there.
+
+Only the whole answer can satisfy the rest: ``json_schema``, ``numeric_bounds``, ``membership``,
+``count`` and ``task_check`` (over extracted fields), ``regex`` with ``must_match`` (the match may come
+later), ``length`` with a ``min``, and the extraction itself (an open request's extraction ``none``
+cannot fail; a preset's parser and any other extraction need the answer's end).
 """
 
 from __future__ import annotations
@@ -112,6 +131,43 @@ def _timed(keyword: Any) -> Any:
     return check
 
 
+_END_ESCAPES = frozenset("bBmMZz")
+"""Escapes whose match at a text's end depends on what follows it: word boundaries, end of text."""
+
+
+def end_sensitive(pattern: str) -> bool:
+    """Whether ``pattern`` may look past the end of the text it runs on (``$``, an end-of-text or word
+    boundary escape, a lookahead): its verdict on a prefix may not be the whole's. Conservative: a
+    literal ``\\$`` or ``[$]`` counts as well. Linear in the pattern."""
+    if "$" in pattern or "(?=" in pattern or "(?!" in pattern:
+        return True
+    i = pattern.find("\\")
+    while 0 <= i < len(pattern) - 1:
+        if pattern[i + 1] in _END_ESCAPES:
+            return True
+        i = pattern.find("\\", i + 2)
+    return False
+
+
+STEP_ENDS = "\n;"
+"""Characters that end a step (``coinfer.tasks.base.split_steps``'s separators, a line's end)."""
+SENTENCE_ENDS = ".!?"
+"""...and a sentence's end, where a space follows it (so ``3.5`` and ``e.g.,`` do not end one)."""
+
+
+def step_ends(text: str, start: int = 0) -> list[int]:
+    """The ends (exclusive) of the steps ``text`` completes after ``start``, in order: after a line
+    break or a ``;``, or after a ``.``/``!``/``?`` that whitespace follows (the whitespace begins the
+    next step). No chain of numbers, no equation spans one (``coinfer.arithmetic`` breaks chains
+    there), so a prefix cut at one holds every equation whole. Linear in the text after ``start``."""
+    out = []
+    for i in range(start, len(text)):
+        ch = text[i]
+        if ch in STEP_ENDS or (ch in SENTENCE_ENDS and i + 1 < len(text) and text[i + 1].isspace()):
+            out.append(i + 1)
+    return out
+
+
 def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[jsonschema.ValidationError]:
     """``pattern`` as a client regex (time budget), not ``re``'s unbounded backtracking."""
     if validator.is_type(instance, "string") and userregex.search(userregex.compile(pattern), instance) is None:
@@ -167,7 +223,11 @@ def _objects(value: Any) -> Iterator[Mapping]:
 
 class _Rule:
     """A compiled rule of one kind: built from its params (InvalidArgument naming the bad one), then
-    called on a draft's text and parsed fields: '' when it passes, else its precise error."""
+    called on a draft's text and parsed fields: '' when it passes, else its precise error.
+    ``judges_prefix``: called on a prefix that ends a step (``step_ends``), with nothing extracted, its
+    verdict is the whole answer's (the module docstring says which)."""
+
+    judges_prefix = False
 
     def __init__(self, rule: Rule, task: Task, spec: dict[str, Any], w: str) -> None:
         self.rule, self.task, self.spec = rule, task, spec
@@ -202,6 +262,7 @@ class _Length(_Rule, _Bounds):
     def __init__(self, rule: Rule, task: Task, spec: dict[str, Any], w: str) -> None:
         super().__init__(rule, task, spec, w)
         self._bounds(rule.params, w)
+        self.judges_prefix = self.lo is None  # too long stays too long; too short may yet grow
 
     def __call__(self, text: str, parsed: Parsed) -> str:
         n = len(text)
@@ -227,6 +288,7 @@ class _Regex(_Rule):
         except regex.error as exc:
             raise InvalidArgument(f"{w}.pattern: invalid regex: {exc}") from None
         self.must_match = bool(rule.params.get("must_match", True))
+        self.judges_prefix = not self.must_match and not end_sensitive(pattern)
 
     def __call__(self, text: str, parsed: Parsed) -> str:
         try:
@@ -240,6 +302,8 @@ class _Regex(_Rule):
 
 @_kind("arithmetic")
 class _Arithmetic(_Rule):
+    judges_prefix = True
+
     def __call__(self, text: str, parsed: Parsed) -> str:
         return first_wrong_equation(text)
 
@@ -405,6 +469,10 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
+_NOTHING = Parsed({})
+"""What an open request with extraction ``none`` extracts: nothing (the prefix rules run on the text)."""
+
+
 class RuleSet:
     """The compiled rules of one request, bound to its task and problem spec."""
 
@@ -443,11 +511,37 @@ class RuleSet:
         return [c.rule.label for c in self.rules]
 
     @property
+    def judges_prefix(self) -> bool:
+        """Every check can judge a prefix that ends a step (the module docstring): an open request whose
+        extraction (``none``) cannot fail, every rule one that ``judges_prefix``. The cloud's own answer
+        then streams as final step by step, each step checked first (``prefix_error``; docs/api.md,
+        Streaming)."""
+        return (
+            not self.task.name
+            and (self.extraction.kind or "none") == "none"
+            and all(c.judges_prefix for c in self.rules)
+        )
+
+    @property
     def only_loop_watch(self) -> bool:
-        """Nothing but the built-in repetition check can refuse an answer (an open request with no rules
-        and nothing to extract, whose parse cannot fail): no check waits for the whole answer, so the
-        cloud's own answer can stream as final (docs/api.md, Streaming)."""
-        return not self.rules and not self.task.name and (self.extraction.kind or "none") == "none"
+        """Nothing but the built-in repetition check can refuse an answer (no rules, and nothing to
+        extract): no check waits for a step to end either, so the cloud's own answer can stream as final
+        token by token (docs/api.md, Streaming)."""
+        return self.judges_prefix and not self.rules
+
+    @property
+    def max_chars(self) -> float:
+        """The most characters an answer may have (the least ``max`` of the ``length`` rules; inf: none)."""
+        return min((c.hi for c in self.rules if isinstance(c, _Length) and c.hi is not None), default=math.inf)
+
+    def prefix_error(self, text: str) -> str:
+        """Why a prefix that ends a step (``step_ends``) fails a rule, as ``RuleResult``'s
+        ``"<rule>: <error>"`` ('' when every rule passes it); only where ``judges_prefix``. Whatever
+        follows, the whole answer's verdict on this prefix's rules is the same."""
+        for c in self.rules:
+            if err := c(text, _NOTHING):
+                return f"{c.rule.label}: {err}"
+        return ""
 
     def check(self, text: str, parsed: Parsed | None = None) -> tuple[RuleResult, Parsed]:
         """Parse (unless given), reject degenerate repetition (``coinfer.repetition``: built in, every

@@ -36,7 +36,7 @@ def apples(refine: t.SamplingParams | None = None) -> t.OpenRequest:
 class ScriptedEngine(TargetEngine):
     """Logprobs per continuation from a table; every generation answers ``reply``; the judge answers
     ``judged``. Counts what it did: ``generated`` tokens, ``scored`` continuations, and the request ids
-    and prompts it was given."""
+    and prompts (and the generations' params) it was given."""
 
     def __init__(
         self,
@@ -52,6 +52,7 @@ class ScriptedEngine(TargetEngine):
         self.scored = 0
         self.request_ids: list[str] = []
         self.prompts: list[str] = []
+        self.params: list[GenParams] = []
 
     def count_tokens(self, text: str) -> int:
         return len(text.split())
@@ -59,6 +60,7 @@ class ScriptedEngine(TargetEngine):
     async def generate(self, prompt: str, params: GenParams, request_id: str):
         self.request_ids.append(request_id)
         self.prompts.append(prompt)
+        self.params.append(params)
         words = self.reply.split(" ")
         for i, word in enumerate(words):
             await asyncio.sleep(self.delay_s)

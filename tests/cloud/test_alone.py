@@ -10,7 +10,7 @@ from coinfer.cloud.alone import CloudAlone
 from coinfer.cloud.answer_stream import AnswerStream
 from coinfer.cloud.judging import Judge
 from coinfer.cloud.writer import Writer
-from coinfer.rules import RuleSet
+from coinfer.rules import Rule, RuleSet
 from coinfer.tasks import OPEN, TASKS
 from tests.cloud.engines import RIGHT, Replies, ScriptedEngine, apples, context, draft
 from tests.streams import shown
@@ -91,3 +91,58 @@ def test_where_only_the_loop_watch_judges_the_answer_streams_final_and_a_loop_is
     assert a.finish is t.FinishReason.REPETITION and not a.valid and "a loop cut" in a.note
     assert all(e.final for e in events) and not any(isinstance(e, t.AnswerReset) for e in events)
     assert engine.generated == len(a.text.split())  # no candidates after it
+
+
+def _open(*rules: Rule) -> t.OpenRequest:
+    """An open request whose rules all judge a prefix (extraction none)."""
+    return t.OpenRequest(
+        request_id="r", task="", prompt="Tom has 5 apples and buys 3 bags of 4. How many?", rules=list(rules)
+    )
+
+
+def _only_final(events: list) -> str:
+    """The text of the answer chunks, each of which must be final (never withdrawn, no reset)."""
+    chunks = [e for e in events if isinstance(e, (t.AnswerChunk, t.AnswerReset))]
+    assert all(isinstance(e, t.AnswerChunk) and e.final for e in chunks), chunks
+    return "".join(e.text for e in chunks)
+
+
+def test_with_prefix_rules_the_answer_streams_final_step_by_step_and_a_wrong_step_is_corrected_unshown():
+    slip = "Tom buys 3 * 4 = 12 apples.\nNow he has 5 + 12 = 16 apples.\nSo 16."
+    engine = Replies([slip, " apples.\nSo 17."])
+    a, events, _ = _alone(context(engine, _open(Rule("arithmetic"))))
+    assert [e.text for e in events if isinstance(e, t.AnswerChunk)][:2] == ["Tom buys 3 * 4 = 12 apples.", "\n"]
+    assert _only_final(events) == a.text == "Tom buys 3 * 4 = 12 apples.\nNow he has 5 + 12 = 17 apples.\nSo 17."
+    assert engine.prompts[1].endswith("Now he has 5 + 12 = 17") and "16" not in _only_final(events)
+    assert a.valid and a.source is t.AnswerSource.CLOUD and "a computed value corrected" in a.note
+    assert a.note.startswith("no drafts (cloud plan)") and a.generated == engine.generated < len(slip.split(" ")) + 3
+
+
+def test_a_step_a_forbidden_pattern_fails_is_sampled_anew_from_the_last_good_step_seeded():
+    engine = Replies(["The sky is blue. It is darn pretty. Really.", " Air scatters blue light. Done."])
+    ctx = context(engine, _open(Rule("regex", {"pattern": "darn", "must_match": False})), cloud_temperature=0.5)
+    a, events, _ = _alone(ctx)
+    assert _only_final(events) == a.text == "The sky is blue. Air scatters blue light. Done." and a.valid
+    assert engine.prompts[1].endswith("The sky is blue.") and "resampled" in a.note
+    assert (engine.params[1].temperature, engine.params[1].seed) == (0.5, 1)  # the same request: the same text
+
+
+def test_when_no_continuation_passes_the_answer_ends_at_its_last_good_step():
+    engine = Replies(["The sky is blue. It is darn pretty.", " So darn blue.", " A darn sky."])
+    ctx = context(engine, _open(Rule("regex", {"pattern": "darn", "must_match": False})), cloud_candidates=2)
+    a, events, _ = _alone(ctx)
+    assert _only_final(events) == a.text == "The sky is blue." and a.valid and "ended at its last good step" in a.note
+    assert len(engine.request_ids) == 3  # the answer, then two samples from "The sky is blue."
+
+
+def test_a_length_max_stops_the_answer_at_its_last_step_within_it():
+    engine = ScriptedEngine({}, reply="One. Two. Three. Four.")
+    a, events, _ = _alone(context(engine, _open(Rule("length", {"max": 12}))))
+    assert _only_final(events) == a.text == "One. Two." and a.valid and a.finish is t.FinishReason.LENGTH
+    assert len(engine.request_ids) == 1  # stopped, not sampled anew
+
+
+def test_a_rule_only_the_whole_answer_satisfies_still_holds_the_answer():
+    engine = ScriptedEngine({}, reply=RIGHT)
+    a, events, _ = _alone(context(engine, apples()))  # an Answer: marker to extract
+    assert a.valid and not any(e.final for e in events if isinstance(e, t.AnswerChunk))

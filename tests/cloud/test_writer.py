@@ -46,3 +46,41 @@ def test_a_generation_that_falls_into_a_loop_is_stopped_at_the_next_check():
     w, _, _, _ = _write(engine, max_tokens=512)
     assert w.finish is t.FinishReason.REPETITION
     assert w.tokens % LOOP_CHECK_TOKENS == 0 and w.tokens < 180 and engine.generated == w.tokens
+
+
+def _stepwise(engine: ScriptedEngine, check, prefix: str = "", max_chars: float = float("inf")):
+    stream = AnswerStream()
+    writer = Writer(context(engine), stream)
+    w = asyncio.run(writer.write("PROMPT ", prefix, 64, "r0", check=check, max_chars=max_chars))
+    stream.end()
+
+    async def read() -> list:
+        return [ev async for ev in stream.events()]
+
+    return w, asyncio.run(read()), stream
+
+
+def _no_darn(text: str) -> str:
+    return "forbidden" if "darn" in text else ""
+
+
+def test_step_by_step_each_checked_step_streams_as_final_and_the_rest_waits():
+    engine = ScriptedEngine({}, reply="It is blue.\nAir scatters light; mostly blue")
+    w, events, stream = _stepwise(engine, _no_darn)
+    assert [(e.text, e.final) for e in events] == [("It is blue.", True), ("\n", True), ("Air scatters light;", True)]
+    assert w.text == "It is blue.\nAir scatters light; mostly blue" and not w.error  # the rest: the caller's
+    assert stream.shown == "It is blue.\nAir scatters light;"
+
+
+def test_step_by_step_a_failing_step_stops_the_generation_unshown():
+    engine = ScriptedEngine({}, reply="It is blue. A darn fine blue. More words follow here.")
+    w, events, stream = _stepwise(engine, _no_darn)
+    assert stream.shown == "It is blue." == "".join(e.text for e in events) and all(e.final for e in events)
+    assert w.text == "It is blue. A darn fine blue." and w.error == "forbidden"  # ends with the failed step
+    assert engine.generated == len(w.text.split())  # stopped there: the engine aborts the rest
+
+
+def test_step_by_step_the_writer_stops_past_max_chars():
+    engine = ScriptedEngine({}, reply="One. Two. Three. Four. Five.")
+    w, _, stream = _stepwise(engine, _no_darn, max_chars=10)
+    assert w.finish is t.FinishReason.LENGTH and stream.shown == "One. Two." and len(w.text) > 10

@@ -125,3 +125,58 @@ def test_only_an_open_request_with_no_rule_and_nothing_to_extract_is_judged_by_t
     assert not RuleSet([], OPEN, {}, extraction=Extraction("marker")).only_loop_watch
     arith = get_task("arith")
     assert not RuleSet([], arith, arith.parse_problem("If x=3 and y=5, compute x+y.")).only_loop_watch
+
+
+def _open(*rules: Rule) -> RuleSet:
+    from coinfer.tasks import OPEN
+
+    return RuleSet(list(rules), OPEN, {})
+
+
+FORBID = {"pattern": "darn", "must_match": False}
+
+
+@pytest.mark.parametrize(
+    "rule,judges",
+    [
+        (Rule("arithmetic"), True),  # an equation is whole once its step ends
+        (Rule("regex", FORBID), True),  # a forbidden match in a prefix is one in the whole
+        (Rule("length", {"max": 50}), True),  # too long stays too long
+        (Rule("regex", {"pattern": "darn"}), False),  # the match may come later
+        (Rule("regex", {"pattern": r"\bdarn\b", "must_match": False}), False),  # \b at the end looks ahead
+        (Rule("regex", {"pattern": "darn$", "must_match": False}), False),
+        (Rule("regex", {"pattern": "dar(?=n)", "must_match": False}), False),
+        (Rule("regex", {"pattern": r"(?<=\\)darn\\b", "must_match": False}), True),  # a literal backslash, b
+        (Rule("length", {"min": 5, "max": 50}), False),  # too short may yet grow
+        (Rule("numeric_bounds", {"field": "answer", "max": 3}), False),
+        (Rule("json_schema", {"schema": {"type": "object"}}), False),
+    ],
+)
+def test_which_rules_judge_a_prefix(rule, judges):
+    assert _open(rule).judges_prefix is judges
+    assert not _open(rule).only_loop_watch  # any rule waits at least for a step's end
+
+
+def test_a_preset_or_an_extraction_judges_only_the_whole_answer():
+    from coinfer.extract import Extraction
+    from coinfer.tasks import OPEN
+
+    assert _open().judges_prefix and _open(Rule("arithmetic"), Rule("regex", FORBID)).judges_prefix
+    assert not RuleSet([Rule("arithmetic")], ARITH, ASPEC).judges_prefix  # the preset's parser needs the end
+    assert not RuleSet([Rule("arithmetic")], OPEN, {}, extraction=Extraction("marker")).judges_prefix
+
+
+def test_steps_end_at_a_line_a_semicolon_or_a_sentence_before_a_space():
+    from coinfer.rules import step_ends
+
+    text = "It costs 3.5 e.g.,x. 2 + 2 = 4; so\nok! done."
+    assert [text[:e][-3:] for e in step_ends(text)] == [",x.", " 4;", "so\n", "ok!"]  # "done." waits
+    assert step_ends(text, 20) == [e for e in step_ends(text) if e > 20]
+
+
+def test_a_prefix_is_judged_by_the_rules_that_judge_prefixes():
+    rules = _open(Rule("arithmetic"), Rule("regex", FORBID, name="polite"), Rule("length", {"max": 40}))
+    assert rules.prefix_error("So 3 * 4 = 12.") == "" and rules.max_chars == 40
+    assert rules.prefix_error("So 3 * 4 = 13.") == "arithmetic: arithmetic_wrong: 3 * 4 = 13 (expected 12)"
+    assert rules.prefix_error("A darn pity.") == "polite: regex_failed: forbidden match of /darn/"
+    assert _open().max_chars == float("inf")

@@ -11,6 +11,7 @@ import pytest
 
 from coinfer import convert
 from coinfer import types as t
+from coinfer.rules import Rule, step_ends
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import edge_pb2 as epb
 from coinfer.v1 import edge_pb2_grpc as epb_grpc
@@ -27,14 +28,20 @@ def _client(daemon):
     return AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
 
 
-async def _streamed(daemon, prompt: str, plan: str) -> tuple[list[tuple[float, str]], float, str, dict]:
+RULES = [{"kind": "arithmetic"}, {"kind": "regex", "params": {"pattern": "zzz+", "must_match": False}}]
+"""Rules that all judge a prefix: the answer streams step by step, each step checked first."""
+
+
+async def _streamed(
+    daemon, prompt: str, plan: str, rules: list[dict] = ()
+) -> tuple[list[tuple[float, str]], float, str, dict]:
     """(each content delta with its arrival time, the finishing chunk's time, its finish_reason, its coinfer block)."""
     stream = await _client(daemon).chat.completions.create(
         model="coinfer-edge",
         messages=[{"role": "user", "content": prompt}],
         stream=True,
         seed=SEED,
-        extra_body={"coinfer": {"plan": plan}},
+        extra_body={"coinfer": {"plan": plan, "rules": list(rules)}},
     )
     deltas, finished, finish, info = [], 0.0, "", {}
     async for chunk in stream:
@@ -47,21 +54,24 @@ async def _streamed(daemon, prompt: str, plan: str) -> tuple[list[tuple[float, s
     return deltas, finished, finish, info
 
 
-async def _whole(daemon, prompt: str, plan: str) -> tuple[str, dict]:
+async def _whole(daemon, prompt: str, plan: str, rules: list[dict] = ()) -> tuple[str, dict]:
     r = await _client(daemon).chat.completions.create(
         model="coinfer-edge",
         messages=[{"role": "user", "content": prompt}],
         seed=SEED,
-        extra_body={"coinfer": {"plan": plan}},
+        extra_body={"coinfer": {"plan": plan, "rules": list(rules)}},
     )
     return r.choices[0].message.content, r.model_extra["coinfer"]
 
 
-async def _solved(daemon, prompt: str, plan: str) -> tuple[str, epb.SolveResult]:
+async def _solved(daemon, prompt: str, plan: str, rules: list[dict] = ()) -> tuple[str, epb.SolveResult]:
     """What a gRPC client showing chunks as they come ends on (resets withdraw), and the result."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.grpc_port}") as ch:
         req = epb.SolveRequest(
-            problem=pb.Problem(messages=[pb.ChatMessage(role="user", content=prompt)]),
+            problem=pb.Problem(
+                messages=[pb.ChatMessage(role="user", content=prompt)],
+                rules=[convert.rule_to_pb(Rule(r["kind"], r.get("params") or {})) for r in rules],
+            ),
             plan=plan,
             # the drafts' defaults as HTTP's (over gRPC, 0 is greedy), seeded alike
             sampling=convert.to_pb(t.SamplingParams(seed=SEED), pb.SamplingParams),
@@ -76,11 +86,13 @@ async def _solved(daemon, prompt: str, plan: str) -> tuple[str, epb.SolveResult]
     return shown, events[-1].result
 
 
-async def _same_answer_three_ways(daemon, prompt: str, plan: str) -> tuple[list[tuple[float, str]], float, str]:
-    deltas, finished, finish, info = await _streamed(daemon, prompt, plan)
+async def _same_answer_three_ways(
+    daemon, prompt: str, plan: str, rules: list[dict] = ()
+) -> tuple[list[tuple[float, str]], float, str]:
+    deltas, finished, finish, info = await _streamed(daemon, prompt, plan, rules)
     streamed = "".join(text for _, text in deltas)
-    whole, whole_info = await _whole(daemon, prompt, plan)
-    shown, result = await _solved(daemon, prompt, plan)
+    whole, whole_info = await _whole(daemon, prompt, plan, rules)
+    shown, result = await _solved(daemon, prompt, plan, rules)
     assert info["plan"] == whole_info["plan"] == result.plan == plan, (info["plan"], whole_info["plan"], result.plan)
     assert streamed == info["answer"], (streamed, info["answer"])  # what was sent is the answer it ends on
     assert streamed == whole == whole_info["answer"], (streamed, whole)  # the same seed, not streamed
@@ -105,3 +117,15 @@ async def test_the_split_plans_stream_is_its_answer(daemon):
 
 async def test_the_edge_plans_stream_is_its_answer(daemon):
     await _same_answer_three_ways(daemon, ARITH, "edge")
+
+
+@pytest.mark.parametrize("plan", ["cloud", "split"])
+async def test_an_answer_whose_rules_judge_a_prefix_streams_step_by_step(daemon, plan):
+    # the demo target answers the open prompt as a word problem ("Ben sold 9 + 2 = 11 books.\n..."):
+    # each step is sent once the rules pass it; held whole before (one delta, a few ms before the end)
+    t0 = time.perf_counter()
+    deltas, finished, answer = await _same_answer_three_ways(daemon, OPEN, plan, RULES)
+    assert len(deltas) > 1 and step_ends(answer)[0] == len(deltas[0][1]), deltas  # the first step first
+    # the first step arrives while the rest is written: the demo answer's second step is ~8 of its 20
+    # tokens, ~60 ms on this CPU (held whole, the only delta came ~1 ms before the finishing chunk)
+    assert finished - deltas[0][0] > 0.02, (deltas[0][0] - t0, finished - t0)
