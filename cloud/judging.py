@@ -42,6 +42,8 @@ class Judge:
         """Every draft judged so far, by index."""
         self._pending: dict[object, asyncio.Future] = {}
         """The verdict of each draft being verified, by its dedup key: a duplicate waits for it."""
+        self._turn: asyncio.Future | None = None
+        """Resolved once the latest draft to arrive has claimed its dedup key (or failed the rules)."""
         self._min_lp: dict[int, float] = {}
         self._mean_lp: dict[int, float] = {}
 
@@ -58,23 +60,40 @@ class Judge:
         return rank(self.judged.values(), self.ctx.task, self.weights, self.load)
 
     async def verdict(self, d: t.Draft) -> t.Verdict:
-        """Judge draft ``d`` and record it."""
+        """Judge draft ``d`` and record it. Drafts' rule checks run side by side in threads, but they
+        claim their dedup keys in arrival order (each waits for the one before it to have claimed): the
+        first of two duplicates to arrive is the one verified, whichever thread finishes first."""
         t_start = time.perf_counter()
-        res, parsed = await asyncio.to_thread(self.ctx.rules.check, d.text)  # client rules: off the loop
-        if not res.valid:  # rules fail fast: no model time spent
-            v = t.Verdict(
-                draft_index=d.index, valid=False, error=res.error, failed_rule=res.failed_rule, rules_passed=res.passed
-            )
-        else:
-            v = await self._verified(d, self.ctx.task.dedup_key(d.text, parsed), res.passed)
+        turn, before = asyncio.get_running_loop().create_future(), self._turn
+        self._turn = turn
+        try:
+            res, parsed = await asyncio.to_thread(self.ctx.rules.check, d.text)  # client rules: off the loop
+            if before is not None:
+                await before
+            if not res.valid:  # rules fail fast: no model time spent
+                turn.set_result(None)
+                v = t.Verdict(
+                    draft_index=d.index,
+                    valid=False,
+                    error=res.error,
+                    failed_rule=res.failed_rule,
+                    rules_passed=res.passed,
+                )
+            else:
+                v = await self._verified(d, self.ctx.task.dedup_key(d.text, parsed), res.passed, turn)
+        finally:
+            if not turn.done():  # cancelled or failed before its claim: the next draft must not wait forever
+                turn.set_result(None)
         v.verify_ms = (time.perf_counter() - t_start) * MS_PER_S
         self.judged[d.index] = Judged(draft=d, verdict=v, support=0 if v.duplicate_of else 1, parsed=parsed)
         return v
 
-    async def _verified(self, d: t.Draft, key: object, passed: list[str]) -> t.Verdict:
+    async def _verified(self, d: t.Draft, key: object, passed: list[str], turn: asyncio.Future) -> t.Verdict:
         """The LLM verifier's verdict on a draft that passed the rules; a duplicate of one being
-        verified (same ``key``) shares its verdict, counted as support, not verified twice."""
+        verified (same ``key``) shares its verdict, counted as support, not verified twice. ``turn`` is
+        released once the key is claimed (synchronously, before any wait)."""
         if key in self._pending:
+            turn.set_result(None)
             orig = await asyncio.shield(self._pending[key])
             self.judged[orig.draft_index].support += 1
             if orig.draft_index in self._min_lp:
@@ -83,6 +102,7 @@ class Judge:
             return dataclasses.replace(orig, draft_index=d.index, verify_ms=0.0, duplicate_of=orig.draft_index + 1)
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._pending[key] = fut
+        turn.set_result(None)
         try:
             v = await self.llm_verdict(d.index, d.text, passed, own=d.mean_logprob, truncated=d.truncated)
         except BaseException as exc:

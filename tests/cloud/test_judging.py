@@ -56,6 +56,36 @@ def test_a_duplicate_shares_the_verdict_being_computed_and_counts_as_support():
     assert [j.draft.index for j, _, _ in judge.ranked()] == [0]
 
 
+def test_of_two_duplicates_the_first_to_arrive_is_verified_whichever_rule_check_ends_first():
+    """Rule checks run side by side in threads; the dedup keys are claimed in arrival order, so a slow
+    check of the first draft does not make the second the original (it did under load: a flaky test)."""
+    import threading
+    import time
+
+    engine = ScriptedEngine({RIGHT: [-0.1] * 12}, reply="")
+    judge = _judge(engine)
+    check, second_checked = judge.ctx.rules.check, threading.Event()
+
+    def slow_first(text: str, parsed=None):
+        if text == RIGHT:  # draft 0: its check ends only after draft 1's has
+            second_checked.wait(5.0)
+            time.sleep(0.05)
+        out = check(text, parsed)
+        if text != RIGHT:
+            second_checked.set()
+        return out
+
+    judge.ctx.rules.check = slow_first
+
+    async def both() -> list[t.Verdict]:
+        return await asyncio.gather(judge.verdict(draft(0, RIGHT)), judge.verdict(draft(1, RIGHT + " ")))
+
+    first, dup = asyncio.run(both())
+    assert second_checked.is_set() and engine.scored == 1
+    assert first.duplicate_of == 0 and dup.duplicate_of == 1  # draft 1 is draft 0's duplicate (1-based)
+    assert judge.judged[0].support == 2
+
+
 def test_where_the_rules_decide_a_passing_draft_is_valid_with_no_model_asked():
     from coinfer.tasks import TASKS
 
