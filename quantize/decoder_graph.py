@@ -11,8 +11,8 @@ What varies by family, read from the loaded module rather than from a per-family
 - projections: separate ``q/k/v_proj`` (Llama, Mistral, Qwen2 with bias, Qwen3, Gemma 2/3) or one
   fused ``qkv_proj`` (Phi-3); MLP ``gate_proj``/``up_proj`` or fused ``gate_up_proj`` (Phi-3);
 - per-head ``q_norm`` / ``k_norm`` before the rotation (Qwen3; Gemma 3's ``(1 + w)`` form);
-- Gemma 2/3's sandwich norms (after attention, before and after the MLP), attention-logit and
-  final-logit soft-capping where the config sets them, ``query_pre_attn_scalar`` (the module's
+- Gemma 2/3's sandwich norms (after attention, before and after the MLP), final-logit soft-capping
+  where the config sets it (attention-logit soft-capping Gemma 2's only), ``query_pre_attn_scalar`` (the module's
   ``scaling``) and the embedding scale (inside its embedding module, in the model's dtype);
 - sliding-window attention per layer (Mistral, Phi-3 on every layer; Gemma 2 on alternate
   layers, Gemma 3 on five of every six; Qwen2 where ``use_sliding_window``), masked exactly as
@@ -182,7 +182,10 @@ class ExportDecoder(nn.Module):
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.attn_cap = getattr(cfg, "attn_logit_softcapping", None)
+        # Gemma 3 keeps Gemma 2's attention soft-capping field, but its attention never applies it (not in
+        # transformers, vLLM or llama.cpp: the per-head q/k norms took its place); its final-logit cap stays
+        gemma3 = cfg.model_type.startswith("gemma3")
+        self.attn_cap = None if gemma3 else getattr(cfg, "attn_logit_softcapping", None)
         self.final_cap = getattr(cfg, "final_logit_softcapping", None)
         self.config = cfg
         self.model = hf.model

@@ -253,3 +253,37 @@ def test_kv_buffer_export_writes_the_cache_in_place(name, tmp_path):
     assert problems == [] and checked == _linear_count(hf, fused=True)
     q = OrtDraftEngine(tmp_path / "int8")
     assert q.lm.kv_buffer and len(q.generate(prompt, Sampling(n=5, max_new_tokens=8, seed=3))) == 5
+
+
+@pytest.mark.parametrize("kv_cache", ["concat", "buffer"])
+def test_gemma3_soft_capping_when_the_config_sets_it(kv_cache):
+    """Gemma 3 configs usually leave attention and final-logit soft-capping unset (the family above); where one
+    sets them, the export graph caps as transformers does: the final logits (its attention ignores the field,
+    as vLLM's and llama.cpp's do). The graph's module in torch (the buffer graph's contrib ops by their
+    reference implementations) on the KV path, 20 steps past the window of 8."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from coinfer.quantize.decoder_graph import ExportDecoder
+    from tests.families import TINY_GEMMA3, VOCAB
+
+    cfg = Gemma3TextConfig(
+        **TINY_GEMMA3,
+        vocab_size=VOCAB,
+        head_dim=32,
+        sliding_window=8,
+        attn_logit_softcapping=2.0,  # low caps: they bind on random weights
+        final_logit_softcapping=1.0,
+        attn_implementation="eager",
+    )
+    torch.manual_seed(0)
+    hf = Gemma3ForCausalLM(cfg).eval()
+    ids = torch.randint(4, VOCAB, (1, 32))
+    graph = ExportDecoder(hf, kv_cache=kv_cache).eval()
+    past = [torch.zeros(1, 1, 0, 32) for _ in range(2 * graph.num_layers)]
+    got = []
+    with torch.no_grad():
+        ref = hf(ids).logits[0, 11:]
+        for start, end in [(0, 12), *((t, t + 1) for t in range(12, 32))]:
+            out = graph(ids[:, start:end], torch.ones(1, end, dtype=torch.long), torch.arange(start, end)[None], *past)
+            got, past = got + [out[0][0, -1]], out[1:]
+    assert ref.abs().max() <= 1.0 and float((torch.stack(got) - ref).abs().max()) < 1e-5
