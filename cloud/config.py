@@ -84,10 +84,17 @@ class EngineConfig:
     on an 8-GPU node, 8 x 1 for a model that fits one GPU, 2 x 4 for one that needs four. One
     replica per node then; the pods are what gRPC balances across (deploy/README.md)."""
     seed: int = 0
+    chat_template: str = ""
+    """Jinja chat template file the target reads conversations with, instead of its directory's (vLLM's
+    ``--chat-template``; ``coinfer-cloud MODEL --chat-template FILE``): a base model ships none (Gemma 3 270M:
+    ``deploy/chat_templates/gemma.jinja``). Empty: the directory's; a model with none then takes plain prompts
+    only and a request in chat form is refused when its session opens (INVALID_ARGUMENT)."""
 
     def validate(self) -> None:
         if not self.model:
             raise ValueError("engine.model: a target model directory is required")
+        if self.chat_template:
+            self._check_template()
         if self.max_model_len and not 16 <= self.max_model_len <= 1 << 20:
             raise ValueError(f"engine.max_model_len: must be 0 or in 16..1048576, got {self.max_model_len}")
         if not 0 <= self.ngram_speculative_tokens <= 16:
@@ -97,6 +104,21 @@ class EngineConfig:
                 raise ValueError(f"engine.{name}: must be in 1..64, got {getattr(self, name)}")
         if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
             raise ValueError(f"engine.dtype: must be float32|bfloat16|float16|auto, got {self.dtype!r}")
+
+    def _check_template(self) -> None:
+        """The template file reads and renders a conversation: said at start, not on the first request."""
+        from coinfer.chat import ChatFormat, ChatMessage
+
+        path = Path(self.chat_template)
+        try:
+            text = path.read_text(encoding="utf-8")
+            ChatFormat(text).render([ChatMessage("system", "s"), ChatMessage("user", "u")])
+        except Exception as exc:  # unreadable, not Jinja, or a template that fails on a plain conversation
+            raise ValueError(
+                f"engine.chat_template: {path}: not a usable chat template ({type(exc).__name__}: {str(exc)[:200]})"
+            ) from None
+        if not text.strip():
+            raise ValueError(f"engine.chat_template: {path}: empty")
 
     @property
     def model_name(self) -> str:

@@ -10,18 +10,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
+import functools
 import logging
 import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from coinfer.chat import ChatFormat, ChatMessage
 from coinfer.cloud.config import EngineConfig
-from coinfer.errors import Reason, Unavailable
+from coinfer.errors import InvalidArgument, Reason, Unavailable
 from coinfer.serving import logs
-from coinfer.types import CloudCost
+from coinfer.types import CloudCost, Draft
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +99,28 @@ class TargetEngine(ABC):
     chat: ChatFormat = ChatFormat()
 
     def render(self, messages: Sequence[ChatMessage]) -> str:
-        """The model's input for a conversation, ending where the assistant's answer starts."""
-        return self.chat.render(messages)
+        """The model's input for a conversation, ending where the assistant's answer starts. A conversation the
+        template refuses (``raise_exception``: Gemma's alternating roles) is the request's error, as vLLM
+        answers it (400), not the server's; a chat-form request to a model without one is ``NoChatTemplate``."""
+        from jinja2.exceptions import TemplateError
+
+        try:
+            return self.chat.render(messages)
+        except TemplateError as exc:
+            raise InvalidArgument(
+                f"messages: the target's chat template ({self.chat.source or 'the model'}) refuses this "
+                f"conversation: {str(exc)[:200]}",
+                field="messages",
+            ) from None
+
+    def in_target_tokens(self, d: Draft) -> Draft:
+        """Draft ``d`` counted in this model's tokens. The edge counts a draft's tokens and its mean logprob in
+        the draft model's vocabulary, which need not be the target's (SmolLM2 drafting for Gemma 3: 49k and
+        262k tokens); the cloud's budgets (a cut draft continued to the answer's budget, the refinement's
+        length) and the likelihood thresholds (the draft model's own mean against the target's, per token)
+        read them in the target's. The draft model's total logprob is kept: its mean is restated per target
+        token. The default: unchanged (an engine without a tokenizer of its own, the tests' stand-ins)."""
+        return d
 
     @abstractmethod
     def count_tokens(self, text: str) -> int:
@@ -211,6 +234,51 @@ def engine_args(cfg: EngineConfig) -> dict:
     )
 
 
+def chat_format(cfg: EngineConfig) -> ChatFormat:
+    """How the target reads a conversation: its directory's template, or the file ``cfg.chat_template`` names
+    (vLLM's ``--chat-template``: a base model without one, e.g. Gemma 3 270M)."""
+    fmt = ChatFormat.from_dir(cfg.model)
+    if cfg.chat_template:
+        fmt = fmt.with_template(Path(cfg.chat_template).read_text(encoding="utf-8"), f"{cfg.chat_template}")
+    return fmt
+
+
+@functools.lru_cache(maxsize=8)
+def _special_ids(tok) -> frozenset[int]:
+    """Ids of ``tok``'s special tokens (its added tokens marked special and the named ones)."""
+    added = getattr(tok, "added_tokens_decoder", {}) or {}
+    return frozenset([i for i, t in added.items() if getattr(t, "special", False)] + list(tok.all_special_ids))
+
+
+def template_ids(chat: ChatFormat, tok) -> tuple[int, frozenset[int]]:
+    """(end-of-turn id, stop ids) of chat format ``chat`` in tokenizer ``tok``. The end of turn is the special
+    token the template writes after an answer (``<end_of_turn>`` for Gemma's template, whose tokenizer's eos
+    is ``<eos>``); without a template, or when it ends a turn with ordinary text, the tokenizer's eos. The
+    stop ids: the template's turn markers other than the BOS (an answer that opens another turn has ended:
+    a base model given a template can write ``<start_of_turn>user``), with the end of turn; the model's own
+    eos stays one too (vLLM's)."""
+    end = tok.eos_token_id
+    if not chat.templated:
+        return end, frozenset()
+    specials = _special_ids(tok)
+    after = tok(chat.after_answer(), add_special_tokens=False)["input_ids"]
+    if after and after[0] in specials:
+        end = after[0]
+    turns = chat.render([ChatMessage("user", "u"), ChatMessage("assistant", "a"), ChatMessage("user", "v")])
+    marks = {i for i in tok(turns, add_special_tokens=False)["input_ids"] if i in specials}
+    return end, frozenset((marks | {end}) - {tok.bos_token_id, None})
+
+
+def restated(d: Draft, target_tokens: int) -> Draft:
+    """Draft ``d`` with its token count and mean logprob in the target's tokens (``target_tokens``: its text,
+    and its end of turn unless cut): the draft model's total logprob over them. A draft whose model reported
+    no logprob (0) keeps 0; a count of 0 on either side leaves the draft as it came."""
+    if target_tokens < 1 or d.num_tokens < 1:
+        return d
+    mean = d.mean_logprob * d.num_tokens / target_tokens if d.mean_logprob < 0 else d.mean_logprob
+    return dataclasses.replace(d, num_tokens=target_tokens, mean_logprob=mean)
+
+
 class VllmEngine(TargetEngine):
     """vLLM AsyncLLM (v1 engine). Create inside a running event loop via ``start``."""
 
@@ -221,6 +289,10 @@ class VllmEngine(TargetEngine):
         self._tok = None
         self._running = 0
         self._sched = None  # last vLLM SchedulerStats, written by the stat logger below
+        self.end_id: int | None = None
+        """The token scored after a finished draft: the template's end of turn (``template_ids``)."""
+        self.stop_ids: frozenset[int] = frozenset()
+        """Tokens that end every generation besides the model's eos: the template's turn markers."""
 
     def _stat_logger_factory(self):
         """vLLM calls the factory once per engine; its logger gets SchedulerStats every step."""
@@ -254,7 +326,8 @@ class VllmEngine(TargetEngine):
         from transformers import AutoTokenizer
 
         self._tok = AutoTokenizer.from_pretrained(self.cfg.model)
-        self.chat = ChatFormat.from_dir(self.cfg.model)
+        self.chat = chat_format(self.cfg)
+        self._templated()
         mc = getattr(self._llm, "model_config", None)
         self._max_len = int(getattr(mc, "max_model_len", 0) or self.cfg.max_model_len or 2048)
         # the first request pays for lazy kernel and allocator set-up (seconds on CPU):
@@ -282,11 +355,28 @@ class VllmEngine(TargetEngine):
     def count_tokens(self, text: str) -> int:
         return len(self._tok(text, add_special_tokens=False)["input_ids"])
 
+    def in_target_tokens(self, d: Draft) -> Draft:
+        # the text as the verifier scores it (a special token's text split: ``span_ids``), then its end of turn
+        n = len(self._tok(d.text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+        return restated(d, n + (not d.truncated))
+
+    def _templated(self) -> None:
+        """The end-of-turn and turn-marker ids of the chat format in force (``template_ids``)."""
+        self.end_id, self.stop_ids = template_ids(self.chat, self._tok)
+
     def span_ids(self, prompt: str, continuation: str) -> tuple[list[int], int]:
-        """(ids of prompt + continuation tokenized together, index of the continuation's first token)."""
+        """(ids of prompt + continuation tokenized together, index of the continuation's first token). A
+        continuation holding the text of one of this model's special tokens (a draft model's ``<end_of_turn>``
+        written out, another model's ``<|im_end|>`` that is special here too) is scored as the text it is, not
+        as a turn marker the draft never wrote: then the two are tokenized apart, the continuation's specials
+        split."""
         enc = self._tok(prompt + continuation, add_special_tokens=not self.chat.templated, return_offsets_mapping=True)
         ids, offsets = enc["input_ids"], enc["offset_mapping"]
         start = next((i for i, (_, end) in enumerate(offsets) if end > len(prompt)), len(ids))
+        if not _special_ids(self._tok).isdisjoint(ids[start:]):
+            head = self._ids(prompt)
+            tail = self._tok(continuation, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+            return list(head) + list(tail), len(head)
         return list(ids), start
 
     def _params(self, p: GenParams, room: int, delta: bool = True, **extra):
@@ -301,6 +391,7 @@ class VllmEngine(TargetEngine):
             presence_penalty=p.presence_penalty,
             frequency_penalty=p.frequency_penalty,
             stop=list(p.stop) or None,
+            stop_token_ids=sorted(self.stop_ids) or None,
             output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY,
             **extra,
         )
@@ -376,7 +467,7 @@ class VllmEngine(TargetEngine):
         self, prompt: str, continuation: str, request_id: str, end: bool = True
     ) -> list[float]:
         ids, start = await self._off_loop(len(prompt) + len(continuation), self.span_ids, prompt, continuation)
-        ids = (ids + [self._tok.eos_token_id] * end)[: self.max_model_len - 1]
+        ids = (ids + [self.end_id] * end)[: self.max_model_len - 1]
         if len(ids) <= start or start == 0:
             return []
         plp = None

@@ -3,6 +3,7 @@
 Usage::
 
     coinfer-cloud ~/.cache/coinfer/models/<key>/target --port 50051
+    coinfer-cloud GEMMA3_DIR --chat-template deploy/chat_templates/gemma.jinja   # a base model: its template
 
 (``python -m coinfer.cloud.server`` alike.) The target model is the positional ``MODEL``, as in ``vllm
 serve MODEL``; ``--engine.model`` (the setting's own name: ``[cloud.engine] model`` in TOML,
@@ -227,6 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODEL",
         help="the same as --engine.model (the edge daemon's name for its model)",
     )
+    ap.add_argument(
+        "--chat-template",
+        dest="chat_template_alias",
+        metavar="FILE",
+        help="the same as --engine.chat-template (vLLM's flag): the Jinja template the target reads "
+        "conversations with (a base model has none: deploy/chat_templates/gemma.jinja for Gemma)",
+    )
     ap.coinfer_settings = settings.add_flags(ap, CloudConfig, ENV_PREFIX)
     return ap
 
@@ -246,7 +254,7 @@ def load_config(ap: argparse.ArgumentParser, args: argparse.Namespace, env=None,
         ap.coinfer_settings,
         args,
         auth_tokens=tokens,
-        engine={"model": model} if model else None,
+        engine={k: v for k, v in (("model", model), ("chat_template", args.chat_template_alias)) if v} or None,
     )
     if not cfg.engine.model:
         raise ValueError("MODEL: the target model directory is required, positional or --engine.model")

@@ -72,6 +72,9 @@ class Session:
         engine's at open (raises the latency weight); ``round_odds``: the service's record of how often a
         round of drafts holds a valid one (None: retry as configured)."""
         self.ctx = SessionContext(cfg=cfg, engine=engine, req=req, task=task, spec=spec, rules=rules)
+        # rendered now: a conversation the target cannot read (a request in chat form and no chat template, or
+        # one its template refuses) is the open's error (INVALID_ARGUMENT naming why), before any draft is taken
+        self.ctx.prompt_text  # noqa: B018 - cached for the session's parts
         self.recommended_drafts, self.deadline_s, self.round_odds = recommended_drafts, deadline_s, round_odds
         self.stream = AnswerStream()
         self.judge = Judge(self.ctx, weights=weights, load=load)
@@ -155,7 +158,8 @@ class Session:
         rounds, p = self.rounds, self.ctx.policy
         async for item in inbox:
             if isinstance(item, t.Draft):
-                rounds.take(item)
+                rounds.take(item)  # within the limits before it is tokenized
+                item = self.ctx.engine.in_target_tokens(item)  # counted in the target's tokens from here on
                 round_tasks.append(asyncio.create_task(self._verify_and_emit(item), name=f"d{item.index}"))
                 continue
             rounds.close(item.count)

@@ -183,6 +183,21 @@ class ChatFormat:
                 field=field,
             )
 
+    def after_answer(self) -> str:
+        """What the template writes right after an assistant's answer ("" without a template): it starts with
+        the model's end-of-turn token (``<|im_end|>``, ``<end_of_turn>``), which the cloud scores after a draft
+        and stops its generation on, whatever the tokenizer names its eos."""
+        if not self.template:
+            return ""
+        marker = "\x00answer\x00"
+        text = self.render([ChatMessage("user", "u"), ChatMessage("assistant", marker)], add_generation_prompt=False)
+        return text.split(marker, 1)[1] if marker in text else ""
+
+    def with_template(self, template: str, source: str = "") -> ChatFormat:
+        """This format read with ``template`` instead (a template file given to a model: vLLM's
+        ``--chat-template``)."""
+        return ChatFormat(template, self.bos_token, self.eos_token, source or self.source)
+
     def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> str:
         """The model's input text for ``messages`` (ending where the assistant's answer starts). Without a
         template: the plain format, or NoChatTemplate for a conversation in chat form."""
