@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from coinfer.edge.kinds import RequestedPlan
+from coinfer.edge.sampling import DEFAULT_MAX_DRAFTS, DEFAULT_MAX_NEW_TOKENS
 from coinfer.edge.targets import parse_targets
 from coinfer.validate import MAX_DEADLINE_MS, MAX_NEW_TOKENS
 
@@ -85,8 +86,8 @@ class EdgeConfig:
     deadline_ms: int = bounded(30_000, ge=100, le=MAX_DEADLINE_MS)
     """Default whole-request deadline."""
     max_prompt_chars: int = bounded(2048, ge=1)
-    max_drafts: int = bounded(16, ge=1)
-    max_new_tokens: int = bounded(1024, ge=1, le=MAX_NEW_TOKENS)
+    max_drafts: int = bounded(DEFAULT_MAX_DRAFTS, ge=1)
+    max_new_tokens: int = bounded(DEFAULT_MAX_NEW_TOKENS, ge=1, le=MAX_NEW_TOKENS)
     replays: int = bounded(2, ge=0, le=5)
     """A cloud session that fails before its summary (replica killed, draining, full) is replayed on
     another replica with the drafts already written, at most this many times, within the deadline."""

@@ -1,15 +1,17 @@
 """One edge request's lifecycle, owned by one object, from a checked request to its last event: the plan
 (the planner's choice under auto, the breaker's word on the cloud), every fallback (the cloud skipped:
-none configured or its circuit open; the cloud failing while the edge model is cold: load it and
-answer locally; a cloud session's replays and its local answer happen inside the pipeline run),
-auto's escalation of a rule-failing edge answer to a split with the same drafts, the breaker and the
-planner fed with the outcome, and the request's events (one queue: pipeline callbacks in, one
-generator out). ``EdgeCore`` checks the request and hands it over."""
+none configured or its circuit open, ``RequestLifecycle.decide``; the cloud failing mid-run, its
+replays on other replicas spent, ``RequestLifecycle._fall_back``: streamed text withdrawn, then a warm
+edge answers from the drafts the run had, ``answer_locally``, and a cold one loads its model and
+answers with the edge plan), auto's escalation of a rule-failing edge answer to a split with the same
+drafts, the breaker and the planner fed with the outcome, and the request's events (one queue:
+pipeline callbacks in, one generator out). ``EdgeCore`` checks the request and hands it over."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
@@ -22,16 +24,59 @@ from coinfer.edge.draft_engine import OrtDraftEngine
 from coinfer.edge.kinds import FallbackKind, RequestedPlan
 from coinfer.edge.link import CloudLink
 from coinfer.edge.metrics import EdgeMetrics
-from coinfer.edge.pipeline import CloudFailed, EdgePipeline, EdgeResult, Event, Plan, Run
+from coinfer.edge.pipeline import LOCAL_FINISH_S, CloudFailed, EdgePipeline, EdgeResult, Event, Plan, Run
 from coinfer.edge.planner.cost import Choice
 from coinfer.edge.planner.planner import EdgeState, Planner
 from coinfer.edge.request import ValidRequest
 from coinfer.edge.shown import AnswerView
 
+log = logging.getLogger(__name__)
+
 LOCAL_RESERVE_FACTOR = 1.5
 LOCAL_RESERVE_MIN_S = 0.25
 """A cloud plan's local fallback starts 1.5x its predicted drafting time + 0.25 s before the deadline
 (the prediction is a mean; the margin covers the rules and the answer's trip to the client)."""
+LATE_DRAFT_S = 0.5
+"""A local answer that starts after the deadline still drafts this long (an answer rather than none)."""
+
+
+def withdraw(run: Run, reason: str) -> None:
+    """Before a local answer: what the cloud streamed since the last reset is withdrawn (an
+    ``AnswerReset``); text that left final stays, and the local answer continues it."""
+    if run.shown.streamed:
+        run.emit(t.AnswerReset(reason))
+
+
+async def answer_locally(pipe: EdgePipeline, request: ValidRequest, run: Run, failed: CloudFailed) -> EdgeResult:
+    """The warm edge's answer to a cloud that failed mid-run (``failed``: what the run had), after the
+    withdrawal: the best of the drafts written already (escalated, or before a replay), else of the
+    hedge's when they had started, else of a short round (past the deadline already: an answer, late
+    by at most ``LATE_DRAFT_S``). After streamed final text, only drafts that begin with it; when none
+    does, a round that continues it. The hedge's drafts unused are cancelled. A pipeline with no
+    engine raises ``failed`` again after the withdrawal (the daemon's lifecycle loads one first)."""
+    try:
+        withdraw(run, failed.reason)
+        if pipe.engine is None:
+            raise failed
+        log.warning("cloud failed (%s): answering from local drafts", failed.reason)
+        result, prefix = failed.partial, run.shown.final
+        if not result.drafts:
+            hedged = failed.hedged if not prefix and not failed.written else None
+            result.drafts = list(failed.written) if failed.written else await hedged if hedged is not None else []
+        usable = [d for d in result.drafts if d.text.startswith(prefix)]
+        if not usable:
+            await failed.release()  # the engine drafts the continuation alone
+            stop = max(failed.t0 + run.deadline_s - LOCAL_FINISH_S, time.perf_counter() + LATE_DRAFT_S)
+            start = max((d.index for d in result.drafts), default=-1) + 1
+            usable = await pipe.local_round(request, start=start, t0=failed.t0, stop_at=stop, prefix=prefix)
+            result.drafts = result.drafts + usable
+            result.continue_with(usable, prefix)
+        await pipe.finish_local(result, request.ruleset, usable)
+        result.fell_back(failed)
+        result.timings["total"] = (time.perf_counter() - failed.t0) * 1e3
+        return result.freeze()
+    finally:
+        await failed.release()
 
 
 class Edge(Protocol):
@@ -267,12 +312,7 @@ class RequestLifecycle:
         spec = self._run_spec(
             d.plan, request.deadline_s, on_event, local_reserve_s=self._local_reserve_s(d) if engine else 0.0
         )
-        try:
-            r = await pipe.run(request, spec)
-        except CloudFailed as exc:  # the cloud plan failed while the edge was cold: load it and answer locally
-            local = EdgePipeline(await edge.load_engine(), None)
-            r = await local.run(request, self._run_spec(Plan.EDGE, self._left(), on_event))
-            r = dataclasses.replace(r, fallback_reason=str(exc), fallback_kind=exc.kind, fallback_status=exc.status)
+        r = await self._attempt(pipe, spec)
         self.runs.append(Ran(plan=d.plan, result=r, ms=(time.perf_counter() - self.t0) * 1e3))
         if (
             d.plan is Plan.EDGE
@@ -288,9 +328,29 @@ class RequestLifecycle:
             # refines the same drafts (sent as they are: no drafting twice)
             t1 = time.perf_counter()
             up = EdgePipeline(engine, link.channel, replays)
-            r2 = await up.run(request, self._run_spec(Plan.SPLIT, self._left(), on_event, drafts=r.drafts))
+            r2 = await self._attempt(up, self._run_spec(Plan.SPLIT, self._left(), on_event, drafts=r.drafts))
             r2 = dataclasses.replace(r2, plan_reason="edge answer failed the rules: escalated to split with its drafts")
             self.runs.append(Ran(plan=Plan.SPLIT, result=r2, ms=(time.perf_counter() - t1) * 1e3))
+
+    async def _attempt(self, pipe: EdgePipeline, spec: Run) -> EdgeResult:
+        """One plan's run, and the local answer when its cloud fails."""
+        try:
+            return await pipe.run(self.request, spec)
+        except CloudFailed as failed:
+            return await self._fall_back(pipe, spec, failed)
+
+    async def _fall_back(self, pipe: EdgePipeline, spec: Run, failed: CloudFailed) -> EdgeResult:
+        """The cloud failed a run (its replays on other replicas spent, or none to replay on): a warm
+        edge answers from what the run had (``answer_locally``); a cold one withdraws what was streamed,
+        loads its model and answers with the edge plan in the time left (continuing final text)."""
+        if pipe.engine is not None:
+            return await answer_locally(pipe, self.request, spec, failed)
+        withdraw(spec, failed.reason)
+        local = EdgePipeline(await self.edge.load_engine(), None)
+        r = await local.run(self.request, self._run_spec(Plan.EDGE, self._left(), spec.on_event))
+        return dataclasses.replace(
+            r, fallback_reason=failed.reason, fallback_kind=failed.kind, fallback_status=failed.status
+        )
 
     # ---- what the request teaches ------------------------------------------------------------------
     def _after_cloud(self) -> None:
@@ -322,7 +382,9 @@ class RequestLifecycle:
                     edge.metrics.plan_ratio.labels(ran.plan.value).observe(ran.ms / predicted)
             # before the skip reason is attached: an edge plan run because the cloud was skipped
             # is still a clean measurement of the edge plan
-            edge.planner.observe(ran.plan.value, self.task, *self.size, n, r, d.edge, escalated=i > 0)
+            # the drafts as written (a continuation's text without what it continued: text and count agree)
+            seen = dataclasses.replace(r, drafts=r.written_drafts()) if r.continued else r
+            edge.planner.observe(ran.plan.value, self.task, *self.size, n, seen, d.edge, escalated=i > 0)
 
     def _result(self, d: Decision, waited_ms: float) -> EdgeResult:
         """The request's result as the user sees it: the runs' (``merged``), with the planner's reason

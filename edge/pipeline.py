@@ -1,5 +1,7 @@
-"""The edge's request pipeline: draft locally, stream drafts over a cloud session,
-follow retry advice, and fall back to the best local draft if the cloud fails.
+"""The edge's request pipeline: draft locally, stream drafts over a cloud session, follow retry
+advice, replay a failed session on another replica; a cloud that still fails is reported as
+``CloudFailed`` with what the run had (its partial result, the drafts already written, the hedge's
+drafts under way), and the lifecycle (``edge/lifecycle.py``) decides the local answer.
 
 Plans: ``split`` (drafts -> cloud verify + refine), ``edge`` (drafts + local
 rules only), ``cloud`` (the cloud answers alone). Drafting runs in a worker
@@ -77,8 +79,6 @@ LOCAL_FINISH_S = 0.1
 """Local drafting stops this long before the request's deadline: the rules and the reply fit in it."""
 SPLIT_VERIFY_RESERVE_S = 0.5
 """Split drafting stops this long (at most 15% of it) before the cloud's deadline: its verification."""
-LATE_DRAFT_S = 0.5
-"""A fallback that starts after the deadline still drafts this long (an answer rather than none)."""
 CLOUD_MARGIN_S = 0.3
 """The cloud's deadline is this much (at most a tenth of the request's) shorter than the edge's: the
 cloud's best answer at its deadline travels back before the edge stops waiting."""
@@ -128,14 +128,42 @@ def follow_advice(s: Sampling, advice: t.RetryAdvice) -> Sampling:
 
 
 class CloudFailed(ConnectionError):
-    """The cloud failed a request and no edge model is loaded to answer it locally."""
+    """The cloud failed a run of the split or cloud plan (not the request's own fault: that is raised as
+    the error it is), with what the run had when it did: every fallback is decided by the lifecycle
+    (``edge/lifecycle.py``), which answers locally from it. Whoever catches it owns ``hedged``:
+    ``release`` cancels drafts it did not use."""
 
-    def __init__(self, reason: str, kind: FallbackKind, status: str = "") -> None:
-        super().__init__(reason)
-        self.kind = kind
+    def __init__(
+        self,
+        exc: BaseException,
+        *,
+        partial: ResultBuilder | None = None,
+        written: list[t.Draft] | None = None,
+        hedged: asyncio.Task | None = None,
+        t0: float = 0.0,
+    ) -> None:
+        super().__init__(failure_reason(exc))
+        self.reason = failure_reason(exc)
+        """The failure for people (``failure_reason``): the local answer's ``fallback_reason``."""
+        self.kind = failure_kind(exc)
         """The failure as data (``failure_kind``)."""
-        self.status = status
+        self.status = failure_status(exc)
         """The gRPC status it ended with (``failure_status``)."""
+        self.partial = partial if partial is not None else ResultBuilder()
+        """The run's result so far: its drafts (the last session's), verdicts, rounds, replays, timings."""
+        self.written = list(written or [])
+        """Drafts that existed before the last session (an escalation's, or those written before a
+        replay), each index once."""
+        self.hedged = hedged
+        """The cloud plan's local drafts under way (the hedge had started), else None."""
+        self.t0 = t0
+        """The run's clock (``time.perf_counter()`` at its start): its deadline counts from it."""
+
+    async def release(self) -> None:
+        """Cancel the hedge's drafts if they are still being written (unused: no engine time for them)."""
+        if self.hedged is not None and not self.hedged.done():
+            self.hedged.cancel()
+            await asyncio.gather(self.hedged, return_exceptions=True)
 
 
 @dataclass(frozen=True)
@@ -174,6 +202,15 @@ class EdgeResult:
     finish_reason: t.FinishReason = t.FinishReason.STOP
     """``length`` when the answer hit its token budget (incomplete), ``repetition`` when the loop
     watch cut it, else ``stop``."""
+    continued: dict[int, int] = field(default_factory=dict)
+    """Drafts that continue streamed final text (a local answer after it): draft index -> that text's
+    length. Such a draft's ``text`` begins with it; its ``num_tokens`` counts only what the edge wrote."""
+
+    def written_drafts(self) -> list[t.Draft]:
+        """The drafts as the edge wrote them: a continuation without the text it continued, so that each
+        draft's text and ``num_tokens`` agree (what the planner learns bytes per token and lengths from)."""
+        cut = self.continued
+        return [dataclasses.replace(d, text=d.text[cut[d.index] :]) if d.index in cut else d for d in self.drafts]
 
 
 def finish_reason_of(value: str) -> t.FinishReason:
@@ -219,6 +256,7 @@ class ResultBuilder:
     refine_mode: t.RefineMode | None = None
     replays: list[str] = field(default_factory=list)
     finish_reason: t.FinishReason = t.FinishReason.STOP
+    continued: dict[int, int] = field(default_factory=dict)
 
     def take(self, summary: t.Summary) -> None:
         """The cloud's answer: adopt its summary."""
@@ -227,10 +265,15 @@ class ResultBuilder:
         self.fields, self.refine_mode = dict(summary.fields), refine_mode_of(summary.refine_mode)
         self.finish_reason = finish_reason_of(summary.finish_reason)
 
-    def fell_back(self, exc: BaseException, reason: str) -> None:
+    def fell_back(self, failed: CloudFailed) -> None:
         """The cloud failed: the answer is the edge's, and says why."""
         self.source, self.summary, self.refine_mode = t.ResultSource.EDGE_ONLY, None, None
-        self.fallback_reason, self.fallback_kind, self.fallback_status = reason, failure_kind(exc), failure_status(exc)
+        self.fallback_reason, self.fallback_kind, self.fallback_status = failed.reason, failed.kind, failed.status
+
+    def continue_with(self, drafts: list[t.Draft], prefix: str) -> None:
+        """``drafts`` continue ``prefix`` (streamed final text): noted in ``continued``."""
+        if prefix:
+            self.continued.update({d.index: len(prefix) for d in drafts})
 
     def freeze(self) -> EdgeResult:
         """The result, owning copies of what the run filled in."""
@@ -283,7 +326,7 @@ class _Hedge:
     answers in time cancels it; one that does not leaves an answer ready at the deadline)."""
 
     def __init__(self, draft: Callable[[], asyncio.Future], start_in_s: float) -> None:
-        self.started = False
+        self.started = self.handed = False
         self._draft, self._start_in_s = draft, start_in_s
         self.task = asyncio.create_task(self._run())
 
@@ -292,12 +335,14 @@ class _Hedge:
         self.started = True
         return await self._draft()
 
-    def drafts(self) -> asyncio.Task | None:
-        """The drafts under way, if they started."""
+    def hand_over(self) -> asyncio.Task | None:
+        """The drafts under way, if they started, for the fallback to use or cancel (``CloudFailed.hedged``);
+        a hedge that has not started is cancelled by ``cancel`` now."""
+        self.handed = self.started
         return self.task if self.started else None
 
     async def cancel(self) -> None:
-        if not self.task.done():
+        if not self.task.done() and not self.handed:
             self.task.cancel()  # the cloud answered (or failed early): no local drafts from it
             await asyncio.gather(self.task, return_exceptions=True)
 
@@ -399,11 +444,21 @@ class EdgePipeline:
         res, parsed = checked[best]
         return drafts[best], res.valid, dict(parsed.fields) if parsed.ok else {}
 
-    async def _finish_local(self, result: ResultBuilder, ruleset: RuleSet, drafts: list[t.Draft]) -> None:
+    async def finish_local(self, result: ResultBuilder, ruleset: RuleSet, drafts: list[t.Draft]) -> None:
         """The best of ``drafts`` as the answer (the request's rules over every one: off the loop)."""
         best, result.valid, result.fields = await asyncio.to_thread(self.local_answer, ruleset, drafts)
         result.answer = best.text if best is not None else ""
         result.finish_reason = t.FinishReason.LENGTH if best is not None and best.truncated else t.FinishReason.STOP
+
+    async def local_round(
+        self, request: ValidRequest, *, start: int, t0: float, stop_at: float, prefix: str = ""
+    ) -> list[t.Draft]:
+        """One round of the request's drafts, not emitted (a fallback's: the local answer is sent whole),
+        indexed from ``start``, continuing ``prefix``, ending by ``stop_at``."""
+        prompt = self.engine.render(request.conversation)
+        return await self._draft_round(
+            prompt, request.sampling, start=start, t0=t0, emit=_ignore, stop_at=stop_at, prefix=prefix
+        )
 
     async def solve(
         self,
@@ -424,7 +479,9 @@ class EdgePipeline:
     ) -> EdgeResult:
         """Answer ``prompt`` (one user turn) or ``messages`` (a conversation) under ``plan``: the
         pipeline alone, without the daemon's checks (tools, benchmarks and tests); the daemon's
-        lifecycle calls ``run`` with a request it checked and compiled once.
+        lifecycle calls ``run`` with a request it checked and compiled once. A cloud that fails is
+        answered locally by the lifecycle's own fallback (``lifecycle.answer_locally``; without an
+        engine, ``CloudFailed`` is raised).
 
         ``task_name`` "" is an open request; ``extraction`` and ``rules`` say how answers are
         checked; ``refine`` is the cloud refinement's sampling (None: the cloud's defaults);
@@ -447,25 +504,34 @@ class EdgePipeline:
             drafts=drafts,
             local_reserve_s=local_reserve_s,
         )
-        return await self.run(valid, run)
+        try:
+            return await self.run(valid, run)
+        except CloudFailed as failed:
+            # imported here: the lifecycle, which decides every fallback, is built on this module
+            from coinfer.edge.lifecycle import answer_locally
+
+            return await answer_locally(self, valid, run, failed)
 
     async def run(self, request: ValidRequest, run: Run) -> EdgeResult:
         """One run of ``run.plan`` for a checked, compiled request. The cloud is given a deadline
         ``CLOUD_MARGIN_S`` shorter than the edge's, so that its best answer by then arrives before the
-        edge stops waiting. A local answer after streamed final text (``run.shown.final``) continues
-        that text: an answer the user has begun to read is never replaced."""
+        edge stops waiting. A cloud that fails (its replays spent) raises ``CloudFailed``: the caller
+        decides the local answer (``lifecycle.answer_locally``). The edge plan after streamed final text
+        (``run.shown.final``) continues that text: an answer the user has begun to read is never
+        replaced."""
         t0 = time.perf_counter()
         deadline_s, s = run.deadline_s, request.sampling
         cloud_deadline_ms = int(max(0.05, deadline_s - min(CLOUD_MARGIN_S, 0.1 * deadline_s)) * 1e3)
         req = request.open_request(cloud_deadline_ms, len(run.drafts) if run.drafts else s.n)
         result = ResultBuilder(task=request.req.task)
-        model_prompt = self.engine.render(req.conversation) if self.engine is not None else ""
+        model_prompt = self.engine.render(request.conversation) if self.engine is not None else ""
         local_stop = t0 + deadline_s - LOCAL_FINISH_S  # local drafts end in time for the rules and the reply
         if run.plan is Plan.EDGE or self.stub is None:
             result.drafts = await self._draft_round(
                 model_prompt, s, start=0, t0=t0, emit=run.emit, stop_at=local_stop, prefix=run.shown.final
             )
-            await self._finish_local(result, request.ruleset, result.drafts)
+            result.continue_with(result.drafts, run.shown.final)
+            await self.finish_local(result, request.ruleset, result.drafts)
             result.rounds = 1
             result.timings = {"drafting": (time.perf_counter() - t0) * 1e3, "total": (time.perf_counter() - t0) * 1e3}
             return result.freeze()
@@ -482,13 +548,13 @@ class EdgePipeline:
             return (await remote.solve(result)).freeze()
         finally:
             if hedge is not None:
-                await hedge.cancel()
+                await hedge.cancel()  # unless CloudFailed carries its drafts: the fallback's to use or cancel
 
 
 class _Remote:
-    """The split or cloud plan of one run: its cloud session, replays on other replicas, and the local
-    fallback when the cloud fails (the hedge's drafts when they started; drafts already written;
-    else a short round; after streamed final text, only drafts that continue it)."""
+    """The split or cloud plan of one run: its cloud session and replays on other replicas. A request's
+    own fault is raised as its error; any other failure as ``CloudFailed`` with what the run had (the
+    lifecycle answers locally from it)."""
 
     def __init__(
         self,
@@ -525,48 +591,11 @@ class _Remote:
                             raise
                         drafts = _prepare_replay(failure_reason(exc), result, run) or drafts
         except (grpc.aio.AioRpcError, TimeoutError, ConnectionError) as exc:
-            return await self._fall_back(exc, result, drafts)
-
-    async def _fall_back(
-        self, exc: BaseException, result: ResultBuilder, drafts: list[t.Draft] | None
-    ) -> ResultBuilder:
-        reason = failure_reason(exc)
-        if isinstance(exc, grpc.aio.AioRpcError) and request_fault(exc):
-            # the request itself is wrong: falling back would hide it; the cloud's ErrorInfo names the field
-            raise from_rpc(exc) from None
-        if self.run.shown.streamed:  # what the cloud streamed is withdrawn: the answer now comes from the edge
-            self.run.emit(t.AnswerReset(reason))
-        if self.pipe.engine is None:  # the caller loads the edge model and answers locally
-            raise CloudFailed(reason, failure_kind(exc), failure_status(exc)) from exc
-        log.warning("cloud failed (%s): answering from local drafts", reason)
-        await self.pipe._finish_local(result, self.request.ruleset, await self._local_drafts(result, drafts))
-        result.fell_back(exc, reason)
-        result.timings["total"] = (time.perf_counter() - self.t0) * 1e3
-        return result
-
-    async def _local_drafts(self, result: ResultBuilder, drafts: list[t.Draft] | None) -> list[t.Draft]:
-        """The drafts the local answer is chosen from: those written already (escalated, or before a
-        replay), else the hedge's, else a short round (past the deadline already: an answer, late by
-        at most ``LATE_DRAFT_S``). After streamed final text, only drafts that begin with it; when
-        none does, a round that continues it."""
-        prefix = self.run.shown.final
-        if not result.drafts:
-            early = self.hedge.drafts() if self.hedge is not None and not prefix else None
-            result.drafts = list(drafts) if drafts else await early if early is not None else []
-        usable = [d for d in result.drafts if d.text.startswith(prefix)]
-        if not usable:
-            stop = max(self.t0 + self.run.deadline_s - LOCAL_FINISH_S, time.perf_counter() + LATE_DRAFT_S)
-            usable = await self.pipe._draft_round(
-                self.model_prompt,
-                self.request.sampling,
-                start=max((d.index for d in result.drafts), default=-1) + 1,
-                t0=self.t0,
-                emit=_ignore,
-                stop_at=stop,
-                prefix=prefix,
-            )
-            result.drafts = result.drafts + usable
-        return usable
+            if isinstance(exc, grpc.aio.AioRpcError) and request_fault(exc):
+                # the request itself is wrong: falling back would hide it; the cloud's ErrorInfo names the field
+                raise from_rpc(exc) from None
+            hedged = self.hedge.hand_over() if self.hedge is not None else None
+            raise CloudFailed(exc, partial=result, written=drafts, hedged=hedged, t0=self.t0) from exc
 
     async def _split(self, deadline_s: float, result: ResultBuilder, written: list[t.Draft] | None) -> ResultBuilder:
         call = self.pipe.stub.Session(timeout=deadline_s)

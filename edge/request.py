@@ -61,6 +61,11 @@ class ValidRequest:
     refine: t.SamplingParams | None = None
     """The cloud refinement's sampling (None: the cloud's defaults)."""
 
+    @property
+    def conversation(self) -> list[ChatMessage]:
+        """The request as a conversation (what the draft model's prompt is rendered from)."""
+        return conversation(self.req.prompt, self.req.messages)
+
     def open_request(self, deadline_ms: int, expected_drafts: int) -> t.OpenRequest:
         """The session's first message to the cloud."""
         r = self.req

@@ -20,6 +20,11 @@ from coinfer.types import SamplingParams
 DEFAULT_DRAFTS = 5
 """Drafts per round until the cloud recommends a count (docs/design.md §4.2's n; the cloud's own
 recommendation, §3.3, is 5 at moderate load, so a fresh edge asks what a loaded-but-healthy cloud would)."""
+DEFAULT_MAX_DRAFTS = 16
+"""Drafts per round a request may ask for, unless the daemon sets its own (``EdgeConfig.max_drafts``)."""
+DEFAULT_MAX_NEW_TOKENS = 1024
+"""New tokens per draft or answer a request may ask for, unless the daemon sets its own
+(``EdgeConfig.max_new_tokens``, at most ``coinfer.validate.MAX_NEW_TOKENS``)."""
 
 
 @dataclass(frozen=True)
@@ -34,7 +39,12 @@ class Sampling(SamplingParams):
     n: int = DEFAULT_DRAFTS
     """Drafts per round (1..max_drafts)."""
 
-    def validate(self, field: str = "sampling", max_drafts: int = 16, max_new_tokens: int = 1024) -> None:
+    def validate(
+        self,
+        field: str = "sampling",
+        max_drafts: int = DEFAULT_MAX_DRAFTS,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    ) -> None:
         super().validate(field, max_new_tokens)
         require(1 <= self.n <= max_drafts, f"{field}.n", f"must be in 1..{max_drafts}, got {self.n}")
 

@@ -1,7 +1,10 @@
 """RequestLifecycle (edge/lifecycle.py): the plan it decides (the one asked for, the cloud skipped with
-its kind), the breaker fed with what counts against the cloud, and a cloud plan whose deadline passes
-after final text left: the edge continues that text, so the stream, the whole answer and gRPC agree.
-The real pipeline, a stand-in draft engine and a tiny gRPC cloud on 127.0.0.1."""
+its kind), the breaker fed with what counts against the cloud, a cloud plan whose deadline passes
+after final text left (the edge continues that text, so the stream, the whole answer and gRPC agree),
+and a cloud that fails mid-session with the edge warm: the pipeline reports ``CloudFailed`` with what
+the run had and the lifecycle answers locally (the drafts written before a replay, the hedge's), feeds
+the breaker and the planner. The real pipeline, a stand-in draft engine and a tiny gRPC cloud on
+127.0.0.1."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from coinfer.edge.draft_engine import DraftResult
 from coinfer.edge.http import create_app
 from coinfer.edge.kinds import FallbackKind, RequestedPlan
 from coinfer.edge.lifecycle import RequestLifecycle
-from coinfer.edge.pipeline import Plan
+from coinfer.edge.pipeline import EdgeResult, Plan
 from coinfer.edge.request import SolveRequest, checked
 from coinfer.edge.service import Done, EdgeCore
 from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
@@ -192,3 +195,155 @@ def test_a_request_is_parsed_and_its_rules_compiled_once(tmp_path, monkeypatch):
     core = _core(tmp_path)
     r = _request(core, plan="edge")  # no task named: inferred, and the inference's parse is kept
     assert r.req.task == "arith" and calls == {"parse": 1, "compile": 1}
+
+
+async def _cloud(servicer: pb_grpc.CoinferCloudServicer):
+    server = grpc.aio.server()
+    pb_grpc.add_CoinferCloudServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+async def _events(core: EdgeCore, cloud: pb_grpc.CoinferCloudServicer, req: SolveRequest) -> list:
+    """The request's events from ``core`` with ``cloud`` as its cloud."""
+    server, target = await _cloud(cloud)
+    try:
+        async with grpc.aio.insecure_channel(target) as ch:
+            core.link.channel = ch
+            return [ev async for ev in core.solve(req)]
+    finally:
+        await server.stop(None)
+
+
+class FailsMidSession(pb_grpc.CoinferCloudServicer):
+    """A split session that accepts, reads every draft, streams part of an answer (not final), then its
+    replica fails: every session, so a replay fails too."""
+
+    def __init__(self) -> None:
+        self.sessions: list[int] = []
+        """The drafts each session received."""
+
+    async def Session(self, request_iterator, context):
+        yield convert.event_to_pb(t.SessionAccepted("", [], 5))
+        drafts = 0
+        async for msg in request_iterator:
+            if msg.HasField("draft"):
+                drafts += 1
+            elif msg.HasField("done"):
+                break
+        self.sessions.append(drafts)
+        yield convert.event_to_pb(t.AnswerChunk("Blue light"))
+        await context.abort(grpc.StatusCode.INTERNAL, "the engine died mid-answer")
+
+
+def _observed(core: EdgeCore, monkeypatch) -> list[tuple[str, EdgeResult]]:
+    """What the planner is told: (plan, result) per plan that ran."""
+    seen: list[tuple[str, EdgeResult]] = []
+    observe = core.planner.observe
+
+    def spy(plan, task, prompt_tokens, prompt_bytes, n, result, edge_was, escalated=False):
+        seen.append((plan, result))
+        observe(plan, task, prompt_tokens, prompt_bytes, n, result, edge_was, escalated)
+
+    monkeypatch.setattr(core.planner, "observe", spy)
+    return seen
+
+
+async def test_a_warm_edge_answers_a_mid_session_failure_from_the_drafts_written_before_the_replay(
+    tmp_path, monkeypatch
+):
+    """The split's session fails after streaming part of an answer; the replay on another replica (the
+    same one here) fails too. The lifecycle answers from the drafts the run wrote (no drafting again),
+    after withdrawing the streamed text, counts the failure against the cloud and tells the planner."""
+    cloud = FailsMidSession()
+    core = _core(tmp_path)
+    core.cfg.replays, core.link.breaker.failures = 1, 1
+    seen = _observed(core, monkeypatch)
+    events = await _events(core, cloud, SolveRequest(prompt=QUESTION, plan="split", num_drafts=3))
+    done = events[-1]
+    r = done.result
+    assert isinstance(done, Done) and done.plans == [Plan.SPLIT] and cloud.sessions == [3, 3]  # replayed, same drafts
+    assert core.engine.prompts == [QUESTION_PROMPT]  # drafted once: the local answer is chosen from those drafts
+    assert r.answer == ALONE and r.source == "edge_only" and r.summary is None and len(r.drafts) == 3
+    # an abort with no coinfer reason: a transport failure, its status kept apart
+    assert r.fallback_kind is FallbackKind.TRANSPORT and r.fallback_reason.startswith("INTERNAL")
+    assert r.fallback_status == "INTERNAL" and len(r.replays) == 1 and r.replays[0].startswith("INTERNAL")
+    # the events: the drafts, the cloud's partial answer withdrawn at the replay and again at the fallback,
+    # then the local answer whole
+    kinds = [type(e).__name__ for e in events if not isinstance(e, (t.Draft, t.SessionAccepted))]
+    assert kinds == ["AnswerChunk", "AnswerReset", "AnswerChunk", "AnswerReset", "AnswerChunk", "Done"]
+    assert [e.text for e in events if isinstance(e, t.AnswerChunk)] == ["Blue light", "Blue light", ALONE]
+    assert shown(events) == r.answer
+    # the breaker counts it (the cloud's fault, not the request's); the planner learns the split's drafts
+    assert core.link.breaker.state is t.BreakerState.OPEN and core.link.breaker.transitions[-1][1] == r.fallback_reason
+    assert [(plan, res.fallback_kind) for plan, res in seen] == [("split", FallbackKind.TRANSPORT)]
+    assert [d.text for d in seen[0][1].drafts] == [ALONE] * 3
+    assert core.metrics.registry.get_sample_value("coinfer_edge_fallbacks_total", {"reason": "TRANSPORT"}) == 1
+
+
+QUESTION_PROMPT = f"User: {QUESTION}\nAssistant:"
+
+
+class FailsAfterAStall(pb_grpc.CoinferCloudServicer):
+    """A cloud plan's answer that stalls after a first (not final) chunk, then fails."""
+
+    async def Generate(self, request, context):
+        yield convert.event_to_pb(t.AnswerChunk("Rayleigh"))
+        await asyncio.sleep(0.4)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "replica lost")
+
+
+async def test_a_cloud_plans_failure_takes_the_hedges_drafts(tmp_path, monkeypatch):
+    """Under the cloud plan the hedge drafts from its reserve before the deadline on; a failure after it
+    started hands its drafts to the lifecycle, which answers from them (no round of its own)."""
+    core = _core(tmp_path)
+    core.cfg.replays = 0
+    monkeypatch.setattr(RequestLifecycle, "_local_reserve_s", lambda self, d: 10.0)  # the hedge starts at once
+    seen = _observed(core, monkeypatch)
+    events = await _events(core, FailsAfterAStall(), SolveRequest(prompt=QUESTION, plan="cloud", deadline_ms=3000))
+    r = events[-1].result
+    assert core.engine.prompts == [QUESTION_PROMPT]  # the hedge's round only
+    assert r.answer == ALONE == shown(events) and (r.fallback_kind, r.fallback_status) == ("TRANSPORT", "UNAVAILABLE")
+    assert [type(e).__name__ for e in events[:-1]] == ["AnswerChunk", "AnswerReset", "AnswerChunk"]
+    assert core.link.breaker.state is t.BreakerState.CLOSED  # one failure of three
+    assert [(p, len(res.drafts)) for p, res in seen] == [("cloud", 5)]
+
+
+async def test_the_planner_sees_a_continuations_own_text_and_tokens(stalling, monkeypatch):
+    """A local answer after streamed final text continues it: the user's drafts carry the whole text,
+    the planner's only what the edge wrote (text and token count agree: its bytes per token)."""
+    core = stalling
+    seen = _observed(core, monkeypatch)
+    events = [ev async for ev in core.solve(SolveRequest(prompt=QUESTION, plan="cloud", deadline_ms=1500))]
+    r = events[-1].result
+    whole = "".join(STREAMED) + CONTINUED
+    assert r.answer == whole and {d.text for d in r.drafts} == {whole} and set(r.continued) == {0, 1, 2, 3, 4}
+    assert [d.text for d in r.written_drafts()] == [CONTINUED] * 5
+    ((plan, learned),) = seen
+    assert plan == "cloud" and [(d.text, d.num_tokens) for d in learned.drafts] == [(CONTINUED, 5)] * 5
+
+
+async def test_the_pipeline_reports_a_failed_cloud_with_what_the_run_had(tmp_path):
+    """The pipeline decides no local answer: its run raises CloudFailed with the partial result, the
+    drafts written before the replay and the failure as data; the user has seen the reset of the replay."""
+    from coinfer.edge.pipeline import CloudFailed, EdgePipeline, Run
+
+    cloud = FailsMidSession()
+    server, target = await _cloud(cloud)
+    core = _core(tmp_path)
+    request = _request(core, plan="split")
+    run = Run(plan=Plan.SPLIT, deadline_s=5.0)
+    try:
+        async with grpc.aio.insecure_channel(target) as ch:
+            with pytest.raises(CloudFailed) as err:
+                await EdgePipeline(core.engine, ch, replays=1).run(request, run)
+    finally:
+        await server.stop(None)
+    failed = err.value
+    assert (failed.kind, failed.status, failed.hedged) == (FallbackKind.TRANSPORT, "INTERNAL", None)
+    assert [d.index for d in failed.written] == [0, 1, 2] and len(failed.partial.replays) == 1
+    assert [d.index for d in failed.partial.drafts] == [0, 1, 2] and failed.partial.answer == ""
+    assert run.shown.text == "Blue light" and core.engine.prompts == [
+        QUESTION_PROMPT.replace(QUESTION, request.req.prompt)
+    ]

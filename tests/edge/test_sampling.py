@@ -55,6 +55,16 @@ def test_invalid_sampling_names_the_field(kw, field):
         Sampling(**kw).validate()
 
 
+def test_a_standalone_check_holds_the_daemons_default_limits():
+    from coinfer.edge.config import EdgeConfig
+
+    cfg = EdgeConfig(model="m")
+    Sampling(n=cfg.max_drafts, max_new_tokens=cfg.max_new_tokens).validate()  # the limits themselves pass
+    for over in ({"n": cfg.max_drafts + 1}, {"max_new_tokens": cfg.max_new_tokens + 1}):
+        with pytest.raises(InvalidArgument):
+            Sampling(**over).validate()
+
+
 def test_seed_defaults():
     s = Sampling()
     assert (s.n, s.temperature, s.top_p, s.presence_penalty, s.frequency_penalty, s.max_new_tokens) == (
