@@ -1,0 +1,306 @@
+"""A draft and a target that share no tokenizer (issue 37 item 3): SmolLM2-135M-Instruct INT8 drafting on
+the edge and Gemma 3 270M (base, with ``deploy/chat_templates/gemma.jinja``) verifying and refining on the
+cloud's vLLM, and the reverse where the Gemma 3 INT8 edge build is asked for, each plan asked through the
+openai SDK on the real-model request set (``benchmarks.capacity.REAL_PROMPTS``).
+
+Usage::
+
+    python -m benchmarks.cross_pair                                  # SmolLM2 -> Gemma 3, 4 prompts a plan
+    python -m benchmarks.cross_pair --directions smollm2-gemma3 gemma3-smollm2 --prompts 8 --json out.json
+
+Per direction and plan: p50 / p90 latency, the answers' sources (draft: a verified draft as is, refined:
+the target's refinement, cloud: the target's own answer, edge: the edge alone), the verifier's accept /
+reject shares over every draft it judged, and the answers that fell back past the deadline (the goal: none;
+split p50 <= 1.5x the cloud plan's). Each request alternates between a plain and a streamed call.
+
+Models: ``coinfer.quantize.real_model`` (pip, no model hub; cached under ``~/.cache/coinfer``). The Gemma 3 edge
+build is ``imported_dir("gemma3", chat_template=gemma.jinja)`` exported and quantized with the defaults, as
+``edge_dir`` builds SmolLM2's (``gemma_edge_dir``), unless ``real_model.edge_dir`` takes a template itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GEMMA_TEMPLATE = ROOT / "deploy" / "chat_templates" / "gemma.jinja"
+PLANS = ("edge", "split", "cloud", "auto")
+DIRECTIONS = {"smollm2-gemma3": ("smollm2", "gemma3"), "gemma3-smollm2": ("gemma3", "smollm2")}
+"""Direction name -> (edge model, cloud model)."""
+TEMPLATE_TOKENS = ("<start_of_turn>", "<end_of_turn>", "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<eos>")
+"""Either model's turn markers: never in an answer, whichever side wrote it."""
+SPLIT_GOAL = 1.5
+"""Split's p50 at most this many times the cloud plan's."""
+
+log = logging.getLogger(__name__)
+
+
+def gemma_edge_dir() -> Path:
+    """Gemma 3 270M with the Gemma template as the edge runs it (buffer-graph export, default INT8), built
+    once like ``real_model.edge_dir`` builds SmolLM2's, by the same functions, under the same cache."""
+    from coinfer.quantize import real_model as rm
+    from coinfer.quantize.artifact import EXPORT_SOURCES, source_key
+    from coinfer.quantize.build import BuildOptions, int8_dir
+    from coinfer.quantize.export import export_dir
+    from coinfer.quantize.int8 import QuantConfig
+
+    hf = rm.imported_dir("gemma3", chat_template=GEMMA_TEMPLATE)
+    onnx_dir = hf.parent / f"{hf.name}-onnx-fp32-{source_key(EXPORT_SOURCES)}"
+    out = hf.parent / f"{hf.name}-int8-{source_key(rm.REAL_INT8_SOURCES)}"
+    if (out / "manifest.json").is_file():
+        return out
+    with rm._locked(rm.cache_dir()):
+        if not (onnx_dir / "manifest.json").is_file():
+            export_dir(hf, onnx_dir, parity_prompt=None, parity_steps=0, kv_cache="buffer")
+        if not (out / "manifest.json").is_file():
+            int8_dir(onnx_dir, out, QuantConfig(), BuildOptions(progress=False))
+    return out
+
+
+def edge_model(name: str) -> Path:
+    """The edge's INT8 build of ``name`` (a chat template of its own: SmolLM2's, Gemma's from the file)."""
+    from coinfer.quantize.real_model import edge_dir
+
+    return edge_dir() if name == "smollm2" else gemma_edge_dir()
+
+
+def cloud_model(name: str) -> tuple[Path, Path | None]:
+    """(the cloud's model directory, the chat template file it is served with: None for its own)."""
+    from coinfer.quantize.real_model import imported_dir
+
+    return (imported_dir(), None) if name == "smollm2" else (imported_dir("gemma3"), GEMMA_TEMPLATE)
+
+
+@asynccontextmanager
+async def pair(
+    edge_dir: Path, cloud_dir: Path, chat_template: Path | None, max_model_len: int = 2048
+) -> AsyncIterator[object]:
+    """An edge daemon on ``edge_dir`` over a cloud serving ``cloud_dir`` (with ``chat_template``: vLLM's
+    ``--chat-template``), once the edge sees the cloud SERVING. Yields the daemon; ``daemon.pair_cloud`` is
+    the cloud server."""
+    from coinfer.cloud.config import CloudConfig, EngineConfig
+    from coinfer.cloud.engine import VllmEngine
+    from coinfer.cloud.server import create_server
+
+    engine = EngineConfig(model=str(cloud_dir), max_model_len=max_model_len, chat_template=str(chat_template or ""))
+    srv = await create_server(CloudConfig(engine=engine))
+    try:
+        await srv.attach_engine(await VllmEngine(engine).start())
+        async with serving_edge(edge_dir, srv.port) as d:
+            d.pair_cloud = srv
+            yield d
+    finally:
+        await srv.stop(grace=1.0)
+
+
+@asynccontextmanager
+async def serving_edge(edge_dir: Path, cloud_port: int) -> AsyncIterator[object]:
+    """An edge daemon on ``edge_dir`` over the cloud at ``cloud_port``, once its health watch sees SERVING."""
+    from coinfer.edge.config import EdgeConfig
+    from coinfer.edge.daemon import EdgeDaemon
+
+    d = await EdgeDaemon(
+        EdgeConfig(model=str(edge_dir), cloud=f"127.0.0.1:{cloud_port}", grpc_port=0, http_port=0)
+    ).start()
+    try:
+        for _ in range(200):
+            if d.core.link.serving:
+                break
+            await asyncio.sleep(0.05)
+        yield d
+    finally:
+        await d.stop()
+
+
+@dataclass
+class Row:
+    """One request's outcome."""
+
+    direction: str
+    plan: str
+    prompt: str
+    stream: bool
+    latency_s: float
+    text: str = ""
+    source: str = ""
+    plans: list[str] = field(default_factory=list)
+    fallback: str = ""
+    finish: str = ""
+    accepted: int = 0
+    """Drafts the cloud's verifier judged valid (rules and likelihood)."""
+    rejected: int = 0
+    refine_mode: str = ""
+    error: str = ""
+
+    @property
+    def answered(self) -> bool:
+        """An answer from the plan asked (auto: any), with no fallback past the deadline, no template tokens."""
+        leaked = any(tok in self.text for tok in TEMPLATE_TOKENS)
+        return bool(self.text.strip()) and not self.fallback and not self.error and not leaked
+
+
+def client(daemon):
+    from openai import AsyncOpenAI
+
+    return AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
+
+
+async def ask(daemon, direction: str, prompt: str, plan: str, *, stream: bool, max_tokens: int, seed: int = 3) -> Row:
+    """``prompt`` as a one-turn chat through the openai SDK, plain or streamed, in ``plan``."""
+    import openai
+
+    messages = [{"role": "user", "content": prompt}]
+    extra = {"coinfer": {"plan": plan}}
+    row = Row(direction, plan, prompt, stream, 0.0)
+    t0 = time.perf_counter()
+    try:
+        if stream:
+            parts, info = [], {}
+            s = await client(daemon).chat.completions.create(
+                model="coinfer-edge", messages=messages, max_tokens=max_tokens, seed=seed, stream=True, extra_body=extra
+            )
+            async for chunk in s:
+                choice = chunk.choices[0]
+                parts.append(choice.delta.content or "")
+                if choice.finish_reason:
+                    row.finish, info = choice.finish_reason, (chunk.model_extra or {}).get("coinfer", {})
+            row.text = "".join(parts)
+        else:
+            r = await client(daemon).chat.completions.create(
+                model="coinfer-edge", messages=messages, max_tokens=max_tokens, seed=seed, extra_body=extra
+            )
+            row.text, row.finish, info = (
+                r.choices[0].message.content or "",
+                r.choices[0].finish_reason,
+                r.model_extra["coinfer"],
+            )
+    except openai.APIError as exc:
+        row.latency_s, row.error = time.perf_counter() - t0, f"{type(exc).__name__}: {exc}"[:300]
+        return row
+    row.latency_s = time.perf_counter() - t0
+    row.source, row.plans, row.fallback = info.get("source", ""), info.get("plans", []), info.get("fallback_reason", "")
+    row.refine_mode = info.get("refine_mode", "")
+    verdicts = info.get("verdicts", [])
+    row.accepted = sum(1 for v in verdicts if v["valid"])
+    row.rejected = len(verdicts) - row.accepted
+    return row
+
+
+def pct(xs: list[float], q: float) -> float:
+    return statistics.quantiles(xs, n=100, method="inclusive")[int(q * 100) - 1] if len(xs) > 1 else (xs or [0.0])[0]
+
+
+def summarise(rows: list[Row]) -> list[dict]:
+    """One line per (direction, plan): latency percentiles, sources, verdict shares, fallbacks."""
+    out = []
+    for key in dict.fromkeys((r.direction, r.plan) for r in rows):
+        rs = [r for r in rows if (r.direction, r.plan) == key]
+        lat = [r.latency_s for r in rs]
+        judged = sum(r.accepted + r.rejected for r in rs)
+        out.append(
+            {
+                "direction": key[0],
+                "plan": key[1],
+                "n": len(rs),
+                "answered": sum(r.answered for r in rs),
+                "fallbacks": sum(bool(r.fallback) for r in rs),
+                "errors": sum(bool(r.error) for r in rs),
+                "p50_s": round(statistics.median(lat), 2),
+                "p90_s": round(pct(lat, 0.9), 2),
+                "sources": dict(Counter(r.source or "-" for r in rs)),
+                "drafts_judged": judged,
+                "accept_share": round(sum(r.accepted for r in rs) / judged, 2) if judged else None,
+                "reject_share": round(sum(r.rejected for r in rs) / judged, 2) if judged else None,
+                "refine_modes": dict(Counter(r.refine_mode or "-" for r in rs)),
+            }
+        )
+    return out
+
+
+def goals(lines: list[dict]) -> dict[str, dict]:
+    """Per direction: every plan answered every request (no fallback), and split p50 <= 1.5x cloud's."""
+    res = {}
+    for direction in dict.fromkeys(x["direction"] for x in lines):
+        by = {x["plan"]: x for x in lines if x["direction"] == direction}
+        ratio = (
+            by["split"]["p50_s"] / by["cloud"]["p50_s"] if "split" in by and by.get("cloud", {}).get("p50_s") else None
+        )
+        res[direction] = {
+            "all_answered": all(x["answered"] == x["n"] for x in by.values()),
+            "split_over_cloud_p50": round(ratio, 2) if ratio is not None else None,
+            "split_goal_met": ratio is not None and ratio <= SPLIT_GOAL,
+        }
+    return res
+
+
+def table(lines: list[dict]) -> str:
+    head = f"{'direction':16} {'plan':6} {'n':>3} {'ok':>3} {'fb':>3} {'p50 s':>7} {'p90 s':>7} {'accept':>7} {'reject':>7}  sources"
+    rows = [head, "-" * len(head)]
+    for x in lines:
+        share = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        srcs = ", ".join(f"{k} {v}" for k, v in sorted(x["sources"].items()))
+        rows.append(
+            f"{x['direction']:16} {x['plan']:6} {x['n']:>3} {x['answered']:>3} {x['fallbacks']:>3} {x['p50_s']:>7.2f} "
+            f"{x['p90_s']:>7.2f} {share(x['accept_share']):>7} {share(x['reject_share']):>7}  {srcs}"
+        )
+    return "\n".join(rows)
+
+
+async def run_direction(direction: str, prompts: list[str], plans: tuple[str, ...], max_tokens: int) -> list[Row]:
+    edge_name, cloud_name = DIRECTIONS[direction]
+    edge_dir = edge_model(edge_name)
+    cloud_dir, template = cloud_model(cloud_name)
+    rows: list[Row] = []
+    async with pair(edge_dir, cloud_dir, template) as d:
+        await ask(d, direction, "Say hello.", "cloud", stream=False, max_tokens=8)  # the first request's set-up
+        for plan in plans:
+            await d.pair_cloud.core.engine.reset_prefix_cache()  # each plan starts cold
+            for i, prompt in enumerate(prompts):
+                row = await ask(d, direction, prompt, plan, stream=bool(i % 2), max_tokens=max_tokens)
+                log.info("%s %s %.2f s %s %r", direction, plan, row.latency_s, row.source or row.error, row.text[:60])
+                rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks.capacity import REAL_MAX_TOKENS, REAL_PROMPTS
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.cross_pair", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--directions", nargs="+", choices=list(DIRECTIONS), default=["smollm2-gemma3"])
+    ap.add_argument("--plans", nargs="+", choices=PLANS, default=list(PLANS))
+    ap.add_argument("--prompts", type=int, default=4, help="requests per plan (the real-model set, in order)")
+    ap.add_argument("--max-tokens", type=int, default=REAL_MAX_TOKENS)
+    ap.add_argument("--json", type=Path, help="write the rows, the table and the goals here")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in ("vllm", "coinfer"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    prompts = (REAL_PROMPTS * (args.prompts // len(REAL_PROMPTS) + 1))[: args.prompts]
+    rows: list[Row] = []
+    for direction in args.directions:
+        rows += asyncio.run(run_direction(direction, prompts, tuple(args.plans), args.max_tokens))
+    lines = summarise(rows)
+    print(table(lines))
+    met = goals(lines)
+    for direction, g in met.items():
+        print(
+            f"{direction}: every request answered: {g['all_answered']}; split p50 / cloud p50 = {g['split_over_cloud_p50']} (goal <= {SPLIT_GOAL})"
+        )
+    if args.json:
+        args.json.write_text(json.dumps({"table": lines, "goals": met, "rows": [asdict(r) for r in rows]}, indent=2))
+    return 0 if all(g["all_answered"] for g in met.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
