@@ -14,8 +14,7 @@ reject shares over every draft it judged, and the answers that fell back past th
 split p50 <= 1.5x the cloud plan's). Each request alternates between a plain and a streamed call.
 
 Models: ``coinfer.quantize.real_model`` (pip, no model hub; cached under ``~/.cache/coinfer``). The Gemma 3 edge
-build is ``imported_dir("gemma3", chat_template=gemma.jinja)`` exported and quantized with the defaults, as
-``edge_dir`` builds SmolLM2's (``gemma_edge_dir``), unless ``real_model.edge_dir`` takes a template itself.
+build is ``real_model.edge_dir("gemma3")`` read with the Gemma template (``gemma_edge_dir``).
 """
 
 from __future__ import annotations
@@ -47,24 +46,49 @@ log = logging.getLogger(__name__)
 
 
 def gemma_edge_dir() -> Path:
-    """Gemma 3 270M with the Gemma template as the edge runs it (buffer-graph export, default INT8), built
-    once like ``real_model.edge_dir`` builds SmolLM2's, by the same functions, under the same cache."""
-    from coinfer.quantize import real_model as rm
-    from coinfer.quantize.artifact import EXPORT_SOURCES, source_key
-    from coinfer.quantize.build import BuildOptions, int8_dir
-    from coinfer.quantize.export import export_dir
-    from coinfer.quantize.int8 import QuantConfig
+    """Gemma 3 270M as the edge runs it (buffer-graph export, default INT8: ``real_model.edge_dir("gemma3")``,
+    or the newest such build already in the cache) read with the Gemma template: the build's files with
+    ``chat_template.jinja`` added and ``<end_of_turn>`` among its stop ids (what ``quantize export
+    --chat-template`` and an import given the template write), its manifest rewritten. The weights are the
+    build's, so no second 20-minute export and quantization; cached beside it, keyed by build and template."""
+    import hashlib
+    import os
+    import shutil
+    import tempfile
 
-    hf = rm.imported_dir("gemma3", chat_template=GEMMA_TEMPLATE)
-    onnx_dir = hf.parent / f"{hf.name}-onnx-fp32-{source_key(EXPORT_SOURCES)}"
-    out = hf.parent / f"{hf.name}-int8-{source_key(rm.REAL_INT8_SOURCES)}"
-    if (out / "manifest.json").is_file():
+    from tokenizers import Tokenizer
+
+    from coinfer.manifest import MANIFEST, write_manifest
+    from coinfer.quantize import real_model as rm
+
+    models = rm.cache_dir() / "models"
+    built = sorted(
+        (p for p in models.glob("imported-gemma-3-270m-*-int8-*") if (p / MANIFEST).is_file()),
+        key=lambda p: p.stat().st_mtime,
+    )
+    src = built[-1] if built else rm.edge_dir("gemma3")
+    template = GEMMA_TEMPLATE.read_text(encoding="utf-8")
+    out = models / f"cross-pair-gemma3+chat{hashlib.sha256(template.encode()).hexdigest()[:8]}-{src.name}"
+    if (out / MANIFEST).is_file():
         return out
-    with rm._locked(rm.cache_dir()):
-        if not (onnx_dir / "manifest.json").is_file():
-            export_dir(hf, onnx_dir, parity_prompt=None, parity_steps=0, kv_cache="buffer")
-        if not (out / "manifest.json").is_file():
-            int8_dir(onnx_dir, out, QuantConfig(), BuildOptions(progress=False))
+    tmp = Path(tempfile.mkdtemp(dir=models, prefix=".cross-pair-"))
+    try:
+        for f in src.iterdir():
+            if f.is_file() and f.name != MANIFEST:
+                os.link(f, tmp / f.name)  # the weights shared, not copied
+        (tmp / "chat_template.jinja").write_text(template, encoding="utf-8")
+        eot = Tokenizer.from_file(str(src / "tokenizer.json")).token_to_id("<end_of_turn>")
+        for name in ("config.json", "generation_config.json"):
+            cfg = json.loads((src / name).read_text())
+            eos = cfg.get("eos_token_id")
+            cfg["eos_token_id"] = [eot] + [e for e in (eos if isinstance(eos, list) else [eos]) if e not in (None, eot)]
+            (tmp / name).unlink()  # a link to the build's file: written anew, the build's left as it is
+            (tmp / name).write_text(json.dumps(cfg, indent=2))
+        meta = json.loads((src / MANIFEST).read_text())
+        write_manifest(tmp, {k: v for k, v in meta.items() if k not in ("format", "version", "files")})
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -84,17 +108,17 @@ def cloud_model(name: str) -> tuple[Path, Path | None]:
 
 @asynccontextmanager
 async def pair(
-    edge_dir: Path, cloud_dir: Path, chat_template: Path | None, max_model_len: int = 2048
+    edge_dir: Path, cloud_dir: Path, chat_template: Path | None, max_model_len: int = 2048, **policy
 ) -> AsyncIterator[object]:
     """An edge daemon on ``edge_dir`` over a cloud serving ``cloud_dir`` (with ``chat_template``: vLLM's
     ``--chat-template``), once the edge sees the cloud SERVING. Yields the daemon; ``daemon.pair_cloud`` is
     the cloud server."""
-    from coinfer.cloud.config import CloudConfig, EngineConfig
+    from coinfer.cloud.config import CloudConfig, EngineConfig, PolicyConfig
     from coinfer.cloud.engine import VllmEngine
     from coinfer.cloud.server import create_server
 
     engine = EngineConfig(model=str(cloud_dir), max_model_len=max_model_len, chat_template=str(chat_template or ""))
-    srv = await create_server(CloudConfig(engine=engine))
+    srv = await create_server(CloudConfig(engine=engine, policy=PolicyConfig(**policy)))
     try:
         await srv.attach_engine(await VllmEngine(engine).start())
         async with serving_edge(edge_dir, srv.port) as d:
@@ -257,12 +281,14 @@ def table(lines: list[dict]) -> str:
     return "\n".join(rows)
 
 
-async def run_direction(direction: str, prompts: list[str], plans: tuple[str, ...], max_tokens: int) -> list[Row]:
+async def run_direction(
+    direction: str, prompts: list[str], plans: tuple[str, ...], max_tokens: int, **policy
+) -> list[Row]:
     edge_name, cloud_name = DIRECTIONS[direction]
     edge_dir = edge_model(edge_name)
     cloud_dir, template = cloud_model(cloud_name)
     rows: list[Row] = []
-    async with pair(edge_dir, cloud_dir, template) as d:
+    async with pair(edge_dir, cloud_dir, template, **policy) as d:
         await ask(d, direction, "Say hello.", "cloud", stream=False, max_tokens=8)  # the first request's set-up
         for plan in plans:
             await d.pair_cloud.core.engine.reset_prefix_cache()  # each plan starts cold
@@ -281,6 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plans", nargs="+", choices=PLANS, default=list(PLANS))
     ap.add_argument("--prompts", type=int, default=4, help="requests per plan (the real-model set, in order)")
     ap.add_argument("--max-tokens", type=int, default=REAL_MAX_TOKENS)
+    ap.add_argument(
+        "--max-retries",
+        type=int,
+        help="the cloud's policy.max_retries (default: the policy's): rounds of drafts after one it rejects",
+    )
     ap.add_argument("--json", type=Path, help="write the rows, the table and the goals here")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -289,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     prompts = (REAL_PROMPTS * (args.prompts // len(REAL_PROMPTS) + 1))[: args.prompts]
     rows: list[Row] = []
     for direction in args.directions:
-        rows += asyncio.run(run_direction(direction, prompts, tuple(args.plans), args.max_tokens))
+        policy = {} if args.max_retries is None else {"max_retries": args.max_retries}
+        rows += asyncio.run(run_direction(direction, prompts, tuple(args.plans), args.max_tokens, **policy))
     lines = summarise(rows)
     print(table(lines))
     met = goals(lines)

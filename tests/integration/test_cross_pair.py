@@ -31,10 +31,15 @@ def gemma3_hf():
 
 
 @pytest.fixture(scope="module")
-async def cross_daemon(gemma3_hf):
+def smollm2_int8():
     from coinfer.quantize.real_model import edge_dir
 
-    async with pair(edge_dir(), gemma3_hf, GEMMA_TEMPLATE) as d:
+    return edge_dir()  # export + default INT8 (gated); cached by the model and the build code
+
+
+@pytest.fixture(scope="module")
+async def cross_daemon(smollm2_int8, gemma3_hf):
+    async with pair(smollm2_int8, gemma3_hf, GEMMA_TEMPLATE) as d:
         yield d
 
 
@@ -71,12 +76,11 @@ async def test_every_plan_answers_the_real_prompts_through_the_openai_sdk(cross_
 
 
 @pytest.fixture(scope="module")
-async def untemplated(cross_daemon, gemma3_hf):
+async def untemplated(cross_daemon, smollm2_int8, gemma3_hf):
     """The same Gemma 3 weights and engine, served as the directory has them: no chat template."""
     from coinfer.chat import ChatFormat
     from coinfer.cloud.config import CloudConfig, EngineConfig
     from coinfer.cloud.server import create_server
-    from coinfer.quantize.real_model import edge_dir
 
     engine = copy.copy(cross_daemon.pair_cloud.core.engine)  # one vLLM: another chat format over it
     engine.chat = ChatFormat.from_dir(gemma3_hf)
@@ -84,7 +88,7 @@ async def untemplated(cross_daemon, gemma3_hf):
     assert not engine.chat.templated
     srv = await create_server(CloudConfig(engine=EngineConfig(model=str(gemma3_hf))), engine)
     try:
-        async with serving_edge(edge_dir(), srv.port) as d:
+        async with serving_edge(smollm2_int8, srv.port) as d:
             yield d
     finally:
         await srv.stop(grace=1.0, close_engine=False)
