@@ -307,7 +307,7 @@ def _chat_template_arg(p: argparse.ArgumentParser, whose: str) -> None:
 
 def _export_command(sub) -> None:
     p = sub.add_parser("export", help="HF causal LM dir -> ONNX with KV cache (FP32 or FP16)")
-    p.add_argument("model", type=Path, help="Hugging Face model directory (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2/3)")
+    p.add_argument("model", type=Path, help="Hugging Face model directory (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2)")
     p.add_argument("out", type=Path, help="output directory (must not exist)")
     p.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32", help="precision of weights, cache and logits")
     p.add_argument("--parity-steps", type=int, default=16, help="decode steps compared with torch (0 = skip)")
