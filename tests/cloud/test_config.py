@@ -34,3 +34,19 @@ def test_each_limit_is_bounded(field, value, msg):
 def test_the_defaults_and_no_per_edge_limit_are_accepted():
     CloudConfig(engine=EngineConfig(model="m")).validate()
     CloudConfig(engine=EngineConfig(model="m"), limits=Limits(max_sessions=1, max_sessions_per_edge=0)).validate()
+
+
+@pytest.mark.parametrize(
+    "field,value,msg",
+    [
+        ("max_num_seqs", 0, "must be >= 1"),
+        ("kv_cache_gib", 0.0, "must be > 0"),
+        ("gpu_memory_utilization", 1.5, "must be <= 1"),
+        ("ngram_speculative_tokens", 17, "must be <= 16"),
+        ("tensor_parallel_size", 0, "must be >= 1"),
+        ("data_parallel_size", 65, "must be <= 64"),
+    ],
+)
+def test_each_engine_bound_is_declared_on_its_field_and_named(field, value, msg):
+    with pytest.raises(ValueError, match=rf"^engine\.{field}: {msg}"):
+        CloudConfig(engine=EngineConfig(model="m", **{field: value})).validate()
