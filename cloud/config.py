@@ -2,49 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from coinfer.chat import CANDIDATE_FORMAT, REFINE_TEMPLATE
+from coinfer.serving.bounds import bounded, check_bounds
 from coinfer.types import VerifierKind
 from coinfer.validate import MAX_DEADLINE_MS
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """A numeric field's range, declared on the field (``bounded``) and checked by ``check_bounds``."""
-
-    ge: float | None = None
-    gt: float | None = None
-    le: float | None = None
-
-    def error(self, value: float) -> str:
-        """Why ``value`` is out of range ("" when it is not); NaN is in no range."""
-        for limit, ok, rule in (
-            (self.ge, lambda lim: value >= lim, ">="),
-            (self.gt, lambda lim: value > lim, ">"),
-            (self.le, lambda lim: value <= lim, "<="),
-        ):
-            if limit is not None and not ok(limit):
-                return f"must be {rule} {limit:g}, got {value}"
-        return ""
-
-
-def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None) -> Any:
-    """A dataclass field with its range: ``check_bounds`` refuses a value outside it, naming the field.
-    A field that may be None (off) is checked only when set."""
-    return field(default=default, metadata={"bounds": Bounds(ge=ge, gt=gt, le=le)})
-
-
-def check_bounds(obj: Any, section: str) -> None:
-    """Raise ValueError naming the first field of dataclass ``obj`` outside its declared ``Bounds``."""
-    for f in dataclasses.fields(obj):
-        b, v = f.metadata.get("bounds"), getattr(obj, f.name)
-        if b is not None and v is not None and (why := b.error(v)):
-            raise ValueError(f"{section}.{f.name}: {why}")
-
 
 MAX_NGRAM_TOKENS = 16
 """Speculative tokens per step past which a proposal's acceptance falls off (vLLM's n-gram proposer)."""

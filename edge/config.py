@@ -4,7 +4,6 @@ too) from a TOML file, then environment variables (``COINFER_EDGE_<FIELD>``), th
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,33 +12,10 @@ from typing import Any
 from coinfer.edge.kinds import RequestedPlan
 from coinfer.edge.sampling import DEFAULT_MAX_DRAFTS, DEFAULT_MAX_NEW_TOKENS
 from coinfer.edge.targets import parse_targets
+from coinfer.serving.bounds import bounded, check_bounds
 from coinfer.validate import MAX_DEADLINE_MS, MAX_NEW_TOKENS
 
 ENV_PREFIX = "COINFER_EDGE_"
-
-
-@dataclass(frozen=True)
-class Bound:
-    """A setting's range, declared on its field (``bounded``) and checked by ``EdgeConfig.validate``
-    for every field that has one: a bad value fails at load, naming the setting."""
-
-    ge: float | None = None
-    gt: float | None = None
-    le: float | None = None
-
-    def holds(self, v: float) -> bool:
-        return (
-            (self.ge is None or v >= self.ge) and (self.gt is None or v > self.gt) and (self.le is None or v <= self.le)
-        )
-
-    def __str__(self) -> str:
-        lo = f"[{self.ge:g}" if self.ge is not None else f"({self.gt:g}" if self.gt is not None else "(-inf"
-        return f"{lo}, {self.le:g}]" if self.le is not None else f"{lo}, inf)"
-
-
-def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None, **meta: Any):
-    """A dataclass field with its range (``Bound``) in its metadata."""
-    return field(default=default, metadata={"bound": Bound(ge, gt, le), **meta})
 
 
 @dataclass
@@ -120,10 +96,7 @@ class EdgeConfig:
         if self.plan not in plans:
             raise ValueError(f"plan: must be one of {', '.join(plans)}, got {self.plan!r}")
         self.plan = RequestedPlan(self.plan)
-        for f in dataclasses.fields(self):
-            bound, v = f.metadata.get("bound"), getattr(self, f.name)
-            if bound is not None and not bound.holds(v):
-                raise ValueError(f"{f.name}: must be in {bound}, got {v}")
+        check_bounds(self)
         if self.cloud:
             parse_targets(self.cloud)  # a bad target fails at start, naming the field
         if self.token and not self.cloud:

@@ -43,7 +43,7 @@ def test_unknown_keys_and_bad_files(tmp_path):
 def test_every_declared_bound_refuses_a_value_past_it_at_load_naming_the_field():
     import dataclasses
 
-    from coinfer.edge.config import Bound
+    from coinfer.serving.bounds import Bound
 
     bounded = [(f.name, f.metadata["bound"]) for f in dataclasses.fields(EdgeConfig) if "bound" in f.metadata]
     assert {"deadline_ms", "replays", "breaker_failures", "grpc_port", "cloud_thrift"} <= {n for n, _ in bounded}
