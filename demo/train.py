@@ -38,6 +38,7 @@ accuracies are measured on those.
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import inspect
 import json
@@ -49,6 +50,7 @@ import re
 import shutil
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -371,11 +373,15 @@ def data_fingerprint(recipe: Recipe, spec: ModelSpec) -> str:
 
 
 def code_text(fn) -> str:
-    """``fn``'s source as the keys hash it: the project's own modules named by their folders
-    (``coinfer.demo.evaluate`` as ``demo.evaluate``). Where a module is installed is packaging, not
-    training: the shipped pair was trained before the folders moved under the ``coinfer`` namespace,
-    and only these import paths in the hashed code changed with the move."""
-    return re.sub(r"\bcoinfer\.(edge|cloud|quantize|demo)\b", r"\1", inspect.getsource(fn))
+    """``fn``'s code as the keys hash it: its syntax tree (``ast.dump``), so that what the code does is
+    hashed and not how it is laid out or commented (``ruff format`` rewrote the training code's layout
+    and nothing else: the text-hashed key changed while the recipe had not), with the project's own
+    modules named by their folders (``coinfer.demo.evaluate`` as ``demo.evaluate``): where a module is
+    installed is packaging, not training (the pair was trained before the folders moved under the
+    ``coinfer`` namespace). The shipped pair's keys were restated once for this: the trees of its
+    training code before the format (f7433be) and after it hash alike."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    return re.sub(r"\bcoinfer\.(edge|cloud|quantize|demo)\b", r"\1", ast.dump(tree))
 
 
 def model_key(spec: ModelSpec, recipe: Recipe | None = None) -> str:

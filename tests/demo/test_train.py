@@ -42,5 +42,25 @@ def test_the_keys_hash_code_with_the_project_modules_named_by_their_folders():
     def c():
         from demo.evaluate import _generate  # noqa: F401
 
-    assert train.code_text(a).replace("def a", "def b") == train.code_text(b)
-    assert train.code_text(b).replace("def b", "def c") != train.code_text(c)
+    assert train.code_text(a).replace("name='a'", "name='b'") == train.code_text(b)
+    assert train.code_text(b).replace("name='b'", "name='c'") != train.code_text(c)
+
+
+def test_the_keys_hash_what_code_does_not_its_layout_or_comments():
+    """A reformatted or commented training function keeps its key (ruff format once changed the shipped
+    pair's key without changing its recipe); a changed value does not."""
+
+    def a(x):
+        return {"k": x + 1}
+
+    def b(x):  # the same code, another layout
+        # a comment
+        return {
+            "k": x + 1,
+        }
+
+    def c(x):
+        return {"k": x + 2}
+
+    assert train.code_text(a).replace("name='a'", "name='b'") == train.code_text(b)
+    assert train.code_text(a).replace("name='a'", "name='c'") != train.code_text(c)
