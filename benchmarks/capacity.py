@@ -340,7 +340,8 @@ async def ask_coinfer(core, req: Request, plan: str, rid: str, deadline_ms: int)
     t0 = time.perf_counter()
     ttft, done = 0.0, None
     async for ev in core.solve(_solve_request(req, plan, rid, deadline_ms)):
-        if isinstance(ev, t.AnswerChunk) and ev.text and not ttft:
+        # what an OpenAI stream shows: final text only (a chunk that may still be withdrawn is held there)
+        if isinstance(ev, t.AnswerChunk) and ev.text and ev.final and not ttft:
             ttft = time.perf_counter() - t0
         elif isinstance(ev, Done):
             done = ev
