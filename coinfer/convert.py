@@ -104,7 +104,7 @@ def from_pb(msg: Any, cls: type[T]) -> T:
         elif dataclasses.is_dataclass(target):
             kw[f.name] = from_pb(v, target) if msg.HasField(f.name) else None
         elif isinstance(target, type) and issubclass(target, enum.StrEnum):
-            kw[f.name] = _str_enum(target, v, f)
+            kw[f.name] = str_enum(target, v, f.default if f.default is not dataclasses.MISSING else None, f.name)
         elif isinstance(target, type) and issubclass(target, enum.Enum):
             kw[f.name] = target(v)
         elif isinstance(v, float):
@@ -114,16 +114,16 @@ def from_pb(msg: Any, cls: type[T]) -> T:
     return cls(**kw)
 
 
-def _str_enum(cls: type[enum.StrEnum], value: str, f: dataclasses.Field) -> Any:
-    """A closed set sent as a string (``Summary.refine_mode``): "" is the field's default (proto3 cannot
-    send "unset"), and so is a value this version does not know -- a newer peer's, logged -- since a
-    report field must not fail an answer that is otherwise whole."""
+def str_enum(cls: type[enum.StrEnum], value: str, default: Any, name: str) -> Any:
+    """A closed set sent as a string (``Summary.refine_mode``): "" is ``default`` (proto3 cannot send
+    "unset"), and so is a value this version does not know -- a newer peer's, logged -- since a report
+    field must not fail an answer that is otherwise whole."""
     if value:
         try:
             return cls(value)
         except ValueError:
-            log.warning("%s: unknown %s %r from the peer; taken as the default", f.name, cls.__name__, value)
-    return f.default if f.default is not dataclasses.MISSING else None
+            log.warning("%s: unknown %s %r from the peer; taken as the default", name, cls.__name__, value)
+    return default
 
 
 _ZERO_MEANS_DEFAULT = {"top_p": 1.0, "max_new_tokens": t.SamplingParams.max_new_tokens}

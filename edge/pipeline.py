@@ -213,25 +213,6 @@ class EdgeResult:
         return [dataclasses.replace(d, text=d.text[cut[d.index] :]) if d.index in cut else d for d in self.drafts]
 
 
-def finish_reason_of(value: str) -> t.FinishReason:
-    """The cloud's ``Summary.finish_reason`` ("" = stop; one this edge does not know: stop, the answer
-    is whole)."""
-    try:
-        return t.FinishReason(value or t.FinishReason.STOP)
-    except ValueError:
-        log.warning("unknown finish reason from the cloud: %r", value)
-        return t.FinishReason.STOP
-
-
-def refine_mode_of(mode: str) -> t.RefineMode | None:
-    """The cloud's ``Summary.refine_mode`` ("" = none; one this edge does not know: None)."""
-    try:
-        return t.RefineMode(mode) if mode else None
-    except ValueError:
-        log.warning("unknown refine mode from the cloud: %r", mode)
-        return None
-
-
 @dataclass(kw_only=True)
 class ResultBuilder:
     """An ``EdgeResult`` being filled in by one run of a plan (drafts, verdicts and the summary arrive as
@@ -262,8 +243,12 @@ class ResultBuilder:
         """The cloud's answer: adopt its summary."""
         self.summary, self.answer, self.valid = summary, summary.answer, summary.answer_valid
         self.source = t.ResultSource.of(summary.source)
-        self.fields, self.refine_mode = dict(summary.fields), refine_mode_of(summary.refine_mode)
-        self.finish_reason = finish_reason_of(summary.finish_reason)
+        # typed by the converter off the wire; a Summary built in-process may still hold strings
+        self.fields = dict(summary.fields)
+        self.refine_mode = convert.str_enum(t.RefineMode, summary.refine_mode, None, "refine_mode")
+        self.finish_reason = convert.str_enum(
+            t.FinishReason, summary.finish_reason, t.FinishReason.STOP, "finish_reason"
+        )
 
     def fell_back(self, failed: CloudFailed) -> None:
         """The cloud failed: the answer is the edge's, and says why."""
