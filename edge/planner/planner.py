@@ -129,7 +129,7 @@ class Planner:
     def _work(self, key: str) -> float | None:
         """The cloud's reported engine tokens per answer (``Summary.cost``) for a plan and task; None
         until measured (no default: a guessed cost would decide ``cloud_thrift`` on nothing)."""
-        return self.est.values.get(key) if self.est.has(key) else None
+        return self.est.values.get(key)
 
     def _cloud_steps(self, task: str) -> float:
         """The cloud plan's decode steps for ``task``: measured, else as long as the answers the
