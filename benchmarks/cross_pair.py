@@ -10,8 +10,11 @@ Usage::
 
 Per direction and plan: p50 / p90 latency, the answers' sources (draft: a verified draft as is, refined:
 the target's refinement, cloud: the target's own answer, edge: the edge alone), the verifier's accept /
-reject shares over every draft it judged, and the answers that fell back past the deadline (the goal: none;
-split p50 <= 1.5x the cloud plan's). Each request alternates between a plain and a streamed call.
+reject shares over every draft it judged (drafts it did not score, ``not_scored``, left out), the sessions
+where the cloud answered from session open (``hedged``: ``coinfer.cloud.hedge``), and the answers that fell
+back past the deadline (the goal: none; split p50 <= 1.5x the cloud plan's). Each request alternates
+between a plain and a streamed call. ``--pin`` (the default on two cores or more) keeps the target's engine
+and the edge on cores of their own, as two machines would be.
 
 Models: ``coinfer.quantize.real_model`` (pip, no model hub; cached under ``~/.cache/coinfer``). The Gemma 3 edge
 build is ``real_model.edge_dir("gemma3")`` read with the Gemma template (``gemma_edge_dir``).
@@ -21,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
+import os
 import statistics
 import sys
 import time
@@ -31,6 +36,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from benchmarks.capacity import CLOUD_CORE
+from coinfer.cloud.judging import NOT_SCORED
 
 ROOT = Path(__file__).resolve().parents[1]
 GEMMA_TEMPLATE = ROOT / "deploy" / "chat_templates" / "gemma.jinja"
@@ -106,36 +114,64 @@ def cloud_model(name: str) -> tuple[Path, Path | None]:
     return (imported_dir(), None) if name == "smollm2" else (imported_dir("gemma3"), GEMMA_TEMPLATE)
 
 
+def pin_threads(cpus: set[int]) -> set[int]:
+    """Every thread of this process onto ``cpus`` (threads started later inherit it from their creator);
+    returns the process's affinity before. ``os.sched_setaffinity(0, ...)`` moves the calling thread only."""
+    before = os.sched_getaffinity(0)
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(tid), cpus)
+    return before
+
+
 @asynccontextmanager
 async def pair(
-    edge_dir: Path, cloud_dir: Path, chat_template: Path | None, max_model_len: int = 2048, **policy
+    edge_dir: Path,
+    cloud_dir: Path,
+    chat_template: Path | None,
+    max_model_len: int = 2048,
+    *,
+    pin: bool = False,
+    **policy,
 ) -> AsyncIterator[object]:
     """An edge daemon on ``edge_dir`` over a cloud serving ``cloud_dir`` (with ``chat_template``: vLLM's
     ``--chat-template``), once the edge sees the cloud SERVING. Yields the daemon; ``daemon.pair_cloud`` is
-    the cloud server."""
+    the cloud server. ``pin``: the two machines apart on one box, as ``benchmarks.capacity`` runs them: the
+    target's engine process on ``CLOUD_CORE`` (vLLM's OpenMP threads bound there), this process (the edge's
+    ORT drafting, one thread, and both daemons' Python) on the other cores. Unpinned, the edge's drafting
+    and the target's decoding share every core: a draft round slows the cloud's own answer it races."""
     from coinfer.cloud.config import CloudConfig, EngineConfig, PolicyConfig
     from coinfer.cloud.engine import VllmEngine
     from coinfer.cloud.server import create_server
 
     engine = EngineConfig(model=str(cloud_dir), max_model_len=max_model_len, chat_template=str(chat_template or ""))
     srv = await create_server(CloudConfig(engine=engine, policy=PolicyConfig(**policy)))
+    before = None
     try:
+        if pin:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(CLOUD_CORE)  # read by the engine process it starts
         await srv.attach_engine(await VllmEngine(engine).start())
-        async with serving_edge(edge_dir, srv.port) as d:
+        if pin:
+            before = pin_threads({c for c in os.sched_getaffinity(0) if c != CLOUD_CORE})
+        async with serving_edge(edge_dir, srv.port, threads=1 if pin else 0) as d:
             d.pair_cloud = srv
             yield d
     finally:
         await srv.stop(grace=1.0)
+        if before is not None:
+            pin_threads(before)
+            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
 
 
 @asynccontextmanager
-async def serving_edge(edge_dir: Path, cloud_port: int) -> AsyncIterator[object]:
-    """An edge daemon on ``edge_dir`` over the cloud at ``cloud_port``, once its health watch sees SERVING."""
+async def serving_edge(edge_dir: Path, cloud_port: int, threads: int = 0) -> AsyncIterator[object]:
+    """An edge daemon on ``edge_dir`` over the cloud at ``cloud_port``, once its health watch sees SERVING
+    (``threads``: ORT's intra-op threads, 0 = every core)."""
     from coinfer.edge.config import EdgeConfig
     from coinfer.edge.daemon import EdgeDaemon
 
     d = await EdgeDaemon(
-        EdgeConfig(model=str(edge_dir), cloud=f"127.0.0.1:{cloud_port}", grpc_port=0, http_port=0)
+        EdgeConfig(model=str(edge_dir), cloud=f"127.0.0.1:{cloud_port}", grpc_port=0, http_port=0, threads=threads)
     ).start()
     try:
         for _ in range(200):
@@ -164,7 +200,11 @@ class Row:
     accepted: int = 0
     """Drafts the cloud's verifier judged valid (rules and likelihood)."""
     rejected: int = 0
+    unscored: int = 0
+    """Drafts the rules passed and no verifier judged: the cloud answered itself (``coinfer.cloud.hedge``)."""
     refine_mode: str = ""
+    trace: str = ""
+    """The cloud's account of its choice (``Summary.trace``)."""
     error: str = ""
 
     @property
@@ -214,10 +254,11 @@ async def ask(daemon, direction: str, prompt: str, plan: str, *, stream: bool, m
         return row
     row.latency_s = time.perf_counter() - t0
     row.source, row.plans, row.fallback = info.get("source", ""), info.get("plans", []), info.get("fallback_reason", "")
-    row.refine_mode = info.get("refine_mode", "")
+    row.refine_mode, row.trace = info.get("refine_mode", ""), info.get("trace", "")
     verdicts = info.get("verdicts", [])
+    row.unscored = sum(1 for v in verdicts if v["error"].startswith(NOT_SCORED))
     row.accepted = sum(1 for v in verdicts if v["valid"])
-    row.rejected = len(verdicts) - row.accepted
+    row.rejected = len(verdicts) - row.accepted - row.unscored
     return row
 
 
@@ -244,6 +285,8 @@ def summarise(rows: list[Row]) -> list[dict]:
                 "p90_s": round(pct(lat, 0.9), 2),
                 "sources": dict(Counter(r.source or "-" for r in rs)),
                 "drafts_judged": judged,
+                "drafts_unscored": sum(r.unscored for r in rs),
+                "hedged": sum("racing the drafts" in r.trace for r in rs),
                 "accept_share": round(sum(r.accepted for r in rs) / judged, 2) if judged else None,
                 "reject_share": round(sum(r.rejected for r in rs) / judged, 2) if judged else None,
                 "refine_modes": dict(Counter(r.refine_mode or "-" for r in rs)),
@@ -269,26 +312,29 @@ def goals(lines: list[dict]) -> dict[str, dict]:
 
 
 def table(lines: list[dict]) -> str:
-    head = f"{'direction':16} {'plan':6} {'n':>3} {'ok':>3} {'fb':>3} {'p50 s':>7} {'p90 s':>7} {'accept':>7} {'reject':>7}  sources"
+    head = (
+        f"{'direction':16} {'plan':6} {'n':>3} {'ok':>3} {'fb':>3} {'p50 s':>7} {'p90 s':>7} {'accept':>7} "
+        f"{'reject':>7} {'hedged':>6}  sources"
+    )
     rows = [head, "-" * len(head)]
     for x in lines:
         share = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
         srcs = ", ".join(f"{k} {v}" for k, v in sorted(x["sources"].items()))
         rows.append(
             f"{x['direction']:16} {x['plan']:6} {x['n']:>3} {x['answered']:>3} {x['fallbacks']:>3} {x['p50_s']:>7.2f} "
-            f"{x['p90_s']:>7.2f} {share(x['accept_share']):>7} {share(x['reject_share']):>7}  {srcs}"
+            f"{x['p90_s']:>7.2f} {share(x['accept_share']):>7} {share(x['reject_share']):>7} {x['hedged']:>6}  {srcs}"
         )
     return "\n".join(rows)
 
 
 async def run_direction(
-    direction: str, prompts: list[str], plans: tuple[str, ...], max_tokens: int, **policy
+    direction: str, prompts: list[str], plans: tuple[str, ...], max_tokens: int, pin: bool = False, **policy
 ) -> list[Row]:
     edge_name, cloud_name = DIRECTIONS[direction]
     edge_dir = edge_model(edge_name)
     cloud_dir, template = cloud_model(cloud_name)
     rows: list[Row] = []
-    async with pair(edge_dir, cloud_dir, template, **policy) as d:
+    async with pair(edge_dir, cloud_dir, template, pin=pin, **policy) as d:
         await ask(d, direction, "Say hello.", "cloud", stream=False, max_tokens=8)  # the first request's set-up
         for plan in plans:
             await d.pair_cloud.core.engine.reset_prefix_cache()  # each plan starts cold
@@ -312,6 +358,13 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="the cloud's policy.max_retries (default: the policy's): rounds of drafts after one it rejects",
     )
+    ap.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=len(os.sched_getaffinity(0)) > 1,
+        help="the target's engine on one core, the edge on the others, as two machines would be (default: "
+        "where there are two cores)",
+    )
     ap.add_argument("--json", type=Path, help="write the rows, the table and the goals here")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -321,7 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     for direction in args.directions:
         policy = {} if args.max_retries is None else {"max_retries": args.max_retries}
-        rows += asyncio.run(run_direction(direction, prompts, tuple(args.plans), args.max_tokens, **policy))
+        rows += asyncio.run(
+            run_direction(direction, prompts, tuple(args.plans), args.max_tokens, pin=args.pin, **policy)
+        )
     lines = summarise(rows)
     print(table(lines))
     met = goals(lines)
@@ -330,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{direction}: every request answered: {g['all_answered']}; split p50 / cloud p50 = {g['split_over_cloud_p50']} (goal <= {SPLIT_GOAL})"
         )
     if args.json:
-        args.json.write_text(json.dumps({"table": lines, "goals": met, "rows": [asdict(r) for r in rows]}, indent=2))
+        out = {"pinned": args.pin, "table": lines, "goals": met, "rows": [asdict(r) for r in rows]}
+        args.json.write_text(json.dumps(out, indent=2))
     return 0 if all(g["all_answered"] for g in met.values()) else 1
 
 

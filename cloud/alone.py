@@ -31,6 +31,8 @@ from coinfer.cloud.writer import Writer, always, never
 from coinfer.tasks import OPEN
 from coinfer.tasks.base import split_steps
 
+NO_DRAFTS = "no drafts (cloud plan): the cloud answered alone"
+"""How the note of an answer written with no draft judged begins."""
 ONE_DRAFT = 1
 """Support a step needs to join the prefix the cloud continues: one draft's verified step is right."""
 
@@ -83,7 +85,7 @@ class CloudAlone:
             (
                 f"no valid draft after retries: cloud answered alone from {len(prefix_steps)} verified steps"
                 if drafts
-                else "no drafts (cloud plan): the cloud answered alone"
+                else NO_DRAFTS
             )
             + (f"; {a.note}" if a.note else "")
             + ("" if a.valid else " (its answer failed verification)")

@@ -138,9 +138,10 @@ class CloudCore:
             )
 
     async def session(
-        self, req: t.OpenRequest, inbox: AsyncIterator[EdgeItem], edge: str = ""
+        self, req: t.OpenRequest, inbox: AsyncIterator[EdgeItem], edge: str = "", drafting: bool = True
     ) -> AsyncIterator[t.CloudEvent]:
-        """Run one session for caller ``edge``; raises CoinferError subclasses for bad input / limits."""
+        """Run one session for caller ``edge``; raises CoinferError subclasses for bad input / limits.
+        ``drafting``: drafts may come (False: ``generate``)."""
         task, spec, rules = await asyncio.to_thread(self._check_request, req)
         self._admit(edge)
         req.request_id = req.request_id or uuid.uuid4().hex[:16]
@@ -159,6 +160,7 @@ class CloudCore:
             weights=(w.a, w.b, w.g),
             load=self.controller.smoothed,
             round_odds=self.round_odds,
+            drafting=drafting,
         )
         self.active += 1
         self.per_edge[edge] += 1
@@ -202,6 +204,6 @@ class CloudCore:
             return
             yield  # pragma: no cover - makes this an async generator
 
-        async for ev in self.session(req, no_drafts(), edge):
+        async for ev in self.session(req, no_drafts(), edge, drafting=False):
             if not isinstance(ev, t.SessionAccepted):
                 yield ev

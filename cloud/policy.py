@@ -140,7 +140,8 @@ class RoundOdds:
 
     Counts decay by ``decay`` per observation (recent traffic counts most), from a prior of ``prior_hits``
     in ``prior_rounds``; a kind seen in fewer than ``min_rounds`` rounds retries as before. Every ``explore_every``-th refusal retries
-    anyway, so that a kind whose drafts improve (a new draft model) is seen to."""
+    anyway, so that a kind whose drafts improve (a new draft model) is seen to. The same odds say where the
+    cloud should not wait for the first round either (``hopeless``)."""
 
     def __init__(
         self,
@@ -150,12 +151,15 @@ class RoundOdds:
         decay: float = 0.98,
         explore_every: int = 10,
         min_rounds: int = 20,
+        hedge_min_rounds: int = 3,
     ) -> None:
         self.prior = (prior_hits, prior_rounds)
         self.decay, self.explore_every, self.min_rounds = decay, explore_every, min_rounds
+        self.hedge_min_rounds = hedge_min_rounds
         self._counts: dict[object, tuple[float, float]] = {}
         self._seen: dict[object, int] = {}
         self._refused: dict[object, int] = {}
+        self._hedged: dict[object, int] = {}
 
     def observe(self, kind: object, hit: bool) -> None:
         hits, rounds = self._counts.get(kind, self.prior)
@@ -166,9 +170,26 @@ class RoundOdds:
         hits, rounds = self._counts.get(kind, self.prior)
         return hits / rounds
 
+    def below(self, kind: object, floor: float, min_rounds: int) -> bool:
+        """Whether rounds of ``kind``, seen at least ``min_rounds`` times, held a valid draft less often
+        than ``floor`` lately (``floor`` <= 0: never)."""
+        return floor > 0 and self._seen.get(kind, 0) >= min_rounds and self.odds(kind) < floor
+
     def pays(self, kind: object, min_odds: float) -> bool:
         """Whether another round is worth asking for (``min_odds`` <= 0: always)."""
-        if min_odds <= 0 or self._seen.get(kind, 0) < self.min_rounds or self.odds(kind) >= min_odds:
+        if not self.below(kind, min_odds, self.min_rounds):
             return True  # off, too few rounds seen to judge (``min_rounds``), or rounds pay
         n = self._refused[kind] = self._refused.get(kind, 0) + 1
         return n % self.explore_every == 0
+
+    def hopeless(self, kind: object, below: float) -> bool:
+        """Whether a round of this kind is so unlikely to hold a valid draft that the cloud should begin its
+        own answer at once rather than wait for the round (``coinfer.cloud.hedge``; ``below`` <= 0: never).
+        A wrong yes costs only cloud time (a valid draft still wins the race when it comes first), so it
+        is said after ``hedge_min_rounds`` rounds, not ``min_rounds``; every ``explore_every``-th yes is
+        a no, so that rounds of the kind are still waited for and counted (a hedge that wins ends the
+        session before its round closes: nothing is observed)."""
+        if not self.below(kind, below, self.hedge_min_rounds):
+            return False
+        n = self._hedged[kind] = self._hedged.get(kind, 0) + 1
+        return n % self.explore_every != 0

@@ -27,6 +27,7 @@ from coinfer.cloud.answering import Answerer
 from coinfer.cloud.config import CloudConfig
 from coinfer.cloud.context import SessionContext
 from coinfer.cloud.engine import TargetEngine
+from coinfer.cloud.hedge import Hedge
 from coinfer.cloud.judging import Judge
 from coinfer.cloud.learning import Outcome, outcome_rows
 from coinfer.cloud.policy import RoundOdds
@@ -67,10 +68,12 @@ class Session:
         weights: tuple[float, float, float] | None = None,
         load: float = 0.0,
         round_odds: RoundOdds | None = None,
+        drafting: bool = True,
     ) -> None:
         """``weights``: the scheduler weights (a, b, g) in force (None: the configured ones); ``load``: the
-        engine's at open (raises the latency weight); ``round_odds``: the service's record of how often a
-        round of drafts holds a valid one (None: retry as configured)."""
+        engine's at open (raises the latency weight, and no hedge at heavy load); ``round_odds``: the
+        service's record of how often a round of drafts holds a valid one (None: retry as configured, no
+        hedge); ``drafting``: drafts may come (False: the cloud plan, which answers alone anyway)."""
         self.ctx = SessionContext(cfg=cfg, engine=engine, req=req, task=task, spec=spec, rules=rules)
         # rendered now: a conversation the target cannot read (a request in chat form and no chat template, or
         # one its template refuses) is the open's error (INVALID_ARGUMENT naming why), before any draft is taken
@@ -80,6 +83,11 @@ class Session:
         self.judge = Judge(self.ctx, weights=weights, load=load)
         self.answerer = Answerer(self.ctx, judge=self.judge, stream=self.stream)
         self.rounds = Rounds(cfg.limits)
+        self.load, self.drafting = load, drafting
+        self.hedge: Hedge | None = None
+        """The cloud's own answer racing the drafts (``coinfer.cloud.hedge``), begun when the session runs."""
+        self._finishing = False
+        """The session is answering: a hedge that wins now does not cut it short."""
         self.outcome: list[Outcome] = []
         """(score, agreement, latency_s, label) per ranked draft once finished: the learner's input."""
         self.t0 = time.perf_counter()
@@ -92,10 +100,36 @@ class Session:
         """What rounds of drafts of this request are counted by (``RoundOdds``)."""
         return request_kind(self.ctx.req, self.ctx.rules)
 
+    def _hedges(self) -> bool:
+        """Whether to begin the cloud's own answer at open (``PolicyConfig.hedge_below_odds``): drafts may
+        come, rounds of this kind rarely hold a valid one, and the engine is not heavily loaded."""
+        p = self.ctx.policy
+        return (
+            self.drafting
+            and self.round_odds is not None
+            and self.load < p.hedge_max_load
+            and self.round_odds.hopeless(self.kind, p.hedge_below_odds)
+        )
+
+    def _unscored(self) -> None:
+        """With a hedge under way, the drafts its round held that await the LLM verifier get their verdict
+        now, unscored (``Judge.skip_scoring``): the session answers with the hedge unless the rules alone
+        passed a draft where they decide."""
+        if self.hedge is not None:
+            self.judge.skip_scoring(
+                f"the cloud answered itself: rounds of this kind held a valid draft {self.hedge.odds:.0%} of the time lately"
+            )
+
     def _another_round_pays(self) -> bool:
         """Whether another round of drafts is worth its wait: rounds of this kind of request lately held a
-        valid draft often enough (``PolicyConfig.min_round_odds``)."""
-        return self.round_odds is None or self.round_odds.pays(self.kind, self.ctx.policy.min_round_odds)
+        valid draft often enough (``PolicyConfig.min_round_odds``), and not so rarely that the cloud would
+        not wait for the first (``hedge_below_odds``: a round it does wait for then only explores)."""
+        odds, p = self.round_odds, self.ctx.policy
+        if odds is None:
+            return True
+        return not odds.below(self.kind, p.hedge_below_odds, odds.hedge_min_rounds) and odds.pays(
+            self.kind, p.min_round_odds
+        )
 
     def _summary(self, ranked: Ranked, a: Answer, timings: t.Timings) -> t.Summary:
         engine = self.ctx.engine
@@ -110,11 +144,18 @@ class Session:
             answer_tokens=engine.count_tokens(a.text),
         )
 
-    async def _finish(self, verify_ms: float) -> None:
-        """The answer once the drafts are in (``Answerer.answer``), then the Summary."""
+    async def _finish(self, verify_ms: float, hedged: bool = False) -> None:
+        """The answer once the drafts are in (``Answerer.answer``), then the Summary. With a hedge under way,
+        its answer where no draft is valid or it won the race (``hedged``); else it is cancelled."""
+        self._finishing = True
         ranked = self.judge.ranked()
         t_ref = time.perf_counter()
-        a = await self.answerer.answer(ranked, self.rounds.attempt)
+        if self.hedge is not None and (hedged or not ranked):
+            a = await self.hedge.answer(self.stream)
+        else:
+            if self.hedge is not None:
+                await self.hedge.cancel()
+            a = await self.answerer.answer(ranked, self.rounds.attempt)
         if self.ctx.policy.learn_every:  # grading every draft only feeds the learner; parses client text: off the loop
             ctx = self.ctx
             self.outcome += await asyncio.to_thread(outcome_rows, ranked, a.text, ctx.task, ctx.spec, ctx.rules)
@@ -144,12 +185,40 @@ class Session:
     # ---- driver ---------------------------------------------------------------------
     async def _consume(self, inbox: AsyncIterator[EdgeItem]) -> None:
         round_tasks: list[asyncio.Task] = []
+        if self._hedges():
+            self.hedge = Hedge(self.ctx, judge=self.judge, odds=self.round_odds.odds(self.kind))
+            self.judge.defer_scoring()  # the hedge's answer is the session's: the drafts are not scored
         try:
-            await self._rounds(inbox, round_tasks)
+            if self.hedge is None:
+                await self._rounds(inbox, round_tasks)
+            else:
+                await self._race(inbox, round_tasks, self.hedge)
         finally:  # a cancelled or failed session stops its verifications (and their vLLM requests)
             for tk in round_tasks:
                 tk.cancel()
             await asyncio.gather(*round_tasks, return_exceptions=True)
+            if self.hedge is not None:
+                await self.hedge.cancel()
+
+    async def _race(self, inbox: AsyncIterator[EdgeItem], round_tasks: list[asyncio.Task], hedge: Hedge) -> None:
+        """The drafts' round against the hedge: the round's end answers as usual (the hedge's answer where
+        no draft is valid); a hedge that ends first answers at once (``Hedge.won``), the drafts still
+        under way unread (the edge stops drafting when the Summary comes)."""
+        rounds = asyncio.create_task(self._rounds(inbox, round_tasks), name="rounds")
+        try:
+            await asyncio.wait((rounds, hedge.task), return_when=asyncio.FIRST_COMPLETED)
+            if not rounds.done() and not self._finishing and hedge.won(bool(self.judge.ranked())):
+                rounds.cancel()
+                await asyncio.gather(rounds, return_exceptions=True)
+                await self._finish(self._ms(), hedged=True)
+                return
+            await (
+                rounds
+            )  # the round answers (it ended first, or a hedge that failed its checks waits for a valid draft's round)
+        finally:
+            if not rounds.done():
+                rounds.cancel()
+                await asyncio.gather(rounds, return_exceptions=True)
 
     async def _verify_and_emit(self, d: t.Draft) -> None:
         self.stream.put(await self.judge.verdict(d))
@@ -163,13 +232,20 @@ class Session:
                 round_tasks.append(asyncio.create_task(self._verify_and_emit(item), name=f"d{item.index}"))
                 continue
             rounds.close(item.count)
+            self._unscored()
             await asyncio.gather(*round_tasks)
             verify_ms = self._ms()
             round_tasks.clear()
             found = bool(self.judge.ranked())
-            if self.round_odds is not None:
-                self.round_odds.observe(self.kind, found)
-            if found or rounds.attempt >= p.max_retries or rounds.drafts_left < 1 or not self._another_round_pays():
+            if self.round_odds is not None and (self.hedge is None or self.ctx.rules_decide):
+                self.round_odds.observe(self.kind, found)  # a round whose drafts were not scored tells nothing
+            if (
+                found
+                or self.hedge is not None  # the cloud's own answer is under way: no retry waits for drafts
+                or rounds.attempt >= p.max_retries
+                or rounds.drafts_left < 1
+                or not self._another_round_pays()
+            ):
                 await self._finish(verify_ms)
                 return
             rounds.attempt += 1
@@ -182,6 +258,7 @@ class Session:
                 )
             )
         # the edge closed its side without finishing a round: answer from what we have
+        self._unscored()
         await asyncio.gather(*round_tasks)
         await self._finish(self._ms())
 

@@ -689,7 +689,13 @@ class _SplitSession:
                     writer = asyncio.create_task(self.round(follow_advice(s, ev), start))
                 elif isinstance(ev, t.Summary):
                     result.take(ev)
-            await writer
+            if result.summary is not None:
+                # the answer is in. A round still being drafted (the cloud's own answer won the race,
+                # coinfer.cloud.hedge) stops there; a draft write the ended call refused lost nothing
+                writer.cancel()
+                await asyncio.gather(writer, return_exceptions=True)
+            else:
+                await writer
             await self.call.done_writing()
         finally:
             if not writer.done():

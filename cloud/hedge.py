@@ -1,0 +1,82 @@
+"""The cloud's own answer begun at session open, racing the drafts (``PolicyConfig.hedge_below_odds``).
+
+Where rounds of drafts of a kind of request lately held a valid draft too rarely to wait for (a draft model
+the target seldom agrees with: SmolLM2 drafting for Gemma 3 270M, 6% of drafts accepted; the demo pair's
+held-out select problems, none), the user would wait a drafting round and its verification before the
+cloud began the answer it ends on anyway. The hedge begins that answer at once, written into a stream of
+its own that nobody reads, and the session answers with it, except where the rules alone decide
+(``SessionContext.rules_decide``: a preset's exact checkers, no model asked) and a draft they pass comes
+first: then the hedge is cancelled (its engine request aborted) and the drafts answer. Drafts that need
+the LLM verifier are not scored (``Judge.defer_scoring``): their prefill would slow the hedge on the same
+engine, for drafts the odds say will not be valid; their verdict says ``not_scored``. A hedge that ends
+first answers at once, the drafts still under way unread (``Hedge.won``); where the round ends first, the
+hedge answers as it writes: what it wrote is relayed to the session's stream in order, final where it was
+written as final, and the rest streams as it comes.
+
+Its cost is the cloud's own answer, which the session pays anyway when no draft is valid, less the drafts'
+scoring; it is wasted only where a draft wins. Every ``explore_every``-th session of a hopeless kind waits
+for its round as before (``RoundOdds.hopeless``), so that the odds keep being measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from coinfer import types as t
+from coinfer.cloud.alone import NO_DRAFTS, CloudAlone
+from coinfer.cloud.answer import Answer
+from coinfer.cloud.answer_stream import AnswerStream
+from coinfer.cloud.context import SessionContext
+from coinfer.cloud.judging import Judge
+from coinfer.cloud.writer import Writer
+
+HEDGE_KEY_SUFFIX = "h"
+"""Appended to the session's engine key: the hedge's requests never share an id with the answerer's."""
+
+
+class Hedge:
+    """The cloud's own answer for one session, under way from ``start`` (``answer``, ``cancel``)."""
+
+    def __init__(self, ctx: SessionContext, *, judge: Judge, odds: float) -> None:
+        hctx = dataclasses.replace(ctx, key=ctx.key + HEDGE_KEY_SUFFIX)
+        self.odds = odds
+        self._held = AnswerStream()
+        self._alone = CloudAlone(hctx, judge=judge, writer=Writer(hctx, self._held), stream=self._held)
+        self.task: asyncio.Task[Answer] = asyncio.create_task(self._alone.answer(), name="hedge")
+
+    def won(self, valid_draft: bool) -> bool:
+        """Its answer is written: the session may answer with it now. Where it failed its checks (a loop cut,
+        a rule no try passed) and a draft judged so far is valid (``valid_draft``), the round that holds
+        that draft answers instead; where none is, the odds say the round's rest will hold none either
+        (that is why the hedge began), and the answer the cloud would end on anyway is not held back for it."""
+        if not self.task.done() or self.task.cancelled() or self.task.exception() is not None:
+            return False
+        return self.task.result().valid or not valid_draft
+
+    async def answer(self, out: AnswerStream) -> Answer:
+        """Relay what the hedge wrote into ``out`` (and the rest as it is written), then its answer."""
+        relay = asyncio.create_task(self._relay(out), name="hedge-relay")
+        try:
+            a = await self.task
+        finally:
+            self._held.end()
+            await relay
+        a.note = (
+            f"the cloud answered from session open, racing the drafts (rounds of this kind held a valid draft "
+            f"{self.odds:.0%} of the time lately)" + a.note.removeprefix(NO_DRAFTS)
+        )
+        return a
+
+    async def _relay(self, out: AnswerStream) -> None:
+        async for ev in self._held.events():
+            if isinstance(ev, t.AnswerChunk):
+                out.chunk(ev.text, ev.final)
+            elif isinstance(ev, t.AnswerReset):
+                out.withdraw(ev.reason)
+
+    async def cancel(self) -> None:
+        """Stop the hedge (a draft won, or the session ended): its engine requests are aborted."""
+        if not self.task.done():
+            self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)

@@ -1,0 +1,218 @@
+"""The cloud's own answer racing the drafts (coinfer.cloud.hedge) around a scripted engine: begun where rounds
+of the kind rarely hold a valid draft, it answers before a round still being drafted; a round with a valid
+draft that closes first wins and the hedge's engine request stops; no hedge for the cloud plan, under heavy
+load, or while the kind's rounds pay."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from coinfer import types as t
+from coinfer.cloud.config import CloudConfig, PolicyConfig
+from coinfer.cloud.policy import RoundOdds
+from coinfer.cloud.rounds import request_kind
+from coinfer.cloud.session import DraftsDone, Session
+from coinfer.rules import RuleSet
+from coinfer.tasks import OPEN, get_task
+from tests.cloud.engines import RIGHT, WRONG, ScriptedEngine, apples
+from tests.streams import shown
+
+BAD = WRONG.replace("4 + 12 = 16", "4 + 12 = 15")
+"""A draft the arithmetic rule refuses."""
+
+
+ARITH = get_task("arith").problem("If x=3 and y=4, compute x*y+5.")
+ARITH_RIGHT = get_task("arith").solve(ARITH.spec)
+ARITH_BAD = ARITH_RIGHT.replace("=17", "=18").replace("answer 17", "answer 18")
+ARITH_KW = {
+    "req": t.OpenRequest(request_id="r", task="arith", prompt=ARITH.prompt),
+    "task": get_task("arith"),
+    "spec": ARITH.spec,
+}
+"""A preset session's request, task and spec: the rules decide."""
+
+
+def _rules(req: t.OpenRequest, task=OPEN, spec=None) -> RuleSet:
+    return RuleSet(req.rules, task, spec or {}, extraction=req.extraction)
+
+
+def hopeless_odds(req: t.OpenRequest | None = None, task=OPEN, spec=None) -> RoundOdds:
+    """Odds that saw rounds of ``req``'s kind (``apples()``) hold no valid draft many times (no exploring)."""
+    req = req or apples()
+    odds = RoundOdds(explore_every=1000)
+    for _ in range(30):
+        odds.observe(request_kind(req, _rules(req, task, spec)), False)
+    return odds
+
+
+def session(
+    engine: ScriptedEngine,
+    odds: RoundOdds | None,
+    *,
+    load: float = 0.0,
+    drafting: bool = True,
+    req: t.OpenRequest | None = None,
+    task=OPEN,
+    spec=None,
+    **policy,
+):
+    req = req or apples()
+    return Session(
+        cfg=CloudConfig(policy=PolicyConfig(**policy)),
+        engine=engine,
+        req=req,
+        task=task,
+        spec=spec or {},
+        rules=_rules(req, task, spec),
+        recommended_drafts=5,
+        deadline_s=10.0,
+        load=load,
+        round_odds=odds,
+        drafting=drafting,
+    )
+
+
+def test_the_hopeless_kinds_hedge_answers_while_the_edge_is_still_drafting():
+    engine = ScriptedEngine({}, reply=RIGHT)
+    s = session(engine, hopeless_odds())
+    still_drafting = asyncio.Event()  # never set: the round never closes
+    read_after = []
+
+    async def inbox():
+        yield t.Draft(0, BAD, 12, -0.1, 1.0)
+        yield t.Draft(1, RIGHT, 12, -0.1, 1.0)  # passes the rules: its scoring waits for the round's end
+        await still_drafting.wait()
+        read_after.append(True)  # pragma: no cover - the session must not wait for this
+        yield DraftsDone(1)
+
+    async def main():
+        return await asyncio.wait_for(_collect(s.run(inbox())), 5.0)
+
+    events = asyncio.run(main())
+    summary = events[-1]
+    assert isinstance(summary, t.Summary) and summary.answer == RIGHT and summary.source == t.AnswerSource.CLOUD
+    assert "racing the drafts" in summary.trace
+    assert shown(events) == RIGHT  # what the hedge wrote reached the session's stream, in order
+    assert not any(isinstance(e, t.RetryAdvice) for e in events) and not read_after
+    assert all(rid.startswith(s.ctx.key + "h-") for rid in engine.request_ids if "cloud" in rid)
+    assert engine.scored == 0  # the hedge won before the round ended: the drafts cost the engine nothing
+
+
+def test_a_draft_the_rules_pass_where_they_decide_wins_and_stops_the_hedge():
+    engine = ScriptedEngine({}, reply=ARITH_BAD + " and so on", delay_s=0.5)  # a slow cloud answer
+    s = session(engine, hopeless_odds(**ARITH_KW), **ARITH_KW)
+
+    async def inbox():
+        yield t.Draft(0, ARITH_RIGHT, 12, -0.1, 1.0)
+        yield DraftsDone(1)
+
+    events = asyncio.run(_collect(s.run(inbox())))
+    summary = events[-1]
+    assert isinstance(summary, t.Summary) and summary.answer == ARITH_RIGHT
+    assert summary.source == t.AnswerSource.DRAFT and shown(events) == ARITH_RIGHT  # nothing of the hedge shown
+    assert s.hedge is not None and s.hedge.task.cancelled()
+    assert engine.generated < len(ARITH_BAD.split(" ")) + 3  # its generation stopped part way
+
+
+def test_drafts_that_need_the_llm_verifier_are_not_scored_while_the_hedge_answers():
+    engine = ScriptedEngine({RIGHT: [-0.05] * 12}, reply=WRONG, delay_s=0.02)
+    s = session(engine, hopeless_odds())
+
+    async def inbox():
+        yield t.Draft(0, RIGHT, 12, -0.1, 1.0)  # the target would find it likely: never asked
+        yield t.Draft(1, BAD, 12, -0.1, 1.0)
+        yield DraftsDone(2)
+
+    events = asyncio.run(_collect(s.run(inbox())))
+    verdicts = {v.draft_index: v for v in events if isinstance(v, t.Verdict)}
+    assert verdicts[0].error.startswith("not_scored: the cloud answered itself") and not verdicts[0].valid
+    assert verdicts[1].failed_rule == "arithmetic"  # the rules still run, at once
+    assert events[-1].answer == WRONG and events[-1].source == t.AnswerSource.CLOUD and engine.scored == 0
+
+
+@pytest.mark.parametrize(("drafts_first", "answer"), [(True, ARITH_RIGHT), (False, ARITH_BAD)])
+def test_a_hedge_that_fails_its_checks_waits_only_for_a_round_already_holding_a_valid_draft(drafts_first, answer):
+    # a preset (the rules decide: a draft is valid once they pass it); the cloud's own answer fails them
+    # (no fix, no candidate) and is written by 0.3 s
+    engine = ScriptedEngine({}, reply=ARITH_BAD, delay_s=0.3 / len(ARITH_BAD.split(" ")))
+    s = session(engine, hopeless_odds(**ARITH_KW), cloud_candidates=0, calculator_fixes=0, **ARITH_KW)
+
+    async def inbox():
+        if not drafts_first:
+            await asyncio.sleep(0.6)
+        yield t.Draft(0, ARITH_RIGHT, 12, -0.1, 1.0)
+        await asyncio.sleep(1.0)  # the round closes long after the hedge ended
+        yield DraftsDone(1)
+
+    async def main():
+        t0 = asyncio.get_running_loop().time()
+        events = await _collect(s.run(inbox()))
+        return events, asyncio.get_running_loop().time() - t0
+
+    events, took = asyncio.run(main())
+    assert events[-1].answer == answer
+    # a valid draft judged: the round's end answers; none yet: the hedge's answer at once
+    assert (took > 1.0) is drafts_first
+
+
+def test_no_hedge_for_the_cloud_plan_under_heavy_load_or_while_rounds_pay():
+    for odds, load, drafting in (
+        (hopeless_odds(), 0.0, False),  # the cloud plan: no drafts to race
+        (hopeless_odds(), 0.9, True),  # heavy load: a lost race wastes time others wait for
+        (RoundOdds(), 0.0, True),  # no rounds seen yet
+        (None, 0.0, True),
+    ):
+        engine = ScriptedEngine({}, reply=RIGHT)
+        s = session(engine, odds, load=load, drafting=drafting)
+
+        async def inbox():
+            yield t.Draft(0, BAD, 12, -0.1, 1.0)
+            yield DraftsDone(1)
+
+        asyncio.run(_collect(s.run(inbox()) if drafting else s.run(_none())))
+        assert s.hedge is None, (load, drafting)
+    s = session(ScriptedEngine({}, reply=RIGHT), hopeless_odds(), hedge_below_odds=0.0)
+    asyncio.run(_collect(s.run(_none())))
+    assert s.hedge is None
+
+
+def test_hopeless_needs_a_few_rounds_and_still_explores():
+    odds = RoundOdds(explore_every=3, hedge_min_rounds=3)
+    kind = ("", ())
+    assert not odds.hopeless(kind, 0.25)  # never seen
+    for _ in range(2):
+        odds.observe(kind, False)
+    assert not odds.hopeless(kind, 0.25)  # 2 rounds < 3
+    odds.observe(kind, False)
+    assert odds.odds(kind) < 0.25
+    assert [odds.hopeless(kind, 0.25) for _ in range(6)] == [True, True, False, True, True, False]
+    assert not odds.hopeless(kind, 0.0)  # off
+    for _ in range(20):
+        odds.observe(kind, True)
+    assert not odds.hopeless(kind, 0.25)  # the drafts got better
+
+
+async def _none():
+    return
+    yield  # pragma: no cover
+
+
+async def _collect(events) -> list:
+    return [ev async for ev in events]
+
+
+def test_a_round_waited_for_to_explore_a_hopeless_kind_advises_no_retry():
+    odds = hopeless_odds()
+    odds.explore_every = 1  # every session of the kind explores: none hedges
+    engine = ScriptedEngine({}, reply=RIGHT)
+    s = session(engine, odds)
+
+    async def inbox():
+        yield t.Draft(0, BAD, 12, -0.1, 1.0)
+        yield DraftsDone(1)
+
+    events = asyncio.run(_collect(s.run(inbox())))
+    assert s.hedge is None and not any(isinstance(e, t.RetryAdvice) for e in events)
+    assert events[-1].answer == RIGHT
