@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 
 from coinfer import types as t
 from coinfer.cloud.alone import NO_DRAFTS, CloudAlone
@@ -30,6 +31,8 @@ from coinfer.cloud.answer_stream import AnswerStream
 from coinfer.cloud.context import SessionContext
 from coinfer.cloud.judging import Judge
 from coinfer.cloud.writer import Writer
+
+log = logging.getLogger(__name__)
 
 HEDGE_KEY_SUFFIX = "h"
 """Appended to the session's engine key: the hedge's requests never share an id with the answerer's."""
@@ -53,6 +56,14 @@ class Hedge:
         if not self.task.done() or self.task.cancelled() or self.task.exception() is not None:
             return False
         return self.task.result().valid or not valid_draft
+
+    def failed(self) -> bool:
+        """It ended on an error before its answer was asked for (logged here): the session answers without
+        it, as it would have with no hedge, and loses nothing (none of its text was relayed)."""
+        if not self.task.done() or self.task.cancelled() or self.task.exception() is None:
+            return False
+        log.warning("the hedge failed; the session answers without it", exc_info=self.task.exception())
+        return True
 
     async def answer(self, out: AnswerStream) -> Answer:
         """Relay what the hedge wrote into ``out`` (and the rest as it is written), then its answer."""

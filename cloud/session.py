@@ -150,7 +150,7 @@ class Session:
         self._finishing = True
         ranked = self.judge.ranked()
         t_ref = time.perf_counter()
-        if self.hedge is not None and (hedged or not ranked):
+        if self.hedge is not None and (hedged or not ranked) and not self.hedge.failed():
             a = await self.hedge.answer(self.stream)
         else:
             if self.hedge is not None:
@@ -208,8 +208,10 @@ class Session:
         try:
             await asyncio.wait((rounds, hedge.task), return_when=asyncio.FIRST_COMPLETED)
             if not rounds.done() and not self._finishing and hedge.won(bool(self.judge.ranked())):
-                rounds.cancel()
+                rounds.cancel()  # no draft is read past here
                 await asyncio.gather(rounds, return_exceptions=True)
+                self._unscored()  # every draft read has its verdict before the Summary (not_scored, or the rules')
+                await asyncio.gather(*round_tasks, return_exceptions=True)
                 await self._finish(self._ms(), hedged=True)
                 return
             await (

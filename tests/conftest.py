@@ -26,13 +26,17 @@ def draft_engine(artifacts):
 @pytest.fixture(scope="session")
 async def cloud(artifacts):
     """A real cloud service: vLLM (CPU) with the demo target model behind gRPC."""
-    from coinfer.cloud.config import CloudConfig, EngineConfig, Limits
+    from coinfer.cloud.config import CloudConfig, EngineConfig, Limits, PolicyConfig
     from coinfer.cloud.engine import VllmEngine
     from coinfer.cloud.server import create_server
 
     cfg = CloudConfig(
         engine=EngineConfig(model=str(artifacts.target)),
         limits=Limits(max_prompt_chars=200, max_draft_chars=300, max_drafts=8, max_sessions=32),
+        # no hedge (coinfer.cloud.hedge): it follows the server's traffic, and every test module shares this
+        # server, so a test of the verifier would meet a hedge or not depending on the tests before it. The
+        # hedge is tested on servers of its own (tests/cloud/test_hedge.py, tests/integration/test_cross_pair.py)
+        policy=PolicyConfig(hedge_below_odds=0.0),
     )
     srv = await create_server(cfg)
     await srv.attach_engine(await VllmEngine(cfg.engine).start())

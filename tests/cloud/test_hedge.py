@@ -98,6 +98,9 @@ def test_the_hopeless_kinds_hedge_answers_while_the_edge_is_still_drafting():
     assert not any(isinstance(e, t.RetryAdvice) for e in events) and not read_after
     assert all(rid.startswith(s.ctx.key + "h-") for rid in engine.request_ids if "cloud" in rid)
     assert engine.scored == 0  # the hedge won before the round ended: the drafts cost the engine nothing
+    verdicts = {v.draft_index: v for v in events if isinstance(v, t.Verdict)}
+    assert set(verdicts) == {0, 1} and verdicts[1].error.startswith("not_scored")  # every draft read has one
+    assert max(events.index(v) for v in verdicts.values()) < len(events) - 1  # before the Summary
 
 
 def test_a_draft_the_rules_pass_where_they_decide_wins_and_stops_the_hedge():
@@ -216,3 +219,28 @@ def test_a_round_waited_for_to_explore_a_hopeless_kind_advises_no_retry():
     events = asyncio.run(_collect(s.run(inbox())))
     assert s.hedge is None and not any(isinstance(e, t.RetryAdvice) for e in events)
     assert events[-1].answer == RIGHT
+
+
+class _FailsOnce(ScriptedEngine):
+    """Its first generation fails (the hedge's); the rest answer ``reply``."""
+
+    async def generate(self, prompt, params, request_id):
+        if not self.request_ids:
+            self.request_ids.append(request_id)
+            raise RuntimeError("engine hiccup")
+        async for chunk in super().generate(prompt, params, request_id):
+            yield chunk
+
+
+def test_a_hedge_that_failed_on_an_error_leaves_the_session_to_answer_without_it(caplog):
+    engine = _FailsOnce({}, reply=RIGHT)
+    s = session(engine, hopeless_odds())
+
+    async def inbox():
+        await asyncio.sleep(0.05)  # the hedge has failed by now
+        yield t.Draft(0, BAD, 12, -0.1, 1.0)
+        yield DraftsDone(1)
+
+    events = asyncio.run(_collect(s.run(inbox())))
+    assert isinstance(events[-1], t.Summary) and events[-1].answer == RIGHT and shown(events) == RIGHT
+    assert "racing the drafts" not in events[-1].trace and "the hedge failed" in caplog.text

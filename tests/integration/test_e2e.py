@@ -25,22 +25,26 @@ async def test_split_plan_end_to_end(task_name, draft_engine, channel):
         events: list = []
         res = await pipe.solve(task_name, p.prompt, sampling=Sampling(n=4, seed=k), on_event=events.append)
         assert res.summary is not None and res.fallback_reason == ""
-        # one verdict per draft, every draft streamed before its verdict
-        assert sorted(res.verdicts) == sorted(d.index for d in res.drafts)
+        # one verdict per draft, every draft streamed before its verdict; where the cloud answered from the
+        # open (rounds of the kind rarely hold a valid draft: coinfer.cloud.hedge), a draft written after it
+        # had answered was never read
+        hedged = "racing the drafts" in res.summary.trace
+        sent = {d.index for d in res.drafts}
+        assert set(res.verdicts) <= sent and (hedged or set(res.verdicts) == sent)
         for v in res.verdicts.values():
             assert v.valid or (v.error and v.failed_rule), v
             assert 0.0 <= v.score <= 1.0
         kinds = [type(e).__name__ for e in events]
         assert kinds[-1] == "Summary" and "SessionAccepted" in kinds
         for d in res.drafts:
-            assert events.index(d) < events.index(res.verdicts[d.index])
-        # never worse than the best valid draft: with one, the answer passes the rules;
-        # with none (after the retry rounds) the cloud answered itself
-        valid_drafts = [d for d in res.drafts if res.verdicts[d.index].valid]
-        if valid_drafts:
-            assert res.valid and res.source in ("refined", "draft")
+            assert d.index not in res.verdicts or events.index(d) < events.index(res.verdicts[d.index])
+        # never worse than the best valid draft: with one, the answer passes the rules; with none (after
+        # the retry rounds, or from the open) the cloud answered itself
+        valid_drafts = [d for d in res.drafts if d.index in res.verdicts and res.verdicts[d.index].valid]
+        if valid_drafts:  # a hedge beats a valid draft only with a valid answer of its own (Hedge.won)
+            assert res.valid and (hedged or res.source in ("refined", "draft"))
         else:
-            assert res.source == "cloud" and "no valid draft" in res.summary.trace
+            assert res.source == "cloud" and ("no valid draft" in res.summary.trace or hedged)
         assert res.valid == RuleSet([], task, p.spec).check(res.answer)[0].valid
         tm = res.summary.timings
         assert tm.total_ms >= tm.refine_ms > 0
