@@ -37,7 +37,7 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.capacity import CLOUD_CORE
+from benchmarks.capacity import CLOUD_CORE, REAL_MAX_TOKENS, REAL_PROMPTS
 from coinfer.cloud.judging import NOT_SCORED
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -346,8 +346,6 @@ async def run_direction(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.capacity import REAL_MAX_TOKENS, REAL_PROMPTS
-
     ap = argparse.ArgumentParser(prog="python -m benchmarks.cross_pair", description=__doc__.split("\n\n")[0])
     ap.add_argument("--directions", nargs="+", choices=list(DIRECTIONS), default=["smollm2-gemma3"])
     ap.add_argument("--plans", nargs="+", choices=PLANS, default=list(PLANS))

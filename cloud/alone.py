@@ -32,7 +32,7 @@ from coinfer.tasks import OPEN
 from coinfer.tasks.base import split_steps
 
 NO_DRAFTS = "no drafts (cloud plan): the cloud answered alone"
-"""How the note of an answer written with no draft judged begins."""
+"""How the note of an answer written with no draft judged begins (``CloudAlone``'s ``no_drafts``)."""
 ONE_DRAFT = 1
 """Support a step needs to join the prefix the cloud continues: one draft's verified step is right."""
 
@@ -40,8 +40,12 @@ ONE_DRAFT = 1
 class CloudAlone:
     """The cloud's own answer for one session (``answer``)."""
 
-    def __init__(self, ctx: SessionContext, *, judge: Judge, writer: Writer, stream: AnswerStream) -> None:
+    def __init__(
+        self, ctx: SessionContext, *, judge: Judge, writer: Writer, stream: AnswerStream, no_drafts: str = NO_DRAFTS
+    ) -> None:
+        """``no_drafts``: how the answer's note begins where no draft was judged (``coinfer.cloud.hedge``: why)."""
         self.ctx, self.judge, self.writer, self.stream = ctx, judge, writer, stream
+        self.no_drafts = no_drafts
 
     async def answer(self) -> Answer:
         """The cloud's answer, from the steps the drafts judged so far got right."""
@@ -78,14 +82,13 @@ class CloudAlone:
             await self._candidates(a, join_steps(own) if len(own) > len(prefix_steps) else prefix, why)
         return self._noted(a, drafts, prefix_steps)
 
-    @staticmethod
-    def _noted(a: Answer, drafts: list[str], prefix_steps: list[str]) -> Answer:
+    def _noted(self, a: Answer, drafts: list[str], prefix_steps: list[str]) -> Answer:
         """``a`` with its note saying where the cloud's answer came from."""
         a.note = (
             (
                 f"no valid draft after retries: cloud answered alone from {len(prefix_steps)} verified steps"
                 if drafts
-                else NO_DRAFTS
+                else self.no_drafts
             )
             + (f"; {a.note}" if a.note else "")
             + ("" if a.valid else " (its answer failed verification)")

@@ -25,7 +25,7 @@ import dataclasses
 import logging
 
 from coinfer import types as t
-from coinfer.cloud.alone import NO_DRAFTS, CloudAlone
+from coinfer.cloud.alone import CloudAlone
 from coinfer.cloud.answer import Answer
 from coinfer.cloud.answer_stream import AnswerStream
 from coinfer.cloud.context import SessionContext
@@ -39,30 +39,40 @@ HEDGE_KEY_SUFFIX = "h"
 
 
 class Hedge:
-    """The cloud's own answer for one session, under way from ``start`` (``answer``, ``cancel``)."""
+    """The cloud's own answer for one session, under way from construction (``answer``, ``cancel``)."""
 
     def __init__(self, ctx: SessionContext, *, judge: Judge, odds: float) -> None:
         hctx = dataclasses.replace(ctx, key=ctx.key + HEDGE_KEY_SUFFIX)
         self.odds = odds
         self._held = AnswerStream()
-        self._alone = CloudAlone(hctx, judge=judge, writer=Writer(hctx, self._held), stream=self._held)
-        self.task: asyncio.Task[Answer] = asyncio.create_task(self._alone.answer(), name="hedge")
+        why = (
+            f"the cloud answered from session open, racing the drafts (rounds of this kind held a valid draft "
+            f"{odds:.0%} of the time lately)"
+        )
+        alone = CloudAlone(hctx, judge=judge, writer=Writer(hctx, self._held), stream=self._held, no_drafts=why)
+        self.task: asyncio.Task[Answer] = asyncio.create_task(alone.answer(), name="hedge")
+
+    def _ended(self) -> Answer | BaseException | None:
+        """Its answer, or the error it ended on; None while it runs (or once cancelled)."""
+        if not self.task.done() or self.task.cancelled():
+            return None
+        return self.task.exception() or self.task.result()
 
     def won(self, valid_draft: bool) -> bool:
         """Its answer is written: the session may answer with it now. Where it failed its checks (a loop cut,
         a rule no try passed) and a draft judged so far is valid (``valid_draft``), the round that holds
         that draft answers instead; where none is, the odds say the round's rest will hold none either
         (that is why the hedge began), and the answer the cloud would end on anyway is not held back for it."""
-        if not self.task.done() or self.task.cancelled() or self.task.exception() is not None:
-            return False
-        return self.task.result().valid or not valid_draft
+        a = self._ended()
+        return isinstance(a, Answer) and (a.valid or not valid_draft)
 
     def failed(self) -> bool:
         """It ended on an error before its answer was asked for (logged here): the session answers without
         it, as it would have with no hedge, and loses nothing (none of its text was relayed)."""
-        if not self.task.done() or self.task.cancelled() or self.task.exception() is None:
+        err = self._ended()
+        if not isinstance(err, BaseException):
             return False
-        log.warning("the hedge failed; the session answers without it", exc_info=self.task.exception())
+        log.warning("the hedge failed; the session answers without it", exc_info=err)
         return True
 
     async def answer(self, out: AnswerStream) -> Answer:
@@ -73,10 +83,6 @@ class Hedge:
         finally:
             self._held.end()
             await relay
-        a.note = (
-            f"the cloud answered from session open, racing the drafts (rounds of this kind held a valid draft "
-            f"{self.odds:.0%} of the time lately)" + a.note.removeprefix(NO_DRAFTS)
-        )
         return a
 
     async def _relay(self, out: AnswerStream) -> None:

@@ -67,6 +67,11 @@ class Judge:
         self._unscored = why
         self._scoring.set()
 
+    async def _scoring_allowed(self) -> str:
+        """Once drafts may be scored (at once unless deferred): why they are not ('' : they are)."""
+        await self._scoring.wait()
+        return self._unscored
+
     def mean_logprob(self, index: int) -> float | None:
         """The target's mean per-token logprob of draft ``index`` (None: not scored by likelihood)."""
         return self._mean_lp.get(index)
@@ -124,14 +129,13 @@ class Judge:
         self._pending[key] = fut
         turn.set_result(None)
         try:
-            decide = self.ctx.rules_decide  # where the rules decide, no model is asked: nothing to defer
-            if not decide:
-                await self._scoring.wait()
-            if self._unscored and not decide:
+            # where the rules decide, llm_verdict asks no model: nothing to defer
+            unscored = "" if self.ctx.rules_decide else await self._scoring_allowed()
+            if unscored:
                 v = t.Verdict(
                     draft_index=d.index,
                     valid=False,
-                    error=f"{NOT_SCORED}: {self._unscored}",
+                    error=f"{NOT_SCORED}: {unscored}",
                     failed_rule=self.ctx.policy.verifier.value,
                     rules_passed=passed,
                 )

@@ -182,6 +182,12 @@ class RoundOdds:
         n = self._refused[kind] = self._refused.get(kind, 0) + 1
         return n % self.explore_every == 0
 
+    def rare(self, kind: object, below: float) -> bool:
+        """Whether rounds of ``kind`` held a valid draft less often than ``below`` lately, judged after
+        ``hedge_min_rounds`` rounds (``below`` <= 0: never): too rarely to wait for one (``hopeless``) or
+        to ask for another."""
+        return self.below(kind, below, self.hedge_min_rounds)
+
     def hopeless(self, kind: object, below: float) -> bool:
         """Whether a round of this kind is so unlikely to hold a valid draft that the cloud should begin its
         own answer at once rather than wait for the round (``coinfer.cloud.hedge``; ``below`` <= 0: never).
@@ -189,7 +195,7 @@ class RoundOdds:
         is said after ``hedge_min_rounds`` rounds, not ``min_rounds``; every ``explore_every``-th yes is
         a no, so that rounds of the kind are still waited for and counted (a hedge that wins ends the
         session before its round closes: nothing is observed)."""
-        if not self.below(kind, below, self.hedge_min_rounds):
+        if not self.rare(kind, below):
             return False
         n = self._hedged[kind] = self._hedged.get(kind, 0) + 1
         return n % self.explore_every != 0

@@ -111,7 +111,7 @@ class Session:
             and self.round_odds.hopeless(self.kind, p.hedge_below_odds)
         )
 
-    def _unscored(self) -> None:
+    def _skip_scoring(self) -> None:
         """With a hedge under way, the drafts its round held that await the LLM verifier get their verdict
         now, unscored (``Judge.skip_scoring``): the session answers with the hedge unless the rules alone
         passed a draft where they decide."""
@@ -127,9 +127,7 @@ class Session:
         odds, p = self.round_odds, self.ctx.policy
         if odds is None:
             return True
-        return not odds.below(self.kind, p.hedge_below_odds, odds.hedge_min_rounds) and odds.pays(
-            self.kind, p.min_round_odds
-        )
+        return not odds.rare(self.kind, p.hedge_below_odds) and odds.pays(self.kind, p.min_round_odds)
 
     def _summary(self, ranked: Ranked, a: Answer, timings: t.Timings) -> t.Summary:
         engine = self.ctx.engine
@@ -210,7 +208,7 @@ class Session:
             if not rounds.done() and not self._finishing and hedge.won(bool(self.judge.ranked())):
                 rounds.cancel()  # no draft is read past here
                 await asyncio.gather(rounds, return_exceptions=True)
-                self._unscored()  # every draft read has its verdict before the Summary (not_scored, or the rules')
+                self._skip_scoring()  # every draft read has its verdict before the Summary (not_scored, or the rules')
                 await asyncio.gather(*round_tasks, return_exceptions=True)
                 await self._finish(self._ms(), hedged=True)
                 return
@@ -234,7 +232,7 @@ class Session:
                 round_tasks.append(asyncio.create_task(self._verify_and_emit(item), name=f"d{item.index}"))
                 continue
             rounds.close(item.count)
-            self._unscored()
+            self._skip_scoring()
             await asyncio.gather(*round_tasks)
             verify_ms = self._ms()
             round_tasks.clear()
@@ -260,7 +258,7 @@ class Session:
                 )
             )
         # the edge closed its side without finishing a round: answer from what we have
-        self._unscored()
+        self._skip_scoring()
         await asyncio.gather(*round_tasks)
         await self._finish(self._ms())
 
