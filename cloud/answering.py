@@ -90,6 +90,27 @@ class Answerer:
             mean_lp=self.judge.mean_logprob(i),
         )
 
+    def stands_alone(self, j: Judged) -> bool:
+        """Whether valid draft ``j`` is the answer as it stands whatever drafts are still to come
+        (``PolicyConfig.accept_first``): where the rules decide, or free text (an open request with nothing
+        extracted: no agreement is asked of it) that the target finds about as likely as the draft model
+        did, not cut at the draft budget. An answer drafts must agree on waits for the round."""
+        if not j.verdict.valid or j.verdict.duplicate_of:
+            return False
+        if self.ctx.rules_decide:
+            return True
+        task, i = self.ctx.task, j.draft.index
+        if task is not OPEN or task.answer_key(j.parsed) is not None or self.cut_short(j):
+            return False
+        return not not_as_is(
+            self.ctx.policy,
+            j,
+            1.0,
+            free_text=True,
+            min_lp=self.judge.min_logprob(i),
+            mean_lp=self.judge.mean_logprob(i),
+        )
+
     def cut_short(self, best: Judged) -> bool:
         """The best draft was cut at the draft budget, short of the cloud's answer budget
         (``coinfer.cloud.acceptance.cut_short``). Not where the rules decide: the draft passed checkers

@@ -171,6 +171,16 @@ class PolicyConfig:
     hedge_max_load: float = bounded(0.85, ge=0, le=1)
     """...only while the engine's smoothed load is below this (``DraftCountController``'s heavy level): a
     hedge a draft beats spent engine time that other sessions wait for under load."""
+    accept_first: bool = True
+    """A valid draft that is the answer as it stands whatever drafts are still to come (where the rules
+    decide; or free text the target finds about as likely as the draft model did, not cut at the draft
+    budget: ``Answerer.stands_alone``) answers the session at once, as is: the drafts still being verified
+    get ``not_scored`` verdicts, the rest of the round is not read, and the edge stops drafting when the
+    Summary comes. The LLM verifier then scores a session's drafts one at a time, in arrival order (each
+    prefill waits for the one before), so that a round whose first draft stands costs the cloud one
+    prefill, not one per draft, and the user waits for that draft, not for the round's longest. Measured
+    in ``benchmarks/capacity.py`` (docs/measurements.md, run G). Off: every draft is scored, side by side,
+    and the session answers from the best once the round is in."""
     refine_temperature: float = bounded(0.0, ge=0, le=MAX_TEMPERATURE)
     """Refinement is greedy by default: the tasks have one exact answer (the seed's 0.7
     is for open-ended prose). A request's own sampling overrides it."""

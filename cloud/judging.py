@@ -11,6 +11,7 @@ those it scored, which the answerer reads (``mean_logprob``, ``min_logprob``) an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 
@@ -52,6 +53,9 @@ class Judge:
         self._scoring.set()
         self._unscored = ""
         """Why drafts waiting for the LLM verifier are not scored ('' : they are, once ``_scoring`` is set)."""
+        self._one_at_a_time = asyncio.Lock() if p.accept_first else contextlib.nullcontext()
+        """Held while the LLM verifier scores a draft (``PolicyConfig.accept_first``): the next waits, and
+        is not scored once a draft before it answered the session (``skip_scoring``)."""
 
     def defer_scoring(self) -> None:
         """Drafts that pass the rules wait before the LLM verifier is asked (``skip_scoring`` ends the wait).
@@ -129,24 +133,31 @@ class Judge:
         self._pending[key] = fut
         turn.set_result(None)
         try:
-            # where the rules decide, llm_verdict asks no model: nothing to defer
-            unscored = "" if self.ctx.rules_decide else await self._scoring_allowed()
-            if unscored:
-                v = t.Verdict(
-                    draft_index=d.index,
-                    valid=False,
-                    error=f"{NOT_SCORED}: {unscored}",
-                    failed_rule=self.ctx.policy.verifier.value,
-                    rules_passed=passed,
-                )
+            if self.ctx.rules_decide:  # llm_verdict asks no model: nothing to defer or wait for
+                v = await self.llm_verdict(d.index, d.text, passed)
+            elif unscored := await self._scoring_allowed():
+                v = self._unscored_verdict(d.index, passed, unscored)
             else:
-                v = await self.llm_verdict(d.index, d.text, passed, own=d.mean_logprob, truncated=d.truncated)
+                async with self._one_at_a_time:
+                    if self._unscored:  # a draft before this one answered the session meanwhile
+                        v = self._unscored_verdict(d.index, passed, self._unscored)
+                    else:
+                        v = await self.llm_verdict(d.index, d.text, passed, own=d.mean_logprob, truncated=d.truncated)
         except BaseException as exc:
             fut.set_exception(exc)
             fut.exception()  # mark retrieved
             raise
         fut.set_result(v)
         return v
+
+    def _unscored_verdict(self, index: int, passed: list[str], why: str) -> t.Verdict:
+        return t.Verdict(
+            draft_index=index,
+            valid=False,
+            error=f"{NOT_SCORED}: {why}",
+            failed_rule=self.ctx.policy.verifier.value,
+            rules_passed=passed,
+        )
 
     async def llm_verdict(
         self, index: int, text: str, passed: list[str], *, own: float | None = None, truncated: bool = False

@@ -31,7 +31,7 @@ from coinfer.cloud.hedge import Hedge
 from coinfer.cloud.judging import Judge
 from coinfer.cloud.learning import Outcome, outcome_rows
 from coinfer.cloud.policy import RoundOdds
-from coinfer.cloud.ranking import MS_PER_S, Ranked
+from coinfer.cloud.ranking import MS_PER_S, Judged, Ranked
 from coinfer.cloud.rounds import Rounds, request_kind, retry_advice
 from coinfer.cloud.summary import summary
 from coinfer.errors import DeadlineExceeded
@@ -88,6 +88,9 @@ class Session:
         """The cloud's own answer racing the drafts (``coinfer.cloud.hedge``), begun when the session runs."""
         self._finishing = False
         """The session is answering: a hedge that wins now does not cut it short."""
+        self._first: Judged | None = None
+        """The first draft that stood as is (``PolicyConfig.accept_first``); ``_accepted`` is set with it."""
+        self._accepted = asyncio.Event()
         self.outcome: list[Outcome] = []
         """(score, agreement, latency_s, label) per ranked draft once finished: the learner's input."""
         self.t0 = time.perf_counter()
@@ -142,11 +145,14 @@ class Session:
             answer_tokens=engine.count_tokens(a.text),
         )
 
-    async def _finish(self, verify_ms: float, hedged: bool = False) -> None:
+    async def _finish(self, verify_ms: float, hedged: bool = False, accepted: Judged | None = None) -> None:
         """The answer once the drafts are in (``Answerer.answer``), then the Summary. With a hedge under way,
-        its answer where no draft is valid or it won the race (``hedged``); else it is cancelled."""
+        its answer where no draft is valid or it won the race (``hedged``); else it is cancelled.
+        ``accepted``: a draft that stood as is before the round ended, ranked first."""
         self._finishing = True
         ranked = self.judge.ranked()
+        if accepted is not None:  # stable: the rest keep their order
+            ranked.sort(key=lambda r: r[0] is not accepted)
         t_ref = time.perf_counter()
         if self.hedge is not None and (hedged or not ranked) and not self.hedge.failed():
             a = await self.hedge.answer(self.stream)
@@ -187,10 +193,7 @@ class Session:
             self.hedge = Hedge(self.ctx, judge=self.judge, odds=self.round_odds.odds(self.kind))
             self.judge.defer_scoring()  # the hedge's answer is the session's: the drafts are not scored
         try:
-            if self.hedge is None:
-                await self._rounds(inbox, round_tasks)
-            else:
-                await self._race(inbox, round_tasks, self.hedge)
+            await self._race(inbox, round_tasks, self.hedge)
         finally:  # a cancelled or failed session stops its verifications (and their vLLM requests)
             for tk in round_tasks:
                 tk.cancel()
@@ -198,30 +201,61 @@ class Session:
             if self.hedge is not None:
                 await self.hedge.cancel()
 
-    async def _race(self, inbox: AsyncIterator[EdgeItem], round_tasks: list[asyncio.Task], hedge: Hedge) -> None:
-        """The drafts' round against the hedge: the round's end answers as usual (the hedge's answer where
-        no draft is valid); a hedge that ends first answers at once (``Hedge.won``), the drafts still
-        under way unread (the edge stops drafting when the Summary comes)."""
+    async def _race(self, inbox: AsyncIterator[EdgeItem], round_tasks: list[asyncio.Task], hedge: Hedge | None) -> None:
+        """The drafts' round against what may answer before it ends: a draft that stands as is
+        (``PolicyConfig.accept_first``) answers at once; a hedge that ends first answers at once
+        (``Hedge.won``); else the round's end answers as usual (the hedge's answer where no draft is
+        valid). Cut short, the drafts still under way are unread (the edge stops drafting when the
+        Summary comes) and those read get their verdicts first."""
         rounds = asyncio.create_task(self._rounds(inbox, round_tasks), name="rounds")
+        first = asyncio.create_task(self._accepted.wait(), name="accepted")
         try:
-            await asyncio.wait((rounds, hedge.task), return_when=asyncio.FIRST_COMPLETED)
-            if not rounds.done() and not self._finishing and hedge.won(bool(self.judge.ranked())):
-                rounds.cancel()  # no draft is read past here
-                await asyncio.gather(rounds, return_exceptions=True)
-                self._skip_scoring()  # every draft read has its verdict before the Summary (not_scored, or the rules')
-                await asyncio.gather(*round_tasks, return_exceptions=True)
-                await self._finish(self._ms(), hedged=True)
-                return
-            await (
-                rounds
-            )  # the round answers (it ended first, or a hedge that failed its checks waits for a valid draft's round)
+            while not rounds.done():
+                racing = {rounds, first} | ({hedge.task} if hedge is not None and not hedge.task.done() else set())
+                await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+                if rounds.done() or self._finishing:
+                    break  # the round answers
+                if first.done():
+                    await self._cut_round(rounds, round_tasks, "a draft before it was accepted as is")
+                    if self.round_odds is not None and (hedge is None or self.ctx.rules_decide):
+                        self.round_odds.observe(self.kind, True)
+                    await self._finish(self._ms(), accepted=self._first)
+                    return
+                if hedge is not None and hedge.task.done() and hedge.won(bool(self.judge.ranked())):
+                    await self._cut_round(rounds, round_tasks)
+                    await self._finish(self._ms(), hedged=True)
+                    return
+            await rounds  # it ended first, or a hedge that failed its checks waits for a valid draft's round
         finally:
-            if not rounds.done():
-                rounds.cancel()
-                await asyncio.gather(rounds, return_exceptions=True)
+            for tk in (rounds, first):
+                if not tk.done():
+                    tk.cancel()
+            await asyncio.gather(rounds, first, return_exceptions=True)
+
+    async def _cut_round(self, rounds: asyncio.Task, round_tasks: list[asyncio.Task], why: str = "") -> None:
+        """Stop reading the round; every draft read gets its verdict before the Summary: ``not_scored``
+        (``why``, or the hedge's reason), or the rules'."""
+        rounds.cancel()  # no draft is read past here
+        await asyncio.gather(rounds, return_exceptions=True)
+        if why:
+            self.judge.skip_scoring(why)
+        else:
+            self._skip_scoring()
+        await asyncio.gather(*round_tasks, return_exceptions=True)
 
     async def _verify_and_emit(self, d: t.Draft) -> None:
-        self.stream.put(await self.judge.verdict(d))
+        v = await self.judge.verdict(d)
+        self.stream.put(v)
+        if (
+            self.ctx.policy.accept_first
+            and self._first is None
+            and not self._finishing
+            and self.answerer.stands_alone(self.judge.judged[d.index])
+        ):
+            self._first = self.judge.judged[d.index]
+            # at once, before the next draft's scoring turn: it is not scored
+            self.judge.skip_scoring("a draft before it was accepted as is")
+            self._accepted.set()
 
     async def _rounds(self, inbox: AsyncIterator[EdgeItem], round_tasks: list[asyncio.Task]) -> None:
         rounds, p = self.rounds, self.ctx.policy
@@ -233,7 +267,8 @@ class Session:
                 continue
             rounds.close(item.count)
             self._skip_scoring()
-            await asyncio.gather(*round_tasks)
+            # shielded: a round cut short meanwhile (``_race``) still gives these drafts their verdicts
+            await asyncio.shield(asyncio.gather(*round_tasks))
             verify_ms = self._ms()
             round_tasks.clear()
             found = bool(self.judge.ranked())
@@ -259,7 +294,7 @@ class Session:
             )
         # the edge closed its side without finishing a round: answer from what we have
         self._skip_scoring()
-        await asyncio.gather(*round_tasks)
+        await asyncio.shield(asyncio.gather(*round_tasks))
         await self._finish(self._ms())
 
     async def _drive(self, inbox: AsyncIterator[EdgeItem]) -> None:

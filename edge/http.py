@@ -144,26 +144,16 @@ def _sampling(body: _Base) -> t.SamplingParams | None:
     return t.SamplingParams(**given) if given else None
 
 
-def _refine(body: _Base) -> t.SamplingParams | None:
-    """The refinement's sampling: the fields given, no penalties and greedy for the rest (the
-    draft defaults are for exploring; the final answer should not be penalised for repeating a
-    draft's words). Unset, the budget is the largest a request may ask for: the cloud clamps it to
-    its own (its policy's refinement budget), which is the answer budget that applies."""
-    given = _given(body)
+def refine_sampling(given: dict) -> t.SamplingParams | None:
+    """The refinement's sampling for a request's standard fields ``given`` (``SamplingParams`` names): those
+    fields, no penalties and greedy for the rest (the draft defaults are for exploring; the final answer
+    should not be penalised for repeating a draft's words). Unset, the budget is the largest a request may
+    ask for: the cloud clamps it to its own (its policy's refinement budget), which is the answer budget
+    that applies. None where nothing is given (the cloud's defaults)."""
     if not given:
         return None
-    return t.SamplingParams(
-        **(
-            {
-                "temperature": 0.0,
-                "top_p": 1.0,
-                "presence_penalty": 0.0,
-                "frequency_penalty": 0.0,
-                "max_new_tokens": MAX_NEW_TOKENS,
-            }
-            | given
-        )
-    )
+    greedy = {"temperature": 0.0, "top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+    return t.SamplingParams(**(greedy | {"max_new_tokens": MAX_NEW_TOKENS} | given))
 
 
 def _request(body: _Base, prompt: str, messages: list[ChatMessage]) -> SolveRequest:
@@ -188,7 +178,7 @@ def _request(body: _Base, prompt: str, messages: list[ChatMessage]) -> SolveRequ
         request_id=uuid.uuid4().hex[:16],
         messages=messages,
         extraction=extraction,
-        refine=_refine(body),
+        refine=refine_sampling(_given(body)),
     )
 
 

@@ -7,7 +7,7 @@ import grpc
 import pytest
 
 from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
-from tests.cloud.test_service import GOOD, draft, open_msg
+from tests.cloud.test_service import WRONG, draft, open_msg
 
 
 @pytest.fixture
@@ -25,9 +25,10 @@ async def small(cloud):
 
 
 async def _holding(gate: asyncio.Event):
-    """A session's messages: open, one draft, then nothing until ``gate`` is set."""
+    """A session's messages: open, one draft the rules refuse (one they pass would answer the session at
+    once), then nothing until ``gate`` is set."""
     yield open_msg()
-    yield draft(0, GOOD)
+    yield draft(0, WRONG)
     await gate.wait()
 
 

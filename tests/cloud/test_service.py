@@ -17,6 +17,8 @@ from coinfer.v1 import coinfer_pb2 as pb
 pytestmark = pytest.mark.slow
 ARITH = "If x=3 and y=5, compute (x+y)^2-x*y."
 GOOD = "3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 49"
+WRONG = GOOD.replace("answer 49", "answer 48")
+"""Fails the preset's checker: the session keeps reading (a draft the rules pass answers it at once)."""
 
 
 def open_msg(task="arith", prompt=ARITH, rules=(), refine=None, **kw) -> pb.EdgeMessage:
@@ -49,10 +51,29 @@ async def expect_error(stub, msgs, code: grpc.StatusCode, *fragments: str) -> st
     return e.value.details()
 
 
-async def test_verdicts_rule_fast_fail_dedup_and_ordering(stub):
+@pytest.fixture
+async def whole_rounds(cloud):
+    """A server on the shared engine whose sessions read every round to its end (``accept_first`` off: a
+    draft the rules pass would answer at once, before the drafts after it are read)."""
+    from coinfer.cloud.config import CloudConfig, PolicyConfig
+    from coinfer.cloud.server import create_server
+    from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
+
+    srv = await create_server(
+        CloudConfig(engine=cloud.cfg.engine, limits=cloud.cfg.limits, policy=PolicyConfig(accept_first=False))
+    )
+    await srv.attach_engine(cloud.core.engine)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as ch:
+            yield pb_grpc.CoinferCloudStub(ch)
+    finally:
+        await srv.stop(grace=5, close_engine=False)
+
+
+async def test_verdicts_rule_fast_fail_dedup_and_ordering(whole_rounds):
     wrong_but_valid = "3+5=8; 8^2=64; 3*5=15; 64+15=79; answer 79"  # arithmetic right, wrong operation
     events = await run_session(
-        stub,
+        whole_rounds,
         [
             open_msg(expected_drafts=5),
             draft(0, GOOD),
@@ -145,7 +166,7 @@ async def test_no_valid_draft_gets_retry_advice_then_cloud_answers(stub):
         ([open_msg(), open_msg()], grpc.StatusCode.INVALID_ARGUMENT, ["only draft or done"]),
         ([open_msg(), draft(0, "x" * 301)], grpc.StatusCode.RESOURCE_EXHAUSTED, ["draft.text", "limit 300"]),
         ([open_msg(), draft(0, GOOD), draft(0, GOOD)], grpc.StatusCode.INVALID_ARGUMENT, ["draft.index: 0"]),
-        ([open_msg()] + [draft(i, GOOD) for i in range(9)], grpc.StatusCode.RESOURCE_EXHAUSTED, ["more than 8 drafts"]),
+        ([open_msg()] + [draft(i, WRONG) for i in range(9)], grpc.StatusCode.RESOURCE_EXHAUSTED, ["more than 8 drafts"]),
         ([open_msg(), draft(0, GOOD), done(3)], grpc.StatusCode.INVALID_ARGUMENT, ["done.count: 3"]),
     ],
 )
@@ -272,7 +293,8 @@ async def test_metrics_vllm_stats_and_weights_in_status(cloud, stub):
     reg = cloud.core.metrics.registry
     before = reg.get_sample_value("coinfer_drafts_verified_total") or 0.0
     fails = reg.get_sample_value("coinfer_rule_failures_total", {"rule": "task_check:arith_steps"}) or 0.0
-    await run_session(stub, [open_msg(), draft(0, GOOD), draft(1, "3+5=9; answer 9"), done(2)])
+    # the refused draft first: one the rules pass answers the session at once (accept_first)
+    await run_session(stub, [open_msg(), draft(0, "3+5=9; answer 9"), draft(1, GOOD), done(2)])
     assert reg.get_sample_value("coinfer_drafts_verified_total") == before + 2
     assert reg.get_sample_value("coinfer_rule_failures_total", {"rule": "task_check:arith_steps"}) == fails + 1
     assert reg.get_sample_value("coinfer_sessions_total", {"outcome": "ok"}) >= 1
@@ -295,8 +317,8 @@ async def test_shutdown_drains_in_flight_sessions_and_refuses_new_ones(cloud):
 
     async def slow_edge():
         yield open_msg()
-        yield draft(0, GOOD)
         await release.wait()  # the edge is still drafting when shutdown begins
+        yield draft(0, GOOD)
         yield done(1)
 
     async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as ch:
