@@ -141,7 +141,9 @@ def test_a_hedge_that_fails_its_checks_waits_only_for_a_round_already_holding_a_
     # (no fix, no candidate) and is written by 0.3 s
     engine = ScriptedEngine({}, reply=ARITH_BAD, delay_s=0.3 / len(ARITH_BAD.split(" ")))
     # (accept_first off: on, a draft the rules pass answers at once, round or no round)
-    s = session(engine, hopeless_odds(**ARITH_KW), cloud_candidates=0, calculator_fixes=0, accept_first=False, **ARITH_KW)
+    s = session(
+        engine, hopeless_odds(**ARITH_KW), cloud_candidates=0, calculator_fixes=0, accept_first=False, **ARITH_KW
+    )
 
     async def inbox():
         if not drafts_first:

@@ -166,7 +166,11 @@ async def test_no_valid_draft_gets_retry_advice_then_cloud_answers(stub):
         ([open_msg(), open_msg()], grpc.StatusCode.INVALID_ARGUMENT, ["only draft or done"]),
         ([open_msg(), draft(0, "x" * 301)], grpc.StatusCode.RESOURCE_EXHAUSTED, ["draft.text", "limit 300"]),
         ([open_msg(), draft(0, GOOD), draft(0, GOOD)], grpc.StatusCode.INVALID_ARGUMENT, ["draft.index: 0"]),
-        ([open_msg()] + [draft(i, WRONG) for i in range(9)], grpc.StatusCode.RESOURCE_EXHAUSTED, ["more than 8 drafts"]),
+        (
+            [open_msg()] + [draft(i, WRONG) for i in range(9)],
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            ["more than 8 drafts"],
+        ),
         ([open_msg(), draft(0, GOOD), done(3)], grpc.StatusCode.INVALID_ARGUMENT, ["done.count: 3"]),
     ],
 )
