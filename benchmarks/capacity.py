@@ -63,8 +63,11 @@ CLOUD_CORE = 0
 """The replica's core; the edges and the load generator take the others."""
 BEST_OF = 5
 BEST_OF_TEMPERATURE = 0.7
+MAX_SESSIONS = 512
+"""coinfer's session slots in the run (its default, 64, refused sessions past the SLO's load on the real model)."""
 REAL_MAX_TOKENS = 96
-"""Every system's answer budget on open prompts (a 135M model's prose on one core: ~20 tokens/s)."""
+"""The real-model request set's answer budget (a 135M model's prose on one core: ~20 tokens/s); this
+benchmark's default is ``--real-max-tokens``."""
 REAL_MAX_MODEL_LEN = 2048
 """Both servers' context on the real model (its own is 8192; the demo target's own 1024 is kept)."""
 DEMO_MAX_TOKENS = 512
@@ -302,10 +305,10 @@ class Result:
     ``Summary.cost`` (prefill past the prefix cache + decoding), vLLM's usage (prompt + completion)."""
 
 
-def workload(name: str, n: int, seed: int) -> list[Request]:
+def workload(name: str, n: int, seed: int, real_max_tokens: int = REAL_MAX_TOKENS) -> list[Request]:
     if name == REAL:
         prompts = (REAL_PROMPTS * (n // len(REAL_PROMPTS) + 1))[:n]
-        return [Request([{"role": "user", "content": p}], None, REAL_MAX_TOKENS) for p in prompts]
+        return [Request([{"role": "user", "content": p}], None, real_max_tokens) for p in prompts]
     from benchmarks.open_accuracy import cases
 
     return [Request([{"role": "user", "content": c.prompt}], c, DEMO_MAX_TOKENS) for c in cases((name,), n, seed)]
@@ -597,7 +600,12 @@ async def coinfer_stack(model: Path, draft: Path, log_dir: Path, max_len: int):
 
     (port,) = free_ports(1)
     srv = Server(
-        ["-m", "coinfer.cloud.server", str(model), "--port", str(port), "--engine.max-model-len", str(max_len)],
+        [
+            *("-m", "coinfer.cloud.server", str(model), "--port", str(port), "--engine.max-model-len", str(max_len)),
+            # every simulated user's edge shares this process's one connection, and vLLM's own server admits
+            # every request: the SLO, not the session slots, says what the replica holds
+            *("--limits.max-sessions", str(MAX_SESSIONS), "--limits.max-sessions-per-edge", "0"),
+        ],
         log_dir,
         f"coinfer-{model.name}",
     )
@@ -724,7 +732,10 @@ async def _run(args, progress: Callable[[str], None]) -> dict:
 
         stacks.append(([REAL], Path(imported_dir()), Path(edge_dir()), REAL_MAX_MODEL_LEN))
     for wls, model, draft, max_len in stacks:
-        reqs = {w: workload(w, args.requests if w != REAL else args.real_requests, args.seed) for w in wls}
+        reqs = {
+            w: workload(w, args.requests if w != REAL else args.real_requests, args.seed, args.real_max_tokens)
+            for w in wls
+        }
         if any(s.startswith("vllm") for s in args.systems):
             await _vllm_systems(wls, reqs, args, model, log_dir, slo, out, progress, max_len)
         if any(s in COINFER_SYSTEMS for s in args.systems):
@@ -777,14 +788,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     ap.add_argument("--requests", type=int, default=16, help="distinct held-out problems per demo workload")
     ap.add_argument("--real-requests", type=int, default=6, help="distinct open prompts for the real model")
+    ap.add_argument(
+        "--real-max-tokens",
+        type=int,
+        default=64,
+        help=f"every system's answer budget on open prompts (the request set's {REAL_MAX_TOKENS}: a 20-minute run)",
+    )
     ap.add_argument("--step-s", type=float, default=3.0, help="seconds of arrivals per rate (demo workloads)")
     ap.add_argument(
         "--real-step-s", type=float, default=10.0, help="seconds of arrivals per rate (real model; ~the SLO or more)"
     )
     ap.add_argument("--rate-step", type=float, default=1.35, help="each rate is the last times this")
-    ap.add_argument("--max-steps", type=int, default=6)
+    ap.add_argument("--max-steps", type=int, default=5)
     ap.add_argument("--saturate-concurrency", type=int, default=16, help="requests in flight in the saturated run")
-    ap.add_argument("--saturate-rounds", type=int, default=4, help="the workload's requests this many times there")
+    ap.add_argument("--saturate-rounds", type=int, default=3, help="the workload's requests this many times there")
     ap.add_argument("--min-rate", type=float, default=0.2)
     ap.add_argument("--slo-factor", type=float, default=3.0)
     ap.add_argument("--slo-s", type=float, default=10.0, help="the SLO where vLLM greedy is not run")
@@ -794,8 +811,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
+    t0 = time.monotonic()
+
     def progress(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
+        m, sec = divmod(int(time.monotonic() - t0), 60)
+        print(f"[{m:02d}:{sec:02d}] {line}", file=sys.stderr, flush=True)
 
     report = asyncio.run(run(args, progress))
     if args.json:

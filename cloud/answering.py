@@ -99,8 +99,8 @@ class Answerer:
             return False
         if self.ctx.rules_decide:
             return True
-        task, i = self.ctx.task, j.draft.index
-        if task is not OPEN or task.answer_key(j.parsed) is not None or self.cut_short(j):
+        i = j.draft.index
+        if not self.ctx.free_text or self.ctx.task.answer_key(j.parsed) is not None or self.cut_short(j):
             return False
         return not not_as_is(
             self.ctx.policy,

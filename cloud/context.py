@@ -56,6 +56,12 @@ class SessionContext:
         return self.policy.rules_decide and self.rules.exact
 
     @property
+    def free_text(self) -> bool:
+        """An open request with nothing to extract: a draft's answer is its whole text, which no other draft
+        has to agree with (``Answerer.stands_alone``)."""
+        return self.task is OPEN and self.req.extraction.kind in ("", "none")
+
+    @property
     def thresholded(self) -> bool:
         """The likelihood threshold judges open requests; a built-in preset's checkers are exact."""
         return self.task is OPEN

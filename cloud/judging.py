@@ -53,9 +53,11 @@ class Judge:
         self._scoring.set()
         self._unscored = ""
         """Why drafts waiting for the LLM verifier are not scored ('' : they are, once ``_scoring`` is set)."""
-        self._one_at_a_time = asyncio.Lock() if p.accept_first else contextlib.nullcontext()
-        """Held while the LLM verifier scores a draft (``PolicyConfig.accept_first``): the next waits, and
-        is not scored once a draft before it answered the session (``skip_scoring``)."""
+        self._one_at_a_time = asyncio.Lock() if p.accept_first and ctx.free_text else contextlib.nullcontext()
+        """Held while the LLM verifier scores a draft where one may answer the session alone
+        (``PolicyConfig.accept_first``, free text): the next waits, and is not scored once a draft before it
+        answered the session (``skip_scoring``). An extracted answer needs its round's agreement: its
+        drafts are scored side by side."""
 
     def defer_scoring(self) -> None:
         """Drafts that pass the rules wait before the LLM verifier is asked (``skip_scoring`` ends the wait).

@@ -109,6 +109,7 @@ def test_an_answer_the_drafts_must_agree_on_waits_for_the_round():
     s = session(engine, req=apples())  # an extracted answer: agreement counts
     events, _ = asyncio.run(_run(s, [draft(0, RIGHT), draft(1, WRONG), draft(2, RIGHT)], True))
     assert engine.scored == 2  # both scored (the third is the first's duplicate: its support)
+    assert engine.most == 2  # side by side: no draft of it could answer alone
     assert not any(v.error.startswith("not_scored") for v in _verdicts(events).values())
 
 
