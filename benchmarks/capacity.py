@@ -28,6 +28,14 @@ per answer (every process of the replica: ``/proc`` user + system time over the 
 verification prefill, sessions and gRPC included), accuracy (null for open prompts), p50 / p95 latency and
 the p50 time to first content. One run, one machine: ratios side by side, no thresholds.
 
+Every system answers the same requests the same way: greedy, unpenalised, the same answer budget (coinfer's
+request is built as its OpenAI API builds it from ``max_tokens``: the drafts sample, the cloud's answer is
+greedy). coinfer's replica gets session slots past any load the SLO holds (``MAX_SESSIONS``, none per edge:
+the simulated edges share this process's connection). The CPU column reads the cost at 16 requests in
+flight: vLLM's worker busy-polls between steps, so where a system's requests spend most of their time off
+the replica (split's on the edge) it counts the replica's idle time too; the engine tokens per answer are
+the count that does not depend on load.
+
 ``--json`` prints one JSON object last on stdout; progress lines (one per rate) go to stderr.
 """
 
