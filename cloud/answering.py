@@ -99,17 +99,9 @@ class Answerer:
             return False
         if self.ctx.rules_decide:
             return True
-        i = j.draft.index
         if not self.ctx.free_text or self.ctx.task.answer_key(j.parsed) is not None or self.cut_short(j):
             return False
-        return not not_as_is(
-            self.ctx.policy,
-            j,
-            1.0,
-            free_text=True,
-            min_lp=self.judge.min_logprob(i),
-            mean_lp=self.judge.mean_logprob(i),
-        )
+        return not self.not_as_is([(j, 0.0, 1.0)])  # free text: no agreement is read
 
     def cut_short(self, best: Judged) -> bool:
         """The best draft was cut at the draft budget, short of the cloud's answer budget

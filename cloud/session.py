@@ -50,6 +50,9 @@ class DraftsDone:
 
 EdgeItem = t.Draft | DraftsDone
 
+ACCEPTED_FIRST = "a draft before it was accepted as is"
+"""Why the drafts after one that stood as is are not scored (``PolicyConfig.accept_first``)."""
+
 
 class Session:
     """One session over its parts; ``run`` drives it."""
@@ -89,7 +92,8 @@ class Session:
         self._finishing = False
         """The session is answering: a hedge that wins now does not cut it short."""
         self._first: Judged | None = None
-        """The first draft that stood as is (``PolicyConfig.accept_first``); ``_accepted`` is set with it."""
+        """The first draft that stood as is (``PolicyConfig.accept_first``); ``_accepted`` is set with it
+        (an event, not a future: a session may be built before its loop runs)."""
         self._accepted = asyncio.Event()
         self.outcome: list[Outcome] = []
         """(score, agreement, latency_s, label) per ranked draft once finished: the learner's input."""
@@ -215,46 +219,43 @@ class Session:
                 await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
                 if rounds.done() or self._finishing:
                     break  # the round answers
-                if first.done():
-                    await self._cut_round(rounds, round_tasks, "a draft before it was accepted as is")
+                if first.done():  # its verdict already told the judge to score no more
+                    await self._cut_round(rounds, round_tasks)
                     if self.round_odds is not None and (hedge is None or self.ctx.rules_decide):
                         self.round_odds.observe(self.kind, True)
                     await self._finish(self._ms(), accepted=self._first)
                     return
                 if hedge is not None and hedge.task.done() and hedge.won(bool(self.judge.ranked())):
+                    self._skip_scoring()
                     await self._cut_round(rounds, round_tasks)
                     await self._finish(self._ms(), hedged=True)
                     return
             await rounds  # it ended first, or a hedge that failed its checks waits for a valid draft's round
         finally:
             for tk in (rounds, first):
-                if not tk.done():
-                    tk.cancel()
+                tk.cancel()  # a no-op on a task done
             await asyncio.gather(rounds, first, return_exceptions=True)
 
-    async def _cut_round(self, rounds: asyncio.Task, round_tasks: list[asyncio.Task], why: str = "") -> None:
-        """Stop reading the round; every draft read gets its verdict before the Summary: ``not_scored``
-        (``why``, or the hedge's reason), or the rules'."""
+    @staticmethod
+    async def _cut_round(rounds: asyncio.Task, round_tasks: list[asyncio.Task]) -> None:
+        """Stop reading the round, and wait for the verdicts of the drafts read (the judge was told to score
+        no more): every draft read has its verdict before the Summary."""
         rounds.cancel()  # no draft is read past here
         await asyncio.gather(rounds, return_exceptions=True)
-        if why:
-            self.judge.skip_scoring(why)
-        else:
-            self._skip_scoring()
         await asyncio.gather(*round_tasks, return_exceptions=True)
 
     async def _verify_and_emit(self, d: t.Draft) -> None:
         v = await self.judge.verdict(d)
         self.stream.put(v)
+        j = self.judge.judged[d.index]
         if (
             self.ctx.policy.accept_first
             and self._first is None
             and not self._finishing
-            and self.answerer.stands_alone(self.judge.judged[d.index])
+            and self.answerer.stands_alone(j)
         ):
-            self._first = self.judge.judged[d.index]
-            # at once, before the next draft's scoring turn: it is not scored
-            self.judge.skip_scoring("a draft before it was accepted as is")
+            self.judge.skip_scoring(ACCEPTED_FIRST)  # at once, before the next draft's scoring turn
+            self._first = j
             self._accepted.set()
 
     async def _rounds(self, inbox: AsyncIterator[EdgeItem], round_tasks: list[asyncio.Task]) -> None:

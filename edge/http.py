@@ -138,9 +138,9 @@ def _given(body: _Base) -> dict:
     return {k: v for k, v in given.items() if v is not None}
 
 
-def _sampling(body: _Base) -> t.SamplingParams | None:
-    """Draft sampling: the fields given, the daemon's draft defaults (docs/design.md §4.2) for the rest."""
-    given = _given(body)
+def draft_sampling(given: dict) -> t.SamplingParams | None:
+    """Draft sampling for a request's standard fields ``given`` (``SamplingParams`` names): those fields, the
+    daemon's draft defaults (docs/design.md §4.2) for the rest; None where nothing is given."""
     return t.SamplingParams(**given) if given else None
 
 
@@ -157,7 +157,7 @@ def refine_sampling(given: dict) -> t.SamplingParams | None:
 
 
 def _request(body: _Base, prompt: str, messages: list[ChatMessage]) -> SolveRequest:
-    x = body.coinfer
+    x, given = body.coinfer, _given(body)
     rules = []
     for i, r in enumerate(x.rules):
         if not isinstance(r.get("kind"), str):
@@ -171,14 +171,14 @@ def _request(body: _Base, prompt: str, messages: list[ChatMessage]) -> SolveRequ
         prompt=prompt,
         task=x.task,
         rules=rules,
-        sampling=_sampling(body),
+        sampling=draft_sampling(given),
         num_drafts=x.num_drafts,
         plan=x.plan,
         deadline_ms=x.deadline_ms,
         request_id=uuid.uuid4().hex[:16],
         messages=messages,
         extraction=extraction,
-        refine=refine_sampling(_given(body)),
+        refine=refine_sampling(given),
     )
 
 
