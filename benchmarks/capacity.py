@@ -14,7 +14,7 @@ prefix caching on, eager mode, 64 sequences a step:
 - ``vllm-best-of-5``: the same server, ``n=5`` at temperature 0.7, majority vote on the extracted answer.
 
 The edges' drafts are the real INT8 draft model's (ONNX Runtime), written once per request in a
-recording pass before the load (``ReplayDrafts``) and replayed under load at the times the draft model
+recording pass before the load (``benchmarks.replica.ReplayDrafts``) and replayed under load at the times the draft model
 wrote them: in production every user has an edge box of their own, and one core here could not draft
 for dozens of concurrent users without making the edge, not the cloud, the bottleneck. A draft request
 not recorded (sampling the recording did not see) is drafted for real and counted (``draft_misses``).
@@ -30,7 +30,7 @@ the p50 time to first content. One run, one machine: ratios side by side, no thr
 
 Every system answers the same requests the same way: greedy, unpenalised, the same answer budget (coinfer's
 request is built as its OpenAI API builds it from ``max_tokens``: the drafts sample, the cloud's answer is
-greedy). coinfer's replica gets session slots past any load the SLO holds (``MAX_SESSIONS``, none per edge:
+greedy). coinfer's replica gets session slots past any load the SLO holds (``benchmarks.replica.MAX_SESSIONS``, none per edge:
 the simulated edges share this process's connection). The CPU column reads the cost at 16 requests in
 flight: vLLM's worker busy-polls between steps, so where a system's requests spend most of their time off
 the replica (split's on the edge) it counts the replica's idle time too; the engine tokens per answer are
@@ -43,16 +43,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
 import os
 import random
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -60,19 +57,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scenarios.replicas import free_ports
+from benchmarks.replica import CLOUD_CORE, Server, coinfer_stack, vllm_server
 
 SYSTEMS = ("split", "cloud", "auto", "vllm-greedy", "vllm-best-of-5")
 COINFER_SYSTEMS = ("split", "cloud", "auto")
 DEMO_KINDS = ("arith", "select", "words")
 REAL = "real-open"
 WORKLOADS = (*DEMO_KINDS, REAL)
-CLOUD_CORE = 0
-"""The replica's core; the edges and the load generator take the others."""
 BEST_OF = 5
 BEST_OF_TEMPERATURE = 0.7
-MAX_SESSIONS = 512
-"""coinfer's session slots in the run (its default, 64, refused sessions past the SLO's load on the real model)."""
 REAL_MAX_TOKENS = 96
 """The real-model request set's answer budget (a 135M model's prose on one core: ~20 tokens/s); this
 benchmark's default is ``--real-max-tokens``."""
@@ -171,119 +164,6 @@ def summary(steps: list[Step], slo_s: float, sat: Step) -> dict:
         "saturated": dataclasses.asdict(sat),
         "steps": [dataclasses.asdict(s) for s in steps],
     }
-
-
-# ---- the replica's processes and their CPU time ----------------------------------------------------
-
-
-def tree_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` and all its descendants, now."""
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0.0
-    total = 0.0
-    for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            c = p.cpu_times()
-            total += c.user + c.system
-    return total
-
-
-def _pinned_env() -> dict:
-    """The environment of a replica on ``CLOUD_CORE``: vLLM's OpenMP threads bound there, its KV cache 1 GiB
-    (both servers alike), no inherited thread-count override."""
-    return dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=str(CLOUD_CORE), VLLM_CPU_KVCACHE_SPACE="1")
-
-
-class Server:
-    """A replica's process group on ``CLOUD_CORE`` (coinfer's cloud service or vLLM's OpenAI server)."""
-
-    def __init__(self, argv: list[str], log_dir: Path, name: str) -> None:
-        self.log = log_dir / f"{name}.log"
-        self.proc = subprocess.Popen(
-            ["taskset", "-c", str(CLOUD_CORE), sys.executable, *argv],
-            stdout=self.log.open("w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=_pinned_env(),
-        )
-
-    def cpu_s(self) -> float:
-        return tree_cpu_s(self.proc.pid)
-
-    def check(self) -> None:
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"{self.log.stem} exited with {self.proc.returncode}: see {self.log}")
-
-    def stop(self) -> None:
-        import signal
-
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-
-
-async def _wait(ready: Callable[[], object], server: Server, what: str, timeout_s: float = 300.0) -> None:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        server.check()
-        with contextlib.suppress(Exception):
-            if await ready():
-                return
-        await asyncio.sleep(0.5)
-    raise TimeoutError(f"{what} not ready after {timeout_s:.0f} s (log: {server.log})")
-
-
-# ---- the edges: recorded drafts replayed ------------------------------------------------------------
-
-
-class ReplayDrafts:
-    """The edge's draft engine for a load run: a request's drafts (prompt + sampling) are drafted once by
-    the real engine and recorded with their times; later the same request's drafts are handed over at
-    those times again (the worker thread sleeps: no CPU), as an edge box of the user's own would."""
-
-    def __init__(self, real) -> None:
-        self.real = real
-        self.recorded: dict[tuple, list] = {}
-        self.misses = 0
-        self.recording = True
-        self._lock = threading.Lock()
-
-    def __getattr__(self, name: str):  # render, encode, runs, providers, lm, ...: the real engine's
-        return getattr(self.real, name)
-
-    def generate(self, prompt: str, s, on_draft=None, cancelled=None) -> list:
-        key = (prompt, tuple(sorted(dataclasses.asdict(s).items(), key=lambda kv: kv[0])).__repr__())
-        with self._lock:
-            drafts = self.recorded.get(key)
-        if drafts is None:
-            if not self.recording:
-                self.misses += 1
-            drafts = self.real.generate(prompt, s, on_draft, cancelled)
-            with self._lock:
-                self.recorded[key] = drafts
-            return drafts
-        t0 = time.perf_counter()
-        out = []
-        for d in sorted(drafts, key=lambda d: d.edge_ms):
-            wait = d.edge_ms / 1e3 - (time.perf_counter() - t0)
-            if wait > 0:
-                time.sleep(wait)
-            if cancelled is not None and cancelled():
-                break
-            out.append(d)
-            if on_draft is not None:
-                on_draft(d)
-        return out
 
 
 # ---- one request, per kind of system ------------------------------------------------------------------
@@ -539,116 +419,6 @@ async def measure(
     at = argparse.Namespace(**{**vars(args), "step_s": step_s})
     steps = await ladder(ask, reqs, 0.5 * through, slo_s, at, server, tag, progress)
     return summary(steps, slo_s, sat) | {"unloaded": dataclasses.asdict(base) if base is not None else None}
-
-
-# ---- the two stacks ------------------------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def vllm_server(model: Path, log_dir: Path, max_len: int):
-    """vLLM's own OpenAI server on the target, pinned like coinfer's replica; yields (server, client, name)."""
-    import httpx
-    from openai import AsyncOpenAI
-
-    (port,) = free_ports(1)
-    srv = Server(
-        [
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            str(model),
-            "--port",
-            str(port),
-            "--host",
-            "127.0.0.1",
-            "--served-model-name",
-            "target",
-            "--enforce-eager",
-            "--dtype",
-            "auto",
-            "--max-num-seqs",
-            "64",
-            "--seed",
-            "0",
-            "--max-model-len",
-            str(max_len),
-        ],
-        log_dir,
-        f"vllm-{model.name}",
-    )
-    try:
-        async with httpx.AsyncClient() as http:
-
-            async def ok() -> bool:
-                return (await http.get(f"http://127.0.0.1:{port}/v1/models", timeout=2)).status_code == 200
-
-            await _wait(ok, srv, "vLLM's OpenAI server")
-        client = AsyncOpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1",
-            api_key="unused",
-            max_retries=0,
-            timeout=300,
-            http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=512)),
-        )
-        yield srv, client, "target"
-    finally:
-        srv.stop()
-
-
-@contextlib.asynccontextmanager
-async def coinfer_stack(model: Path, draft: Path, log_dir: Path, max_len: int):
-    """coinfer's cloud service on the target (pinned) and an edge core here over it; yields (server, core, drafts)."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    from coinfer.edge.config import EdgeConfig
-    from coinfer.edge.service import EdgeCore
-
-    (port,) = free_ports(1)
-    srv = Server(
-        [
-            *("-m", "coinfer.cloud.server", str(model), "--port", str(port), "--engine.max-model-len", str(max_len)),
-            # every simulated user's edge shares this process's one connection, and vLLM's own server admits
-            # every request: the SLO, not the session slots, says what the replica holds
-            *("--limits.max-sessions", str(MAX_SESSIONS), "--limits.max-sessions-per-edge", "0"),
-        ],
-        log_dir,
-        f"coinfer-{model.name}",
-    )
-    core = None
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-            stub = health_pb2_grpc.HealthStub(ch)
-
-            async def serving() -> bool:
-                r = await stub.Check(health_pb2.HealthCheckRequest(service="coinfer.v1.CoinferCloud"), timeout=2)
-                return r.status == health_pb2.HealthCheckResponse.SERVING
-
-            await _wait(serving, srv, "coinfer's cloud service")
-        with tempfile.TemporaryDirectory() as state:
-            core = EdgeCore(
-                EdgeConfig(
-                    model=str(draft),
-                    cloud=f"127.0.0.1:{port}",
-                    grpc_port=0,
-                    http_port=0,
-                    planner_state=str(Path(state) / "planner.json"),
-                    max_drafts=16,
-                )
-            )
-            await core.start()
-            for _ in range(100):  # the channel's health watch sees the replica SERVING
-                if core.link.serving:
-                    break
-                await asyncio.sleep(0.1)
-            real = await core.ensure_engine()
-            drafts = ReplayDrafts(real)
-            core.engine = drafts
-            yield srv, core, drafts
-    finally:
-        if core is not None:
-            await core.close()
-        srv.stop()
 
 
 # ---- the run -------------------------------------------------------------------------------------------

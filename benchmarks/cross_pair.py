@@ -37,7 +37,8 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.capacity import CLOUD_CORE, REAL_MAX_TOKENS, REAL_PROMPTS
+from benchmarks.capacity import REAL_MAX_TOKENS, REAL_PROMPTS
+from benchmarks.replica import CLOUD_CORE
 from coinfer.cloud.judging import NOT_SCORED
 
 ROOT = Path(__file__).resolve().parents[1]
