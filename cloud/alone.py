@@ -8,10 +8,13 @@ Where only the loop watch can refuse the answer (``RuleSet.only_loop_watch``), i
 is kept whatever follows: no correction, no candidates (they would withdraw it); a loop is cut, not
 replaced.
 
-Where every rule can judge a prefix (``RuleSet.judges_prefix``), it streams as final step by step
-(``_stepwise``): each step is checked before it is shown, a failed step is never shown, and the target
-continues from the last good step, a wrong computed value corrected where the failure is one, else
-sampled anew; so everything streamed begins the answer.
+Where the rules can judge its steps (``RuleSet.streams_steps``: every rule judges a prefix; or a preset's
+steps before its ``answer ...``, an open request's text before its extraction's marker, where the other
+rules read only the end), it streams as final step by step (``_stepwise``): each step is checked before it
+is shown, a failed step is never shown, and the target continues from the last good step, a wrong
+computed value corrected where the failure is one, else sampled anew; the answer's end is held until the
+whole answer passes, and sampled anew from the last step shown where it does not; so everything streamed
+begins the answer.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ class CloudAlone:
         verified = await asyncio.to_thread(lambda: [self._prefix_steps(text) for text in drafts])
         prefix_steps = consensus_prefix([v for v in verified if v], ONE_DRAFT)
         prefix = join_steps(prefix_steps)
-        if ctx.rules.judges_prefix and not ctx.rules.only_loop_watch:
+        if ctx.rules.streams_steps and not ctx.rules.only_loop_watch:
             a = await self._stepwise(prefix)
             a.mode = t.RefineMode.PREFIX if prefix_steps else t.RefineMode.ALONE
             return self._noted(a, drafts, prefix_steps)
@@ -101,8 +104,10 @@ class CloudAlone:
         step's wrong computed value corrected (up to ``calculator_fixes``) or else sampled anew (up to
         ``cloud_candidates``, seeded: the same request ends on the same text). When the generation ends,
         what follows the last step is checked with the whole answer and streamed if it passes. An answer
-        that stops (its budget, ``max_chars``, a loop) or runs out of tries ends at its last good step:
-        what was shown."""
+        that stops (its budget, ``max_chars``, a loop) where every rule judges a prefix, or that runs out
+        of tries, ends at its last good step: what was shown. Where the rules need the answer's end (held:
+        a preset's ``answer ...``, an extraction's marker), an answer that stopped without a passing end
+        is sampled anew from the last step shown, as a failed step is."""
         ctx, p, rules = self.ctx, self.ctx.policy, self.ctx.rules
         params = ctx.params(p.refine_max_tokens)
         write = functools.partial(
@@ -118,7 +123,8 @@ class CloudAlone:
                     if rest := w.text[len(self.stream.shown) :]:
                         self.stream.chunk(rest, final=True)
                     break
-                if w.finish is not t.FinishReason.STOP:  # it stopped: it ends at its last good step
+                stopped = w.finish is not t.FinishReason.STOP
+                if stopped and rules.judges_prefix:  # no end is held: its last good step ends it
                     notes.append(f"cut at its last good step ({w.finish.value})")
                     break
             fixed = (

@@ -9,9 +9,10 @@ answer the session can still end on begins with it. A draft accepted as is is fi
 a prefix refinement is final while it writes what its fallback (the best draft) says, since a rejection
 returns that draft; the cloud's own answer is final where nothing but the loop watch can refuse it
 (``RuleSet.only_loop_watch``), and is then kept whatever follows (no correction, no candidates: they
-would withdraw it), and final step by step where every rule judges a prefix (``RuleSet.judges_prefix``:
-each step checked before it is streamed, ``coinfer.cloud.alone``). Everything else is held by a client
-that cannot take text back (docs/api.md).
+would withdraw it), and final step by step where the rules can judge its steps (``RuleSet.streams_steps``:
+every rule judges a prefix, or a preset's steps and an extraction's text before its marker, the answer's
+end held until the whole passes; each step checked before it is streamed, ``coinfer.cloud.alone``).
+Everything else is held by a client that cannot take text back (docs/api.md).
 """
 
 from __future__ import annotations

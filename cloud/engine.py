@@ -28,6 +28,12 @@ from coinfer.types import CloudCost, Draft
 
 log = logging.getLogger(__name__)
 
+LOOP_STALL_S = 5.0
+"""A heartbeat's timeout firing this much later than set means the event loop stood still meanwhile
+(a sync test's minutes-long model build freezes an in-process server's loop; a process stopped): the
+engine's outputs went unread, which proves nothing about the engine (a live loop is late by
+milliseconds)."""
+
 # The session whose engine requests are being counted. A context variable rather than an argument
 # threaded through every call: the session's parts call the engine from tasks they start, and a task
 # copies the context it was created in, so each of them adds to the session's one CloudCost.
@@ -169,14 +175,21 @@ class TargetEngine(ABC):
     async def heartbeat(self, timeout_s: float) -> None:
         """The seed's verifier heartbeat: alive, and a one-token request answered within ``timeout_s``.
         Raise Unavailable naming why; an engine that is slow to answer but still producing output
-        for other requests is busy, not hung."""
+        for other requests is busy, not hung. Nor is one whose outputs this process's own event loop
+        could not read: where the timeout fired more than ``LOOP_STALL_S`` late, the loop stood still
+        (a blocking call on it, the process stopped or starved), and the next heartbeat asks again."""
         await self.check_health()
+        t0 = time.monotonic()
         try:
             async with asyncio.timeout(timeout_s):
                 async for _ in self.generate("ping", GenParams(max_tokens=1), f"heartbeat-{time.monotonic_ns()}"):
                     pass
         except TimeoutError:
-            if time.monotonic() - self.last_output < timeout_s:
+            now = time.monotonic()
+            if now - self.last_output < timeout_s:
+                return
+            if (late := now - t0 - timeout_s) > LOOP_STALL_S:
+                log.warning("heartbeat: this process's event loop stood still for %.0f s; not the engine's fault", late)
                 return
             raise Unavailable(f"engine: hung (no output for {timeout_s:g} s)", reason=Reason.ENGINE_HUNG) from None
 

@@ -269,7 +269,7 @@ class Session:
             rounds.close(item.count)
             self._skip_scoring()
             # shielded: a round cut short meanwhile (``_race``) still gives these drafts their verdicts
-            await asyncio.shield(asyncio.gather(*round_tasks))
+            await _shielded(round_tasks)
             verify_ms = self._ms()
             round_tasks.clear()
             found = bool(self.judge.ranked())
@@ -295,7 +295,7 @@ class Session:
             )
         # the edge closed its side without finishing a round: answer from what we have
         self._skip_scoring()
-        await asyncio.shield(asyncio.gather(*round_tasks))
+        await _shielded(round_tasks)
         await self._finish(self._ms())
 
     async def _drive(self, inbox: AsyncIterator[EdgeItem]) -> None:
@@ -333,3 +333,12 @@ class Session:
             if not task.done():
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+
+
+def _shielded(tasks: list[asyncio.Task]) -> asyncio.Future:
+    """The tasks gathered, shielded from the awaiting task's cancellation. A session cancelled meanwhile
+    (its deadline, the client gone) never reads the gather, whose tasks its cleanup cancels: the outcome
+    is read here, so that asyncio does not log an exception nobody retrieved."""
+    gathered = asyncio.gather(*tasks)
+    gathered.add_done_callback(lambda f: f.cancelled() or f.exception())
+    return asyncio.shield(gathered)

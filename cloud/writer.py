@@ -1,10 +1,12 @@
 """The target writing an answer to the client: its generation streamed chunk by chunk through the
 session's ``AnswerStream``, each chunk marked final or held, and stopped where it falls into a loop.
 
-Or step by step (``check``): where every rule of the request can judge a prefix
-(``RuleSet.judges_prefix``), each step the target completes (``coinfer.rules.step_ends``) is checked
+Or step by step (``check``): where the request's rules can judge an answer's steps
+(``RuleSet.streams_steps``), each step the target completes (``coinfer.rules.step_ends``) is checked
 and only then streamed, as final; the first step that fails stops the generation unshown, and the
-caller continues from the last good step (``coinfer.cloud.alone``).
+caller continues from the last good step (``coinfer.cloud.alone``). From the step where the answer's
+end begins (the check says None: a preset's ``answer ...``, an extraction's marker) the rest is held,
+for the caller to check with the whole answer.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ class Writer:
         tag: str,
         final: Callable[[str], bool] = never,
         *,
-        check: Callable[[str], str] | None = None,
+        check: Callable[[str], str | None] | None = None,
         max_chars: float = math.inf,
         params: GenParams | None = None,
     ) -> Written:
@@ -76,11 +78,12 @@ class Writer:
         (checked every ``LOOP_CHECK_TOKENS``; finish "repetition"): the rules would refuse it anyway, and
         SmolLM2's looping greedy haiku otherwise ran to its 192-token budget before candidates began.
 
-        With ``check`` (the error of a prefix that ends a step, '' when it passes), step by step
-        instead: ``prefix`` begins with what the stream has shown, and each completed step after that is
-        checked and streamed as final; the first that fails stops the generation (``Written.error``),
-        as does passing ``max_chars`` (finish "length"). What follows the last step stays unshown: the
-        caller checks it with the whole answer. ``params``: the sampling (default: the request's)."""
+        With ``check`` (the error of a prefix that ends a step, '' when it passes, None where the
+        answer's end begins), step by step instead: ``prefix`` begins with what the stream has shown, and
+        each completed step after that is checked and streamed as final; the first that fails stops the
+        generation (``Written.error``), as does passing ``max_chars`` (finish "length"). What follows the
+        last step streamed stays unshown (from a None on, every step): the caller checks it with the
+        whole answer. ``params``: the sampling (default: the request's)."""
         t_start, ttft = time.perf_counter(), 0.0
         steps = _Steps(self.stream, prefix, check, max_chars) if check else None
         if steps is None and prefix:
@@ -117,21 +120,29 @@ class Writer:
 
 class _Steps:
     """A step-by-step write's progress: where its checked text ends (``good``: what the stream shows),
-    where its failed step ends (``failed``), and how far step ends were looked for (``scanned``)."""
+    where its failed step ends (``failed``), how far step ends were looked for (``scanned``), and
+    whether the answer's end has begun (``held``: nothing more is checked or shown)."""
 
-    def __init__(self, stream: AnswerStream, prefix: str, check: Callable[[str], str], max_chars: float) -> None:
+    def __init__(self, stream: AnswerStream, prefix: str, check: Callable[[str], str | None], max_chars: float) -> None:
         assert prefix.startswith(stream.shown), "a step-by-step write continues what the stream shows"
         self.stream, self.check, self.max_chars = stream, check, max_chars
         self.good = self.failed = self.scanned = len(stream.shown)
+        self.held = False
 
     async def advance(self, text: str) -> str:
         """Check the steps ``text`` completes past the checked text (within ``max_chars``), in order,
         streaming each that passes as final; the error of the first that fails ('' when none does).
         Client rules: off the loop."""
+        if self.held:
+            return ""
         ends = [e for e in step_ends(text, max(self.good, self.scanned)) if e <= self.max_chars]
         self.scanned = len(text) - 1  # a last "." ends a sentence only once a space follows it
         for end in ends:
-            if err := await asyncio.to_thread(self.check, text[:end]):
+            err = await asyncio.to_thread(self.check, text[:end])
+            if err is None:  # the answer's end has begun: held from here for the whole answer's rules
+                self.held = True
+                return ""
+            if err:
                 self.failed = end
                 return err
             self.stream.chunk(text[self.good : end], final=True)

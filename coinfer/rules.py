@@ -45,6 +45,14 @@ Only the whole answer can satisfy the rest: ``json_schema``, ``numeric_bounds``,
 ``count`` and ``task_check`` (over extracted fields), ``regex`` with ``must_match`` (the match may come
 later), ``length`` with a ``min``, and the extraction itself (an open request's extraction ``none``
 cannot fail; a preset's parser and any other extraction need the answer's end).
+
+Of those, some read only what the answer's *end* can still change (``end_decides``): the rules over
+extracted fields, a preset's checkers (its steps are judged one by one, ``Task.prefix_error``, and a
+prefix of right steps can always be finished), a ``length``. Where every rule judges a prefix or only
+the end decides it, and the end is known when it begins (a preset's ``answer ...``, a ``marker``
+extraction's marker), the cloud streams the steps before the end as final and holds the end until the
+whole answer passes (``streams_steps``). A ``regex`` that must match is neither: a prefix already shown
+(``^\\d+$``) may leave no end that matches.
 """
 
 from __future__ import annotations
@@ -66,9 +74,10 @@ import regex
 from coinfer import userregex
 from coinfer.arithmetic import first_wrong_equation
 from coinfer.errors import InvalidArgument, require
-from coinfer.extract import MAX_DIGITS, Extraction, Parsed, json_shape, long_number
+from coinfer.extract import DEFAULT_MARKER, MAX_DIGITS, Extraction, Parsed, json_shape, long_number
 from coinfer.repetition import repetition_error
 from coinfer.rulespec import RULE_KINDS, Rule
+from coinfer.text import normalize
 
 if TYPE_CHECKING:
     from coinfer.tasks.base import Task
@@ -225,9 +234,12 @@ class _Rule:
     """A compiled rule of one kind: built from its params (InvalidArgument naming the bad one), then
     called on a draft's text and parsed fields: '' when it passes, else its precise error.
     ``judges_prefix``: called on a prefix that ends a step (``step_ends``), with nothing extracted, its
-    verdict is the whole answer's (the module docstring says which)."""
+    verdict is the whole answer's (the module docstring says which). ``end_decides``: it reads only what
+    an answer's held end can still change (the extracted fields, the length's minimum), so whatever a
+    prefix of right steps says, some end passes it."""
 
     judges_prefix = False
+    end_decides = False
 
     def __init__(self, rule: Rule, task: Task, spec: dict[str, Any], w: str) -> None:
         self.rule, self.task, self.spec = rule, task, spec
@@ -263,6 +275,7 @@ class _Length(_Rule, _Bounds):
         super().__init__(rule, task, spec, w)
         self._bounds(rule.params, w)
         self.judges_prefix = self.lo is None  # too long stays too long; too short may yet grow
+        self.end_decides = True
 
     def __call__(self, text: str, parsed: Parsed) -> str:
         n = len(text)
@@ -310,6 +323,8 @@ class _Arithmetic(_Rule):
 
 @_kind("task_check")
 class _TaskCheck(_Rule):
+    end_decides = True  # the task's steps are judged one by one (``Task.prefix_error``), its answer at the end
+
     def __init__(self, rule: Rule, task: Task, spec: dict[str, Any], w: str) -> None:
         super().__init__(rule, task, spec, w)
         check = rule.params.get("check")
@@ -326,6 +341,8 @@ class _TaskCheck(_Rule):
 
 @_kind("json_schema")
 class _JsonSchema(_Rule):
+    end_decides = True  # it runs on the extracted fields
+
     def __init__(self, rule: Rule, task: Task, spec: dict[str, Any], w: str) -> None:
         super().__init__(rule, task, spec, w)
         schema = rule.params.get("schema")
@@ -371,6 +388,8 @@ class _JsonSchema(_Rule):
 
 class _FieldRule(_Rule):
     """A rule on one extracted field (``field``): missing_field when the draft has none."""
+
+    end_decides = True
 
     def __init__(self, rule: Rule, task: Task, spec: dict[str, Any], w: str) -> None:
         super().__init__(rule, task, spec, w)
@@ -523,6 +542,20 @@ class RuleSet:
         )
 
     @property
+    def streams_steps(self) -> bool:
+        """The cloud's own answer streams as final step by step, its end held where it has one
+        (``prefix_error``; docs/api.md, Streaming): where every check judges a prefix
+        (``judges_prefix``), or a rule that only the end can satisfy reads only what the end can still
+        change (``end_decides``) and the answer's end is known when it begins: a preset's steps, each
+        judged by the task (``Task.prefix_error``), before its ``answer ...``; an open request's text
+        before its extraction's marker (``Answer:``)."""
+        if self.judges_prefix:
+            return True
+        if not all(c.judges_prefix or c.end_decides for c in self.rules):
+            return False
+        return not self.extraction.kind if self.task.name else self.extraction.kind == "marker"
+
+    @property
     def only_loop_watch(self) -> bool:
         """Nothing but the built-in repetition check can refuse an answer (no rules, and nothing to
         extract): no check waits for a step to end either, so the cloud's own answer can stream as final
@@ -534,14 +567,20 @@ class RuleSet:
         """The most characters an answer may have (the least ``max`` of the ``length`` rules; inf: none)."""
         return min((c.hi for c in self.rules if isinstance(c, _Length) and c.hi is not None), default=math.inf)
 
-    def prefix_error(self, text: str) -> str:
-        """Why a prefix that ends a step (``step_ends``) fails a rule, as ``RuleResult``'s
-        ``"<rule>: <error>"`` ('' when every rule passes it); only where ``judges_prefix``. Whatever
-        follows, the whole answer's verdict on this prefix's rules is the same."""
+    def prefix_error(self, text: str) -> str | None:
+        """Why a prefix that ends a step (``step_ends``) fails, as ``RuleResult``'s ``"<rule>: <error>"``
+        ('' when it passes: whatever follows, the whole answer's verdict on it is the same); only where
+        ``streams_steps``. None where the answer's end has begun (a preset's ``answer ...`` or a part that
+        is no step of it; an open request's marker): that part and the rest are judged whole."""
         for c in self.rules:
-            if err := c(text, _NOTHING):
+            if c.judges_prefix and (err := c(text, _NOTHING)):
                 return f"{c.rule.label}: {err}"
-        return ""
+        if self.judges_prefix:
+            return ""
+        if self.task.name:
+            err = self.task.prefix_error(self.spec, text)
+            return f"{self.task.name}: {err}" if err else err
+        return None if (self.extraction.marker or DEFAULT_MARKER) in normalize(text) else ""
 
     def check(self, text: str, parsed: Parsed | None = None) -> tuple[RuleResult, Parsed]:
         """Parse (unless given), reject degenerate repetition (``coinfer.repetition``: built in, every

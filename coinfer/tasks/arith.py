@@ -256,15 +256,23 @@ class ArithTask(Task):
         return ""
 
     def step_ok(self, spec: dict[str, Any], step: str) -> bool:
+        return self.step_error(spec, step) == ""
+
+    def step_error(self, spec: dict[str, Any], step: str) -> str | None:
         m = _ONE_STEP_RE.fullmatch(" ".join(normalize(step).split()))
         if not m:
-            return False
+            return None
+        lhs, value = m.group(1).replace(" ", ""), int(m.group(2))
         try:
-            right = evaluate(m.group(1).replace(" ", ""), spec["vars"]) == int(m.group(2))
+            expected = evaluate(lhs, spec["vars"])
         except ValueError:
-            return False
+            return None
+        if expected != value:
+            return f"step_wrong: {lhs}={value} (expected {expected})"
         # a right sum of the wrong terms is no safe prefix: the cloud would continue the misreading
-        return right and any(v == int(m.group(2)) for _, v in plan_of(spec))
+        if not any(v == value for _, v in plan_of(spec)):
+            return f"step_off_plan: {lhs}={value} computes no step of {spec['expr']}"
+        return ""
 
     def grade(self, spec: dict[str, Any], parsed: Parsed) -> bool:
         return parsed.ok and parsed.fields.get("answer") == evaluate(spec["expr"], spec["vars"])

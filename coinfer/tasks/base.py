@@ -84,6 +84,31 @@ class Task(ABC):
     def step_ok(self, spec: dict[str, Any], step: str) -> bool:
         """Whether one step (a part of ``split_steps``) is well-formed and exactly right."""
 
+    def step_error(self, spec: dict[str, Any], step: str) -> str | None:
+        """One step (a part of ``split_steps``) judged alone: '' when it is right, why when it is a step of
+        the task's form with a wrong value (the cloud corrects or resamples it), None when it is not a step
+        (prose, an answer in another form: the whole answer judges it). Default: ``step_ok``, and anything
+        else is not a step."""
+        return "" if self.step_ok(spec, step) else None
+
+    def prefix_error(self, spec: dict[str, Any], text: str) -> str | None:
+        """A prefix that ends a step, judged step by step (``step_error``): '' when every part is a right
+        step, the first wrong step's error, None from the first part that is no step or begins the answer
+        (``answer ...``): the rest is held for the whole answer's rules (``RuleSet.prefix_error``). A prefix
+        of right steps can always be finished into an answer the task's checkers pass: the steps left, then
+        the answer they give."""
+        for part in text.replace("\n", ";").split(";"):
+            part = part.strip()
+            if not part:
+                continue
+            if part.lower().startswith("answer"):
+                return None
+            if err := self.step_error(spec, part):
+                return err
+            if err is None:
+                return None
+        return ""
+
     def verified_prefix(self, spec: dict[str, Any], text: str) -> list[str]:
         """The steps of ``text`` up to (not including) its first wrong or malformed one.
 

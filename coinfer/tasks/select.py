@@ -207,12 +207,18 @@ class SelectTask(Task):
         return "; ".join(ok + [step]) + ";"
 
     def step_ok(self, spec: dict[str, Any], step: str) -> bool:
+        return self.step_error(spec, step) == ""
+
+    def step_error(self, spec: dict[str, Any], step: str) -> str | None:
         m = _step_match(step)
         if not m:
-            return False
+            return None
         subset, cost, value, over = m.group(1), int(m.group(2)), m.group(3), m.group(4)
+        if len(set(subset)) != len(subset) or len(subset) != spec["k"]:
+            # listed, it would stand among the subsets the answer must be the best of (select_choice)
+            return f"step_off_task: {subset} is not {spec['k']} distinct ids"
         one = Parsed({"steps": [(subset, cost, int(value) if value else None, int(over) if over else None)]})
-        return self.check("select_steps", spec, one) == ""
+        return self.check("select_steps", spec, one)
 
     def grade(self, spec: dict[str, Any], parsed: Parsed) -> bool:
         ids = parsed.fields.get("ids")

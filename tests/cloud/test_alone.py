@@ -4,6 +4,7 @@ corrected, candidates sampled; kept as streamed where only the loop watch judges
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from coinfer import types as t
 from coinfer.cloud.alone import CloudAlone
@@ -40,23 +41,29 @@ def test_with_no_drafts_the_cloud_answers_alone_and_its_greedy_answer_is_not_thr
     assert a.steps == a.generated == len(RIGHT.split(" "))
 
 
+def _whole() -> t.OpenRequest:
+    """``apples`` with a rule only the whole answer can satisfy (a match that may come later): held
+    whole, then corrected or replaced."""
+    return dataclasses.replace(apples(), rules=[Rule("arithmetic"), Rule("regex", {"pattern": "Answer"})])
+
+
 def test_a_wrong_computed_value_is_corrected_and_the_target_continues():
     slip = "Tom buys 3 * 4 = 12 apples.\nNow he has 5 + 12 = 16 apples.\nAnswer: 16"
     engine = Replies([slip, " apples.\nAnswer: 17"])
-    a, events, _ = _alone(context(engine, apples()))
+    a, events, _ = _alone(context(engine, _whole()))
     assert engine.prompts[1].endswith("Now he has 5 + 12 = 17") and a.valid and a.text == shown(events)
     assert "1 computed value(s) corrected" in a.note and any(isinstance(e, t.AnswerReset) for e in events)
 
 
 def test_candidates_replace_a_failed_answer_and_count_their_tokens():
     engine = ScriptedEngine({}, reply="Tom buys 3 * 4 = 13 apples.\nAnswer: 13")
-    ctx = context(engine, apples(), calculator_fixes=0, cloud_candidates=3)
+    ctx = context(engine, _whole(), calculator_fixes=0, cloud_candidates=3)
     a, events, _ = _alone(ctx)
     assert not a.valid and a.note.endswith("(its answer failed verification)")  # candidates say the same
     assert engine.generated == len(engine.reply.split(" ")) + 3
     engine = Replies(["Tom buys 3 * 4 = 13 apples.\nAnswer: 13"])
     engine.sample = _sampled(RIGHT)
-    a, events, _ = _alone(context(engine, apples(), calculator_fixes=0, cloud_candidates=3))
+    a, events, _ = _alone(context(engine, _whole(), calculator_fixes=0, cloud_candidates=3))
     assert a.valid and a.text == RIGHT == shown(events) and a.finish is t.FinishReason.STOP
 
 
@@ -142,7 +149,41 @@ def test_a_length_max_stops_the_answer_at_its_last_step_within_it():
     assert len(engine.request_ids) == 1  # stopped, not sampled anew
 
 
-def test_a_rule_only_the_whole_answer_satisfies_still_holds_the_answer():
+ARITH = "If x=3 and y=5, compute (x+y)^2-x*y."
+
+
+def _arith(engine, **policy):
+    """The cloud plan of an arith preset request (its own parser and checkers)."""
+    req = t.OpenRequest(request_id="r", task="arith", prompt=ARITH)
+    return context(engine, req, task=TASKS["arith"], spec=TASKS["arith"].parse_problem(ARITH), **policy)
+
+
+def test_a_presets_steps_stream_as_final_and_its_answer_once_the_whole_passes():
+    engine = Replies(["x+y=8; 8^2=64; x*y=15; 64-15=49; answer 49"])
+    a, events, _ = _alone(_arith(engine))
+    chunks = [e.text for e in events if isinstance(e, t.AnswerChunk)]
+    assert chunks[:2] == ["x+y=8;", " 8^2=64;"] and chunks[-1] == " answer 49"  # the answer: last, once checked
+    assert _only_final(events) == a.text == "x+y=8; 8^2=64; x*y=15; 64-15=49; answer 49" and a.valid
+
+
+def test_a_presets_wrong_step_is_corrected_unshown_and_a_wrong_answer_sampled_anew_from_the_last_step():
+    engine = Replies(["3+5=8; 8^2=64; 3*5=16; answer 48", "; 64-15=49; answer 50", " answer 49"])
+    a, events, _ = _alone(_arith(engine, cloud_temperature=0.5))
+    assert engine.prompts[1].endswith("8^2=64; 3*5=15")  # the calculator's value, the target continues
+    assert engine.prompts[2].endswith("64-15=49;") and engine.params[2].seed == 1  # the end, sampled anew
+    assert _only_final(events) == a.text == "3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 49" and a.valid
+    assert "16" not in a.text and "50" not in _only_final(events)
+
+
+def test_an_open_answers_steps_stream_until_its_marker_and_the_marker_line_once_it_passes():
     engine = ScriptedEngine({}, reply=RIGHT)
     a, events, _ = _alone(context(engine, apples()))  # an Answer: marker to extract
+    chunks = [e.text for e in events if isinstance(e, t.AnswerChunk)]
+    assert chunks[0] == "Tom buys 3 * 4 = 12 apples." and chunks[-1] == "Answer: 17"
+    assert _only_final(events) == a.text == RIGHT and a.valid
+
+
+def test_a_rule_only_the_whole_answer_satisfies_still_holds_the_answer():
+    engine = ScriptedEngine({}, reply=RIGHT)
+    a, events, _ = _alone(context(engine, _whole()))
     assert a.valid and not any(e.final for e in events if isinstance(e, t.AnswerChunk))

@@ -72,6 +72,25 @@ async def test_hung_is_told_from_busy():
     busy.cancel()
 
 
+async def test_a_loop_that_stood_still_is_not_an_engine_that_hung(monkeypatch):
+    # the event loop blocked past the timeout (a sync test building a model for minutes, with this
+    # server in the same process): the timeout fires late, and the engine's outputs went unread
+    from coinfer.cloud import engine
+
+    monkeypatch.setattr(engine, "LOOP_STALL_S", 0.1)
+    hung = StandIn(hung=True)
+
+    async def stand_still() -> None:
+        await asyncio.sleep(0.05)
+        time.sleep(0.5)  # the loop blocked: nothing runs, the timeout cannot fire
+
+    blocker = asyncio.create_task(stand_still())
+    await hung.heartbeat(0.2)  # fired ~0.35 s late: asks again next time
+    await blocker
+    with pytest.raises(Unavailable, match="hung"):  # on time, no output: hung
+        await hung.heartbeat(0.2)
+
+
 async def _status(port: int) -> int:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         r = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)

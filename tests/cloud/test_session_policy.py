@@ -11,6 +11,7 @@ from coinfer import types as t
 from coinfer.cloud.config import CloudConfig, PolicyConfig
 from coinfer.cloud.engine import Chunk, GenParams, TargetEngine
 from coinfer.cloud.session import DraftsDone, Session
+from coinfer.extract import Extraction
 from coinfer.rules import Rule, RuleSet
 from coinfer.tasks import OPEN
 from tests.cloud.engines import RIGHT, WRONG, Replies, ScriptedEngine, apples
@@ -226,8 +227,10 @@ def test_cloud_candidates_continue_the_greedy_answers_own_right_steps():
 
     engine = Candidates({}, reply="3+5=8; 8^2=64; 3*5=15; 64-15=48; answer 48")
     req = t.OpenRequest(request_id="r", task="arith", prompt="If x=3 and y=5, compute (x+y)^2-x*y.")
-    # candidates alone (the corrections: below)
-    session = _make(engine, req, arith, spec, RuleSet([], arith, spec), max_retries=0, calculator_fixes=0)
+    # candidates alone (the corrections: below); a rule only the whole answer can satisfy holds it whole
+    # (the preset's own rules alone stream it step by step: tests/cloud/test_alone.py)
+    rules = RuleSet([*arith.default_rules(spec), Rule("regex", {"pattern": "answer"})], arith, spec)
+    session = _make(engine, req, arith, spec, rules, max_retries=0, calculator_fixes=0)
     events = asyncio.run(_run(session, ["3+5=9; answer 9"]))
     summary = events[-1]
     assert _shown(events) == summary.answer  # the greedy answer streamed first is withdrawn
@@ -244,8 +247,9 @@ def test_a_wrong_computed_value_in_the_clouds_answer_is_corrected_and_the_target
     summary = events[-1]
     assert engine.prompts[1].endswith("Now he has 5 + 12 = 17")  # the true value, then the target goes on
     assert summary.answer == "Tom buys 3 * 4 = 12 apples.\nNow he has 5 + 12 = 17 apples.\nAnswer: 17"
-    assert summary.answer_valid and "1 computed value(s) corrected" in summary.trace
-    assert any(isinstance(e, t.AnswerReset) for e in events) and _shown(events) == summary.answer
+    assert summary.answer_valid and "a computed value corrected" in summary.trace
+    # checked step by step before the Answer: marker, the wrong step was never shown: nothing withdrawn
+    assert not any(isinstance(e, t.AnswerReset) for e in events) and _shown(events) == summary.answer
 
 
 def test_a_drafts_slip_on_a_sum_is_corrected_into_the_prefix_the_target_continues():
@@ -309,11 +313,12 @@ def test_the_clouds_own_generation_stops_when_it_falls_into_a_loop():
     from coinfer.cloud.writer import LOOP_CHECK_TOKENS
     from coinfer.repetition import repetition_error
 
-    # stopped at the first check that saw the loop, not at its budget; then the candidates (4 here)
+    # stopped at the first check that saw the loop, not at its budget; then sampled anew from its last
+    # good step (none here) as many times as there are candidates (4), each stopped there too
     first = next(
         n for n in range(LOOP_CHECK_TOKENS, 181, LOOP_CHECK_TOKENS) if repetition_error(" ".join(loop.split()[:n]))
     )
-    assert first < 60 and engine.generated == first + session.ctx.policy.cloud_candidates
+    assert first < 60 and engine.generated == first * (1 + session.ctx.policy.cloud_candidates)
     assert not summary.answer_valid and summary.finish_reason == "repetition"
 
 
@@ -355,10 +360,16 @@ def test_text_streamed_as_final_begins_every_answer_the_session_can_end_on():
     engine = ScriptedEngine({RIGHT: [-0.1] * 12}, reply=RIGHT, delay_s=1.0)
     session = _refining(engine, deadline_s=0.5)
     assert _final(asyncio.run(_run(session, [RIGHT]))) == RIGHT
-    # a task's own answer (the rules judge it whole): held, then corrected or replaced as before
+    # the cloud's own answer with a marker: its steps final as they pass, its end once the whole does
     engine = ScriptedEngine({}, reply=WRONG)
     session = _session(engine, max_retries=0)
     events = asyncio.run(_run(session, ["Tom buys 3 * 4 = 13 apples.\nAnswer: 13"]))
+    assert not any(isinstance(e, t.AnswerReset) for e in events) and _final(events) == events[-1].answer == WRONG
+    # ... and with a rule only the whole answer can satisfy: held, then corrected or replaced as before
+    must = RuleSet(
+        [Rule("arithmetic"), Rule("regex", {"pattern": "Answer"})], OPEN, {}, extraction=Extraction("marker")
+    )
+    events = asyncio.run(_run(_session(ScriptedEngine({}, reply=WRONG), rules=must, max_retries=0), ["x"]))
     first = next((i for i, e in enumerate(events) if isinstance(e, t.AnswerReset)), len(events))
     assert not any(e.final for e in events[:first] if isinstance(e, t.AnswerChunk))
     _final(events)

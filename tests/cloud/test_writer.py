@@ -84,3 +84,15 @@ def test_step_by_step_the_writer_stops_past_max_chars():
     engine = ScriptedEngine({}, reply="One. Two. Three. Four. Five.")
     w, _, stream = _stepwise(engine, _no_darn, max_chars=10)
     assert w.finish is t.FinishReason.LENGTH and stream.shown == "One. Two." and len(w.text) > 10
+
+
+def _until_answer(text: str) -> str | None:
+    """A check that holds from the answer on (None), as a preset's does."""
+    return None if "Answer" in text else _no_darn(text)
+
+
+def test_step_by_step_from_where_the_answer_begins_the_rest_is_held_unchecked():
+    engine = ScriptedEngine({}, reply="It is blue.\nAnswer: blue.\nA darn fine blue. More.")
+    w, events, stream = _stepwise(engine, _until_answer)
+    assert stream.shown == "It is blue.\n" and all(e.final for e in events)
+    assert w.text == "It is blue.\nAnswer: blue.\nA darn fine blue. More." and not w.error  # whole: the caller's

@@ -166,6 +166,52 @@ def test_a_preset_or_an_extraction_judges_only_the_whole_answer():
     assert not RuleSet([Rule("arithmetic")], OPEN, {}, extraction=Extraction("marker")).judges_prefix
 
 
+def _marker(*rules: Rule, kind: str = "marker") -> RuleSet:
+    from coinfer.extract import Extraction
+    from coinfer.tasks import OPEN
+
+    return RuleSet(list(rules), OPEN, {}, extraction=Extraction(kind))
+
+
+def test_which_answers_stream_their_steps_with_their_end_held():
+    bounds = Rule("numeric_bounds", {"field": "answer", "min": 0, "max": 99})
+    assert RuleSet([], ARITH, ASPEC).streams_steps and RuleSet([], SELECT, SPEC).streams_steps  # the presets
+    assert RuleSet([Rule("arithmetic"), Rule("task_check", {"check": "arith_plan"})], ARITH, ASPEC).streams_steps
+    assert _marker(Rule("arithmetic"), bounds, Rule("length", {"min": 3})).streams_steps  # the demo's words
+    assert _open(Rule("arithmetic")).streams_steps  # every rule judges a prefix
+    # a match the prefix may already have made impossible, an end found only at the end: held whole
+    assert not RuleSet([Rule("regex", {"pattern": "^x"})], ARITH, ASPEC).streams_steps
+    assert not _marker(Rule("regex", {"pattern": r"\bdarn\b", "must_match": False})).streams_steps
+    assert not _marker(bounds, kind="last_line").streams_steps and not _marker(bounds, kind="json").streams_steps
+    assert not _open(Rule("length", {"min": 5})).streams_steps  # no end to hold: the rest waits whole
+
+
+def test_a_presets_steps_are_judged_one_by_one_until_its_answer_begins():
+    rules = RuleSet([], ARITH, ASPEC)  # (x+y)^2-x*y at x=3, y=5: 8, 64, 15, 49
+    assert rules.prefix_error("x+y=8;") == "" and rules.prefix_error("3+5=8; 8^2=64;") == ""
+    assert rules.prefix_error("x+y=8; 8^2=65;") == "arith: step_wrong: 8^2=65 (expected 64)"
+    assert rules.prefix_error("x+y=8; x-y=-2;") == "arith: step_off_plan: x-y=-2 computes no step of (x+y)^2-x*y"
+    assert rules.prefix_error("x+y=8; answer 8;") is None  # the answer is judged whole
+    assert rules.prefix_error("First, x plus y.") is None  # no step of the preset's form: judged whole
+    select = RuleSet([], SELECT, SPEC)  # A(3,5) B(4,2) C(2,6) D(5,7), cost <= 8
+    assert select.prefix_error("AB 7:7; AC 5:11;") == ""
+    assert select.prefix_error("AB 7:8;") == "select: step_wrong: AB value 8 (expected 7)"
+    assert select.prefix_error("ABC 9>8;").startswith("select: step_off_task: ABC")  # it could not be listed
+    assert select.prefix_error('{"ids": ["C", "D"]}\n') is None
+
+
+def test_an_open_answers_text_is_judged_until_its_marker():
+    rules = _marker(Rule("arithmetic"), Rule("numeric_bounds", {"field": "answer", "max": 99}))
+    assert rules.prefix_error("Tom buys 3 * 4 = 12 apples.\n") == ""
+    assert rules.prefix_error("Tom buys 3 * 4 = 13 apples.\n").startswith("arithmetic: arithmetic_wrong")
+    assert rules.prefix_error("So 12 apples.\nAnswer: 12\n") is None
+    from coinfer.extract import Extraction
+    from coinfer.tasks import OPEN
+
+    own = RuleSet([Rule("arithmetic")], OPEN, {}, extraction=Extraction("marker", marker="Final:"))
+    assert own.prefix_error("Answer: 3 is a guess.\n") == "" and own.prefix_error("Final: 3\n") is None
+
+
 def test_steps_end_at_a_line_a_semicolon_or_a_sentence_before_a_space():
     from coinfer.rules import step_ends
 

@@ -129,3 +129,12 @@ async def test_an_answer_whose_rules_judge_a_prefix_streams_step_by_step(daemon,
     # the first step arrives while the rest is written: the demo answer's second step is ~8 of its 20
     # tokens, ~60 ms on this CPU (held whole, the only delta came ~1 ms before the finishing chunk)
     assert finished - deltas[0][0] > 0.02, (deltas[0][0] - t0, finished - t0)
+
+
+async def test_a_presets_cloud_answer_streams_its_steps_and_holds_its_answer_to_the_end(daemon):
+    # the arith preset (its own parser and checkers, which judge the whole answer): each step is sent once
+    # the task has recomputed it; "answer 49" once the whole answer passes (held whole before: one delta)
+    deltas, _, answer = await _same_answer_three_ways(daemon, ARITH, "cloud")
+    texts = [text for _, text in deltas]
+    assert len(texts) > 2 and texts[0] == answer.split(";")[0] + ";", texts  # the first step first
+    assert "answer" not in "".join(texts[:-1]) and texts[-1].strip().startswith("answer"), texts
