@@ -146,12 +146,18 @@ class CloudAlone:
                 notes.append(f"ended at its last good step: no continuation passed ({why})")
                 break
             tokens += w.tokens
+        unverified = not self.stream.shown.strip() and bool(w.text.strip())
+        if unverified:
+            # not one step passed: the last try, through the step that failed, rather than no text at all
+            # (what the cloud answered before it streamed steps: its own answer, marked invalid)
+            notes.append("no step passed: its last try, unverified")
+            self.stream.chunk(w.text, final=True)
         text = self.stream.shown
         valid, _, parsed = await self.judge.recheck(text, likelihood=False)
         return Answer(
             text=text,
             source=t.AnswerSource.CLOUD,
-            valid=valid and bool(text.strip()),  # no good step at all is no answer
+            valid=valid and not unverified and bool(text.strip()),  # no good step at all is no answer
             parsed=parsed,
             mode=t.RefineMode.ALONE,
             finish=w.finish,

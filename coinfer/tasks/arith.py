@@ -274,6 +274,28 @@ class ArithTask(Task):
             return f"step_off_plan: {lhs}={value} computes no step of {spec['expr']}"
         return ""
 
+    def corrected_prefix(self, spec: dict[str, Any], text: str) -> str | None:
+        """The first step that is no right step, where it is a step of this task's form with a wrong value,
+        up to its ``=`` and the true value (``evaluate``: parentheses, powers and negative operands, which
+        the text calculator does not read: ``6-(-3)=6`` becomes ``6-(-3)=9``); else the text calculator's
+        (``Task.corrected_prefix``). The step's terms stay the model's."""
+        start = 0
+        for part in re.split(r"([;\n])", text):
+            if part.strip() and part not in (";", "\n"):
+                if part.strip().lower().startswith("answer"):
+                    break
+                err = self.step_error(spec, part)
+                if err is not None and err.startswith("step_wrong"):
+                    m = _ONE_STEP_RE.fullmatch(" ".join(normalize(part).split()))
+                    assert m is not None  # a step of the task's form: step_error read it
+                    eq = part.rindex("=") + 1
+                    space = part[eq : len(part) - len(part[eq:].lstrip())]
+                    return text[:start] + part[:eq] + space + str(evaluate(m.group(1).replace(" ", ""), spec["vars"]))
+                if err != "":  # no step of this form, or right terms off the plan: no value to correct here
+                    break
+            start += len(part)
+        return super().corrected_prefix(spec, text)
+
     def grade(self, spec: dict[str, Any], parsed: Parsed) -> bool:
         return parsed.ok and parsed.fields.get("answer") == evaluate(spec["expr"], spec["vars"])
 

@@ -175,6 +175,13 @@ def test_a_presets_wrong_step_is_corrected_unshown_and_a_wrong_answer_sampled_an
     assert "16" not in a.text and "50" not in _only_final(events)
 
 
+def test_where_not_one_step_passes_the_last_try_is_the_answer_unverified():
+    engine = Replies(["3-5=-2; answer -2"] + ["3-5=-2; answer 9"] * 2)  # right terms off the plan, every try
+    a, events, _ = _alone(_arith(engine, cloud_candidates=2))
+    assert _only_final(events) == a.text == "3-5=-2;" and not a.valid  # what it tried, not an empty answer
+    assert "no step passed: its last try, unverified" in a.note and len(engine.prompts) == 3
+
+
 def test_an_open_answers_steps_stream_until_its_marker_and_the_marker_line_once_it_passes():
     engine = ScriptedEngine({}, reply=RIGHT)
     a, events, _ = _alone(context(engine, apples()))  # an Answer: marker to extract

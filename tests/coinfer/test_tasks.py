@@ -257,6 +257,17 @@ def test_select_corrects_a_steps_sums_and_an_answer_its_own_steps_contradict():
     assert select.corrected_prefix(spec, "answer A,D") is None
 
 
+def test_arith_corrects_a_steps_value_as_it_evaluates_the_step_its_terms_kept():
+    arith = TASKS["arith"]
+    spec = arith.parse_problem("If x=6 and y=3, compute x-(y-x).")  # -3, then 9
+    # a negative operand in parentheses: the text calculator reads no such equation
+    assert arith.corrected_prefix(spec, "3-6=-3; 6-(-3)=6; answer 6") == "3-6=-3; 6-(-3)=9"
+    assert arith.corrected_prefix(spec, "3-6=-3;\n6 - (-3) = 6;") == "3-6=-3;\n6 - (-3) = 9"  # spacing kept
+    assert arith.corrected_prefix(spec, "3-6=-3; 6-(-3)=9; answer 9") is None  # right
+    spec = arith.parse_problem("If x=3 and y=5, compute (x+y)^2-x*y.")
+    assert arith.corrected_prefix(spec, "3+5=8; 8^2=63; answer 63") == "3+5=8; 8^2=64"
+
+
 def test_the_default_correction_is_the_arithmetic_of_any_text():
     arith = TASKS["arith"]
     spec = arith.parse_problem("If x=3 and y=5, compute (x+y)^2-x*y.")
