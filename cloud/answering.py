@@ -17,6 +17,7 @@ Everything else is held by a client that cannot take text back (docs/api.md).
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from coinfer import types as t
@@ -158,7 +159,9 @@ class Answerer:
     async def _refined(self, ranked: Ranked, not_as_is: str, attempt: int) -> Answer:
         """The target refines the drafts (a verified prefix continued, or candidates in the prompt); a
         refinement that fails the rules, leaks the template, is unlikely or contradicts what the drafts
-        agree on is withdrawn and the best draft returned: never worse than the best valid draft."""
+        agree on is withdrawn and the best draft returned: never worse than the best valid draft. A
+        candidates refinement that fails for another reason than contradicting agreeing drafts gives the
+        cloud's own answer instead (``PolicyConfig.alone_after_rejected_candidates``)."""
         p = self.ctx.policy
         best = ranked[0][0]
         plan = self.refine_plan(ranked)
@@ -181,9 +184,28 @@ class Answerer:
             ok, why, parsed = await self.judge.recheck(
                 text, than=self.judge.mean_logprob(best.draft.index), truncated=w.finish != t.FinishReason.STOP
             )
+        contradicts = False
         if ok and (why := await self._refinement_error(ranked, text, parsed, attempt)):
-            ok = False
+            ok, contradicts = False, True
         note = f"refined from {len(plan.chosen)} draft(s) as {plan.mode} (not as is: {not_as_is})"
+        own = None
+        if (
+            not ok
+            and not contradicts
+            and plan.mode is t.RefineMode.CANDIDATES
+            and p.alone_after_rejected_candidates
+            and await self._fails_rules(text)
+        ):
+            own = await self._own_answer()
+            if own.valid:
+                self.stream.replace(own.text, f"refinement rejected: {why}")  # nothing of the refinement was final
+                own.note = "; ".join(
+                    n for n in (f"{note}; refinement rejected ({why}): the cloud answered itself", own.note) if n
+                )
+                own.steps += w.tokens
+                own.generated += w.tokens
+                return own
+            why = f"{why}; the cloud's own answer failed too ({own.note or 'invalid'})"
         if ok:
             a = Answer(
                 text=text,
@@ -200,7 +222,22 @@ class Answerer:
             a.chosen = plan.chosen
             self.stream.replace(a.text, f"refinement rejected: {why}")
         a.ttft_ms, a.steps, a.generated = w.ttft_ms, w.tokens, w.tokens
+        if own is not None:
+            a.steps += own.steps
+            a.generated += own.generated
         return a
+
+    async def _fails_rules(self, text: str) -> bool:
+        """Whether ``text`` fails the rules in force (not only the likelihood threshold: a refinement the
+        target finds less likely than the draft leaves the draft the better answer)."""
+        res, _ = await asyncio.to_thread(self.ctx.rules.check, text)
+        return not res.valid
+
+    async def _own_answer(self) -> Answer:
+        """The cloud's own answer written aside (nothing streamed): the session shows it only if it passes,
+        else the best draft it would replace."""
+        aside = AnswerStream()
+        return await CloudAlone(self.ctx, judge=self.judge, writer=Writer(self.ctx, aside), stream=aside).answer()
 
     def refine_plan(self, ranked: Ranked) -> RefinePlan:
         """Continue a verified step prefix where the best draft is one the target itself finds likely,

@@ -139,6 +139,15 @@ class PolicyConfig:
     """Start the refinement from the valid drafts' consensus steps (docs/design.md §4.4)."""
     prefix_min_score: float = bounded(0.9, ge=0)
     """...but only when the best draft's verifier score reaches this (see cloud/answering.py, Answerer.refine_plan)."""
+    alone_after_rejected_candidates: bool = True
+    """Where a refinement from the drafts as candidates fails the rules, the cloud answers itself
+    (``CloudAlone``, the cloud plan's answer, written aside and shown only if it passes) instead of returning
+    the best draft, which was not good enough as is. A draft can pass every rule and still be wrong: on a demo
+    words problem, "Now she has 11 + 9 = 20" (21 given) passed the arithmetic rule at verifier score 0.63,
+    its refinement copied the 11 and failed, and the draft was the answer. Not where the refinement only
+    contradicted what the drafts agree on or was less likely than the draft (the draft is then the better
+    evidence), nor after a prefix refinement (its shown text promised the best draft's). False: the best
+    draft, as before."""
     context_drafts: int = bounded(2, ge=1)
     """Best valid drafts used as refinement context."""
     accept_min_score: float = bounded(0.9, ge=0)
@@ -156,10 +165,14 @@ class PolicyConfig:
     that passes them is right: no LLM verifier is asked, and the best such draft is the answer as is (no
     refinement, no continuation). The verifier's prefill per draft and the refinement were most of what a
     split answer cost the cloud (benchmarks/capacity.py); off: every valid draft is scored as on open requests."""
-    min_round_odds: float = bounded(0.1, ge=0, le=1)
+    min_round_odds: float = bounded(0.3, ge=0, le=1)
     """Advise another round of drafts only where rounds of the same kind of request (task and rules) held a
-    draft the rules pass at least this often lately (``coinfer.cloud.policy.RoundOdds``; every tenth refusal
-    retries anyway, to keep measuring); 0: retry up to ``max_retries`` always."""
+    draft the rules pass at least this often lately, first rounds and retry rounds each
+    (``coinfer.cloud.policy.RoundOdds``, ``retry``; every tenth refusal retries anyway, to keep measuring);
+    0: retry up to ``max_retries`` always. A retry makes every such request wait a drafting round (on the
+    demo words problems about as long as the cloud's own answer), so it pays only where it often finds a
+    valid draft: there retries held one about 1 time in 6, and two retries took a failed request from
+    0.3-0.47 s to 0.65-1.3 s (was 0.1, when first and retry rounds were counted together)."""
     max_retries: int = bounded(2, ge=0)
     """Retry rounds advised to the edge before the cloud drafts itself."""
     hedge_below_odds: float = bounded(0.25, ge=0, le=1)

@@ -30,7 +30,7 @@ from coinfer.cloud.engine import TargetEngine
 from coinfer.cloud.hedge import Hedge
 from coinfer.cloud.judging import Judge
 from coinfer.cloud.learning import Outcome, outcome_rows
-from coinfer.cloud.policy import RoundOdds
+from coinfer.cloud.policy import RoundOdds, retry
 from coinfer.cloud.ranking import MS_PER_S, Judged, Ranked
 from coinfer.cloud.rounds import Rounds, request_kind, retry_advice
 from coinfer.cloud.summary import summary
@@ -106,6 +106,12 @@ class Session:
     def kind(self) -> tuple:
         """What rounds of drafts of this request are counted by (``RoundOdds``)."""
         return request_kind(self.ctx.req, self.ctx.rules)
+
+    def _observe(self, found: bool) -> None:
+        """Count the round that ended: a first round under the request's kind, a retry round apart (``retry``)."""
+        if self.round_odds is not None and (self.hedge is None or self.ctx.rules_decide):
+            # a round whose drafts were not scored (a hedge answered) tells nothing
+            self.round_odds.observe(self.kind if self.rounds.attempt == 0 else retry(self.kind), found)
 
     def _hedges(self) -> bool:
         """Whether to begin the cloud's own answer at open (``PolicyConfig.hedge_below_odds``): drafts may
@@ -221,8 +227,7 @@ class Session:
                     break  # the round answers
                 if first.done():  # its verdict already told the judge to score no more
                     await self._cut_round(rounds, round_tasks)
-                    if self.round_odds is not None and (hedge is None or self.ctx.rules_decide):
-                        self.round_odds.observe(self.kind, True)
+                    self._observe(True)
                     await self._finish(self._ms(), accepted=self._first)
                     return
                 if hedge is not None and hedge.task.done() and hedge.won(bool(self.judge.ranked())):
@@ -273,8 +278,7 @@ class Session:
             verify_ms = self._ms()
             round_tasks.clear()
             found = bool(self.judge.ranked())
-            if self.round_odds is not None and (self.hedge is None or self.ctx.rules_decide):
-                self.round_odds.observe(self.kind, found)  # a round whose drafts were not scored tells nothing
+            self._observe(found)
             if (
                 found
                 or self.hedge is not None  # the cloud's own answer is under way: no retry waits for drafts

@@ -10,7 +10,7 @@ from coinfer.cloud.answer_stream import AnswerStream
 from coinfer.cloud.answering import Answerer
 from coinfer.cloud.judging import Judge
 from coinfer.tasks import TASKS
-from tests.cloud.engines import RIGHT, WRONG, ScriptedEngine, apples, context, draft
+from tests.cloud.engines import RIGHT, WRONG, Replies, ScriptedEngine, apples, context, draft
 from tests.streams import shown
 
 RIGHT2 = RIGHT.replace("Tom", "Tom then")
@@ -109,3 +109,31 @@ def test_why_not_as_is_reads_the_judges_logprobs_and_the_rules_can_decide():
     a, _, answerer = _answer(ctx, [draft(0, arith.solve(spec), truncated=True)])
     assert a.mode is t.RefineMode.ACCEPTED  # the preset's checkers passed it: whole, not continued
     assert not answerer.cut_short(answerer.judge.ranked()[0][0])
+
+
+BAD = RIGHT.replace("5 + 12 = 17", "5 + 12 = 15").replace("Answer: 17", "Answer: 15")
+"""A refinement the arithmetic rule fails."""
+
+
+def _refused(replies: list[str], **policy):
+    """The answer to one doubted draft (WRONG) whose candidates refinement is the first of ``replies``."""
+    engine = Replies(replies)
+    engine.logprobs = {WRONG: [-0.1] * 12}
+    a, events, _ = _answer(context(engine, apples(), accept_min_score=2.0, **policy), [draft(0, WRONG)])
+    return a, events, engine
+
+
+def test_a_candidates_refinement_that_fails_the_rules_gives_the_clouds_own_answer_where_it_passes():
+    a, events, engine = _refused([BAD, RIGHT])
+    assert a.source == t.AnswerSource.CLOUD and a.valid and a.text == RIGHT == shown(events)
+    assert "refinement rejected (arithmetic" in a.note and "the cloud answered itself" in a.note
+    assert a.generated == engine.generated  # the refused refinement's tokens counted with its own
+    assert not any(e.final for e in events if isinstance(e, t.AnswerChunk) and BAD.startswith(e.text))
+    a, events, _ = _refused([BAD, RIGHT], alone_after_rejected_candidates=False)
+    assert a.source == t.AnswerSource.DRAFT and a.text == WRONG == shown(events)  # off: the best draft, as before
+
+
+def test_where_the_clouds_own_answer_fails_too_the_best_draft_is_the_answer():
+    a, events, engine = _refused(["I do not know."] * 20)
+    assert a.source == t.AnswerSource.DRAFT and a.text == WRONG == shown(events)
+    assert "the cloud's own answer failed too" in a.note and a.generated == engine.generated

@@ -78,3 +78,16 @@ def test_round_odds_stop_retries_where_rounds_never_hold_a_valid_draft_and_still
     assert odds.odds("select") < 0.1 < odds.odds("arith")
     assert [odds.pays("select", 0.1) for _ in range(8)] == [False, False, False, True] * 2  # every 4th explores
     assert odds.pays("arith", 0.1) and odds.pays("select", 0.0)  # 0: always
+
+
+def test_retry_rounds_are_counted_apart_from_first_rounds():
+    from coinfer.cloud.policy import RoundOdds, retry
+
+    odds = RoundOdds(explore_every=1000)
+    for _ in range(40):  # first rounds of words mostly hold a valid draft; the retries of the rest never do
+        odds.observe("words", True)
+        odds.observe(retry("words"), False)
+    assert odds.odds("words") > 0.9 and odds.odds(retry("words")) < 0.1
+    assert not odds.pays("words", 0.1)  # another round after a failed one is not worth its wait
+    assert not odds.rare("words", 0.25)  # while the first round is still waited for (no hedge at open)
+    assert odds.pays("arith", 0.1)  # another kind: unseen, the prior retries

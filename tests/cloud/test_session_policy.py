@@ -468,6 +468,32 @@ def test_a_preset_with_rules_of_its_own_or_the_switch_off_is_verified_by_the_mod
         assert engine.scored >= 1 and summary.refine_mode != "accepted"
 
 
+def test_a_retry_round_is_counted_apart_and_none_is_advised_where_retries_never_held_a_valid_draft():
+    from coinfer.cloud.policy import RoundOdds, retry
+
+    wrong = WRONG.replace("4 + 12 = 16", "4 + 12 = 15")
+    odds = RoundOdds(explore_every=1000)
+    engine = ScriptedEngine({}, reply=RIGHT)
+    session = _session(engine, round_odds=odds)
+
+    async def two_rounds():
+        yield t.Draft(0, wrong, 12, -0.1, 1.0)
+        yield DraftsDone(1)
+        yield t.Draft(1, wrong, 12, -0.1, 1.0)
+        yield DraftsDone(1)
+
+    events = asyncio.run(_collect(session.run(two_rounds())))
+    assert sum(isinstance(e, t.RetryAdvice) for e in events) == 2  # after each round: no odds known yet
+    assert odds._seen == {session.kind: 1, retry(session.kind): 1}  # the first round and its retry, apart
+    for _ in range(30):  # first rounds of this kind pass; the retries after a failed one never did
+        odds.observe(session.kind, True)
+        odds.observe(retry(session.kind), False)
+    session = _session(ScriptedEngine({}, reply=RIGHT), round_odds=odds)
+    events = asyncio.run(_run(session, [wrong]))
+    assert not any(isinstance(e, t.RetryAdvice) for e in events)
+    assert isinstance(events[-1], t.Summary) and events[-1].answer == RIGHT  # the cloud answered at once
+
+
 def test_no_retry_is_advised_where_rounds_of_this_kind_never_held_a_valid_draft():
     from coinfer.cloud.policy import RoundOdds
 
