@@ -12,7 +12,9 @@ then, model by model and while the time budget lasts:
 2. decode ms/token at batch 1 and batch 5 on CUDA (FP16 the baseline), and FP32 / INT8 dynamic / weight-only on the
    CPU cores of the same machine, one run (``coinfer.quantize.bench``);
 3. the edge's engine (``OrtDraftEngine``, IO binding on CUDA): 1 draft vs 5 drafts in one batch, for FP16,
-   the default INT8 scheme and dynamic.
+   the default INT8 scheme and dynamic;
+4. the same for the ``--kv-cache buffer`` exports (FP32, FP16, INT8 weight-only): ONNX Runtime's fused graph
+   (GroupQueryAttention over a preallocated cache), a third of the kernels per step.
 
 Each step's result is written to ``DIR/gpu_check.json`` as soon as it is known, so a run cut short by
 its budget or its machine keeps what it measured. Exit status 3 when CUDA is absent.
@@ -32,7 +34,7 @@ from pathlib import Path
 
 CUDA = ("CUDAExecutionProvider", "CPUExecutionProvider")
 CPU = ("CPUExecutionProvider",)
-STEPS = ("placement", "decode", "drafting")
+STEPS = ("placement", "decode", "drafting", "buffer")
 
 
 class Report:
@@ -142,6 +144,42 @@ def drafting(model_dir: Path, providers: tuple[str, ...]) -> dict:
     return batch_ratio(model_dir, "If x=3 and y=5, compute (x+y)^2-x*y.\n", providers=providers)
 
 
+def buffer_variants(name: str) -> dict:
+    """The model's ``--kv-cache buffer`` exports (ONNX Runtime's fused graph: GroupQueryAttention over a
+    preallocated cache, fused projections), built once: FP32, INT8 weight-only from it, FP16. Each that
+    fails to build is reported by its error, the others kept."""
+    from benchmarks.quantize_speed import LargeRecipe, build_large
+    from coinfer.demo.artifacts import EXPORT_SOURCES, INT8_SOURCES, artifact_key, ensure_artifacts
+    from coinfer.quantize.build import BuildOptions, int8_dir
+    from coinfer.quantize.export import export_dir
+    from coinfer.quantize.int8 import QuantConfig
+
+    if name == "demo-draft":
+        models = ensure_artifacts().models
+        hf, root = models.draft, models.root / "bench-buffer"
+        root.mkdir(exist_ok=True)
+    else:
+        root = build_large(LargeRecipe())
+        hf = root / "hf"
+    fp32, fp16 = (root / f"onnx-buffer-{dt}-{artifact_key(EXPORT_SOURCES)}" for dt in ("fp32", "fp16"))
+    wo = root / f"int8-buffer-weight-only-{artifact_key(INT8_SOURCES)}"
+    prompt = [1, 10, 20, 30, 40]
+    builds = {
+        fp32: lambda: export_dir(hf, fp32, parity_prompt=prompt, parity_steps=4, kv_cache="buffer"),
+        wo: lambda: int8_dir(fp32, wo, QuantConfig(scheme="weight-only"), BuildOptions(gates=None, keep_failed=True)),
+        fp16: lambda: export_dir(hf, fp16, parity_prompt=prompt, parity_steps=4, dtype="fp16", kv_cache="buffer"),
+    }
+    built, errors = [], {}
+    for d, build in builds.items():
+        try:
+            if not (d / "manifest.json").exists():
+                build()
+            built.append(str(d))
+        except Exception as e:  # one variant that does not build must not hide the others
+            errors[d.name] = f"{type(e).__name__}: {e}"[:600]
+    return {"dirs": built, "errors": errors}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/coinfer-gpu")))
@@ -184,6 +222,16 @@ def main(argv: list[str] | None = None) -> int:
                 rep.step(f"{name}/drafting/{d.name}", lambda d=d: drafting(d, accel), needs_s=30)
             d = int8[QuantConfig.scheme]
             rep.step(f"{name}/drafting/cpu/{d.name}", lambda d=d: drafting(d, CPU), needs_s=30)
+        if "buffer" in args.steps:  # the fused graph: fewer, larger kernels per step
+            made = rep.step(f"{name}/buffer/prepare", lambda n=name: buffer_variants(n), needs_s=30) or {}
+            buf = [Path(d) for d in made.get("dirs", [])]
+            for d in buf:
+                rep.step(f"{name}/buffer/placement/{d.name}", lambda d=d: placement(d, accel), needs_s=20)
+            if buf:  # beside the concat graph's FP16 (the baseline) and weight-only
+                base = [dirs[1], int8[QuantConfig.scheme], *buf]
+                rep.step(f"{name}/buffer/decode/accel", lambda b=base: decode(b, accel, 5), needs_s=60)
+                for d in buf[1:]:
+                    rep.step(f"{name}/buffer/drafting/{d.name}", lambda d=d: drafting(d, accel), needs_s=30)
     rep.data["total_s"] = round(rep.elapsed(), 1)
     rep.save()
     return 0

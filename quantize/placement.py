@@ -37,6 +37,10 @@ COMPUTE_OPS = (
 )
 
 
+PLACEMENT_TOKENS = 8
+"""Cache positions of the placement run: a 4-token prefill and a decode step, with room to spare."""
+
+
 @dataclass
 class Placement:
     requested: list[str]
@@ -76,7 +80,9 @@ def check_placement(model_path: Path, providers: list[str]) -> Placement:
         model_path, providers=[p for p in providers if p in available] or ["CPUExecutionProvider"], profile=True
     )
     res.session = lm.providers
-    logits, past = lm.step(np.array([[1, 2, 3, 4]], np.int64), lm.empty_past())
+    # a buffer graph's cache holds the prefill and the decode step (the CUDA kernel of GroupQueryAttention
+    # refuses a zero-capacity one: "seqlens_k[0] = 3 is out of range [0, 0)" on an H200); concat ignores it
+    logits, past = lm.step(np.array([[1, 2, 3, 4]], np.int64), lm.empty_past(PLACEMENT_TOKENS))
     lm.step(logits.argmax(-1, keepdims=True).astype(np.int64), past)
     prof = lm.session.end_profiling()
     try:

@@ -42,15 +42,18 @@ def test_the_cpu_rehearsal_places_every_variant_and_drafts_in_batches(tmp_path):
             "--steps",
             "placement",
             "drafting",
+            "buffer",
         ]
     )
     assert rc == 0
     steps = json.loads((tmp_path / "gpu_check.json").read_text())["steps"]
     placements = {k: v["result"] for k, v in steps.items() if "/placement/" in k}
-    assert len(placements) == 5  # FP32, FP16 and the three INT8 schemes
+    made = steps["demo-draft/buffer/prepare"]["result"]
+    assert len(made["dirs"]) + len(made["errors"]) == 3 and len(made["dirs"]) >= 2  # FP32 and weight-only at least
+    assert len(placements) == 5 + len(made["dirs"])  # FP32, FP16, the three INT8 schemes; the buffer graphs
     for p in placements.values():
         assert p["session"] == ["CPUExecutionProvider"] and not p["problems"]
     drafting = {k: v["result"] for k, v in steps.items() if "/drafting/" in k}
-    assert len(drafting) == 4
+    assert len(drafting) == 4 + len(made["dirs"]) - 1  # the buffer graphs but FP32
     for d in drafting.values():
         assert d["ms_1"] > 0 and d["ms_5"] > 0 and d["tokens_1"] > 0 and d["tokens_5"] > 0
