@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -67,6 +68,14 @@ def gate_prompts(src_dir: Path, cfg: QuantConfig, opts: BuildOptions) -> list[Ta
     prompts = read_prompt_file(opts.gate_prompts)
     shared = cfg.scheme == "static" and opts.calibration_file is None  # calibrated on the even lines
     return halves(prompts, held_out=True) if shared else prompts
+
+
+def runs_on(scheme: str, src_dir: Path) -> list[str]:
+    """The scheme's providers that its source graph runs on too (a source without a manifest, an
+    Optimum export say, is taken to run wherever the scheme does)."""
+    manifest = src_dir / "manifest.json"
+    source = json.loads(manifest.read_text()).get("providers") if manifest.is_file() else None
+    return [p for p in PROVIDERS[scheme] if source is None or p in source]
 
 
 def int8_dir(src_dir: Path, out_dir: Path, cfg: QuantConfig = QuantConfig(), opts: BuildOptions | None = None) -> dict:
@@ -139,7 +148,7 @@ def int8_dir(src_dir: Path, out_dir: Path, cfg: QuantConfig = QuantConfig(), opt
                 "opset": opset_of(tmp / MODEL_FILE),
                 "source": {"path": str(src_dir), "sha256": sha256_file(src)},
                 "tokenizer_sha256": tokenizer_hash(tmp),
-                "providers": PROVIDERS[cfg.scheme],
+                "providers": runs_on(cfg.scheme, src_dir),
                 "checks": {"structure": report["structure"], "gates": report.get("gates"), "passed": not failures},
             },
         )

@@ -77,6 +77,7 @@ def register_schemas() -> None:
         OpSchema.Attribute,
         ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"],
     )
+    optional = OpSchema.FormalParameterOption.Optional  # as ONNX Runtime declares them
     schemas = [
         OpSchema(
             "RotaryEmbedding",
@@ -97,7 +98,12 @@ def register_schemas() -> None:
             1,
             doc="ONNX Runtime contrib op (subset declared for export)",
             inputs=[p("input", "T"), p("skip", "T"), p("gamma", "T")],
-            outputs=[p("output", "T"), p("mean", "U"), p("inv_std_var", "U"), p("input_skip_bias_sum", "T")],
+            outputs=[
+                p("output", "T"),
+                p("mean", "U", param_option=optional),
+                p("inv_std_var", "U", param_option=optional),
+                p("input_skip_bias_sum", "T", param_option=optional),
+            ],
             type_constraints=[("T", floats, "float"), ("U", ["tensor(float)"], "statistics")],
             attributes=[a("epsilon", OpSchema.AttrType.FLOAT, "", required=False)],
         ),
@@ -123,3 +129,27 @@ def translation_table() -> dict:
         return normed, total
 
     return {torch.ops.coinfer.rotary.default: rotary_onnx, torch.ops.coinfer.skip_rms_norm.default: skip_rms_norm_onnx}
+
+
+STATISTICS = {"SkipSimplifiedLayerNormalization": (1, 2)}
+"""{contrib op: its optional outputs typed float whatever the model's dtype (the kernel's mean and
+inverse deviation)}."""
+
+
+def drop_unread_statistics(graph) -> int:
+    """Unname the float-only statistics outputs no node or graph output reads; returns how many.
+
+    The FP16 conversion retypes every float tensor it finds, these too, and ONNX Runtime's schema
+    types them float only: left named, the converted graph fails type inference (float vs float16).
+    An optional output with an empty name is not computed, which is what an unread one should be."""
+    read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    dropped = set()
+    for node in graph.node:
+        for i in STATISTICS.get(node.op_type, ()) if node.domain == "com.microsoft" else ():
+            if i < len(node.output) and node.output[i] and node.output[i] not in read:
+                dropped.add(node.output[i])
+                node.output[i] = ""
+    kept = [v for v in graph.value_info if v.name not in dropped]
+    del graph.value_info[:]
+    graph.value_info.extend(kept)
+    return len(dropped)

@@ -59,6 +59,12 @@ class Placement:
         return not self.problems
 
 
+HINTS = {
+    "GroupQueryAttention": " (its CUDA kernel takes float16 and bfloat16 only: export with --dtype fp16)",
+}
+"""What to do about an op that falls back in a float32 graph, by op."""
+
+
 def is_compute(op: str) -> bool:
     return any(p in op for p in COMPUTE_OPS)
 
@@ -109,5 +115,6 @@ def check_placement(model_path: Path, providers: list[str]) -> Placement:
             res.problems.append(
                 f"{len(res.fallback)} compute node(s) fell back to CPU although "
                 f"{', '.join(accel)} was requested, e.g. {res.fallback[0]}"
+                + (HINTS.get(res.fallback[0].split(":")[0], "") if lm.dtype == np.float32 else "")
             )
     return res

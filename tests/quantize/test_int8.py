@@ -390,3 +390,30 @@ def test_keep_float_names_match_whole_module_suffixes(name, keep, kept):
     node = helper.make_node("MatMul", ["x", "w"], ["y"], name="node_linear_7")
     node.metadata_props.add(key="pkg.torch.onnx.name_scopes", value=f"['', '{name}', 'linear_7']")
     assert kept_float(node, keep) is kept
+
+
+@pytest.mark.parametrize(
+    ("source", "scheme", "expected"),
+    [
+        (None, "weight-only", ["CUDAExecutionProvider", "CPUExecutionProvider"]),  # an Optimum export: no manifest
+        (
+            ["CPUExecutionProvider", "CUDAExecutionProvider"],
+            "weight-only",
+            ["CUDAExecutionProvider", "CPUExecutionProvider"],
+        ),
+        (["CPUExecutionProvider"], "weight-only", ["CPUExecutionProvider"]),  # from a float32 buffer graph
+        (["CPUExecutionProvider", "CUDAExecutionProvider"], "dynamic", ["CPUExecutionProvider"]),
+    ],
+)
+def test_an_int8_artefact_runs_where_its_scheme_and_its_source_both_run(tmp_path, source, scheme, expected):
+    from coinfer.quantize.build import runs_on
+    from coinfer.quantize.export import providers
+
+    if source is not None:
+        (tmp_path / "manifest.json").write_text(json.dumps({"providers": source}))
+    assert runs_on(scheme, tmp_path) == expected
+    # GroupQueryAttention's CUDA kernel is float16 / bfloat16 only: a float32 buffer graph is a CPU graph
+    assert providers("fp32", "buffer") == ["CPUExecutionProvider"]
+    assert "CUDAExecutionProvider" in providers("fp16", "buffer") and "CUDAExecutionProvider" in providers(
+        "fp32", "concat"
+    )
