@@ -47,7 +47,8 @@ if TYPE_CHECKING:  # the engines import ONNX Runtime, vLLM and torch: only when 
     from coinfer.cloud.engine import VllmEngine
     from coinfer.cloud.server import CloudServer
     from coinfer.edge.draft_engine import OrtDraftEngine
-    from coinfer.edge.pipeline import EdgePipeline, EdgeResult
+    from coinfer.edge.pipeline import EdgePipeline
+    from coinfer.edge.result import EdgeResult
     from coinfer.edge.sampling import Sampling
 
 log = logging.getLogger(__name__)

@@ -21,13 +21,15 @@ from coinfer import types as t
 from coinfer.chat import conversation
 from coinfer.edge.config import EdgeConfig
 from coinfer.edge.draft_engine import OrtDraftEngine
+from coinfer.edge.failures import CloudFailed
 from coinfer.edge.kinds import FallbackKind, RequestedPlan
 from coinfer.edge.link import CloudLink
 from coinfer.edge.metrics import EdgeMetrics
-from coinfer.edge.pipeline import LOCAL_FINISH_S, CloudFailed, EdgePipeline, EdgeResult, Event, Plan, Run
+from coinfer.edge.pipeline import LOCAL_FINISH_S, EdgePipeline, Event, Plan, Run
 from coinfer.edge.planner.cost import Choice
 from coinfer.edge.planner.planner import EdgeState, Planner
 from coinfer.edge.request import ValidRequest
+from coinfer.edge.result import EdgeResult
 from coinfer.edge.shown import AnswerView
 
 log = logging.getLogger(__name__)

@@ -186,7 +186,7 @@ def _rpc_error(exc) -> grpc.aio.AioRpcError:
 
 
 def test_which_cloud_errors_are_the_requests_fault():
-    from coinfer.edge.pipeline import cloud_failed, failure_kind, request_fault
+    from coinfer.edge.failures import cloud_failed, failure_kind, request_fault
     from coinfer.errors import InvalidArgument, Reason, ResourceExhausted, Unavailable, error_info
 
     assert request_fault(_rpc_error(InvalidArgument("problem.prompt: required")))

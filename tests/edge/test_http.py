@@ -70,7 +70,7 @@ async def test_the_coinfer_block_carries_the_plans_that_ran_and_the_clouds_token
     from coinfer import types as t
     from coinfer.edge.config import EdgeConfig
     from coinfer.edge.http import create_app
-    from coinfer.edge.pipeline import EdgeResult
+    from coinfer.edge.result import EdgeResult
     from coinfer.edge.service import CloudTokens, Done, EdgeCore
 
     core = EdgeCore(EdgeConfig(model=str(tmp_path), warm=False))  # lazy: never loaded here
@@ -141,7 +141,7 @@ def _content(events: list[dict]) -> list[str]:
 
 async def test_a_stream_sends_final_chunks_as_they_come_and_never_withdraws_them(monkeypatch, tmp_path):
     from coinfer import types as t
-    from coinfer.edge.pipeline import EdgeResult
+    from coinfer.edge.result import EdgeResult
     from coinfer.edge.service import CloudTokens, Done
 
     answer = "Rayleigh scattering: blue light scatters most."
@@ -170,7 +170,7 @@ async def test_a_stream_sends_final_chunks_as_they_come_and_never_withdraws_them
 
 async def test_a_stream_whose_sent_text_the_answer_does_not_begin_ends_in_an_error(monkeypatch, tmp_path):
     from coinfer import types as t
-    from coinfer.edge.pipeline import EdgeResult
+    from coinfer.edge.result import EdgeResult
     from coinfer.edge.service import CloudTokens, Done
 
     local = EdgeResult(

@@ -22,8 +22,9 @@ from coinfer.edge.draft_engine import DraftResult
 from coinfer.edge.http import create_app
 from coinfer.edge.kinds import FallbackKind, RequestedPlan
 from coinfer.edge.lifecycle import RequestLifecycle
-from coinfer.edge.pipeline import EdgeResult, Plan
+from coinfer.edge.pipeline import Plan
 from coinfer.edge.request import SolveRequest, checked
+from coinfer.edge.result import EdgeResult
 from coinfer.edge.service import Done, EdgeCore
 from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
 from tests.streams import shown
@@ -327,7 +328,8 @@ async def test_the_planner_sees_a_continuations_own_text_and_tokens(stalling, mo
 async def test_the_pipeline_reports_a_failed_cloud_with_what_the_run_had(tmp_path):
     """The pipeline decides no local answer: its run raises CloudFailed with the partial result, the
     drafts written before the replay and the failure as data; the user has seen the reset of the replay."""
-    from coinfer.edge.pipeline import CloudFailed, EdgePipeline, Run
+    from coinfer.edge.failures import CloudFailed
+    from coinfer.edge.pipeline import EdgePipeline, Run
 
     cloud = FailsMidSession()
     server, target = await _cloud(cloud)

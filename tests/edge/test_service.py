@@ -15,8 +15,9 @@ from coinfer import convert
 from coinfer import types as t
 from coinfer.edge.config import EdgeConfig
 from coinfer.edge.draft_engine import DraftResult
-from coinfer.edge.pipeline import EdgePipeline, EdgeResult, Plan, ResultBuilder
+from coinfer.edge.pipeline import EdgePipeline, Plan
 from coinfer.edge.planner.planner import EXPLORE_RUNS
+from coinfer.edge.result import EdgeResult, ResultBuilder
 from coinfer.edge.service import CloudTokens, Done, EdgeCore, SolveRequest
 from coinfer.edge.servicer import result_to_pb
 from coinfer.v1 import coinfer_pb2_grpc as pb_grpc

@@ -94,7 +94,7 @@ def test_a_cloud_plan_never_run_is_predicted_from_the_answers_the_task_gets():
 
 def _result(rounds: int, drafting: float, total: float, summary=None):
     from coinfer import types as t
-    from coinfer.edge.pipeline import EdgeResult
+    from coinfer.edge.result import EdgeResult
 
     drafts = [t.Draft(i, "3+5=8; answer 8", 10, -0.1, drafting) for i in range(5)]
     return EdgeResult(
