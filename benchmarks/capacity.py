@@ -23,7 +23,8 @@ Per workload, the SLO is ``--slo-factor`` (3) x the unloaded p50 latency of plai
 requests (the issue's suggestion): a system's capacity is the highest Poisson arrival rate at which the
 p95 latency stayed within it with no request failed. Rates rise by ``--rate-step`` from half of what the
 unloaded pass says one core can serve, each held for ``--step-s`` seconds of arrivals, the requests drained
-before the next rate. Reported per system and workload at that rate: answers/s, the cloud's CPU-seconds
+before the next rate; a system that held every rate climbs ``--extend-steps`` more by the step squared, and
+a capacity no higher rate was seen to miss is marked a lower bound (``capacity_lower_bound``). Reported per system and workload at that rate: answers/s, the cloud's CPU-seconds
 per answer (every process of the replica: ``/proc`` user + system time over the step, over the answers:
 verification prefill, sessions and gRPC included), accuracy (null for open prompts), p50 / p95 latency and
 the p50 time to first content. One run, one machine: ratios side by side, no thresholds.
@@ -54,9 +55,10 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.load_stats import Step, arrivals, pct, summary
 from benchmarks.replica import CLOUD_CORE, Server, coinfer_stack, vllm_server
 
 SYSTEMS = ("split", "cloud", "auto", "vllm-greedy", "vllm-best-of-5")
@@ -95,75 +97,6 @@ REAL_PROMPTS = [
 
 
 # ---- pure: percentiles, the ladder and the capacity it shows ------------------------------------
-
-
-def pct(xs: list[float], q: float) -> float:
-    """The ``q`` quantile (nearest rank); 0.0 for no values."""
-    if not xs:
-        return 0.0
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
-
-
-def arrivals(rate: float, duration_s: float, rng: random.Random) -> list[float]:
-    """Poisson arrival offsets (s) in ``[0, duration_s)`` at ``rate`` per second; at least one."""
-    out, t = [], rng.expovariate(rate)
-    while t < duration_s:
-        out.append(t)
-        t += rng.expovariate(rate)
-    return out or [0.0]
-
-
-@dataclass
-class Step:
-    """One rate of the ladder, measured."""
-
-    rate: float
-    answers: int
-    failed: int
-    wall_s: float
-    cpu_s: float
-    p50_s: float
-    p95_s: float
-    ttft_p50_s: float
-    accuracy: float | None
-    sources: dict = field(default_factory=dict)
-    engine_tokens_per_answer: float | None = None
-    """Mean of the servers' own reports (``Result.engine_tokens``) over answers that have one."""
-
-    def held(self, slo_s: float) -> bool:
-        return self.failed == 0 and self.answers > 0 and self.p95_s <= slo_s
-
-    @property
-    def cpu_per_answer(self) -> float:
-        return self.cpu_s / max(1, self.answers)
-
-
-def capacity(steps: list[Step], slo_s: float) -> Step | None:
-    """The highest-rate step that held the SLO (None: not even the first)."""
-    held = [s for s in steps if s.held(slo_s)]
-    return max(held, key=lambda s: s.rate) if held else None
-
-
-def summary(steps: list[Step], slo_s: float, sat: Step) -> dict:
-    """The output contract's entry of one system on one workload: the capacity step's latency and accuracy,
-    the saturated run's cost (``cloud_cpu_s_per_answer``) and throughput."""
-    best = capacity(steps, slo_s)
-    at = best if best is not None else (steps[0] if steps else sat)
-    return {
-        "capacity_rps": round(best.rate, 3) if best is not None else 0.0,
-        "cloud_cpu_s_per_answer": round(sat.cpu_per_answer, 4),
-        "engine_tokens_per_answer": sat.engine_tokens_per_answer,
-        "accuracy": at.accuracy,
-        "p50_s": at.p50_s,
-        "p95_s": at.p95_s,
-        "ttft_p50_s": at.ttft_p50_s,
-        "saturated_answers_per_s": round(sat.answers / max(sat.wall_s, 1e-9), 3),
-        "saturated_accuracy": sat.accuracy,
-        "sources": at.sources,
-        "saturated": dataclasses.asdict(sat),
-        "steps": [dataclasses.asdict(s) for s in steps],
-    }
 
 
 # ---- one request, per kind of system ------------------------------------------------------------------
@@ -377,11 +310,17 @@ async def ladder(
 ) -> list[Step]:
     """Rising rates from ``start`` (half the saturated throughput) until the SLO breaks or ``--max-steps``; when
     the first rate misses it, falling rates (a system whose unloaded latency is near the SLO holds it only
-    well below saturation) down to ``--min-rate``."""
+    well below saturation) down to ``--min-rate``. A rising ladder that held every rate climbs on, by the
+    step squared, for up to ``--extend-steps`` more: a system whose saturated run is bound by its own
+    latency rather than the replica (split on the real model: the edges' drafting, seconds, at 16 in
+    flight) starts far below what the replica holds, and a capacity reached by running out of steps is
+    only a lower bound (``summary`` says which)."""
     rng = random.Random(args.seed)
     rate = max(args.min_rate, start)
     steps: list[Step] = []
-    for _ in range(args.max_steps):
+    for i in range(args.max_steps + args.extend_steps):
+        if i >= args.max_steps and not all(s.held(slo_s) for s in steps):
+            break
         step = await run_step(ask, reqs, rate, args.step_s, server, rng, f"{tag}-{rate:.2f}")
         steps.append(step)
         held = step.held(slo_s)
@@ -394,7 +333,8 @@ async def ladder(
             break
         if not falling and not held:
             break
-        rate = max(args.min_rate, rate / args.rate_step**2) if falling else rate * args.rate_step
+        climb = args.rate_step**2 if i + 1 >= args.max_steps else args.rate_step
+        rate = max(args.min_rate, rate / args.rate_step**2) if falling else rate * climb
     return steps
 
 
@@ -534,7 +474,8 @@ def table(report: dict) -> str:
     for wl, systems in report["workloads"].items():
         for name, r in systems.items():
             rows.append(
-                f"| {wl} (SLO {report['slo_s'].get(wl, 0):.2f} s) | {name} | {r['capacity_rps']} | "
+                f"| {wl} (SLO {report['slo_s'].get(wl, 0):.2f} s) | {name} | "
+                f"{'>= ' if r.get('capacity_lower_bound') else ''}{r['capacity_rps']} | "
                 f"{r['saturated_answers_per_s']} | {r['cloud_cpu_s_per_answer']} | {r['engine_tokens_per_answer']} | "
                 f"{r['accuracy']} | {r['p50_s']} | {r['p95_s']} | "
                 f"{r['ttft_p50_s']} |"
@@ -576,6 +517,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--rate-step", type=float, default=1.35, help="each rate is the last times this")
     ap.add_argument("--max-steps", type=int, default=5)
+    ap.add_argument(
+        "--extend-steps", type=int, default=1, help="more rates (each the last times the step squared) while all held"
+    )
     ap.add_argument("--saturate-concurrency", type=int, default=16, help="requests in flight in the saturated run")
     ap.add_argument("--saturate-rounds", type=int, default=3, help="the workload's requests this many times there")
     ap.add_argument("--min-rate", type=float, default=0.2)

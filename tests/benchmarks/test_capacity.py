@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 from argparse import Namespace
 
 from benchmarks import capacity as cap
+from benchmarks import load_stats
 
 
 class Idle:
@@ -34,22 +34,29 @@ def _ask(latency_at):
     return ask
 
 
-ARGS = Namespace(seed=1, min_rate=0.5, max_steps=6, step_s=0.5, rate_step=2.0)
-
-
-def test_poisson_arrivals_come_at_the_rate_asked():
-    offs = cap.arrivals(50.0, 20.0, random.Random(0))
-    assert 900 < len(offs) < 1100 and offs == sorted(offs) and offs[-1] < 20.0
+ARGS = Namespace(seed=1, min_rate=0.5, max_steps=6, extend_steps=0, step_s=0.5, rate_step=2.0)
 
 
 def test_the_ladder_rises_until_the_slo_breaks_and_capacity_is_the_last_rate_held():
     ask = _ask(lambda n: 0.01 if n <= 2 else 0.5)  # fine while two are in flight, then slow
     steps = asyncio.run(cap.ladder(ask, [None], 2.0, 0.2, ARGS, Idle(), "t", lambda _: None))
     assert [s.rate for s in steps][:2] == [2.0, 4.0] and not steps[-1].held(0.2)
-    best = cap.capacity(steps, 0.2)
+    best = load_stats.capacity(steps, 0.2)
     assert best is not None and best.rate == steps[-2].rate
-    entry = cap.summary(steps, 0.2, steps[0])
+    entry = load_stats.summary(steps, 0.2, steps[0])
     assert entry["capacity_rps"] == best.rate and entry["accuracy"] == 1.0
+
+
+def test_a_ladder_that_held_every_rate_climbs_on_and_says_its_capacity_is_a_lower_bound():
+    held_all = _ask(lambda n: 0.01)
+    args = Namespace(**{**vars(ARGS), "max_steps": 2, "extend_steps": 2})
+    steps = asyncio.run(cap.ladder(held_all, [None], 1.0, 0.2, args, Idle(), "t", lambda _: None))
+    assert [s.rate for s in steps] == [1.0, 2.0, 8.0, 32.0]  # past --max-steps: the step squared
+    assert load_stats.summary(steps, 0.2, steps[0])["capacity_lower_bound"] is True
+    breaks = _ask(lambda n: 0.01 if n <= 2 else 0.5)
+    steps = asyncio.run(cap.ladder(breaks, [None], 2.0, 0.2, args, Idle(), "t", lambda _: None))
+    entry = load_stats.summary(steps, 0.2, steps[0])
+    assert not steps[-1].held(0.2) and entry["capacity_lower_bound"] is False  # a higher rate missed
 
 
 def test_a_first_rate_that_misses_the_slo_makes_the_ladder_fall():

@@ -1,0 +1,79 @@
+"""The load ladder's arithmetic, apart from any server: Poisson arrivals, one measured rate (``Step``),
+the capacity at an SLO and the output contract's entry of one system (``benchmarks.capacity``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass, field
+
+
+def pct(xs: list[float], q: float) -> float:
+    """The ``q`` quantile (nearest rank); 0.0 for no values."""
+    if not xs:
+        return 0.0
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def arrivals(rate: float, duration_s: float, rng: random.Random) -> list[float]:
+    """Poisson arrival offsets (s) in ``[0, duration_s)`` at ``rate`` per second; at least one."""
+    out, t = [], rng.expovariate(rate)
+    while t < duration_s:
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out or [0.0]
+
+
+@dataclass
+class Step:
+    """One rate of the ladder, measured."""
+
+    rate: float
+    answers: int
+    failed: int
+    wall_s: float
+    cpu_s: float
+    p50_s: float
+    p95_s: float
+    ttft_p50_s: float
+    accuracy: float | None
+    sources: dict = field(default_factory=dict)
+    engine_tokens_per_answer: float | None = None
+    """Mean of the servers' own reports (``Result.engine_tokens``) over answers that have one."""
+
+    def held(self, slo_s: float) -> bool:
+        return self.failed == 0 and self.answers > 0 and self.p95_s <= slo_s
+
+    @property
+    def cpu_per_answer(self) -> float:
+        return self.cpu_s / max(1, self.answers)
+
+
+def capacity(steps: list[Step], slo_s: float) -> Step | None:
+    """The highest-rate step that held the SLO (None: not even the first)."""
+    held = [s for s in steps if s.held(slo_s)]
+    return max(held, key=lambda s: s.rate) if held else None
+
+
+def summary(steps: list[Step], slo_s: float, sat: Step) -> dict:
+    """The output contract's entry of one system on one workload: the capacity step's latency and accuracy,
+    the saturated run's cost (``cloud_cpu_s_per_answer``) and throughput."""
+    best = capacity(steps, slo_s)
+    at = best if best is not None else (steps[0] if steps else sat)
+    return {
+        "capacity_rps": round(best.rate, 3) if best is not None else 0.0,
+        # no higher rate was tried and missed: the replica may hold more (the ladder ran out of steps)
+        "capacity_lower_bound": best is not None and not any(s.rate > best.rate for s in steps),
+        "cloud_cpu_s_per_answer": round(sat.cpu_per_answer, 4),
+        "engine_tokens_per_answer": sat.engine_tokens_per_answer,
+        "accuracy": at.accuracy,
+        "p50_s": at.p50_s,
+        "p95_s": at.p95_s,
+        "ttft_p50_s": at.ttft_p50_s,
+        "saturated_answers_per_s": round(sat.answers / max(sat.wall_s, 1e-9), 3),
+        "saturated_accuracy": sat.accuracy,
+        "sources": at.sources,
+        "saturated": dataclasses.asdict(sat),
+        "steps": [dataclasses.asdict(s) for s in steps],
+    }
