@@ -24,7 +24,8 @@ requests (the issue's suggestion): a system's capacity is the highest Poisson ar
 p95 latency stayed within it with no request failed. Rates rise by ``--rate-step`` from half of what the
 unloaded pass says one core can serve, each held for ``--step-s`` seconds of arrivals, the requests drained
 before the next rate; a system that held every rate climbs ``--extend-steps`` more by the step squared, and
-a capacity no higher rate was seen to miss is marked a lower bound (``capacity_lower_bound``). Reported per system and workload at that rate: answers/s, the cloud's CPU-seconds
+a capacity no higher rate was seen to miss is marked a lower bound (``capacity_lower_bound``); ``--refine-steps``
+more rates narrow the gap between the highest rate held and the lowest missed (their geometric mean). Reported per system and workload at that rate: answers/s, the cloud's CPU-seconds
 per answer (every process of the replica: ``/proc`` user + system time over the step, over the answers:
 verification prefill, sessions and gRPC included), accuracy (null for open prompts), p50 / p95 latency and
 the p50 time to first content. One run, one machine: ratios side by side, no thresholds.
@@ -47,6 +48,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import os
 import random
 import sys
@@ -318,9 +320,8 @@ async def ladder(
     rng = random.Random(args.seed)
     rate = max(args.min_rate, start)
     steps: list[Step] = []
-    for i in range(args.max_steps + args.extend_steps):
-        if i >= args.max_steps and not all(s.held(slo_s) for s in steps):
-            break
+
+    async def at(rate: float) -> bool:
         step = await run_step(ask, reqs, rate, args.step_s, server, rng, f"{tag}-{rate:.2f}")
         steps.append(step)
         held = step.held(slo_s)
@@ -328,6 +329,12 @@ async def ladder(
             f"{tag}: rate {rate:.2f}/s -> {step.answers} answers, {step.failed} failed, p50 {step.p50_s:.2f} s, "
             f"p95 {step.p95_s:.2f} s (SLO {slo_s:.2f}), accuracy {step.accuracy}, {'held' if held else 'MISSED'}"
         )
+        return held
+
+    for i in range(args.max_steps + args.extend_steps):
+        if i >= args.max_steps and not all(s.held(slo_s) for s in steps):
+            break
+        held = await at(rate)
         falling = not steps[0].held(slo_s)
         if falling and (held or rate <= args.min_rate):
             break
@@ -335,6 +342,12 @@ async def ladder(
             break
         climb = args.rate_step**2 if i + 1 >= args.max_steps else args.rate_step
         rate = max(args.min_rate, rate / args.rate_step**2) if falling else rate * climb
+    for _ in range(args.refine_steps):  # halve the gap between the highest rate held and the lowest missed above it
+        lo = max((s.rate for s in steps if s.held(slo_s)), default=None)
+        hi = min((s.rate for s in steps if not s.held(slo_s) and (lo is None or s.rate > lo)), default=None)
+        if lo is None or hi is None:
+            break
+        await at(math.sqrt(lo * hi))
     return steps
 
 
@@ -519,6 +532,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-steps", type=int, default=5)
     ap.add_argument(
         "--extend-steps", type=int, default=1, help="more rates (each the last times the step squared) while all held"
+    )
+    ap.add_argument(
+        "--refine-steps", type=int, default=0, help="rates between the highest held and the lowest missed (geometric)"
     )
     ap.add_argument("--saturate-concurrency", type=int, default=16, help="requests in flight in the saturated run")
     ap.add_argument("--saturate-rounds", type=int, default=3, help="the workload's requests this many times there")

@@ -34,7 +34,7 @@ def _ask(latency_at):
     return ask
 
 
-ARGS = Namespace(seed=1, min_rate=0.5, max_steps=6, extend_steps=0, step_s=0.5, rate_step=2.0)
+ARGS = Namespace(seed=1, min_rate=0.5, max_steps=6, extend_steps=0, refine_steps=0, step_s=0.5, rate_step=2.0)
 
 
 def test_the_ladder_rises_until_the_slo_breaks_and_capacity_is_the_last_rate_held():
@@ -57,6 +57,17 @@ def test_a_ladder_that_held_every_rate_climbs_on_and_says_its_capacity_is_a_lowe
     steps = asyncio.run(cap.ladder(breaks, [None], 2.0, 0.2, args, Idle(), "t", lambda _: None))
     entry = load_stats.summary(steps, 0.2, steps[0])
     assert not steps[-1].held(0.2) and entry["capacity_lower_bound"] is False  # a higher rate missed
+
+
+def test_refining_steps_halve_the_gap_between_the_rate_held_and_the_rate_missed():
+    breaks = _ask(lambda n: 0.01 if n <= 2 else 0.5)
+    args = Namespace(**{**vars(ARGS), "refine_steps": 2})
+    steps = asyncio.run(cap.ladder(breaks, [None], 2.0, 0.2, args, Idle(), "t", lambda _: None))
+    climbed, refined = steps[:-2], steps[-2:]
+    lo = max(s.rate for s in climbed if s.held(0.2))
+    hi = min(s.rate for s in climbed if not s.held(0.2) and s.rate > lo)
+    assert abs(refined[0].rate - (lo * hi) ** 0.5) < 1e-2  # rates are kept to 3 decimals and lo < refined[0].rate < hi
+    assert lo < refined[1].rate < hi and refined[1].rate != refined[0].rate  # inside the new, narrower gap
 
 
 def test_a_first_rate_that_misses_the_slo_makes_the_ladder_fall():
