@@ -24,9 +24,10 @@ requests (the issue's suggestion): a system's capacity is the highest Poisson ar
 p95 latency stayed within it with no request failed. Rates rise by ``--rate-step`` from half of what the
 unloaded pass says one core can serve, each held for ``--step-s`` seconds of arrivals, the requests drained
 before the next rate; a system that held every rate climbs ``--extend-steps`` more by the step squared, and
-a capacity no higher rate was seen to miss is marked a lower bound (``capacity_lower_bound``); ``--refine-steps``
-more rates narrow the gap between the highest rate held and the lowest missed (their geometric mean). Reported per system and workload at that rate: answers/s, the cloud's CPU-seconds
-per answer (every process of the replica: ``/proc`` user + system time over the step, over the answers:
+a capacity no higher rate was seen to miss is marked a lower bound (``capacity_lower_bound``);
+``--refine-steps`` more rates narrow the gap between the highest rate held and the lowest missed (their
+geometric mean). Reported per system and workload at that rate: answers/s, the cloud's CPU-seconds per
+answer (every process of the replica: ``/proc`` user + system time over the step, over the answers:
 verification prefill, sessions and gRPC included), accuracy (null for open prompts), p50 / p95 latency and
 the p50 time to first content. One run, one machine: ratios side by side, no thresholds.
 
