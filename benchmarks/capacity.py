@@ -280,7 +280,7 @@ async def saturated(ask: Ask, reqs: list[Request], concurrency: int, server: Ser
     (``shm_broadcast``: ``busy_loop_s``), so at lower loads its CPU time follows wall time rather than work."""
     sem = asyncio.Semaphore(concurrency)
     t0, cpu0 = time.perf_counter(), server.cpu_s()
-    marks: list[tuple[float, float]] = []
+    marks: list[tuple[float, dict[str, float]]] = []
 
     async def one(i: int, r: Request) -> Result:
         async with sem:
@@ -290,14 +290,16 @@ async def saturated(ask: Ask, reqs: list[Request], concurrency: int, server: Ser
             except Exception as exc:  # noqa: BLE001 - a failed request is what this measures
                 return Result(None, time.perf_counter() - t1, 0.0, failed=f"{type(exc).__name__}: {exc}"[:160])
             finally:
-                marks.append((time.perf_counter(), server.cpu_s()))
+                marks.append((time.perf_counter(), server.cpu_by_process()))
 
     results = await asyncio.gather(*(one(i, r) for i, r in enumerate(reqs)))
     step = _step(0.0, results, time.perf_counter() - t0, server.cpu_s() - cpu0)
     lo, hi = len(marks) // 4, (3 * len(marks)) // 4
     if hi > lo and marks[hi][0] > marks[lo][0]:  # the middle half
         (ta, ca), (tb, cb) = marks[lo], marks[hi]
-        step.answers, step.wall_s, step.cpu_s = hi - lo, round(tb - ta, 3), round(cb - ca, 3)
+        by = {name: cb[name] - ca.get(name, 0.0) for name in cb}
+        step.answers, step.wall_s, step.cpu_s = hi - lo, round(tb - ta, 3), round(sum(by.values()), 3)
+        step.cpu_s_per_answer_by_process = {name: round(c / step.answers, 4) for name, c in sorted(by.items())}
     return step
 
 
@@ -352,6 +354,10 @@ async def ladder(
     return steps
 
 
+def _by_process(step: Step) -> str:
+    return ", ".join(f"{name} {c:.3f}" for name, c in step.cpu_s_per_answer_by_process.items())
+
+
 async def measure(
     ask: Ask,
     reqs: list[Request],
@@ -367,7 +373,7 @@ async def measure(
     through = sat.answers / max(sat.wall_s, 1e-9)
     progress(
         f"{tag}: saturated ({args.saturate_concurrency} in flight) {through:.2f} answers/s, "
-        f"{sat.cpu_per_answer:.3f} cloud CPU-s/answer, accuracy {sat.accuracy}"
+        f"{sat.cpu_per_answer:.3f} cloud CPU-s/answer ({_by_process(sat)}), accuracy {sat.accuracy}"
     )
     step_s = args.real_step_s if reqs[0].case is None else args.step_s
     at = argparse.Namespace(**{**vars(args), "step_s": step_s})

@@ -41,6 +41,9 @@ class Step:
     sources: dict = field(default_factory=dict)
     engine_tokens_per_answer: float | None = None
     """Mean of the servers' own reports (``Result.engine_tokens``) over answers that have one."""
+    cpu_s_per_answer_by_process: dict = field(default_factory=dict)
+    """The replica's CPU-s per answer by process name (the saturated run's middle half): the API server's
+    Python (sessions, rules, gRPC or HTTP) apart from vLLM's engine core."""
 
     def held(self, slo_s: float) -> bool:
         return self.failed == 0 and self.answers > 0 and self.p95_s <= slo_s

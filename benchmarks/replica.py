@@ -27,21 +27,28 @@ MAX_SESSIONS = 512
 # ---- the replica's processes and their CPU time ----------------------------------------------------
 
 
-def tree_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` and all its descendants, now."""
+def tree_cpu(pid: int) -> dict[str, float]:
+    """User + system CPU seconds of process ``pid`` and all its descendants, now, summed by process name
+    (vLLM titles its processes: ``VLLM::EngineCore``; the API server keeps the interpreter's name)."""
     import psutil
 
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0.0
-    total = 0.0
+        return {}
+    out: dict[str, float] = {}
     for p in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             c = p.cpu_times()
-            total += c.user + c.system
-    return total
+            name = p.name()
+            out[name] = out.get(name, 0.0) + c.user + c.system
+    return out
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and all its descendants, now."""
+    return sum(tree_cpu(pid).values())
 
 
 def _pinned_env() -> dict:
@@ -65,6 +72,9 @@ class Server:
 
     def cpu_s(self) -> float:
         return tree_cpu_s(self.proc.pid)
+
+    def cpu_by_process(self) -> dict[str, float]:
+        return tree_cpu(self.proc.pid)
 
     def check(self) -> None:
         if self.proc.poll() is not None:

@@ -107,6 +107,10 @@ def test_the_benchmark_at_a_tiny_size_prints_the_contract(capsys):
         assert {"capacity_rps", "cloud_cpu_s_per_answer", "accuracy", "p50_s", "p95_s", "ttft_p50_s"} <= set(entry)
         assert entry["saturated"]["answers"] >= 1 and entry["saturated"]["failed"] == 0, name
         assert entry["cloud_cpu_s_per_answer"] > 0, name  # the replica's processes were found and measured
+        by = entry["saturated"]["cpu_s_per_answer_by_process"]  # the engine's processes apart from the server's
+        assert (
+            any(n.startswith("VLLM::") for n in by) and abs(sum(by.values()) - entry["cloud_cpu_s_per_answer"]) < 0.01
+        ), by
         # the servers' own count of the engine's work: vLLM's usage, coinfer's Summary.cost (0 is possible
         # there: a draft the rules accept costs the engine nothing)
         tokens = entry["engine_tokens_per_answer"]
