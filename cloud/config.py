@@ -108,6 +108,11 @@ class Limits:
     per-edge limit. One client must not hold every slot."""
     open_timeout_s: float = bounded(10.0, gt=0)
     """A Session stream must send its SessionOpen within this, or it is closed (DEADLINE_EXCEEDED)."""
+    half_close_grace_s: float = bounded(1.0, ge=0)
+    """After a session's Summary the cloud reads (and drops) what the edge still sends until the edge
+    half-closes, for at most this long, before it ends the call. Ended while the edge writes, the call's
+    status reaches a grpc.aio client as INTERNAL "Internal error from Core" in place of OK
+    (grpc/grpc#36066): a session that answered looked failed and was replayed."""
     max_message_bytes: int = bounded(4 << 20, ge=1)
     max_deadline_ms: int = bounded(MAX_DEADLINE_MS, ge=1)
 

@@ -18,6 +18,7 @@ from coinfer import convert
 from coinfer import types as t
 from coinfer.cloud.auth import BearerAuthInterceptor, peer_host
 from coinfer.cloud.core import CloudCore
+from coinfer.cloud.edge_reader import EdgeReader
 from coinfer.cloud.session import DraftsDone, EdgeItem
 from coinfer.errors import DeadlineExceeded, InvalidArgument, abort
 from coinfer.v1 import coinfer_pb2 as pb
@@ -63,6 +64,7 @@ class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
     async def Session(
         self, request_iterator: AsyncIterator[pb.EdgeMessage], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CloudMessage]:
+        reader: EdgeReader | None = None
         try:
             try:  # a stream that never opens must not hold a connection and a handler forever
                 async with asyncio.timeout(self.core.cfg.limits.open_timeout_s):
@@ -74,9 +76,10 @@ class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
             if first is None or first.WhichOneof("kind") != "open":
                 raise InvalidArgument("open: the first message of a session must be SessionOpen")
             req = await asyncio.to_thread(convert.open_from_pb, first.open)  # rule params: up to MiBs of Struct
+            reader = EdgeReader(request_iterator)
 
             async def inbox() -> AsyncIterator[EdgeItem]:
-                async for msg in request_iterator:
+                async for msg in reader:
                     kind = msg.WhichOneof("kind")
                     if kind == "draft":
                         yield convert.from_pb(msg.draft, t.Draft)
@@ -87,8 +90,12 @@ class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
 
             async for ev in self.core.session(req, inbox(), self._caller(context)):
                 yield self._out(ev)
+            await reader.half_closed(self.core.cfg.limits.half_close_grace_s)
         except Exception as exc:  # noqa: BLE001 - mapped to a status, never crashes the server
             await abort(context, exc)
+        finally:
+            if reader is not None:
+                await reader.close()
 
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext

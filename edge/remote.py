@@ -166,10 +166,31 @@ class SplitSession:
         # with the best verified draft): a draft still being written at the deadline helps no one
         cloud_s = req.deadline_ms / 1e3
         self.stop_at = t0 + cloud_s - min(SPLIT_VERIFY_RESERVE_S, 0.15 * cloud_s)
+        self.closed = False
+        """The edge half-closed its side (the Summary is in): nothing more is written."""
+        self._writing: asyncio.Future | None = None
+        """The write under way. Shielded from the writer's cancellation: a write cancelled half-way leaves
+        its operation pending in gRPC's core, and the half-close after it fails as INTERNAL."""
 
     async def write(self, msg: pb.EdgeMessage) -> None:
         await self.accepted.wait()
-        await self.call.write(msg)
+        if self.closed:
+            return
+        self._writing = asyncio.ensure_future(self.call.write(msg))
+        await asyncio.shield(self._writing)
+
+    async def half_close(self, writer: asyncio.Task) -> None:
+        """The answer is in: stop drafting and writing, and half-close once the write under way is done, so
+        that the cloud ends the call with no write of ours after it (``coinfer.cloud.edge_reader``)."""
+        self.closed = True
+        writer.cancel()  # a round still being drafted (the cloud answered before the round ended) stops there
+        await asyncio.gather(writer, return_exceptions=True)
+        if self._writing is not None:
+            await asyncio.gather(self._writing, return_exceptions=True)
+        try:
+            await self.call.done_writing()
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError) as exc:  # the call ended first: nothing was lost
+            log.debug("half-close after the summary: %s", exc)
 
     def _send(self, d: t.Draft) -> asyncio.Future:
         self.result.drafts.append(d)
@@ -213,14 +234,16 @@ class SplitSession:
                     writer = asyncio.create_task(self.round(follow_advice(s, ev), start))
                 elif isinstance(ev, t.Summary):
                     result.take(ev)
-            if result.summary is not None:
-                # the answer is in. A round still being drafted (the cloud's own answer won the race,
-                # coinfer.cloud.hedge) stops there; a draft write the ended call refused lost nothing
-                writer.cancel()
-                await asyncio.gather(writer, return_exceptions=True)
-            else:
+                    await self.half_close(writer)
+            if result.summary is None:
                 await writer
-            await self.call.done_writing()
+                await self.call.done_writing()
+        except grpc.aio.AioRpcError as exc:
+            if result.summary is None:
+                raise
+            # the Summary is the session's last message: a status lost after it (the call ended while a write
+            # was under way, grpc/grpc#36066) loses nothing, and replaying the answered session would cost twice
+            log.debug("cloud call ended after its summary: %s", failure_reason(exc))
         finally:
             if not writer.done():
                 writer.cancel()
