@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import logging
 import types
 import typing
@@ -72,9 +73,16 @@ def to_pb(obj: Any, msg_cls: type) -> Any:
     return msg
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """``cls``'s resolved field types, once per class: resolving them parses the annotations' strings
+    (2% of the cloud server's busy time at 56 split answers/s, py-spy, before this cache)."""
+    return typing.get_type_hints(cls)
+
+
 def from_pb(msg: Any, cls: type[T]) -> T:
     """Protobuf message -> dataclass ``cls`` (recursively)."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     kw: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         v = getattr(msg, f.name)

@@ -1,8 +1,11 @@
 """Pure logic of the split plan's cloud session (the session itself runs against real engines in tests/integration)."""
 
+import asyncio
+
 from coinfer import types as t
-from coinfer.edge.remote import follow_advice
+from coinfer.edge.remote import SplitSession, follow_advice
 from coinfer.edge.sampling import Sampling
+from coinfer.v1 import coinfer_pb2 as pb
 
 
 def test_retry_advice_changes_exploration_and_keeps_the_users_limits():
@@ -18,3 +21,45 @@ def test_retry_advice_changes_exploration_and_keeps_the_users_limits():
     assert (nxt.max_new_tokens, nxt.seed, nxt.stop) == (24, 7, ("\n\n",))  # the user's budget, seed and stops
     roomy = follow_advice(Sampling(max_new_tokens=1000, n=3), advice)
     assert roomy.max_new_tokens == 256  # and never more than the cloud advises
+
+
+class _Call:
+    """A stand-in for a grpc.aio stream call: each write takes a while; what happened is recorded in order."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+
+    async def write(self, msg) -> None:
+        self.log.append("write begun")
+        await asyncio.sleep(0.05)
+        self.log.append("write done")
+
+    async def done_writing(self) -> None:
+        self.log.append("half-closed")
+
+
+def _session(call: _Call) -> SplitSession:
+    req = t.OpenRequest(request_id="r", task="", prompt="Why is the sky blue?", deadline_ms=10_000)
+    s = SplitSession(
+        pipe=None, call=call, req=req, task_prompt=req.prompt, emit=lambda ev: None, t0=0.0, result=None, written=None
+    )
+    s.accepted.set()
+    return s
+
+
+async def test_the_summary_half_closes_after_the_write_under_way_which_is_never_cut():
+    """Cancelled half-way, a grpc.aio write leaves its operation pending in gRPC's core and the half-close
+    after it fails: the round stops, the write under way ends, then the edge half-closes and writes no more."""
+    call = _Call()
+    s = _session(call)
+
+    async def round_of_drafts() -> None:
+        for _ in range(5):
+            await s.write(pb.EdgeMessage())
+
+    writer = asyncio.create_task(round_of_drafts())
+    await asyncio.sleep(0.01)  # the first write is under way when the Summary is read
+    await s.half_close(writer)
+    assert call.log == ["write begun", "write done", "half-closed"] and writer.cancelled()
+    await s.write(pb.EdgeMessage())  # closed: nothing more goes out
+    assert call.log[-1] == "half-closed"
