@@ -75,7 +75,21 @@ def _tree(expr: str) -> ast.expr:
 
 def evaluate(expr: str, env: dict[str, int]) -> int:
     """Evaluate + - * ^ over ints and variables in ``env``; ValueError if invalid."""
+    return _evaluate(_tree(expr), env)
 
+
+def operation(expr: str, env: dict[str, int]) -> tuple[str, int, int] | None:
+    """What ``expr`` computes last: (operator, left value, right value), the operands in order for ``-`` and
+    ``^`` and sorted for ``+`` and ``*``; None when its last operation is no binary one. ``3*4+3`` is
+    ``("+", 3, 12)``: a step that folds several of the expression's steps into one ends on the last."""
+    node = _tree(expr)
+    if not isinstance(node, ast.BinOp) or type(node.op) not in _OPS:
+        return None
+    op, a, b = _OPS[type(node.op)], _evaluate(node.left, env), _evaluate(node.right, env)
+    return (op, *sorted((a, b))) if op in "+*" else (op, a, b)
+
+
+def _evaluate(tree: ast.expr, env: dict[str, int]) -> int:
     def ev(node: ast.expr) -> int:
         if isinstance(node, ast.Constant) and isinstance(node.value, int):
             return node.value
@@ -102,7 +116,7 @@ def evaluate(expr: str, env: dict[str, int]) -> int:
             return r
         raise ValueError(f"unsupported syntax in {ast.unparse(node)!r}")
 
-    return ev(_tree(expr))
+    return ev(tree)
 
 
 def written_steps(text: str) -> list[tuple[str, int]]:
@@ -156,6 +170,16 @@ def plan_of(spec: dict[str, Any]) -> tuple[tuple[str, int], ...]:
     """``steps_for`` the problem's expression, computed once per problem: the plan check and every
     step of a verified prefix ask for it (an AST parse under ``_AST_LOCK`` each time otherwise)."""
     return _plan(spec["expr"], tuple(sorted(spec["vars"].items())))
+
+
+@functools.lru_cache(maxsize=1024)
+def _operations(expr: str, env: tuple[tuple[str, int], ...]) -> frozenset[tuple[str, int, int] | None]:
+    return frozenset(operation(lhs, dict(env)) for lhs, _ in _plan(expr, env))
+
+
+def plan_operations(spec: dict[str, Any]) -> frozenset[tuple[str, int, int] | None]:
+    """``operation`` of every step of the problem's expression, once per problem."""
+    return _operations(spec["expr"], tuple(sorted(spec["vars"].items())))
 
 
 class ArithTask(Task):
@@ -269,8 +293,12 @@ class ArithTask(Task):
             return None
         if expected != value:
             return f"step_wrong: {lhs}={value} (expected {expected})"
-        # a right sum of the wrong terms is no safe prefix: the cloud would continue the misreading
-        if not any(v == value for _, v in plan_of(spec)):
+        # a right sum of the wrong terms is no safe prefix: the cloud would continue the misreading. The value
+        # alone is not enough: at x=3, y=0 drafts of y*(x-y) wrote "3-3=0; 0*0=0;", each step's value one of
+        # the expression's (0), and the cloud, continuing them as a verified prefix, found no way to the
+        # missing 3-0=3 (6 wrong split answers in 96 at 16 in flight). The step's last operation and its
+        # operands' values must be one of the expression's steps.
+        if not any(v == value for _, v in plan_of(spec)) or operation(lhs, spec["vars"]) not in plan_operations(spec):
             return f"step_off_plan: {lhs}={value} computes no step of {spec['expr']}"
         return ""
 

@@ -77,6 +77,22 @@ def test_arith_plan_refuses_right_arithmetic_on_the_wrong_terms():
     assert ARITH.verified_prefix(spec, "3+5=8; 3-5=-2; 8^2=64; answer 64") == ["3+5=8"]
 
 
+
+def test_a_step_whose_value_is_the_expressions_but_whose_terms_are_not_is_off_plan():
+    """At x=3, y=0, drafts of y*(x-y) wrote "3-3=0; 0*0=0;": each value one of the expression's steps' (0),
+    the terms not. Continued as a verified prefix, the cloud found no way to the missing 3-0=3."""
+    spec = ARITH.parse_problem("If x=3 and y=0, compute y*(x-y).")
+    assert ARITH.step_error(spec, "3-3=0") == "step_off_plan: 3-3=0 computes no step of y*(x-y)"
+    assert ARITH.step_error(spec, "0*0=0") == "step_off_plan: 0*0=0 computes no step of y*(x-y)"
+    assert ARITH.verified_prefix(spec, "3-3=0; 0*0=0; answer 0") == []
+    rules = RuleSet([], ARITH, spec)
+    assert rules.prefix_error("3-3=0;") == "arith: step_off_plan: 3-3=0 computes no step of y*(x-y)"
+    # the expression's own steps, in any order of a commutative operation, with the variables, or folded
+    for right in ("3-0=3; 0*3=0;", "x-y=3; 3*0=0;", "0*(3-0)=0;"):
+        assert rules.prefix_error(right) == "", right
+    assert rules.check("3-0=3; 0*3=0; answer 0")[0].valid
+
+
 def test_arith_negative_intermediate_parenthesised():
     spec = ARITH.parse_problem("If x=2 and y=5, compute (x-y)^2+x*y.")
     text = ARITH.solve(spec)
