@@ -77,7 +77,6 @@ def test_arith_plan_refuses_right_arithmetic_on_the_wrong_terms():
     assert ARITH.verified_prefix(spec, "3+5=8; 3-5=-2; 8^2=64; answer 64") == ["3+5=8"]
 
 
-
 def test_a_step_whose_value_is_the_expressions_but_whose_terms_are_not_is_off_plan():
     """At x=3, y=0, drafts of y*(x-y) wrote "3-3=0; 0*0=0;": each value one of the expression's steps' (0),
     the terms not. Continued as a verified prefix, the cloud found no way to the missing 3-0=3."""
