@@ -32,9 +32,12 @@ async def solve(port: int, **kw) -> list[epb.SolveEvent]:
 async def test_split_plan_over_the_edge_service(daemon):
     events = await solve(daemon.grpc_port, plan="split", num_drafts=4)
     kinds = [e.WhichOneof("kind") for e in events]
-    assert kinds.count("draft") >= 4 and "verdict" in kinds and kinds[-1] == "result"
-    assert kinds.index("draft") < kinds.index("verdict")  # verdicts stream while drafting goes on
     res = events[-1].result
+    assert kinds[-1] == "result" and "verdict" in kinds
+    # a draft that stands as is answers at once, and the edge stops drafting the round (the drafts not yet
+    # written never show); any other answer waits for the whole round
+    assert kinds.count("draft") >= (1 if res.source == "draft" else 4), (kinds, res.source)
+    assert kinds.index("draft") < kinds.index("verdict")  # verdicts stream while drafting goes on
     assert res.plan == "split" and res.source in ("refined", "draft", "cloud") and not res.fallback_reason
     assert res.answer and res.timings_ms["total"] > 0
     assert list(res.plans) == ["split"] and res.cloud_tokens.prompt > 0  # the cloud's cost, its own count
@@ -393,9 +396,10 @@ async def test_streamed_chat_carries_progress_then_only_the_final_answer(daemon)
         async with http.stream("POST", "/v1/chat/completions", json=body) as r:
             lines = [json.loads(ln[6:]) async for ln in r.aiter_lines() if ln.startswith("data: {")]
     events = [c["coinfer"]["event"] for c in lines if "event" in c.get("coinfer", {})]
-    assert events.count("draft") >= 3 and "verdict" in events  # retry rounds may add drafts
     content = "".join(c["choices"][0]["delta"].get("content") or "" for c in lines)
     final = lines[-1]["coinfer"]
+    # retry rounds may add drafts; a draft that stands as is cuts its round short (as above)
+    assert events.count("draft") >= (1 if final["source"] == "draft" else 3) and "verdict" in events
     assert lines[-1]["choices"][0]["finish_reason"] == "stop" and final["usage"]["completion_tokens"] > 0
     assert content == final["answer"] and content  # the final answer once, nothing else
     assert all(not (c["choices"][0]["delta"].get("content")) for c in lines if "event" in c.get("coinfer", {}))
