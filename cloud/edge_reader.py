@@ -3,9 +3,10 @@
 A session ends as soon as it has answered (a draft that stands as is, the cloud's own answer), often while
 the edge is still writing the drafts after it. Two things follow, both from grpc.aio:
 
-- The session's parts stop reading when it ends. Cancelling a read that is under way leaves its receive
-  operation pending in gRPC's core, so no later read could start; one task (``EdgeReader``) reads the
-  stream into a short queue instead, and the session reads (and abandons) the queue.
+- The session's parts stop reading when it ends, by cancellation. A grpc.aio read cancelled half-way may
+  leave its receive operation pending in gRPC's core (as a cancelled write does, ``edge.remote``), and the
+  drain below must read on; so one task (``EdgeReader``) reads the stream into a short queue, and the
+  session reads (and abandons) the queue, never the stream.
 - A call the server ends while the client still writes reaches a grpc.aio client as INTERNAL "Internal
   error from Core", not as the server's OK (grpc/grpc#36066, open as of grpcio 1.81): an answered session
   looked failed to the edge, which replayed it on another replica (5 of 48 sessions at 16 in flight, once
