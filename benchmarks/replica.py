@@ -46,11 +46,6 @@ def tree_cpu(pid: int) -> dict[str, float]:
     return out
 
 
-def tree_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` and all its descendants, now."""
-    return sum(tree_cpu(pid).values())
-
-
 def _pinned_env() -> dict:
     """The environment of a replica on ``CLOUD_CORE``: vLLM's OpenMP threads bound there, its KV cache 1 GiB
     (both servers alike), no inherited thread-count override."""
@@ -71,7 +66,7 @@ class Server:
         )
 
     def cpu_s(self) -> float:
-        return tree_cpu_s(self.proc.pid)
+        return sum(self.cpu_by_process().values())
 
     def cpu_by_process(self) -> dict[str, float]:
         return tree_cpu(self.proc.pid)

@@ -42,8 +42,6 @@ class EdgeReader:
                 if not self._dropping:
                     await self._queue.put(msg)
             await self._queue.put(_END)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # noqa: BLE001 - the session's read raises it
             await self._queue.put(exc)
 

@@ -174,6 +174,7 @@ def plan_of(spec: dict[str, Any]) -> tuple[tuple[str, int], ...]:
 
 @functools.lru_cache(maxsize=1024)
 def _operations(expr: str, env: tuple[tuple[str, int], ...]) -> frozenset[tuple[str, int, int] | None]:
+    # every plan step is written as one binary operation (``steps_for``): None is never among them
     return frozenset(operation(lhs, dict(env)) for lhs, _ in _plan(expr, env))
 
 
@@ -297,8 +298,8 @@ class ArithTask(Task):
         # alone is not enough: at x=3, y=0 drafts of y*(x-y) wrote "3-3=0; 0*0=0;", each step's value one of
         # the expression's (0), and the cloud, continuing them as a verified prefix, found no way to the
         # missing 3-0=3 (6 wrong split answers in 96 at 16 in flight). The step's last operation and its
-        # operands' values must be one of the expression's steps.
-        if not any(v == value for _, v in plan_of(spec)) or operation(lhs, spec["vars"]) not in plan_operations(spec):
+        # operands' values must be one of the expression's steps (which makes its value one of theirs too).
+        if operation(lhs, spec["vars"]) not in plan_operations(spec):
             return f"step_off_plan: {lhs}={value} computes no step of {spec['expr']}"
         return ""
 
