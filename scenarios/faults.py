@@ -28,8 +28,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -37,12 +35,12 @@ from pathlib import Path
 
 import grpc
 import httpx
-import psutil
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
-from scenarios.replicas import Outcome, Replica, _one, _problems, free_ports
+from scenarios.fault_parts import EdgeProcess, Load, Probes, descendants, describe, health, still_alive, wait_health
+from scenarios.replicas import Replica, free_ports
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
@@ -73,165 +71,6 @@ class Sizes:
             open_timeout_s=3.0,
             heartbeat_timeout_s=5.0,
         )
-
-
-class Probes:
-    """``benchmarks.probe`` in its own process for the duration of a ``with`` block; ``result`` after it."""
-
-    def __init__(self, cloud: str = "", http: str = "") -> None:
-        self.args = [a for flag, v in (("--cloud", cloud), ("--http", http)) if v for a in (flag, v)]
-        self.result: dict = {}
-
-    async def __aenter__(self) -> Probes:
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "benchmarks.probe",
-            *self.args,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        await asyncio.sleep(1.0)  # its imports and first connections are not the server's delay
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        out, _ = await self.proc.communicate(b"")
-        self.result = json.loads(out.decode().strip().splitlines()[-1])
-
-
-class EdgeProcess:
-    """``python -m coinfer.edge.daemon`` in its own process group; ``http`` / ``grpc`` ports from its stdout."""
-
-    def __init__(self, model: Path, cloud: str, log: Path, *flags: str) -> None:
-        self.log = log
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "coinfer.edge.daemon",
-                "--model",
-                str(model),
-                "--cloud",
-                cloud,
-                "--grpc-port",
-                "0",
-                "--http-port",
-                "0",
-                "--no-probe-on-start",
-                *flags,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=log.open("w"),
-            text=True,
-            start_new_session=True,
-        )
-        self.grpc = self.http = 0
-
-    async def ready(self, timeout_s: float = 120.0) -> EdgeProcess:
-        loop = asyncio.get_running_loop()
-        async with asyncio.timeout(timeout_s):
-            while not (self.grpc and self.http):
-                line = await loop.run_in_executor(None, self.proc.stdout.readline)
-                if not line:
-                    raise RuntimeError(f"edge exited ({self.proc.poll()}); log: {self.log}")
-                kind, _, port = line.partition(" ")
-                if kind in ("GRPC", "HTTP"):
-                    setattr(self, kind.lower(), int(port))
-        return self
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-
-async def _health(port: int) -> int:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-        try:
-            return (await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1)).status
-        except grpc.aio.AioRpcError:
-            return -1
-
-
-async def _wait_health(port: int, want: int, timeout_s: float) -> float:
-    """Seconds until health is ``want`` (polled every 50 ms); raises TimeoutError."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if await _health(port) == want:
-            return time.monotonic() - t0
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"health of :{port} not {want} within {timeout_s:.0f} s")
-
-
-def _descendants(pid: int) -> list[psutil.Process]:
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
-    out = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-def _describe(p: psutil.Process) -> str:
-    try:
-        return f"{p.pid} {' '.join(p.cmdline())[:100]}"
-    except psutil.Error:
-        return f"{p.pid} (gone)"
-
-
-class Load:
-    """Edges (in this process, like scenarios/replicas.py) sending split requests until stopped."""
-
-    def __init__(self, cores: list, concurrency: int, deadline_ms: int = 20_000, seed: int = 0) -> None:
-        self.cores, self.concurrency, self.deadline_ms = cores, concurrency, deadline_ms
-        self.prompts = _problems(4000, seed)
-        self.outcomes: list[Outcome] = []
-        self._stop = False
-        self._tasks: list[asyncio.Task] = []
-        self._n = 0
-
-    async def _worker(self) -> None:
-        while not self._stop:
-            i = self._n
-            self._n += 1
-            core = self.cores[i % len(self.cores)]
-            self.outcomes.append(
-                await _one(core, i % len(self.cores), i, self.prompts[i % len(self.prompts)], self.deadline_ms)
-            )
-
-    def start(self) -> Load:
-        self._tasks = [asyncio.create_task(self._worker()) for _ in range(self.concurrency)]
-        return self
-
-    async def stop(self) -> None:
-        self._stop = True
-        await asyncio.gather(*self._tasks)
-
-    def summary(self, since: float = 0.0) -> dict:
-        """Requests the fault at ``since`` could touch: in flight then, or started after."""
-        outs = [o for o in self.outcomes if o.end >= since]
-        lost = [o for o in outs if not o.ok]
-        edge_only = [o for o in outs if o.ok and o.source == "edge_only"]
-        return {
-            "requests": len(outs),
-            "lost": len(lost),
-            "lost_detail": [o.error for o in lost][:5],
-            "hung": sum(o.error == "hung" for o in lost),
-            "from_cloud": len(outs) - len(lost) - len(edge_only),
-            "edge_only": len(edge_only),
-            "edge_only_reasons": Counter(o.fallback[:70] for o in edge_only).most_common(4),
-            "unflagged_edge_only": sum(not o.fallback for o in edge_only),
-            "replayed": sum(bool(o.replays) for o in outs),
-        }
 
 
 class Campaign:
@@ -492,7 +331,7 @@ class Campaign:
                 "freed_s": round(freed, 2),
                 "cloud_active_after": (await self._status()).active_sessions,
                 "cloud_health_after": health_pb2.HealthCheckResponse.ServingStatus.Name(
-                    await _health(self.replica.port)
+                    await health(self.replica.port)
                 ),
             }
         finally:
@@ -502,26 +341,26 @@ class Campaign:
             await http.aclose()
 
     async def engine_hang(self, cores: list) -> dict:
-        core_proc = next(p for p in _descendants(self.replica.proc.pid) if "EngineCore" in p.name())
+        core_proc = next(p for p in descendants(self.replica.proc.pid) if "EngineCore" in p.name())
         load = Load(cores, self.sizes.concurrency).start()
         await asyncio.sleep(self.sizes.load_s / 3)
         start = time.monotonic()
         core_proc.send_signal(signal.SIGSTOP)
-        not_serving = await _wait_health(self.replica.port, health_pb2.HealthCheckResponse.NOT_SERVING, 120)
-        serving = not_serving + await _wait_health(self.replica.port, SERVING, 600)
+        not_serving = await wait_health(self.replica.port, health_pb2.HealthCheckResponse.NOT_SERVING, 120)
+        serving = not_serving + await wait_health(self.replica.port, SERVING, 600)
         await asyncio.sleep(self.sizes.load_s / 3)
         await load.stop()
         return {
             "not_serving_after_s": round(not_serving, 1),
             "serving_again_after_s": round(serving, 1),
-            "hung_engine_process_left": bool(_alive([core_proc])),
+            "hung_engine_process_left": bool(still_alive([core_proc])),
             **load.summary(start),
         }
 
     async def cloud_kill(self, cores: list) -> dict:
         load = Load(cores, self.sizes.concurrency).start()
         await asyncio.sleep(self.sizes.load_s / 3)
-        procs = _descendants(self.replica.proc.pid)
+        procs = descendants(self.replica.proc.pid)
         start = time.monotonic()
         os.kill(self.replica.proc.pid, signal.SIGKILL)  # the server alone: its engine must follow by itself
         self.replica.proc.wait()
@@ -529,20 +368,20 @@ class Campaign:
         # CI run one "python" child once outlived 5 s): what is left at 5 s is named, at 15 s killed
         gone_after, left_5s = None, []
         while time.monotonic() - start < 15.0:
-            alive = _alive(procs)
+            alive = still_alive(procs)
             if not alive:
                 gone_after = time.monotonic() - start
                 break
             if not left_5s and time.monotonic() - start >= 5.0:
-                left_5s = [_describe(p) for p in alive]
+                left_5s = [describe(p) for p in alive]
             await asyncio.sleep(0.25)
-        left = _alive(procs)
+        left = still_alive(procs)
         names = []
         for p in left:
             names.append(p.name())
             p.kill()
         self.replica.start()
-        await _wait_health(self.replica.port, SERVING, 600)
+        await wait_health(self.replica.port, SERVING, 600)
         serving_at = time.monotonic()
         back: list[float] = []
         for c in cores:  # each edge: serving replica seen and breaker closed -> its planner picks split again
@@ -570,12 +409,12 @@ class Campaign:
         load = Load(cores, self.sizes.concurrency).start()
         await asyncio.sleep(self.sizes.load_s / 3)
         start = time.monotonic()
-        procs = _descendants(self.replica.proc.pid)
+        procs = descendants(self.replica.proc.pid)
         self.replica.proc.send_signal(signal.SIGTERM)
         await asyncio.to_thread(self.replica.proc.wait, 120)
         exit_s = time.monotonic() - start
         await asyncio.sleep(2.0)
-        left = _alive(procs)
+        left = still_alive(procs)
         await asyncio.sleep(self.sizes.load_s / 3)
         await load.stop()
         # a normal drain is not an error: no "ERROR ... output_handler failed ... EngineDeadError"
@@ -594,7 +433,7 @@ class Campaign:
     async def run(self, hostile_examples: int = 0) -> dict:
         report: dict = {"sizes": self.sizes.__dict__}
         t0 = time.monotonic()
-        ours_before = {p.pid for p in _descendants(os.getpid())}  # e.g. a test session's own engine: not ours
+        ours_before = {p.pid for p in descendants(os.getpid())}  # e.g. a test session's own engine: not ours
         self.replica.start()
         cores: list = []
         try:
@@ -610,7 +449,7 @@ class Campaign:
             for c in cores:
                 await c.close()
             self.replica.stop()
-            for p in _alive(_descendants(os.getpid())):  # nothing the campaign started may outlive it
+            for p in still_alive(descendants(os.getpid())):  # nothing the campaign started may outlive it
                 if p.pid not in ours_before:
                     p.kill()
         if hostile_examples:
