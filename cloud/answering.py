@@ -114,6 +114,12 @@ class Answerer:
     def _as_is(self, ranked: Ranked) -> Answer:
         best, _, agree = ranked[0]
         self.stream.chunk(best.draft.text, final=True)
+        if best.verdict.repaired:  # its text is the repaired one (``Judge._checked``)
+            return draft_answer(
+                best,
+                t.RefineMode.REPAIRED,
+                f"best draft accepted with its computed values repaired (as written: {best.verdict.repaired})",
+            )
         return draft_answer(
             best,
             t.RefineMode.ACCEPTED,

@@ -56,6 +56,12 @@ class SessionContext:
         return self.policy.rules_decide and self.rules.exact
 
     @property
+    def repairs(self) -> bool:
+        """A draft that fails the rules is checked again repaired (``PolicyConfig.repair_drafts``): only where
+        exact rules decide, which then vouch for text the draft model did not write."""
+        return self.policy.repair_drafts and self.rules_decide
+
+    @property
     def free_text(self) -> bool:
         """An open request with nothing to extract: a draft's answer is its whole text, which no other draft
         has to agree with (``Answerer.stands_alone``)."""

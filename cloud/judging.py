@@ -21,6 +21,7 @@ from coinfer.cloud.context import SessionContext
 from coinfer.cloud.policy import likelihood_score, mean_logprob
 from coinfer.cloud.ranking import MS_PER_S, Judged, Ranked, rank
 from coinfer.cloud.verifier import JUDGE_MAX_TOKENS, JUDGE_SCHEMA, judge_prompt, parse_judge
+from coinfer.rules import RuleResult
 from coinfer.tasks import Parsed
 
 RECHECK = -1
@@ -98,7 +99,9 @@ class Judge:
         turn, before = asyncio.get_running_loop().create_future(), self._turn
         self._turn = turn
         try:
-            res, parsed = await asyncio.to_thread(self.ctx.rules.check, d.text)  # client rules: off the loop
+            res, parsed, text, repaired = await asyncio.to_thread(self._checked, d.text)  # client rules: off the loop
+            if repaired:
+                d = dataclasses.replace(d, text=text)  # what was judged, and what an answer takes
             if before is not None:
                 await before
             if not res.valid:  # rules fail fast: no model time spent
@@ -112,12 +115,21 @@ class Judge:
                 )
             else:
                 v = await self._verified(d, self.ctx.task.dedup_key(d.text, parsed), res.passed, turn)
+                v.repaired = repaired
         finally:
             if not turn.done():  # cancelled or failed before its claim: the next draft must not wait forever
                 turn.set_result(None)
         v.verify_ms = (time.perf_counter() - t_start) * MS_PER_S
         self.judged[d.index] = Judged(draft=d, verdict=v, support=0 if v.duplicate_of else 1, parsed=parsed)
         return v
+
+    def _checked(self, text: str) -> tuple[RuleResult, Parsed, str, str]:
+        """The rules on ``text``, and where repairs are made (``SessionContext.repairs``) on its calculator
+        repair where it fails them (``RuleSet.check_repaired``; in a worker thread: client rules)."""
+        if self.ctx.repairs:
+            return self.ctx.rules.check_repaired(text)
+        res, parsed = self.ctx.rules.check(text)
+        return res, parsed, text, ""
 
     async def _verified(self, d: t.Draft, key: object, passed: list[str], turn: asyncio.Future) -> t.Verdict:
         """The LLM verifier's verdict on a draft that passed the rules; a duplicate of one being

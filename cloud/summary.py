@@ -15,6 +15,7 @@ def trace(judged: Iterable[Judged], note: str) -> str:
         f"Draft#{j.draft.index} "
         + (
             f"scored {j.verdict.score:.2f}, passed {','.join(j.verdict.rules_passed)}"
+            + (f" once repaired (as written: {j.verdict.repaired})" if j.verdict.repaired else "")
             if j.verdict.valid
             else f"failed {j.verdict.failed_rule}: {j.verdict.error}"
         )

@@ -597,3 +597,17 @@ class RuleSet:
                 return RuleResult(False, err, c.rule.label, passed), parsed
             passed.append(c.rule.label)
         return RuleResult(True, passed=passed), parsed
+
+    def check_repaired(self, text: str) -> tuple[RuleResult, Parsed, str, str]:
+        """``check``, and where ``text`` fails it and the preset's exact checkers are in force (``exact``:
+        only they vouch for text its model did not write), ``check`` of its calculator repair
+        (``Task.repaired``: computed values rewritten in place, the model's choices kept): (the verdict,
+        what was extracted, the text judged, why ``text`` as written failed where its repair passed; ''
+        when judged as written)."""
+        res, parsed = self.check(text)
+        if res.valid or not self.exact or (fixed := self.task.repaired(self.spec, text)) is None:
+            return res, parsed, text, ""
+        res2, parsed2 = self.check(fixed)
+        if not res2.valid:
+            return res, parsed, text, ""
+        return res2, parsed2, fixed, f"{res.failed_rule}: {res.error}"

@@ -38,9 +38,12 @@ class RefineMode(StrEnum):
     """No usable draft: the target answered by itself."""
     DEADLINE = "deadline"
     """The deadline expired mid-work: the best verified draft, as is."""
+    REPAIRED = "repaired"
+    """The best verified draft with its computed values rewritten to their true values by the cloud's
+    calculator (``Task.repaired``), as it then stands: the rules passed it repaired (``Verdict.repaired``)."""
 
 
-FROM_DRAFTS = frozenset({RefineMode.ACCEPTED, RefineMode.PREFIX, RefineMode.CANDIDATES})
+FROM_DRAFTS = frozenset({RefineMode.ACCEPTED, RefineMode.REPAIRED, RefineMode.PREFIX, RefineMode.CANDIDATES})
 """Refine modes whose answer is built from the drafts."""
 
 
@@ -184,6 +187,9 @@ class Verdict:
     rules_passed: list[str] = field(default_factory=list)
     duplicate_of: int = 0
     """Index + 1 of the draft this one duplicates (0 = none)."""
+    repaired: str = ""
+    """Why the draft as written failed the rules, where it passed them once the cloud's calculator rewrote
+    its computed values (``Task.repaired``); "" : it was judged as written."""
 
 
 @dataclass

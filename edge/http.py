@@ -201,6 +201,7 @@ def _verdict_info(v: t.Verdict) -> dict:
         "error": v.error,
         "failed_rule": v.failed_rule,
         "duplicate_of": v.duplicate_of,
+        "repaired": v.repaired,
     }
 
 

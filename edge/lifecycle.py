@@ -73,8 +73,8 @@ async def answer_locally(pipe: EdgePipeline, request: ValidRequest, run: Run, fa
             usable = await pipe.local_round(request, start=start, t0=failed.t0, stop_at=stop, prefix=prefix)
             result.drafts = result.drafts + usable
             result.continue_with(usable, prefix)
-        await pipe.finish_local(result, request.ruleset, usable)
         result.fell_back(failed)
+        await pipe.finish_local(result, request.ruleset, usable, prefix)
         result.timings["total"] = (time.perf_counter() - failed.t0) * 1e3
         return result.freeze()
     finally:

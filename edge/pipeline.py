@@ -16,6 +16,7 @@ returns), ``edge/failures.py`` (cloud failures as data, ``CloudFailed``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -180,28 +181,38 @@ class EdgePipeline:
         return out
 
     @staticmethod
-    def local_answer(rules: RuleSet, drafts: list[t.Draft]) -> tuple[t.Draft | None, bool, dict]:
+    def local_answer(rules: RuleSet, drafts: list[t.Draft], shown: str = "") -> tuple[t.Draft | None, bool, dict, bool]:
         """Best draft by (passes the rules -- degenerate repetition included --, agreement on the
         extracted answer, finished before its token budget, mean logprob): (draft, valid, extracted
-        fields). The best invalid one if none is valid. A truncated draft loses to a finished one
-        of any score: its higher mean logprob is that of an answer that never reached its end."""
+        fields, repaired). The best invalid one if none is valid. A truncated draft loses to a finished one
+        of any score: its higher mean logprob is that of an answer that never reached its end. Where a
+        preset's exact checkers judge, a draft that fails them is judged repaired (``RuleSet.check_repaired``,
+        as the cloud's judge does): the draft returned is then the repaired text, unless the repair would
+        rewrite text already ``shown`` as final."""
         if not drafts:
-            return None, False, {}
-        checked = [rules.check(d.text) for d in drafts]
-        keys = [rules.task.answer_key(parsed) if res.valid else None for res, parsed in checked]
+            return None, False, {}, False
+        checked = [rules.check_repaired(d.text) for d in drafts]
+        checked = [c if c[2].startswith(shown) else (*rules.check(d.text), d.text, "") for c, d in zip(checked, drafts)]
+        keys = [rules.task.answer_key(parsed) if res.valid else None for res, parsed, _, _ in checked]
         agree = {k: keys.count(k) for k in keys if k is not None}
         best = max(
             range(len(drafts)),
             key=lambda i: (checked[i][0].valid, agree.get(keys[i], 0), not drafts[i].truncated, drafts[i].mean_logprob),
         )
-        res, parsed = checked[best]
-        return drafts[best], res.valid, dict(parsed.fields) if parsed.ok else {}
+        res, parsed, text, repaired = checked[best]
+        d = dataclasses.replace(drafts[best], text=text) if repaired else drafts[best]
+        return d, res.valid, dict(parsed.fields) if parsed.ok else {}, bool(repaired)
 
-    async def finish_local(self, result: ResultBuilder, ruleset: RuleSet, drafts: list[t.Draft]) -> None:
-        """The best of ``drafts`` as the answer (the request's rules over every one: off the loop)."""
-        best, result.valid, result.fields = await asyncio.to_thread(self.local_answer, ruleset, drafts)
+    async def finish_local(
+        self, result: ResultBuilder, ruleset: RuleSet, drafts: list[t.Draft], shown: str = ""
+    ) -> None:
+        """The best of ``drafts`` as the answer (the request's rules over every one: off the loop);
+        ``shown``: the text already streamed as final, which every draft continues."""
+        best, result.valid, result.fields, repaired = await asyncio.to_thread(self.local_answer, ruleset, drafts, shown)
         result.answer = best.text if best is not None else ""
         result.finish_reason = t.FinishReason.LENGTH if best is not None and best.truncated else t.FinishReason.STOP
+        if repaired:
+            result.refine_mode = t.RefineMode.REPAIRED
 
     async def local_round(
         self, request: ValidRequest, *, start: int, t0: float, stop_at: float, prefix: str = ""
@@ -284,7 +295,7 @@ class EdgePipeline:
                 model_prompt, s, start=0, t0=t0, emit=run.emit, stop_at=local_stop, prefix=run.shown.final
             )
             result.continue_with(result.drafts, run.shown.final)
-            await self.finish_local(result, request.ruleset, result.drafts)
+            await self.finish_local(result, request.ruleset, result.drafts, run.shown.final)
             result.rounds = 1
             result.timings = {"drafting": (time.perf_counter() - t0) * 1e3, "total": (time.perf_counter() - t0) * 1e3}
             return result.freeze()

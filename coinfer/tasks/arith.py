@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import itertools
 import random
 import re
 import threading
@@ -46,6 +47,10 @@ _STEP_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyz+-*^() ")
 _STEP_END = frozenset("0123456789abcdefghijklmnopqrstuvwxyz)")
 _VALUE_RE = re.compile(r" ?(-?\d+)")
 _ONE_STEP_RE = re.compile(r"([0-9a-z+\-*^() ]*[0-9a-z)])\s*=\s*(-?\d+)")  # fullmatch only: one start, linear
+_LITERAL_RE = re.compile(r"\(-\d+\)|\d+")  # an operand as a step writes it: 3, or (-3)
+MAX_REPAIRED_LITERALS = 4
+"""A step with more number literals than this is repaired only in its value (``ArithTask.repaired``
+tries each literal as written and as a repaired step's true value: 2^n variants)."""
 MAX_OPERATORS = 64
 """An expression (prompt or step) with more operators is refused before it is parsed: evaluation
 recurses once per operator, and a 1,000-term sum or 1,000 unary minus signs must be a clear error,
@@ -324,6 +329,81 @@ class ArithTask(Task):
                     break
             start += len(part)
         return super().corrected_prefix(spec, text)
+
+    def repaired(self, spec: dict[str, Any], text: str) -> str | None:
+        """Every step's value recomputed in place, as a calculator would have written it, and carried to
+        where the draft used it: a literal in a later step that is an earlier step's wrong value becomes
+        that step's true value where the step then computes one of the expression's steps
+        (``8-7=2; 2^2=4; ...`` -> ``8-7=1; 1^2=1; ...``), and an answer that was the last step's value
+        becomes its true value. The operations and their order stay the model's: a draft that computes
+        the wrong terms still fails ``arith_plan`` once repaired. A part that is no step of the form
+        (prose, an unparsable step) and all after the answer stay as written."""
+        env, plan = spec["vars"], plan_operations(spec)
+        fixed: list[tuple[int, int]] = []  # (value as written, true value) of each repaired step, in order
+        last: tuple[int, int] | None = None  # the last step's (value as written, true value)
+        parts = re.split(r"([;\n])", text)
+        for i, part in enumerate(parts):
+            if part.strip().lower().startswith("answer"):
+                m = _ANSWER_RE.search(part)
+                if m and last is not None and int(m.group(1)) == last[0]:
+                    parts[i] = part[: m.start(1)] + str(last[1]) + part[m.end(1) :]
+                break
+            step = self._repaired_step(part, env, plan, fixed) if "=" in part else None
+            if step is not None:
+                parts[i], written, true = step
+                last = (written, true)
+                if written != true:
+                    fixed.append(last)
+        out = "".join(parts)
+        return out if out != text else None
+
+    @staticmethod
+    def _repaired_step(
+        part: str, env: dict[str, int], plan: frozenset, fixed: list[tuple[int, int]]
+    ) -> tuple[str, int, int] | None:
+        """``part`` repaired (``repaired``): (its text, its value as written, its true value); None when it
+        is no step of the form. Its literals are tried as an earlier repaired step's true value (the most
+        recent first: a draft uses the step it just wrote), then as written; the first that computes one
+        of the expression's steps is kept, else the step as written."""
+        m = _ONE_STEP_RE.fullmatch(" ".join(normalize(part).split()))
+        eq = part.rfind("=")
+        if not m or eq < 0:
+            return None
+        raw, written = part[:eq], int(m.group(2))
+        literals = list(_LITERAL_RE.finditer(raw))
+        options = [
+            [*dict.fromkeys(tr for w, tr in reversed(fixed) if w == int(lit.group().strip("()"))), None]
+            for lit in literals
+        ]
+        lhs = raw
+        if len(literals) <= MAX_REPAIRED_LITERALS and any(len(o) > 1 for o in options):
+            for choice in itertools.product(*options):
+                if all(c is None for c in choice):
+                    break  # as written: the last variant
+                v = raw
+                for lit, c in reversed(list(zip(literals, choice))):
+                    if c is not None:
+                        v = v[: lit.start()] + _num(c) + v[lit.end() :]
+                if ArithTask._on_plan(v, env, plan):
+                    lhs = v
+                    break
+        try:
+            true = evaluate(lhs.replace(" ", ""), env)
+        except ValueError:
+            return None
+        after = part[eq + 1 :]
+        digits = re.match(r"\s*-?\d+", after)
+        if digits is None:
+            return None
+        space = after[: len(after) - len(after.lstrip())]
+        return lhs + "=" + space + str(true) + after[digits.end() :], written, true
+
+    @staticmethod
+    def _on_plan(lhs: str, env: dict[str, int], plan: frozenset) -> bool:
+        try:
+            return operation(lhs.replace(" ", ""), env) in plan
+        except ValueError:
+            return False
 
     def grade(self, spec: dict[str, Any], parsed: Parsed) -> bool:
         return parsed.ok and parsed.fields.get("answer") == evaluate(spec["expr"], spec["vars"])

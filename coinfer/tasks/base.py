@@ -129,6 +129,15 @@ class Task(ABC):
         text (``coinfer.arithmetic``)."""
         return corrected_prefix(text)
 
+    def repaired(self, spec: dict[str, Any], text: str) -> str | None:
+        """``text`` with every computed value the task's calculator can check rewritten to its true value,
+        in place: what the model chose (its steps' terms, its answer) stays the model's, so a draft that
+        chose wrong still fails its rules once repaired. None when nothing changed or nothing here is a
+        calculator's. Only exact checkers may vouch for the result (``RuleSet.check_repaired``). Default:
+        None (an open request's equations are in prose, where a value rewritten in place would leave
+        its later uses as written)."""
+        return None
+
     def answer_key(self, parsed: Parsed) -> Any:
         """What drafts agree on (the seed's support term): the extracted answer."""
         return answer_key(parsed)

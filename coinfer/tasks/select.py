@@ -206,6 +206,24 @@ class SelectTask(Task):
         step = f"{m.group(1)} {cost}>{budget}" if cost > budget else f"{m.group(1)} {cost}:{value}"
         return "; ".join(ok + [step]) + ";"
 
+    def repaired(self, spec: dict[str, Any], text: str) -> str | None:
+        """Every listed subset's cost and value recomputed in place (``AC 7:9`` -> ``AC 7:8``, ``AD 9:5`` ->
+        ``AD 9>8`` over the budget); the subsets listed and the answer chosen stay the model's. A subset
+        with an id not in the pool, or not k distinct ids, is left as written (its rules fail).
+        ``_STEP_RE`` on the raw text: no nested quantifiers, linear."""
+        budget = spec["budget"]
+
+        def fix(m: re.Match[str]) -> str:
+            subset = m.group(1)
+            totals = self._totals(spec, list(subset))
+            if totals is None or len(set(subset)) != len(subset) or len(subset) != spec["k"]:
+                return m.group(0)
+            cost, value = totals
+            return f"{subset} {cost}>{budget}" if cost > budget else f"{subset} {cost}:{value}"
+
+        out = _STEP_RE.sub(fix, text)
+        return out if out != text else None
+
     def step_ok(self, spec: dict[str, Any], step: str) -> bool:
         return self.step_error(spec, step) == ""
 

@@ -11,9 +11,11 @@ from coinfer import types as t
 from coinfer.cloud.config import CloudConfig, PolicyConfig
 from coinfer.cloud.session import DraftsDone, Session
 from coinfer.rules import RuleSet
-from coinfer.tasks import OPEN
+from coinfer.tasks import OPEN, get_task
 from tests.cloud.engines import RIGHT, WRONG, ScriptedEngine, apples, draft
 from tests.cloud.test_hedge import ARITH_BAD, ARITH_KW, ARITH_RIGHT, _collect
+from tests.cloud.test_judging import SELECT_PROMPT, SELECT_RIGHT, SELECT_SLIPS
+from tests.streams import shown
 
 SKY = t.OpenRequest(request_id="r", task="", prompt="Explain why the sky is blue.")
 PROSE = "Air scatters blue light more than red, so the sky looks blue."
@@ -121,3 +123,20 @@ def test_a_draft_cut_at_its_budget_or_the_policy_off_waits_for_the_round():
         assert engine.scored == 2, policy
         assert not any(v.error.startswith("not_scored") for v in _verdicts(events).values())
     assert engine.most == 2  # off: side by side, as before
+
+
+def test_a_repaired_draft_where_the_rules_decide_answers_at_once_with_no_engine_work():
+    select = get_task("select")
+    req = t.OpenRequest(request_id="r", task="select", prompt=SELECT_PROMPT)
+    engine = ScriptedEngine({}, reply="unused")
+    s = session(engine, req=req, task=select, spec=select.parse_problem(SELECT_PROMPT))
+    wrong_choice = SELECT_SLIPS.replace("answer A,D", "answer B,D")
+    events, read_after = asyncio.run(_run(s, [draft(0, wrong_choice), draft(1, SELECT_SLIPS)], False))
+    summary = events[-1]
+    assert summary.answer == SELECT_RIGHT and summary.refine_mode == t.RefineMode.REPAIRED and not read_after
+    assert summary.source == t.AnswerSource.DRAFT and summary.answer_valid and summary.chosen_drafts == [1]
+    assert engine.scored == engine.generated == 0
+    v = _verdicts(events)
+    assert not v[0].valid and v[1].valid and v[1].repaired.startswith("task_check:select_steps")
+    assert "once repaired (as written: task_check:select_steps" in summary.trace
+    assert shown(events) == SELECT_RIGHT  # streamed as final: what the answer is

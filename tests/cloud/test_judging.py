@@ -9,6 +9,7 @@ import pytest
 
 from coinfer import types as t
 from coinfer.cloud.judging import Judge
+from coinfer.tasks import get_task
 from tests.cloud.engines import RIGHT, ScriptedEngine, apples, context, draft
 
 SLIP = "Tom buys 3 * 4 = 13 apples.\nAnswer: 13"
@@ -117,3 +118,36 @@ def test_a_recheck_applies_the_rules_and_the_threshold_only_where_asked():
     assert not ok and why.startswith("low_likelihood") and engine.scored == 1
     assert asyncio.run(judge.recheck(RIGHT, than=-0.9))[0]  # relative to a draft the target found -0.9
     assert judge.mean_logprob(-1) is None  # a re-checked answer is not a draft: nothing recorded
+
+
+SELECT_PROMPT = "Pick 2 of A(4,9) B(3,6) C(8,2) D(1,8) with cost<=8."
+SELECT_RIGHT = "AB 7:15; AC 12>8; AD 5:17; BC 11>8; BD 4:14; CD 9>8; answer A,D"
+SELECT_SLIPS = "AB 7:16; AC 9:11; AD 5:16; BC 11>8; BD 5>8; CD 9>8; answer A,D"
+"""The right subsets and choice, with sums a calculator corrects."""
+
+
+def _select_judge(engine: ScriptedEngine, **policy) -> Judge:
+    task = get_task("select")
+    req = t.OpenRequest(request_id="r", task="select", prompt=SELECT_PROMPT)
+    return Judge(context(engine, req, task, task.parse_problem(SELECT_PROMPT), **policy))
+
+
+def test_where_the_rules_decide_a_draft_whose_sums_are_wrong_is_judged_repaired():
+    engine = ScriptedEngine({}, reply="")
+    judge = _select_judge(engine)
+    v = asyncio.run(judge.verdict(draft(0, SELECT_SLIPS)))
+    assert v.valid and v.repaired.startswith("task_check:select_steps: step_wrong: AB value 16 (expected 15)")
+    assert judge.judged[0].draft.text == SELECT_RIGHT and engine.scored == 0  # the answer takes the repaired text
+    # a repaired draft that chose wrong still fails, with the draft's own first error
+    bad = asyncio.run(judge.verdict(draft(1, SELECT_SLIPS.replace("answer A,D", "answer B,D"))))
+    assert not bad.valid and not bad.repaired and bad.error.startswith("step_wrong: AB value 16")
+    assert judge.judged[1].draft.text == SELECT_SLIPS.replace("answer A,D", "answer B,D")
+    # a draft right as written is judged as written
+    assert asyncio.run(judge.verdict(draft(2, SELECT_RIGHT))).repaired == ""
+
+
+def test_no_repair_with_the_policy_off_or_where_the_rules_do_not_decide():
+    for policy in ({"repair_drafts": False}, {"rules_decide": False}):
+        judge = _select_judge(ScriptedEngine({SELECT_SLIPS: [-0.1] * 12}, reply=""), **policy)
+        v = asyncio.run(judge.verdict(draft(0, SELECT_SLIPS)))
+        assert not v.valid and not v.repaired and judge.judged[0].draft.text == SELECT_SLIPS

@@ -77,7 +77,7 @@ async def test_verdicts_rule_fast_fail_dedup_and_ordering(whole_rounds):
         [
             open_msg(expected_drafts=5),
             draft(0, GOOD),
-            draft(1, "3+5=8; 8^2=62; 3*5=15; 62-15=47; answer 47"),
+            draft(1, "3+5=8; 8^2=62; 3*5=15; 62+15=77; answer 77"),  # repaired, still the wrong operation
             draft(2, "  " + GOOD.replace(";", " ;")),  # same structure, different text
             draft(3, wrong_but_valid),
             draft(4, "I think the answer is"),

@@ -447,7 +447,7 @@ def test_where_a_presets_own_checkers_pass_a_draft_no_model_is_asked_and_it_is_t
     engine = ScriptedEngine({}, reply="unused")
     session, right = _preset(engine)
     engine.logprobs = {right: [-0.05] * 10 + [-6.0]}
-    wrong = right.replace("9+10=19; answer 19", "9+10=18; answer 18")
+    wrong = right.replace("9+10=19; answer 19", "9-10=-1; answer -1")  # the wrong operation: no repair passes it
     events = asyncio.run(_run(session, [wrong, right], truncated=True))  # cut at the draft budget: not continued
     summary = events[-1]
     assert summary.answer == right and summary.refine_mode == "accepted" and summary.source == t.AnswerSource.DRAFT

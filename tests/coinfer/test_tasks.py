@@ -272,6 +272,57 @@ def test_select_corrects_a_steps_sums_and_an_answer_its_own_steps_contradict():
     assert select.corrected_prefix(spec, "answer A,D") is None
 
 
+def test_select_repairs_every_sum_in_place_and_keeps_the_subsets_and_the_choice():
+    select = TASKS["select"]
+    spec = select.parse_problem("Pick 2 of A(4,9) B(3,6) C(8,2) D(1,8) with cost<=8.")
+    right = "AB 7:15; AC 12>8; AD 5:17; BC 11>8; BD 4:14; CD 9>8; answer A,D"
+    rules = RuleSet([], select, spec)
+    assert select.repaired(spec, right) is None  # nothing to repair
+    # wrong sums, a fitting subset written over budget and one the other way, the right choice: repaired, it passes
+    slips = "AB 7:16; AC 9:11; AD 5:16; BC 11>8; BD 5>8; CD 9>8; answer A,D"
+    assert not rules.check(slips)[0].valid
+    assert select.repaired(spec, slips) == right and rules.check(right)[0].valid
+    # the model's choice is kept: repaired sums show it is not the best listed, and the rules still fail it
+    wrong_choice = select.repaired(spec, slips.replace("answer A,D", "answer B,D"))
+    assert wrong_choice == right.replace("answer A,D", "answer B,D")
+    assert rules.check(wrong_choice)[0].failed_rule == "task_check:select_choice"
+    # a subset left out stays left out (select_choice fails it); ids not in the pool, or not k distinct, untouched
+    missing = select.repaired(spec, "AB 7:16; AD 5:17; answer A,D")
+    assert missing == "AB 7:15; AD 5:17; answer A,D" and not rules.check(missing)[0].valid
+    assert select.repaired(spec, "AZ 7:15; AA 8:18; ABC 1:1; answer A,D") is None
+    # spacing and the text around the steps kept
+    assert select.repaired(spec, "AB  7 : 16;\nanswer A,B") == "AB 7:15;\nanswer A,B"
+
+
+def test_arith_repairs_each_value_and_carries_it_to_where_the_draft_used_it():
+    arith = TASKS["arith"]
+    spec = arith.parse_problem("If x=2 and y=0, compute (x-y)^2+x*y.")
+    rules = RuleSet([], arith, spec)
+    # 1 was written for 2-0 and for 2^2: each later use reads the step that then computes the expression's
+    slips = "2-0=1; 1^2=1; 2*0=0; 1+0=1; answer 1"
+    assert arith.repaired(spec, slips) == "2-0=2; 2^2=4; 2*0=0; 4+0=4; answer 4"
+    assert rules.check(arith.repaired(spec, slips))[0].valid
+    assert arith.repaired(spec, arith.solve(spec)) is None  # right: nothing to repair
+    # spacing, negative operands, newlines kept
+    spec = arith.parse_problem("If x=3 and y=6, compute (x-y)^2+x*y.")
+    assert arith.repaired(spec, "3 - 6 = -1\n(-1)^2 =1\n3*6=18; 1+18=27; answer 27") == (
+        "3 - 6 = -3\n(-3)^2 =9\n3*6=18; 9+18=27; answer 27"
+    )
+    # the model's operations stay its own: wrong terms still fail once repaired
+    spec = arith.parse_problem("If x=3 and y=0, compute y*(x-y).")
+    repaired = arith.repaired(spec, "0-3=-3; 0*(-3)=-3; answer -3")
+    assert repaired == "0-3=-3; 0*(-3)=0; answer 0" and rules_fail(arith, spec, repaired) == "task_check:arith_plan"
+    # an answer that was not the last step's value stays as written (arith_steps fails it); prose untouched
+    spec = arith.parse_problem("If x=3 and y=5, compute (x+y)^2.")
+    assert arith.repaired(spec, "3+5=9; 9^2=81; answer 80") == "3+5=8; 8^2=64; answer 80"
+    assert arith.repaired(spec, "so we add them; answer 64") is None
+
+
+def rules_fail(task, spec, text: str) -> str:
+    res, _ = RuleSet([], task, spec).check(text)
+    return "" if res.valid else res.failed_rule
+
+
 def test_arith_corrects_a_steps_value_as_it_evaluates_the_step_its_terms_kept():
     arith = TASKS["arith"]
     spec = arith.parse_problem("If x=6 and y=3, compute x-(y-x).")  # -3, then 9

@@ -9,8 +9,30 @@ def test_a_finished_draft_beats_a_truncated_one_with_a_better_score():
 
     cut = t.Draft(0, "Autumn wind, the leaves", 256, -0.649, truncated=True)
     done = t.Draft(1, "Autumn wind carries\nleaves across the quiet road\nthe year lets them go", 192, -0.668)
-    best, valid, _ = EdgePipeline.local_answer(RuleSet([], OPEN, {}), [cut, done])
+    best, valid, _, _ = EdgePipeline.local_answer(RuleSet([], OPEN, {}), [cut, done])
     assert best is done and valid
     loop = t.Draft(2, "a leaf's fate is determined " * 60, 512, -0.147)
-    best, _, _ = EdgePipeline.local_answer(RuleSet([], OPEN, {}), [loop, cut])
+    best, _, _, _ = EdgePipeline.local_answer(RuleSet([], OPEN, {}), [loop, cut])
     assert best is cut  # the loop fails the built-in repetition check
+
+
+def test_where_a_presets_checkers_judge_a_draft_with_wrong_sums_is_the_answer_repaired():
+    from coinfer import types as t
+    from coinfer.edge.pipeline import EdgePipeline
+    from coinfer.rules import RuleSet
+    from coinfer.tasks import get_task
+    from tests.cloud.test_judging import SELECT_PROMPT, SELECT_RIGHT, SELECT_SLIPS
+
+    select = get_task("select")
+    rules = RuleSet([], select, select.parse_problem(SELECT_PROMPT))
+    wrong_choice = t.Draft(0, SELECT_SLIPS.replace("answer A,D", "answer B,D"), 40, -0.1)  # the likelier
+    slips = t.Draft(1, SELECT_SLIPS, 40, -0.3)
+    best, valid, fields, repaired = EdgePipeline.local_answer(rules, [wrong_choice, slips])
+    assert valid and repaired and best.text == SELECT_RIGHT and best.index == 1 and fields["ids"] == ["A", "D"]
+    # a repair that would rewrite text already shown as final is not taken
+    best, valid, _, repaired = EdgePipeline.local_answer(rules, [slips], shown=SELECT_SLIPS[:8])
+    assert not valid and not repaired and best is slips
+    # rules of the request's own are not exact: nothing is repaired
+    own = RuleSet(select.default_rules(rules.spec), select, rules.spec)
+    best, valid, _, repaired = EdgePipeline.local_answer(own, [slips])
+    assert not valid and not repaired and best is slips
