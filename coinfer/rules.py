@@ -605,7 +605,7 @@ class RuleSet:
         what was extracted, the text judged, why ``text`` as written failed where its repair passed; ''
         when judged as written)."""
         res, parsed = self.check(text)
-        if res.valid or not self.exact or (fixed := self.task.repaired(self.spec, text)) is None:
+        if res.valid or not self.exact or long_number(text) or (fixed := self.task.repaired(self.spec, text)) is None:
             return res, parsed, text, ""
         res2, parsed2 = self.check(fixed)
         if not res2.valid:

@@ -50,7 +50,8 @@ _ONE_STEP_RE = re.compile(r"([0-9a-z+\-*^() ]*[0-9a-z)])\s*=\s*(-?\d+)")  # full
 _LITERAL_RE = re.compile(r"\(-\d+\)|\d+")  # an operand as a step writes it: 3, or (-3)
 MAX_REPAIRED_LITERALS = 4
 """A step with more number literals than this is repaired only in its value (``ArithTask.repaired``
-tries each literal as written and as a repaired step's true value: 2^n variants)."""
+tries each literal as written and as the latest repaired step's true value: at most 2^n variants, each
+parsed: bounded work per step on client text)."""
 MAX_OPERATORS = 64
 """An expression (prompt or step) with more operators is refused before it is parsed: evaluation
 recurses once per operator, and a 1,000-term sum or 1,000 unary minus signs must be a clear error,
@@ -339,7 +340,7 @@ class ArithTask(Task):
         the wrong terms still fails ``arith_plan`` once repaired. A part that is no step of the form
         (prose, an unparsable step) and all after the answer stay as written."""
         env, plan = spec["vars"], plan_operations(spec)
-        fixed: list[tuple[int, int]] = []  # (value as written, true value) of each repaired step, in order
+        latest: dict[int, int] = {}  # value as written -> true value, of the latest repaired step that wrote it
         last: tuple[int, int] | None = None  # the last step's (value as written, true value)
         parts = re.split(r"([;\n])", text)
         for i, part in enumerate(parts):
@@ -348,33 +349,30 @@ class ArithTask(Task):
                 if m and last is not None and int(m.group(1)) == last[0]:
                     parts[i] = part[: m.start(1)] + str(last[1]) + part[m.end(1) :]
                 break
-            step = self._repaired_step(part, env, plan, fixed) if "=" in part else None
+            step = self._repaired_step(part, env, plan, latest) if "=" in part else None
             if step is not None:
                 parts[i], written, true = step
                 last = (written, true)
                 if written != true:
-                    fixed.append(last)
+                    latest[written] = true
         out = "".join(parts)
         return out if out != text else None
 
     @staticmethod
     def _repaired_step(
-        part: str, env: dict[str, int], plan: frozenset, fixed: list[tuple[int, int]]
+        part: str, env: dict[str, int], plan: frozenset, latest: dict[int, int]
     ) -> tuple[str, int, int] | None:
         """``part`` repaired (``repaired``): (its text, its value as written, its true value); None when it
         is no step of the form. Its literals are tried as an earlier repaired step's true value (the most
-        recent first: a draft uses the step it just wrote), then as written; the first that computes one
-        of the expression's steps is kept, else the step as written."""
+        recent: a draft uses the step it just wrote; one candidate each keeps the variants at 2^n), then as
+        written; the first that computes one of the expression's steps is kept, else the step as written."""
         m = _ONE_STEP_RE.fullmatch(" ".join(normalize(part).split()))
         eq = part.rfind("=")
         if not m or eq < 0:
             return None
         raw, written = part[:eq], int(m.group(2))
         literals = list(_LITERAL_RE.finditer(raw))
-        options = [
-            [*dict.fromkeys(tr for w, tr in reversed(fixed) if w == int(lit.group().strip("()"))), None]
-            for lit in literals
-        ]
+        options = [[latest[v], None] if (v := int(lit.group().strip("()"))) in latest else [None] for lit in literals]
         lhs = raw
         if len(literals) <= MAX_REPAIRED_LITERALS and any(len(o) > 1 for o in options):
             for choice in itertools.product(*options):

@@ -338,3 +338,21 @@ def test_the_default_correction_is_the_arithmetic_of_any_text():
     arith = TASKS["arith"]
     spec = arith.parse_problem("If x=3 and y=5, compute (x+y)^2-x*y.")
     assert arith.corrected_prefix(spec, "3+5=8; 8^2=64; 3*5=16; 64-16=48; answer 48") == "3+5=8; 8^2=64; 3*5=15"
+
+
+def test_a_repair_of_hostile_text_is_bounded_and_never_raises():
+    arith = TASKS["arith"]
+    spec = arith.parse_problem("If x=3 and y=5, compute (x+y)^2.")
+    rules = RuleSet([], arith, spec)
+    # every step writes 0 for another sum, then steps of four 0s: each literal has one candidate (the latest
+    # repair of a 0), so a step has at most 2^4 variants, whatever the draft wrote before
+    hostile = "".join(f"1+{i}=0; " for i in range(1, 300)) + "0+0+0+0=0; " * 40 + "answer 0"
+    res, _, text, repaired = rules.check_repaired(hostile[:4096])
+    assert not res.valid and text == hostile[:4096] and repaired == ""
+    # a number past int()'s digit limit: a parse error, no repair tried
+    res, _, _, repaired = rules.check_repaired("3+5=" + "9" * 5000 + "; answer 8")
+    assert res.failed_rule == "parse" and repaired == ""
+    select = TASKS["select"]
+    sspec = select.parse_problem("Pick 2 of A(4,9) B(3,6) C(8,2) D(1,8) with cost<=8.")
+    res, _, _, repaired = RuleSet([], select, sspec).check_repaired("AB 7:" + "1" * 5000 + "; answer A,B")
+    assert res.failed_rule == "parse" and repaired == ""
