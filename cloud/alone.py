@@ -170,11 +170,17 @@ class CloudAlone:
     def _prefix_steps(self, text: str) -> list[str]:
         """A draft's steps before its first mistake, and that step corrected where its mistake is a
         computed value (``Task.corrected_prefix``: the subset or operands stay the draft's). Tasks only:
-        a word problem's draft carries its plan in prose, which nothing here checks."""
-        task, spec = self.ctx.task, self.ctx.spec
+        a word problem's draft carries its plan in prose, which nothing here checks. With
+        ``PolicyConfig.repair_drafts`` (and ``calculator_fixes``), the steps are the draft's repaired ones (``Task.repaired``: every
+        computed value rewritten in place), up to the first the task still refuses (a select draft's
+        wrong choice leaves every listed subset a right step: the target writes only the answer; held-out
+        select, 16 requests at 16 in flight: the cloud decoded 114 tokens per split answer before)."""
+        task, spec, p = self.ctx.task, self.ctx.spec, self.ctx.policy
+        if task is OPEN or not p.calculator_fixes:  # no calculator: the steps as the draft wrote them
+            return task.verified_prefix(spec, text)
+        if p.repair_drafts:
+            text = task.repaired(spec, text) or text
         ok = task.verified_prefix(spec, text)
-        if task is OPEN or not self.ctx.policy.calculator_fixes:
-            return ok
         fixed = task.corrected_prefix(spec, text)
         steps = split_steps(fixed) if fixed else []
         # the corrected step must be one the task verifies (arith: a step of the expression; a draft's

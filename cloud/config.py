@@ -264,7 +264,10 @@ class PolicyConfig:
     the answer chosen stay the draft's) and checked again; one that then passes is valid, its answer the
     repaired text (``refine_mode`` "repaired"), with no engine work. The shipped demo draft's select drafts
     passed the rules 0 times in 80 as written, 14 repaired (9 of 16 requests held one); every repaired one
-    that passed was right, since the rules then judge every listed sum and the choice among them."""
+    that passed was right, since the rules then judge every listed sum and the choice among them. Where no
+    draft is valid, the steps the cloud continues are the drafts' repaired ones (any preset: each step is
+    checked by the task before it is continued), so the target writes only what the drafts did not get
+    right: a select draft's choice, an arith draft's first step off the expression's."""
     cloud_candidates: int = bounded(4, ge=0)
     """When the cloud answers itself and its greedy answer fails the rules: sampled
     candidates (one batched request) checked against the rules; 0 disables."""

@@ -84,10 +84,30 @@ def test_the_drafts_right_steps_are_the_prefix_the_target_continues():
     engine = Replies([rest])
     req = t.OpenRequest(request_id="r", task="select", prompt=prompt)
     ctx = context(engine, req, select, spec, RuleSet(select.default_rules(spec), select, spec))
-    a, events, judge = _alone(ctx, ["AB 8:15; AC 12>8; answer A,B"])  # its first cost is wrong: 7
+    a, events, judge = _alone(
+        dataclasses.replace(
+            ctx, cfg=dataclasses.replace(ctx.cfg, policy=dataclasses.replace(ctx.policy, repair_drafts=False))
+        ),
+        ["AB 8:15; AC 12>8; answer A,B"],  # its first cost is wrong: 7
+    )
     assert not judge.judged[0].verdict.valid and engine.prompts[0].endswith("AB 7:15;")
     assert a.valid and a.text == "AB 7:15;" + rest and a.mode is t.RefineMode.PREFIX
     assert a.note.startswith("no valid draft after retries: cloud answered alone from 1 verified steps")
+
+
+def test_the_drafts_repaired_steps_are_the_prefix_and_the_target_writes_only_what_they_got_wrong():
+    select = TASKS["select"]
+    prompt = "Pick 2 of A(4,9) B(3,6) C(8,2) D(1,8) with cost<=8."
+    spec = select.parse_problem(prompt)
+    steps = "AB 7:15; AC 12>8; AD 5:17; BC 11>8; BD 4:14; CD 9>8;"
+    engine = Replies([" answer A,D"])
+    req = t.OpenRequest(request_id="r", task="select", prompt=prompt)
+    # every sum but one wrong, and the wrong choice: repaired, still invalid; its repaired steps are all right
+    slips = "AB 7:16; AC 9:11; AD 5:16; BC 11>8; BD 5>8; CD 9>8; answer B,D"
+    a, events, judge = _alone(context(engine, req, select, spec), [slips])
+    assert not judge.judged[0].verdict.valid and engine.prompts[0].endswith(steps)
+    assert a.valid and a.text == steps + " answer A,D" and a.mode is t.RefineMode.PREFIX and len(engine.prompts) == 1
+    assert a.note.startswith("no valid draft after retries: cloud answered alone from 6 verified steps")
 
 
 def test_where_only_the_loop_watch_judges_the_answer_streams_final_and_a_loop_is_kept_cut():

@@ -258,16 +258,23 @@ def test_a_drafts_slip_on_a_sum_is_corrected_into_the_prefix_the_target_continue
     select = TASKS["select"]
     prompt = "Pick 2 of A(4,9) B(3,6) C(8,2) D(1,8) with cost<=8."
     spec = select.parse_problem(prompt)
-    rest = " AC 12>8; AD 5:17; BC 11>8; BD 4:14; CD 9>8; answer A,D"
+    rest = " AD 5:17; BC 11>8; BD 4:14; CD 9>8; answer A,D"
     engine = Replies([rest])
     req = t.OpenRequest(request_id="r", task="select", prompt=prompt)
     session = _make(engine, req, select, spec, RuleSet(select.default_rules(spec), select, spec), max_retries=0)
-    # the draft's first step has the wrong cost (7 is right): the cloud starts after it, corrected
+    # the draft's first step has the wrong cost (7 is right): the cloud starts after its steps, repaired
     summary = asyncio.run(_run(session, ["AB 8:15; AC 12>8; answer A,B"]))[-1]
-    assert engine.prompts[0].endswith("AB 7:15;")
-    assert summary.answer == "AB 7:15;" + rest and summary.answer_valid and summary.refine_mode == "prefix"
+    assert engine.prompts[0].endswith("AB 7:15; AC 12>8;")
+    assert summary.answer == "AB 7:15; AC 12>8;" + rest and summary.answer_valid and summary.refine_mode == "prefix"
+    # no repair: its first step corrected, the rest the target's
+    engine = Replies([" AC 12>8;" + rest])
+    session = _make(
+        engine, req, select, spec, RuleSet(select.default_rules(spec), select, spec), max_retries=0, repair_drafts=False
+    )
+    summary = asyncio.run(_run(session, ["AB 8:15; AC 12>8; answer A,B"]))[-1]
+    assert engine.prompts[0].endswith("AB 7:15;") and summary.answer == "AB 7:15; AC 12>8;" + rest
 
-    no_fix = Replies(["AB 7:15;" + rest])
+    no_fix = Replies(["AB 7:15; AC 12>8;" + rest])
     rules = RuleSet(select.default_rules(spec), select, spec)
     session = _make(no_fix, req, select, spec, rules, max_retries=0, calculator_fixes=0)
     assert asyncio.run(_run(session, ["AB 8:15; AC 12>8; answer A,B"]))[-1].refine_mode == "alone"
