@@ -45,6 +45,12 @@ log = logging.getLogger(__name__)
 
 EXPLORE_RUNS = 5
 """Runs of each cloud plan auto makes for a task before it chooses by their measured outcomes alone."""
+REEXPLORE_EVERY = 16
+"""A cloud plan that has not run for this many of auto's choices for a task runs once: its estimates are
+as old as its last run. Without it, a plan measured under a burst kept its burst-time prediction: split
+on select, measured while overloaded at 1.6 s, was never chosen again while it answered in about 0.1 s
+(``python -m benchmarks.capacity``: auto, after the split and cloud ladders, ran the cloud plan for every
+one of 209 requests at 0.9x plain vLLM's capacity where split held 5x)."""
 
 
 @dataclass
@@ -66,6 +72,10 @@ class Planner:
         self.est = est
         self.quality_floor = quality_floor
         self.cloud_thrift = cloud_thrift
+        self._choices: dict[str, int] = {}
+        """Auto's choices so far, per task (this process's: the estimates persist, this does not)."""
+        self._last_run: dict[tuple[str, str], int] = {}
+        """(task, plan) -> the task's choice count when the plan last ran (chosen or asked for)."""
 
     @property
     def bytes_per_token(self) -> float:
@@ -197,6 +207,7 @@ class Planner:
                 notes=tuple(self.est.notes),
             )
         plan, reason = c.plan, c.reason
+        choice = self._choices[task] = self._choices.get(task, 0) + 1
         if (p := self._unexplored(task, c)) is not None:
             runs = self.est.counts.get(f"decode_steps.{p}.{task}", 0)
             plan, reason = (
@@ -206,6 +217,13 @@ class Planner:
                     f"{c.breakdowns[p].total_ms:.0f} ms is not yet a measurement); else {c.reason}"
                 ),
             )
+        elif (p := self._stale(task, c, choice)) is not None:
+            plan, reason = (
+                p,
+                f"re-explore: {p} has not run for {REEXPLORE_EVERY} choices for {task!r} (its "
+                f"{c.breakdowns[p].total_ms:.0f} ms is as old as that); else {c.reason}",
+            )
+        self._last_run[(task, str(plan))] = choice
         return Choice(plan=plan, breakdowns=c.breakdowns, reason=reason, notes=tuple(self.est.notes))
 
     def _unexplored(self, task: str, c: Choice) -> str | None:
@@ -226,6 +244,20 @@ class Planner:
                 return p
         return None
 
+    def _stale(self, task: str, c: Choice, choice: int) -> str | None:
+        """A cloud plan not chosen by auto ``c`` that has not run for ``REEXPLORE_EVERY`` of the task's
+        choices and meets the quality floor: run it (``REEXPLORE_EVERY``)."""
+        for p in (Plan.SPLIT, Plan.CLOUD):
+            b = c.breakdowns.get(p)
+            if (
+                p != c.plan
+                and b is not None
+                and b.quality >= self.quality_floor
+                and choice - self._last_run.get((task, str(p)), 0) >= REEXPLORE_EVERY
+            ):
+                return p
+        return None
+
     # ---- online updates ------------------------------------------------------------
     def observe(
         self,
@@ -242,6 +274,7 @@ class Planner:
         the split that followed auto's rule-failing edge answer, whose drafts the edge attempt's
         own observation already measured."""
         e = self.est
+        self._last_run[(task, str(plan))] = self._choices.get(task, 0)  # a plan asked for runs too
         if not escalated:
             self._observe_drafts(task, prompt_tokens, prompt_bytes, n, result, edge_was)
         if result.answer and not result.fallback_reason:  # a fallback's answer is a local draft

@@ -5,7 +5,7 @@ import json
 import math
 
 from coinfer.edge.planner.estimates import DEFAULTS, Estimates
-from coinfer.edge.planner.planner import EXPLORE_RUNS, EdgeState, Planner
+from coinfer.edge.planner.planner import EXPLORE_RUNS, REEXPLORE_EVERY, EdgeState, Planner
 
 
 def test_absurd_measurements_are_refused_and_noted():
@@ -78,6 +78,24 @@ def test_auto_runs_each_cloud_plan_a_few_times_for_the_task_then_chooses_by_meas
     floor = Planner(Estimates(), quality_floor=0.9)
     assert not floor.choose("arith", 40, 40, 5, warm, cloud_available=True).reason.startswith("explore")
     assert Planner(Estimates()).choose("arith", 40, 40, 5, warm, cloud_available=False).plan == "edge"
+
+
+def test_a_cloud_plan_auto_has_not_run_for_a_while_runs_once_and_its_estimate_follows():
+    p = Planner(Estimates())
+    warm = EdgeState(2_000_000, "warm")
+    for plan in ("split", "cloud"):  # explored; split was measured in a burst: far slower than the cloud
+        for _ in range(EXPLORE_RUNS):
+            p.est.observe(f"decode_steps.{plan}.select", 10.0)
+    p.est.observe("verify_ms", 5_000.0)
+    plans = [p.choose("select", 40, 40, 5, warm, cloud_available=True) for _ in range(2 * REEXPLORE_EVERY)]
+    stale = [i for i, c in enumerate(plans) if c.plan == "split"]
+    assert stale == [REEXPLORE_EVERY - 1, 2 * REEXPLORE_EVERY - 1]  # once every REEXPLORE_EVERY choices
+    assert plans[stale[0]].reason.startswith(f"re-explore: split has not run for {REEXPLORE_EVERY} choices")
+    # a plan run when asked for (not auto's choice) is as fresh as one auto chose
+    p.observe("split", "select", 40, 40, 5, _result(1, 20.0, 60.0), warm)
+    assert all(
+        p.choose("select", 40, 40, 5, warm, cloud_available=True).plan == "cloud" for _ in range(REEXPLORE_EVERY - 1)
+    )
 
 
 def test_a_cloud_plan_never_run_is_predicted_from_the_answers_the_task_gets():
