@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from coinfer.edge.planner.cost import (
@@ -51,6 +53,9 @@ as old as its last run. Without it, a plan measured under a burst kept its burst
 on select, measured while overloaded at 1.6 s, was never chosen again while it answered in about 0.1 s
 (``python -m benchmarks.capacity``: auto, after the split and cloud ladders, ran the cloud plan for every
 one of 209 requests at 0.9x plain vLLM's capacity where split held 5x)."""
+REEXPLORE_AFTER_S = 10.0
+"""...and for this long: at 90 requests a second, 16 choices alone sent 6% of them to the plan auto judged
+worse, 3 in 48 to the cloud plan on arith, each at 8x split's engine work."""
 
 
 @dataclass
@@ -68,14 +73,22 @@ class EdgeState:
 
 
 class Planner:
-    def __init__(self, est: Estimates, quality_floor: float = 0.0, cloud_thrift: float = 0.0) -> None:
+    def __init__(
+        self,
+        est: Estimates,
+        quality_floor: float = 0.0,
+        cloud_thrift: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``clock``: seconds, for how long a plan has not run (``REEXPLORE_AFTER_S``)."""
         self.est = est
+        self.clock = clock
         self.quality_floor = quality_floor
         self.cloud_thrift = cloud_thrift
         self._choices: dict[str, int] = {}
         """Auto's choices so far, per task (this process's: the estimates persist, this does not)."""
-        self._last_run: dict[tuple[str, str], int] = {}
-        """(task, plan) -> the task's choice count when the plan last ran (chosen or asked for)."""
+        self._last_run: dict[tuple[str, str], tuple[int, float]] = {}
+        """(task, plan) -> the task's choice count and the clock when the plan last ran (chosen or asked for)."""
 
     @property
     def bytes_per_token(self) -> float:
@@ -220,10 +233,10 @@ class Planner:
         elif (p := self._stale(task, c, choice)) is not None:
             plan, reason = (
                 p,
-                f"re-explore: {p} has not run for {REEXPLORE_EVERY} choices for {task!r} (its "
-                f"{c.breakdowns[p].total_ms:.0f} ms is as old as that); else {c.reason}",
+                f"re-explore: {p} has not run for {REEXPLORE_EVERY} choices and {REEXPLORE_AFTER_S:.0f} s for "
+                f"{task!r} (its {c.breakdowns[p].total_ms:.0f} ms is as old as that); else {c.reason}",
             )
-        self._last_run[(task, str(plan))] = choice
+        self._last_run[(task, str(plan))] = (choice, self.clock())
         return Choice(plan=plan, breakdowns=c.breakdowns, reason=reason, notes=tuple(self.est.notes))
 
     def _unexplored(self, task: str, c: Choice) -> str | None:
@@ -246,14 +259,17 @@ class Planner:
 
     def _stale(self, task: str, c: Choice, choice: int) -> str | None:
         """A cloud plan not chosen by auto ``c`` that has not run for ``REEXPLORE_EVERY`` of the task's
-        choices and meets the quality floor: run it (``REEXPLORE_EVERY``)."""
+        choices nor for ``REEXPLORE_AFTER_S``, and meets the quality floor: run it."""
+        now = self.clock()
         for p in (Plan.SPLIT, Plan.CLOUD):
             b = c.breakdowns.get(p)
+            last_choice, last_s = self._last_run.get((task, str(p)), (0, -float("inf")))
             if (
                 p != c.plan
                 and b is not None
                 and b.quality >= self.quality_floor
-                and choice - self._last_run.get((task, str(p)), 0) >= REEXPLORE_EVERY
+                and choice - last_choice >= REEXPLORE_EVERY
+                and now - last_s >= REEXPLORE_AFTER_S
             ):
                 return p
         return None
@@ -274,7 +290,7 @@ class Planner:
         the split that followed auto's rule-failing edge answer, whose drafts the edge attempt's
         own observation already measured."""
         e = self.est
-        self._last_run[(task, str(plan))] = self._choices.get(task, 0)  # a plan asked for runs too
+        self._last_run[(task, str(plan))] = (self._choices.get(task, 0), self.clock())  # a plan asked for runs too
         if not escalated:
             self._observe_drafts(task, prompt_tokens, prompt_bytes, n, result, edge_was)
         if result.answer and not result.fallback_reason:  # a fallback's answer is a local draft

@@ -5,7 +5,7 @@ import json
 import math
 
 from coinfer.edge.planner.estimates import DEFAULTS, Estimates
-from coinfer.edge.planner.planner import EXPLORE_RUNS, REEXPLORE_EVERY, EdgeState, Planner
+from coinfer.edge.planner.planner import EXPLORE_RUNS, REEXPLORE_AFTER_S, REEXPLORE_EVERY, EdgeState, Planner
 
 
 def test_absurd_measurements_are_refused_and_noted():
@@ -81,21 +81,32 @@ def test_auto_runs_each_cloud_plan_a_few_times_for_the_task_then_chooses_by_meas
 
 
 def test_a_cloud_plan_auto_has_not_run_for_a_while_runs_once_and_its_estimate_follows():
-    p = Planner(Estimates())
+    now = [0.0]
+    p = Planner(Estimates(), clock=lambda: now[0])
     warm = EdgeState(2_000_000, "warm")
     for plan in ("split", "cloud"):  # explored; split was measured in a burst: far slower than the cloud
         for _ in range(EXPLORE_RUNS):
             p.est.observe(f"decode_steps.{plan}.select", 10.0)
     p.est.observe("verify_ms", 5_000.0)
-    plans = [p.choose("select", 40, 40, 5, warm, cloud_available=True) for _ in range(2 * REEXPLORE_EVERY)]
+
+    def run(choices: int, seconds_each: float) -> list[str]:
+        out = []
+        for _ in range(choices):
+            now[0] += seconds_each
+            out.append(p.choose("select", 40, 40, 5, warm, cloud_available=True))
+        return out
+
+    # split has not run since the clock began: after REEXPLORE_EVERY choices it runs once, then waits again
+    plans = run(2 * REEXPLORE_EVERY, REEXPLORE_AFTER_S)
     stale = [i for i, c in enumerate(plans) if c.plan == "split"]
     assert stale == [REEXPLORE_EVERY - 1, 2 * REEXPLORE_EVERY - 1]  # once every REEXPLORE_EVERY choices
     assert plans[stale[0]].reason.startswith(f"re-explore: split has not run for {REEXPLORE_EVERY} choices")
+    # at a high request rate the count comes sooner than the time: it waits for REEXPLORE_AFTER_S too
+    fast = run(4 * REEXPLORE_EVERY, REEXPLORE_AFTER_S / (2 * REEXPLORE_EVERY))
+    assert [i for i, c in enumerate(fast) if c.plan == "split"] == [2 * REEXPLORE_EVERY - 1, 4 * REEXPLORE_EVERY - 1]
     # a plan run when asked for (not auto's choice) is as fresh as one auto chose
     p.observe("split", "select", 40, 40, 5, _result(1, 20.0, 60.0), warm)
-    assert all(
-        p.choose("select", 40, 40, 5, warm, cloud_available=True).plan == "cloud" for _ in range(REEXPLORE_EVERY - 1)
-    )
+    assert all(c.plan == "cloud" for c in run(REEXPLORE_EVERY - 1, REEXPLORE_AFTER_S))
 
 
 def test_a_cloud_plan_never_run_is_predicted_from_the_answers_the_task_gets():
