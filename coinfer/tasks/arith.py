@@ -146,17 +146,39 @@ def written_steps(text: str) -> list[tuple[str, int]]:
     return out
 
 
+def shape_error(tree: ast.expr) -> str:
+    """Why an expression ``evaluate`` accepts has no plan of steps ('' when it has): the checkers read an
+    answer as the value of its last step, so the expression must end on a binary operation, and a sign
+    may only make a literal negative (``-(x+y)`` ends on no step, and ``compute x.`` has none: any answer
+    passed both). Iterative: a client's nesting is bounded by ``MAX_OPERATORS``, not by the stack."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.UnaryOp) and not isinstance(node.operand, ast.Constant):
+            term = ast.unparse(node.operand)[:80]
+            return f"a sign before {term!r}: write it as 0-({term})"
+        stack.extend(ast.iter_child_nodes(node))
+    return (
+        ""
+        if isinstance(tree, ast.BinOp)
+        else "it computes nothing: write at least one operation (+ - * ^) on the terms"
+    )
+
+
 def _num(v: int) -> str:
     return str(v) if v >= 0 else f"({v})"  # "-3^2" would read as -(3^2)
 
 
 def steps_for(expr: str, env: dict[str, int]) -> list[tuple[str, int]]:
-    """Post-order steps ``(lhs, value)`` of ``expr``; see the module docstring."""
+    """Post-order steps ``(lhs, value)`` of ``expr`` (``shape_error`` says it has them); see the module
+    docstring."""
     steps: list[tuple[str, int]] = []
 
     def walk(node: ast.expr) -> str:
         if isinstance(node, (ast.Name, ast.Constant)):
             return _num(env[node.id] if isinstance(node, ast.Name) else int(node.value))
+        if isinstance(node, ast.UnaryOp):  # a negative literal ("(-3)"): parse_problem refused every other sign
+            return _num(-int(node.operand.value))
         assert isinstance(node, ast.BinOp), ast.dump(node)
         lhs = f"{walk(node.left)}{_OPS[type(node.op)]}{walk(node.right)}"
         value = evaluate(lhs, env)
@@ -229,6 +251,8 @@ class ArithTask(Task):
             evaluate(expr, env)
         except ValueError as exc:
             raise InvalidArgument(f"problem.prompt: bad expression {expr!r}: {exc}") from None
+        if err := shape_error(_tree(expr)):
+            raise InvalidArgument(f"problem.prompt: bad expression {expr[:80]!r}: {err}")
         return {"vars": env, "expr": expr}
 
     def solve(self, spec: dict[str, Any]) -> str:

@@ -1,4 +1,5 @@
 import random
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -356,3 +357,20 @@ def test_a_repair_of_hostile_text_is_bounded_and_never_raises():
     sspec = select.parse_problem("Pick 2 of A(4,9) B(3,6) C(8,2) D(1,8) with cost<=8.")
     res, _, _, repaired = RuleSet([], select, sspec).check_repaired("AB 7:" + "1" * 5000 + "; answer A,B")
     assert res.failed_rule == "parse" and repaired == ""
+
+
+def test_an_expression_with_no_plan_of_steps_is_refused_with_the_field_named():
+    arith = TASKS["arith"]
+    # the hostile fuzz's prompt: 64 signs ended the edge's local answer with an AssertionError (HTTP 500);
+    # and with no operation to write, any answer passed the checkers
+    for expr, why in [
+        ("-" * 64 + "x", "a sign before"),
+        ("-(x+y)*2", "a sign before 'x + y': write it as 0-(x + y)"),
+        ("x", "it computes nothing"),
+        ("(-3)", "it computes nothing"),
+    ]:
+        with pytest.raises(InvalidArgument, match=rf"problem.prompt: bad expression .*{re.escape(why)}"):
+            arith.parse_problem(f"If x=1 and y=2, compute {expr}.")
+    spec = arith.parse_problem("If x=3 and y=5, compute (-2)*x+y.")  # a negative literal is a term
+    assert arith.solve(spec) == "(-2)*3=-6; (-6)+5=-1; answer -1"
+    assert arith.repaired(spec, "(-2)*3=-5; (-5)+5=0; answer 0") == "(-2)*3=-6; (-6)+5=-1; answer -1"
