@@ -77,7 +77,8 @@ class EdgeConfig:
     """Plan "auto": the fastest plan whose expected quality (rule-valid answers) reaches this."""
     cloud_thrift: float = bounded(0.25, ge=0, le=1)
     """Plan "auto": of the plans predicted within this fraction of the fastest, the one that holds the
-    cloud least (the cloud is shared: its busy time is every other user's queue). 0 = the fastest."""
+    cloud least, where it saves at least a tenth of the fastest's cost (``planner.cost.THRIFT_MIN_SAVING``;
+    the cloud is shared: its busy time is every other user's queue). 0 = the fastest."""
     probe_on_start: bool = True
     """Calibrate at start (disk, PCIe, decode steps, network, cloud queue)."""
     reprobe_s: float = bounded(300.0, gt=0)

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coinfer.edge.planner.cost import (
+    THRIFT_MIN_SAVING,
     CloudProfile,
     EdgeProfile,
     Escalation,
@@ -197,6 +198,12 @@ def test_thrift_weighs_plans_by_the_clouds_reported_cost_once_every_plan_has_one
     cheap_split = dataclasses.replace(req, split_work=100.0, cloud_work=300.0)
     c = choose(cheap_split, edge, NET, CLOUD, Q, 0.5, thrift=thrift)
     assert c.plan == "split" and "100 engine tokens vs 300 engine tokens" in c.reason
+    # a saving within THRIFT_MIN_SAVING is one cost measured twice: the faster plan wins the tie
+    tie = dataclasses.replace(req, split_work=89.0, cloud_work=90.0)
+    c = choose(tie, edge, NET, CLOUD, Q, 0.5, thrift=thrift)
+    assert c.plan == "cloud" and c.reason.startswith("cloud: fastest predicted")
+    saving = dataclasses.replace(req, split_work=(1 - THRIFT_MIN_SAVING) * 90.0 - 1.0, cloud_work=90.0)
+    assert choose(saving, edge, NET, CLOUD, Q, 0.5, thrift=thrift).plan == "split"
     half = dataclasses.replace(req, split_work=900.0, cloud_work=None)  # the cloud plan never reported
     assert choose(half, edge, NET, CLOUD, Q, 0.5, thrift=thrift).plan == "split"
     # the edge plan costs the cloud its escalations' share of a split: p * the split's reported work
