@@ -322,9 +322,9 @@ def _reported(near: list[Breakdown]) -> bool:
 
 THRIFT_MIN_SAVING = 0.1
 """The least share of the fastest plan's cloud cost a slower plan must save to be taken for thrift. Two
-costs within it are one cost measured twice: on the demo's word problems the cloud answered split's
-sessions itself (``hedge_below_odds``), both plans reported 89.6 engine tokens per answer, and auto took
-the slower split on the measurement noise (capacity 0.53x plain vLLM's against the cloud plan's 0.95x)."""
+costs within it are one cost measured twice: on the demo's word problems split and the cloud plan both
+reported 89.6 engine tokens per answer (capacity run U), and a plan taken for a fraction of a token's
+saving makes the user wait for the slower plan for nothing."""
 
 
 def _cost(near: list[Breakdown]):
