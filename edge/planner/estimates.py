@@ -58,6 +58,12 @@ DEFAULTS: dict[str, float] = {
 # swing the next plan. Speeds, the network and the cloud's load track conditions: ``alpha``.
 OUTCOMES = ("draft_tokens", "answer_tokens", "decode_steps", "rounds", "quality", "first_run", "cloud_tokens")
 OUTCOME_ALPHA = 0.05
+STALE_AFTER_S = 10.0
+"""A speed last measured this long ago is replaced by the next measurement, not averaged with it: it describes
+conditions that have passed. The stages only split measures (the edge's decode step, the verification) were
+last measured at the end of the split ladder, overloaded, when auto began after the cloud plan's: auto
+re-explored split once in 10 s, each run moved the estimate by ``alpha``, and it ran the cloud plan for 274 of
+275 arith requests at 0.99x plain vLLM's capacity where split held 5.9x (``benchmarks.capacity``, run W)."""
 _BOUNDS = {
     "bps": (1e3, 1e12),
     "ms": (0.0, float(MAX_DEADLINE_MS)),  # no stage of a request outlasts the longest deadline
@@ -116,15 +122,18 @@ class Estimates:
     """Caveats already logged: ``choose`` re-derives its defaults per request, the log says each once."""
 
     def observe(self, key: str, value: float | None, replace: bool = False) -> bool:
-        """Fold one measurement in (EWMA; ``replace`` for a fresh probe). False if refused."""
+        """Fold one measurement in (EWMA; ``replace`` for a fresh probe, and for a speed last measured over
+        ``STALE_AFTER_S`` ago). False if refused."""
         lo, hi = _bounds(key)
         if value is None or not math.isfinite(value) or not lo <= value <= hi:
             self.note(f"{key}: refused absurd measurement {value!r} (valid {lo:g}..{hi:g})", key=f"{key}: refused")
             return False
         old = self.values.get(key)
-        a = max(1.0 / (self.counts.get(key, 0) + 1), OUTCOME_ALPHA) if key.startswith(OUTCOMES) else self.alpha
+        now, outcome = time.time(), key.startswith(OUTCOMES)
+        a = max(1.0 / (self.counts.get(key, 0) + 1), OUTCOME_ALPHA) if outcome else self.alpha
+        replace = replace or (not outcome and now - self.updated.get(key, now) > STALE_AFTER_S)
         self.values[key] = value if (old is None or replace) else (1 - a) * old + a * value
-        self.updated[key] = time.time()
+        self.updated[key] = now
         self.counts[key] = self.counts.get(key, 0) + 1
         return True
 

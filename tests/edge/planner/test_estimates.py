@@ -4,7 +4,7 @@ import dataclasses
 import json
 import math
 
-from coinfer.edge.planner.estimates import DEFAULTS, Estimates
+from coinfer.edge.planner.estimates import DEFAULTS, STALE_AFTER_S, Estimates
 from coinfer.edge.planner.planner import EXPLORE_RUNS, REEXPLORE_AFTER_S, REEXPLORE_EVERY, EdgeState, Planner
 
 
@@ -32,6 +32,17 @@ def test_ewma_family_defaults_and_persistence(tmp_path):
     assert e.get("rtt_ms") == 13.0  # 0.7 * 10 + 0.3 * 20
     e.observe("rtt_ms", 50.0, replace=True)
     assert e.get("rtt_ms") == 50.0
+    # a speed last measured over STALE_AFTER_S ago describes conditions that have passed: replaced, not averaged
+    e.observe("verify_ms", 400.0)  # measured while the cloud was overloaded
+    e.updated["verify_ms"] -= STALE_AFTER_S + 1
+    e.observe("verify_ms", 20.0)
+    assert e.get("verify_ms") == 20.0
+    e.observe("verify_ms", 30.0)
+    assert e.get("verify_ms") == 23.0  # fresh: averaged again
+    e.observe("rounds.arith", 3.0)
+    e.updated["rounds.arith"] -= STALE_AFTER_S + 1
+    e.observe("rounds.arith", 1.0)
+    assert e.get("rounds.arith") == 2.0  # an outcome is a mean over requests, however old: never replaced
     e.observe("draft_tokens", 30.0)
     assert e.get("draft_tokens.select") == 30.0  # a task never seen uses its family's measurement
     for v in (10.0, 50.0):  # an outcome: a running mean, not the last few requests
