@@ -48,6 +48,8 @@ _STEP_END = frozenset("0123456789abcdefghijklmnopqrstuvwxyz)")
 _VALUE_RE = re.compile(r" ?(-?\d+)")
 _ONE_STEP_RE = re.compile(r"([0-9a-z+\-*^() ]*[0-9a-z)])\s*=\s*(-?\d+)")  # fullmatch only: one start, linear
 _LITERAL_RE = re.compile(r"\(-\d+\)|\d+")  # an operand as a step writes it: 3, or (-3)
+_PARTS_RE = re.compile(r"([;\n])")  # a draft's parts: steps, prose, the answer, with their separators kept
+_WRITTEN_VALUE_RE = re.compile(r"(\s*)-?\d+")  # what follows a step's "=": its value, the space before it
 MAX_REPAIRED_LITERALS = 4
 """A step with more number literals than this is repaired only in its value (``ArithTask.repaired``
 tries each literal as written and as the latest repaired step's true value: at most 2^n variants, each
@@ -163,6 +165,16 @@ def shape_error(tree: ast.expr) -> str:
         if isinstance(tree, ast.BinOp)
         else "it computes nothing: write at least one operation (+ - * ^) on the terms"
     )
+
+
+def _with_value(part: str, value: int, lhs: str | None = None) -> tuple[str, str] | None:
+    """A step's text up to its value rewritten as ``value`` (the space after "=" kept; its left side ``lhs``
+    where given), and what followed the value; None when no number follows its last "="."""
+    eq = part.rfind("=")
+    m = _WRITTEN_VALUE_RE.match(part, eq + 1) if eq >= 0 else None
+    if m is None:
+        return None
+    return (part[:eq] if lhs is None else lhs) + "=" + m.group(1) + str(value), part[m.end() :]
 
 
 def _num(v: int) -> str:
@@ -339,7 +351,7 @@ class ArithTask(Task):
         the text calculator does not read: ``6-(-3)=6`` becomes ``6-(-3)=9``); else the text calculator's
         (``Task.corrected_prefix``). The step's terms stay the model's."""
         start = 0
-        for part in re.split(r"([;\n])", text):
+        for part in _PARTS_RE.split(text):
             if part.strip() and part not in (";", "\n"):
                 if part.strip().lower().startswith("answer"):
                     break
@@ -366,7 +378,7 @@ class ArithTask(Task):
         env, plan = spec["vars"], plan_operations(spec)
         latest: dict[int, int] = {}  # value as written -> true value, of the latest repaired step that wrote it
         last: tuple[int, int] | None = None  # the last step's (value as written, true value)
-        parts = re.split(r"([;\n])", text)
+        parts = _PARTS_RE.split(text)
         for i, part in enumerate(parts):
             if part.strip().lower().startswith("answer"):
                 m = _ANSWER_RE.search(part)
@@ -391,10 +403,9 @@ class ArithTask(Task):
         recent: a draft uses the step it just wrote; one candidate each keeps the variants at 2^n), then as
         written; the first that computes one of the expression's steps is kept, else the step as written."""
         m = _ONE_STEP_RE.fullmatch(" ".join(normalize(part).split()))
-        eq = part.rfind("=")
-        if not m or eq < 0:
+        if not m:
             return None
-        raw, written = part[:eq], int(m.group(2))
+        raw, written = part[: part.rfind("=")], int(m.group(2))
         literals = list(_LITERAL_RE.finditer(raw))
         options = [[latest[v], None] if (v := int(lit.group().strip("()"))) in latest else [None] for lit in literals]
         lhs = raw
@@ -413,12 +424,8 @@ class ArithTask(Task):
             true = evaluate(lhs.replace(" ", ""), env)
         except ValueError:
             return None
-        after = part[eq + 1 :]
-        digits = re.match(r"\s*-?\d+", after)
-        if digits is None:
-            return None
-        space = after[: len(after) - len(after.lstrip())]
-        return lhs + "=" + space + str(true) + after[digits.end() :], written, true
+        fixed = _with_value(part, true, lhs)
+        return None if fixed is None else (fixed[0] + fixed[1], written, true)
 
     @staticmethod
     def _on_plan(lhs: str, env: dict[str, int], plan: frozenset) -> bool:

@@ -123,6 +123,16 @@ class SelectTask(Task):
         fields["ids"] = ids
         return Parsed(fields)
 
+    @staticmethod
+    def _k_distinct(spec: dict[str, Any], subset: str) -> bool:
+        """``subset`` names k distinct ids: a subset the task asks for (its ids may still be off the pool)."""
+        return len(set(subset)) == len(subset) == spec["k"]
+
+    @staticmethod
+    def _step_text(subset: str, cost: int, value: int, budget: int) -> str:
+        """A step as the task writes it: ``AC 5:11``, or ``BD 9>8`` over the budget."""
+        return f"{subset} {cost}>{budget}" if cost > budget else f"{subset} {cost}:{value}"
+
     def _totals(self, spec: dict[str, Any], ids: list[str]) -> tuple[int, int] | None:
         pool = spec["pool"]
         if any(i not in pool for i in ids):
@@ -202,24 +212,20 @@ class SelectTask(Task):
         totals = self._totals(spec, list(m.group(1))) if m else None
         if totals is None:
             return None
-        cost, value, budget = totals[0], totals[1], spec["budget"]
-        step = f"{m.group(1)} {cost}>{budget}" if cost > budget else f"{m.group(1)} {cost}:{value}"
-        return "; ".join(ok + [step]) + ";"
+        return "; ".join(ok + [self._step_text(m.group(1), *totals, spec["budget"])]) + ";"
 
     def repaired(self, spec: dict[str, Any], text: str) -> str | None:
         """Every listed subset's cost and value recomputed in place (``AC 7:9`` -> ``AC 7:8``, ``AD 9:5`` ->
         ``AD 9>8`` over the budget); the subsets listed and the answer chosen stay the model's. A subset
         with an id not in the pool, or not k distinct ids, is left as written (its rules fail).
         ``_STEP_RE`` on the raw text: no nested quantifiers, linear."""
-        budget = spec["budget"]
 
         def fix(m: re.Match[str]) -> str:
             subset = m.group(1)
             totals = self._totals(spec, list(subset))
-            if totals is None or len(set(subset)) != len(subset) or len(subset) != spec["k"]:
+            if totals is None or not self._k_distinct(spec, subset):
                 return m.group(0)
-            cost, value = totals
-            return f"{subset} {cost}>{budget}" if cost > budget else f"{subset} {cost}:{value}"
+            return self._step_text(subset, *totals, spec["budget"])
 
         out = _STEP_RE.sub(fix, text)
         return out if out != text else None
@@ -232,7 +238,7 @@ class SelectTask(Task):
         if not m:
             return None
         subset, cost, value, over = m.group(1), int(m.group(2)), m.group(3), m.group(4)
-        if len(set(subset)) != len(subset) or len(subset) != spec["k"]:
+        if not self._k_distinct(spec, subset):
             # listed, it would stand among the subsets the answer must be the best of (select_choice)
             return f"step_off_task: {subset} is not {spec['k']} distinct ids"
         one = Parsed({"steps": [(subset, cost, int(value) if value else None, int(over) if over else None)]})
