@@ -21,9 +21,13 @@ escalated with its drafts) and its predictions: the ratio of mean measured to me
 latency (the planner predicts an expectation: an edge plan that may escalate is predicted as its
 attempt plus the escalation's chance times its cost), and per request the measured time of what
 ran over the prediction for that outcome (the attempt alone, or the attempt plus the escalation's
-cost). With ``--stream``, the time to the first content token of a streamed answer too (the edge
-holds the answer until the cloud has verified it: an OpenAI stream cannot withdraw text). Goals (the demo-pair issue): auto's accuracy >= the best single plan's - 2 points at a
-median latency <= that plan's; measured / predicted within 1.3x.
+cost). With ``--stream``, the time to the first content token of a streamed answer too (text leaves
+once final: docs/api.md, Streaming). With ``--vllm`` (and ``--stream``), plain vLLM's own OpenAI server on
+the same target, after coinfer's daemons stopped, answers the same requests streamed through the same
+SDK (greedy, the cloud's answer budget, the chat template), and each plan's first content is printed as a
+ratio of vLLM's first token (issue 35: the cloud plan <= 1.5x). Goals (the demo-pair issue): auto's
+accuracy >= the best single plan's - 2 points at a median latency <= that plan's; measured / predicted
+within 1.3x.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from benchmarks.open_accuracy import RULES, WORDS, Case, cases
 from coinfer.edge.kinds import RequestedPlan
 
 PLANS = tuple(p.value for p in RequestedPlan)
+VLLM = "vllm-greedy"
+"""Plain vLLM's OpenAI server on the target (``--vllm``): the first-token baseline."""
 
 
 def _coinfer(case: Case, plan: str) -> dict:
@@ -114,7 +120,63 @@ def goals(report: dict) -> dict:
     }
 
 
-async def run(counts: dict[str, int], warmup: int, seed: int, stream: bool = False) -> dict:
+async def _vllm_rows(model: str, held_out: list[Case]) -> list[dict]:
+    """Plain vLLM's OpenAI server on ``model`` answering ``held_out`` one at a time, streamed, greedy."""
+    import tempfile
+    from pathlib import Path
+
+    from benchmarks.replica import vllm_server
+    from coinfer.cloud.config import PolicyConfig
+
+    rows = []
+    with tempfile.TemporaryDirectory() as logs:
+        async with vllm_server(Path(model), Path(logs), 1024) as (_, client, name):
+            for i, case in enumerate([held_out[0], *held_out]):  # the first once more: a warm server
+                t0, ttft, text = time.perf_counter(), 0.0, ""
+                stream = await client.chat.completions.create(
+                    model=name,
+                    messages=[{"role": "user", "content": case.prompt}],
+                    max_tokens=PolicyConfig().refine_max_tokens,
+                    temperature=0.0,
+                    stream=True,
+                )
+                async for c in stream:
+                    if c.choices and c.choices[0].delta.content:
+                        ttft = ttft or (time.perf_counter() - t0) * 1e3
+                        text += c.choices[0].delta.content
+                ms = (time.perf_counter() - t0) * 1e3
+                if i:
+                    rows.append(
+                        {
+                            "kind": case.kind,
+                            "plan": VLLM,
+                            "ran": VLLM,
+                            "ok": case.grade(text),
+                            "ms": ms,
+                            "ttft_ms": ttft,
+                            "predicted_ms": 0.0,
+                            "outcome_predicted_ms": 0.0,
+                            "cloud_tokens": 0,
+                        }
+                    )
+    return rows
+
+
+def first_content_table(report: dict) -> str:
+    """Per task and plan: median first content / total, ms, and the first content over vLLM's first token."""
+    lines = ["| task | plan | first content / total, median ms | x vLLM's first token |", "|---|---|---|---|"]
+    for task, plans in report["by_task"].items():
+        base = plans.get(VLLM, {}).get("median_first_token_ms")
+        for plan, s in plans.items():
+            first = s.get("median_first_token_ms")
+            if first is None:
+                continue
+            ratio = f"{first / base:.2f}x" if base else "-"
+            lines.append(f"| {task} | {plan} | {first:.0f} / {s['median_ms']:.0f} | {ratio} |")
+    return "\n".join(lines)
+
+
+async def run(counts: dict[str, int], warmup: int, seed: int, stream: bool = False, vllm: bool = False) -> dict:
     from openai import AsyncOpenAI
 
     from coinfer.cloud.config import CloudConfig, EngineConfig
@@ -152,13 +214,16 @@ async def run(counts: dict[str, int], warmup: int, seed: int, stream: bool = Fal
     finally:
         await daemon.stop()
         await srv.stop(grace=1.0)
+    if vllm:
+        rows += await _vllm_rows(str(art.target), held_out)
+    plans = (*PLANS, VLLM) if vllm else PLANS
     report = {
         "requests_per_plan": len(held_out),
         "warmup": len(warm),
         "wall_s": round(time.perf_counter() - t0, 1),
-        "all": {p: summarize([r for r in rows if r["plan"] == p]) for p in PLANS},
+        "all": {p: summarize([r for r in rows if r["plan"] == p]) for p in plans},
         "by_task": {
-            k: {p: summarize([r for r in rows if r["plan"] == p and r["kind"] == k]) for p in PLANS}
+            k: {p: summarize([r for r in rows if r["plan"] == p and r["kind"] == k]) for p in plans}
             for k, n in counts.items()
             if n
         },
@@ -177,12 +242,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--json", help="write the report here")
     ap.add_argument("--stream", action="store_true", help="streamed requests: also the time to the first content token")
+    ap.add_argument("--vllm", action="store_true", help="plain vLLM's OpenAI server too, streamed (with --stream)")
     args = ap.parse_args(argv)
+    if args.vllm and not args.stream:
+        ap.error("--vllm compares streamed first tokens: add --stream")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     report = asyncio.run(
-        run({WORDS: args.words, "arith": args.arith, "select": args.select}, args.warmup, args.seed, args.stream)
+        run(
+            {WORDS: args.words, "arith": args.arith, "select": args.select},
+            args.warmup,
+            args.seed,
+            args.stream,
+            args.vllm,
+        )
     )
     rows = report.pop("rows")
+    if args.stream:
+        print(first_content_table(report), file=sys.stderr)
     print(json.dumps(report, indent=2))
     if args.json:  # the file also keeps every request's row
         with open(args.json, "w") as f:

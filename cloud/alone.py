@@ -14,7 +14,8 @@ rules read only the end), it streams as final step by step (``_stepwise``): each
 is shown, a failed step is never shown, and the target continues from the last good step, a wrong
 computed value corrected where the failure is one, else sampled anew; the answer's end is held until the
 whole answer passes, and sampled anew from the last step shown where it does not; so everything streamed
-begins the answer.
+begins the answer. Where a preset's calculator can end it (``RuleSet.step_completion``), a step streams as
+it grows; a step that then fails is ended by the calculator from what was shown (``_end_shown_step``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from coinfer.cloud.answer_stream import AnswerStream
 from coinfer.cloud.context import SessionContext
 from coinfer.cloud.judging import Judge
 from coinfer.cloud.policy import consensus_prefix
-from coinfer.cloud.writer import Writer, always, never
+from coinfer.cloud.writer import Writer, always, never, shown_step_start
+from coinfer.rules import STEP_ENDS
 from coinfer.tasks import OPEN
 from coinfer.tasks.base import split_steps
 
@@ -111,7 +113,11 @@ class CloudAlone:
         ctx, p, rules = self.ctx, self.ctx.policy, self.ctx.rules
         params = ctx.params(p.refine_max_tokens)
         write = functools.partial(
-            self.writer.write, ctx.prompt_text, check=rules.prefix_error, max_chars=rules.max_chars
+            self.writer.write,
+            ctx.prompt_text,
+            check=rules.prefix_error,
+            max_chars=rules.max_chars,
+            grow=rules.step_shown,
         )
         w = await write(prefix, p.refine_max_tokens, "cloud")
         ttft, tokens, fixes, samples, notes = w.ttft_ms, w.tokens, 0, 0, []
@@ -127,14 +133,19 @@ class CloudAlone:
                 if stopped and rules.judges_prefix:  # no end is held: its last good step ends it
                     notes.append(f"cut at its last good step ({w.finish.value})")
                     break
-            fixed = (
-                await asyncio.to_thread(ctx.task.corrected_prefix, ctx.spec, w.text)
-                if fixes < p.calculator_fixes
-                else None
-            )
+            if ended := await self._end_shown_step():  # shown as it grew: the calculator ends it
+                notes.append(f"a step begun as shown ended by the calculator ({why})")
+                fixed = self.stream.shown if fixes < p.calculator_fixes else None
+            else:
+                fixed = (
+                    await asyncio.to_thread(ctx.task.corrected_prefix, ctx.spec, w.text)
+                    if fixes < p.calculator_fixes
+                    else None
+                )
             if fixed is not None and fixed.startswith(self.stream.shown):
                 fixes += 1
-                notes.append(f"a computed value corrected ({why})")
+                if not ended:
+                    notes.append(f"a computed value corrected ({why})")
                 w = await write(fixed, ctx.answer_budget, f"fix{fixes}")
             elif samples < p.cloud_candidates:
                 samples += 1
@@ -166,6 +177,21 @@ class CloudAlone:
             steps=tokens,
             generated=tokens,
         )
+
+    async def _end_shown_step(self) -> bool:
+        """Where the stream shows a step begun (it streamed as it grew, ``Writer.write``'s ``complete``)
+        and the model did not end it rightly, the calculator's end of it streamed, with the separator
+        the answer's steps end with (``;`` where none has ended): whether there was one to end."""
+        shown, rules = self.stream.shown, self.ctx.rules
+        start = shown_step_start(shown)
+        rest = rules.step_completion(shown[start:]) if shown[start:].strip() else None
+        if rest is None:
+            return False
+        sep = shown[start - 1] if start and shown[start - 1] in STEP_ENDS else ";"
+        if await asyncio.to_thread(rules.prefix_error, shown + rest + sep) != "":  # never: a right step
+            return False
+        self.stream.chunk(rest + sep, final=True)
+        return True
 
     def _prefix_steps(self, text: str) -> list[str]:
         """A draft's steps before its first mistake, and that step corrected where its mistake is a

@@ -4,7 +4,10 @@ session's ``AnswerStream``, each chunk marked final or held, and stopped where i
 Or step by step (``check``): where the request's rules can judge an answer's steps
 (``RuleSet.streams_steps``), each step the target completes (``coinfer.rules.step_ends``) is checked
 and only then streamed, as final; the first step that fails stops the generation unshown, and the
-caller continues from the last good step (``coinfer.cloud.alone``). From the step where the answer's
+caller continues from the last good step (``coinfer.cloud.alone``). With ``grow``
+(``RuleSet.step_shown``, ``coinfer.growth``) a step streams as it grows, as far as nothing the model
+writes next can make it fail, or the caller can end it rightly (a preset's calculator): nothing shown
+is ever withdrawn, and the first content leaves with the first token rather than the first step. From the step where the answer's
 end begins (the check says None: a preset's ``answer ...``, an extraction's marker) the rest is held,
 for the caller to check with the whole answer.
 """
@@ -72,6 +75,7 @@ class Writer:
         check: Callable[[str], str | None] | None = None,
         max_chars: float = math.inf,
         params: GenParams | None = None,
+        grow: Callable[[str], int | None] | None = None,
     ) -> Written:
         """Stream the target's answer to ``prompt`` after ``prefix`` (streamed first), each chunk final
         when ``final`` holds for the text so far. A generation that falls into a loop is stopped there
@@ -83,9 +87,11 @@ class Writer:
         each completed step after that is checked and streamed as final; the first that fails stops the
         generation (``Written.error``), as does passing ``max_chars`` (finish "length"). What follows the
         last step streamed stays unshown (from a None on, every step): the caller checks it with the
-        whole answer. ``params``: the sampling (default: the request's)."""
+        whole answer. ``params``: the sampling (default: the request's). ``grow`` (with ``check``):
+        how much of the step in progress may stream before it ends (None: no more until it ends); a
+        failed step may then end with text shown: the caller continues from what the stream shows."""
         t_start, ttft = time.perf_counter(), 0.0
-        steps = _Steps(self.stream, prefix, check, max_chars) if check else None
+        steps = _Steps(self.stream, prefix, check, max_chars, grow) if check else None
         if steps is None and prefix:
             self.stream.chunk(prefix, final(prefix))
         text, tokens, finish, checked = prefix, 0, t.FinishReason.STOP, 0
@@ -119,15 +125,25 @@ class Writer:
 
 
 class _Steps:
-    """A step-by-step write's progress: where its checked text ends (``good``: what the stream shows),
-    where its failed step ends (``failed``), how far step ends were looked for (``scanned``), and
-    whether the answer's end has begun (``held``: nothing more is checked or shown)."""
+    """A step-by-step write's progress: what the stream shows (``good``), where its last checked step
+    ends (``step``: ``good`` unless the step in progress streams as it grows), where its failed step ends
+    (``failed``), how far step ends were looked for (``scanned``), whether the step in progress may still
+    stream as it grows (``growing``), and whether the answer's end has begun (``held``: nothing more is
+    checked or shown)."""
 
-    def __init__(self, stream: AnswerStream, prefix: str, check: Callable[[str], str | None], max_chars: float) -> None:
+    def __init__(
+        self,
+        stream: AnswerStream,
+        prefix: str,
+        check: Callable[[str], str | None],
+        max_chars: float,
+        grow: Callable[[str], int | None] | None = None,
+    ) -> None:
         assert prefix.startswith(stream.shown), "a step-by-step write continues what the stream shows"
-        self.stream, self.check, self.max_chars = stream, check, max_chars
+        self.stream, self.check, self.max_chars, self.grow = stream, check, max_chars, grow
         self.good = self.failed = self.scanned = len(stream.shown)
-        self.held = False
+        self.step = shown_step_start(stream.shown)
+        self.held, self.growing = False, grow is not None
 
     async def advance(self, text: str) -> str:
         """Check the steps ``text`` completes past the checked text (within ``max_chars``), in order,
@@ -135,7 +151,7 @@ class _Steps:
         Client rules: off the loop."""
         if self.held:
             return ""
-        ends = [e for e in step_ends(text, max(self.good, self.scanned)) if e <= self.max_chars]
+        ends = [e for e in step_ends(text, max(self.step, self.scanned)) if e <= self.max_chars]
         self.scanned = len(text) - 1  # a last "." ends a sentence only once a space follows it
         for end in ends:
             err = await asyncio.to_thread(self.check, text[:end])
@@ -146,5 +162,20 @@ class _Steps:
                 self.failed = end
                 return err
             self.stream.chunk(text[self.good : end], final=True)
-            self.good = end
+            self.good = self.step = end
+            self.growing = self.grow is not None
+        if self.growing and len(text) > self.good and text[self.step :].strip():  # a space begins no step yet
+            # bounded (coinfer.growth: a step read up to a few hundred characters): on the loop, once per delta
+            n = self.grow(text[self.step :]) if len(text) <= self.max_chars else None
+            if n is None:  # no more of this step leaves before it ends, whatever follows
+                self.growing = False
+            elif self.step + n > self.good:
+                self.stream.chunk(text[self.good : self.step + n], final=True)
+                self.good = self.step + n
         return ""
+
+
+def shown_step_start(shown: str) -> int:
+    """Where the step the stream shows begun starts: after its last step's end (0: none ended)."""
+    ends = step_ends(shown)
+    return ends[-1] if ends else 0

@@ -75,6 +75,7 @@ from coinfer import userregex
 from coinfer.arithmetic import first_wrong_equation
 from coinfer.errors import InvalidArgument, require
 from coinfer.extract import DEFAULT_MARKER, MAX_DIGITS, Extraction, Parsed, json_shape, long_number
+from coinfer.growth import open_step_shown
 from coinfer.repetition import repetition_error
 from coinfer.rulespec import RULE_KINDS, Rule
 from coinfer.text import normalize
@@ -581,6 +582,28 @@ class RuleSet:
             err = self.task.prefix_error(self.spec, text)
             return f"{self.task.name}: {err}" if err else err
         return None if (self.extraction.marker or DEFAULT_MARKER) in normalize(text) else ""
+
+    def step_completion(self, partial: str) -> str | None:
+        """``Task.step_completion``: what ends ``partial``, the beginning of a step, as a right step of the
+        task; only where the preset's exact checkers are in force (``exact``): a client's own rule could
+        refuse what the calculator would write, and only a preset's steps have one."""
+        return self.task.step_completion(self.spec, partial) if self.exact else None
+
+    def step_shown(self, partial: str) -> int | None:
+        """How many characters of ``partial`` -- the beginning of a step, no step's end in it -- may
+        stream before the step ends (``coinfer.growth``; docs/api.md, Streaming); None: no more of it
+        until it ends. A preset under its own checkers: all of it while the calculator can end it
+        (``step_completion``). Open text whose only prefix rule is ``arithmetic`` (the others read only
+        the end) and whose extraction is ``none`` or ``marker``: up to where its chains of numbers are
+        complete and right, short of the marker. Anything else: None (steps stream whole)."""
+        if self.exact:
+            return len(partial) if self.step_completion(partial) is not None else None
+        kind = self.extraction.kind or "none"
+        if self.task.name or kind not in ("none", "marker"):
+            return None
+        if not all(isinstance(c, _Arithmetic) or (c.end_decides and not c.judges_prefix) for c in self.rules):
+            return None
+        return open_step_shown(partial, (self.extraction.marker or DEFAULT_MARKER) if kind == "marker" else "")
 
     def check(self, text: str, parsed: Parsed | None = None) -> tuple[RuleResult, Parsed]:
         """Parse (unless given), reject degenerate repetition (``coinfer.repetition``: built in, every

@@ -22,7 +22,7 @@ from typing import Any
 
 from coinfer.errors import InvalidArgument
 from coinfer.rulespec import Rule
-from coinfer.tasks.base import Parsed, Problem, Task
+from coinfer.tasks.base import MAX_PARTIAL_CHARS, Parsed, Problem, Task
 from coinfer.text import normalize
 
 TEMPLATES = (
@@ -223,6 +223,18 @@ def plan_operations(spec: dict[str, Any]) -> frozenset[tuple[str, int, int] | No
     return _operations(spec["expr"], tuple(sorted(spec["vars"].items())))
 
 
+@functools.lru_cache(maxsize=1024)
+def _step_texts(expr: str, env: tuple[tuple[str, int], ...]) -> tuple[str, ...]:
+    """Every right step of the plan as written with literals, spaces left out: ``2-5=-3``, ``(-3)^2=9``, and
+    both orders of a ``+`` or ``*`` (the orders ``operation`` takes as one step)."""
+    out = set()
+    for op, a, b in filter(None, _operations(expr, env)):
+        for x, y in {(a, b), (b, a)} if op in "+*" else {(a, b)}:
+            lhs = f"{_num(x)}{op}{_num(y)}"
+            out.add(f"{lhs}={evaluate(lhs, {})}")
+    return tuple(sorted(out))
+
+
 class ArithTask(Task):
     name = "arith"
     checkers = {
@@ -344,6 +356,16 @@ class ArithTask(Task):
         if operation(lhs, spec["vars"]) not in plan_operations(spec):
             return f"step_off_plan: {lhs}={value} computes no step of {spec['expr']}"
         return ""
+
+    def step_completion(self, spec: dict[str, Any], partial: str) -> str | None:
+        """The rest of the first plan step written with literals (``_step_texts``) that ``partial`` begins,
+        spaces aside: ``2-5=`` -> ``-3``; a step written with the variables' names, or folding several,
+        is judged only once it ends."""
+        s = "".join(normalize(partial).split())
+        if not s or len(partial) > MAX_PARTIAL_CHARS:
+            return None
+        texts = _step_texts(spec["expr"], tuple(sorted(spec["vars"].items())))
+        return next((c[len(s) :] for c in texts if c.startswith(s)), None)
 
     def corrected_prefix(self, spec: dict[str, Any], text: str) -> str | None:
         """The first step that is no right step, where it is a step of this task's form with a wrong value,

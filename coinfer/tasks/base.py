@@ -29,6 +29,11 @@ class Problem:
     spec: dict[str, Any]
 
 
+MAX_PARTIAL_CHARS = 64
+"""The longest beginning of a step ``Task.step_completion`` reads: a preset's step is some 5-20
+characters; a longer one is no step the calculator knows, and the check stays bounded per token."""
+
+
 def split_steps(text: str) -> list[str]:
     """A draft's steps: its ';'- or newline-separated parts before the ``answer`` part."""
     out = []
@@ -136,6 +141,15 @@ class Task(ABC):
         calculator's. Only exact checkers may vouch for the result (``RuleSet.check_repaired``). Default:
         None (an open request's equations are in prose, where a value rewritten in place would leave
         its later uses as written)."""
+        return None
+
+    def step_completion(self, spec: dict[str, Any], partial: str) -> str | None:
+        """What ends ``partial`` -- the beginning of a step, no step's end in it -- as a right step of this
+        task: the rest of the step as the task's calculator writes it ('' where ``partial`` is one already);
+        None where no right step begins so, or where the task has no calculator. Where it is not None the
+        cloud may stream ``partial`` as final before the model ends the step, since whatever the model
+        writes next, the calculator can end the step rightly (``coinfer.cloud.writer``; docs/api.md,
+        Streaming). Bounded: a partial of over ``MAX_PARTIAL_CHARS`` is None. Default: None."""
         return None
 
     def answer_key(self, parsed: Parsed) -> Any:

@@ -20,7 +20,7 @@ from typing import Any
 
 from coinfer.errors import InvalidArgument
 from coinfer.rulespec import Rule
-from coinfer.tasks.base import Parsed, Problem, Task, split_steps
+from coinfer.tasks.base import MAX_PARTIAL_CHARS, Parsed, Problem, Task, split_steps
 from coinfer.text import normalize
 
 POOL_SIZE, PICK, MAX_COST, MAX_VALUE = 4, 2, 9, 9
@@ -213,6 +213,23 @@ class SelectTask(Task):
         if totals is None:
             return None
         return "; ".join(ok + [self._step_text(m.group(1), *totals, spec["budget"])]) + ";"
+
+    def step_completion(self, spec: dict[str, Any], partial: str) -> str | None:
+        """``partial`` (spacing collapsed) begins a step of distinct pool ids, at most k of them, then
+        maybe a prefix of the subset's true `` cost:value`` (or `` cost>budget``): the rest, the subset
+        filled up with the first unused ids of the pool where it has fewer than k (``AB`` -> `` 7:15``,
+        ``A`` -> ``B 7:15``)."""
+        s, k, pool = " ".join(normalize(partial).split()), spec["k"], spec["pool"]
+        if not s or k < 2 or len(partial) > MAX_PARTIAL_CHARS:  # _STEP_RE: a subset of two ids or more
+            return None
+        n = len(s) - len(s.lstrip("ABCDEFGHIJKLMNOPQRSTUVWXYZ"))
+        ids, rest = s[:n], s[n:]
+        short = n < k and (rest or partial[-1].isspace())  # "A B", "A ": the ids ended before k of them
+        if not ids or len(ids) > k or len(set(ids)) < n or any(i not in pool for i in ids) or short:
+            return None
+        subset = ids + "".join(i for i in pool if i not in ids)[: k - n]
+        step = self._step_text(subset, *self._totals(spec, list(subset)), spec["budget"])
+        return step[n + len(rest) :] if step[n:].startswith(rest) else None
 
     def repaired(self, spec: dict[str, Any], text: str) -> str | None:
         """Every listed subset's cost and value recomputed in place (``AC 7:9`` -> ``AC 7:8``, ``AD 9:5`` ->

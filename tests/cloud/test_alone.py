@@ -138,7 +138,9 @@ def test_with_prefix_rules_the_answer_streams_final_step_by_step_and_a_wrong_ste
     slip = "Tom buys 3 * 4 = 12 apples.\nNow he has 5 + 12 = 16 apples.\nSo 16."
     engine = Replies([slip, " apples.\nSo 17."])
     a, events, _ = _alone(context(engine, _open(Rule("arithmetic"))))
-    assert [e.text for e in events if isinstance(e, t.AnswerChunk)][:2] == ["Tom buys 3 * 4 = 12 apples.", "\n"]
+    chunks = [e.text for e in events if isinstance(e, t.AnswerChunk)]
+    # the words leave as they come; an equation once its chain of numbers ends, checked ("3 * 4 = 12 a")
+    assert chunks[:4] == ["Tom", " buys", " 3 * 4 = 12 apples.", "\n"] and "Now he has" in "".join(chunks)
     assert _only_final(events) == a.text == "Tom buys 3 * 4 = 12 apples.\nNow he has 5 + 12 = 17 apples.\nSo 17."
     assert engine.prompts[1].endswith("Now he has 5 + 12 = 17") and "16" not in _only_final(events)
     assert a.valid and a.source is t.AnswerSource.CLOUD and "a computed value corrected" in a.note
@@ -206,7 +208,8 @@ def test_an_open_answers_steps_stream_until_its_marker_and_the_marker_line_once_
     engine = ScriptedEngine({}, reply=RIGHT)
     a, events, _ = _alone(context(engine, apples()))  # an Answer: marker to extract
     chunks = [e.text for e in events if isinstance(e, t.AnswerChunk)]
-    assert chunks[0] == "Tom buys 3 * 4 = 12 apples." and chunks[-1] == "Answer: 17"
+    assert chunks[:3] == ["Tom", " buys", " 3 * 4 = 12 apples."] and chunks[-1] == "Answer: 17"  # as they come
+    assert "A" not in "".join(chunks[:-1])  # the marker's line: once the whole answer passes
     assert _only_final(events) == a.text == RIGHT and a.valid
 
 
@@ -214,3 +217,44 @@ def test_a_rule_only_the_whole_answer_satisfies_still_holds_the_answer():
     engine = ScriptedEngine({}, reply=RIGHT)
     a, events, _ = _alone(context(engine, _whole()))
     assert a.valid and not any(e.final for e in events if isinstance(e, t.AnswerChunk))
+
+
+def test_a_presets_step_streams_as_it_grows_while_the_calculator_can_end_it():
+    engine = Replies(["3 + 5 = 8; 8 ^ 2 = 64; 3 * 5 = 15; 64 - 15 = 49; answer 49"])
+    a, events, _ = _alone(_arith(engine))
+    chunks = [e.text for e in events if isinstance(e, t.AnswerChunk)]
+    assert chunks[:4] == ["3 ", "+ ", "5 ", "= "] and all(e.final for e in events if isinstance(e, t.AnswerChunk))
+    assert _only_final(events) == a.text == "3 + 5 = 8; 8 ^ 2 = 64; 3 * 5 = 15; 64 - 15 = 49; answer 49" and a.valid
+
+
+def test_a_wrong_value_after_a_shown_beginning_is_ended_by_the_calculator_and_the_target_continues():
+    engine = Replies(["3 + 5 = 8; 3 * 5 = 16; answer 16", " 8 ^ 2 = 64; 64 - 15 = 49; answer 49"])
+    a, events, _ = _alone(_arith(engine))
+    assert engine.prompts[1].endswith("3 + 5 = 8; 3 * 5 = 15;")  # "3 * 5 = " was shown: the calculator ends it
+    assert _only_final(events) == a.text == "3 + 5 = 8; 3 * 5 = 15; 8 ^ 2 = 64; 64 - 15 = 49; answer 49" and a.valid
+    assert "16" not in _only_final(events) and "ended by the calculator" in a.note
+
+
+def test_an_off_plan_step_after_a_shown_beginning_is_ended_as_the_plan_step_it_began():
+    # "3 + " begins the plan's 3+5=8; "3 + 7" begins none: held from there, and once it fails its end
+    # is the calculator's, never a withdrawal of what the stream showed
+    engine = Replies(["3 + 7 = 10; answer 10", " 8^2=64; 3*5=15; 64-15=49; answer 49"])
+    a, events, _ = _alone(_arith(engine))
+    chunks = [e.text for e in events if isinstance(e, t.AnswerChunk)]
+    assert chunks[:3] == ["3 ", "+ ", "5=8;"] and engine.prompts[1].endswith("3 + 5=8;")
+    assert _only_final(events) == a.text == "3 + 5=8; 8^2=64; 3*5=15; 64-15=49; answer 49" and a.valid
+
+
+def test_a_select_subset_streams_as_it_grows_and_a_slipped_sum_is_ended_by_the_calculator():
+    prompt = "Pick 2 of A(4,9) B(3,6) C(8,2) with cost<=8."
+    req = t.OpenRequest(request_id="r", task="select", prompt=prompt)
+    ctx = context(
+        Replies(["AB 7 :15; AC 12 >8; BC 11 >8; answer A,B", "AC 12 >8; BC 11 >8; answer A,B"]),
+        req,
+        task=TASKS["select"],
+        spec=TASKS["select"].parse_problem(prompt),
+    )
+    a, events, _ = _alone(ctx)
+    chunks = [e.text for e in events if isinstance(e, t.AnswerChunk)]
+    assert chunks[:2] == ["AB ", "7 "]  # then " :15" begins no right step (":" follows the cost unspaced)
+    assert _only_final(events) == a.text == "AB 7 :15; AC 12 >8; BC 11 >8; answer A,B" and a.valid

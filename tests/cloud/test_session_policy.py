@@ -320,12 +320,13 @@ def test_the_clouds_own_generation_stops_when_it_falls_into_a_loop():
     from coinfer.cloud.writer import LOOP_CHECK_TOKENS
     from coinfer.repetition import repetition_error
 
-    # stopped at the first check that saw the loop, not at its budget; then sampled anew from its last
-    # good step (none here) as many times as there are candidates (4), each stopped there too
+    # stopped at the first check that saw the loop, not at its budget; then sampled anew from what the
+    # stream shows (its words left as they came: coinfer.growth) at most as many times as there are
+    # candidates (4), each stopped at its first check too
     first = next(
         n for n in range(LOOP_CHECK_TOKENS, 181, LOOP_CHECK_TOKENS) if repetition_error(" ".join(loop.split()[:n]))
     )
-    assert first < 60 and engine.generated == first * (1 + session.ctx.policy.cloud_candidates)
+    assert first < 60 and first < engine.generated <= first * (1 + session.ctx.policy.cloud_candidates)
     assert not summary.answer_valid and summary.finish_reason == "repetition"
 
 

@@ -48,10 +48,10 @@ def test_a_generation_that_falls_into_a_loop_is_stopped_at_the_next_check():
     assert w.tokens % LOOP_CHECK_TOKENS == 0 and w.tokens < 180 and engine.generated == w.tokens
 
 
-def _stepwise(engine: ScriptedEngine, check, prefix: str = "", max_chars: float = float("inf")):
+def _stepwise(engine: ScriptedEngine, check, prefix: str = "", max_chars: float = float("inf"), grow=None):
     stream = AnswerStream()
     writer = Writer(context(engine), stream)
-    w = asyncio.run(writer.write("PROMPT ", prefix, 64, "r0", check=check, max_chars=max_chars))
+    w = asyncio.run(writer.write("PROMPT ", prefix, 64, "r0", check=check, max_chars=max_chars, grow=grow))
     stream.end()
 
     async def read() -> list:
@@ -96,3 +96,21 @@ def test_step_by_step_from_where_the_answer_begins_the_rest_is_held_unchecked():
     w, events, stream = _stepwise(engine, _until_answer)
     assert stream.shown == "It is blue.\n" and all(e.final for e in events)
     assert w.text == "It is blue.\nAnswer: blue.\nA darn fine blue. More." and not w.error  # whole: the caller's
+
+
+def _ends_abcd(partial: str) -> int | None:
+    """All of a step begun as a prefix of ``abcd`` (spaces aside) may leave: a calculator could end it."""
+    return len(partial) if "abcd".startswith("".join(partial.split())) else None
+
+
+def test_step_by_step_a_step_streams_as_it_grows_while_the_calculator_can_end_it():
+    engine = ScriptedEngine({}, reply="ab cd; ab cx dd; ab xy; more")
+    w, events, stream = _stepwise(engine, lambda text: "bad" if "xy" in text else "", grow=_ends_abcd)
+    assert [(e.text, e.final) for e in events] == [
+        ("ab ", True),  # the step's beginning: the calculator could end it
+        ("cd;", True),  # the rest once it ends and passes
+        (" ab ", True),  # a space alone begins no step: it leaves with what follows
+        ("cx dd;", True),  # "abcx" begins no step the calculator ends: held until the step ends, then checked
+        (" ab ", True),
+    ]
+    assert w.error == "bad" and w.text == "ab cd; ab cx dd; ab xy;" and stream.shown == "ab cd; ab cx dd; ab "

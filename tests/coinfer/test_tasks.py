@@ -374,3 +374,29 @@ def test_an_expression_with_no_plan_of_steps_is_refused_with_the_field_named():
     spec = arith.parse_problem("If x=3 and y=5, compute (-2)*x+y.")  # a negative literal is a term
     assert arith.solve(spec) == "(-2)*3=-6; (-6)+5=-1; answer -1"
     assert arith.repaired(spec, "(-2)*3=-5; (-5)+5=0; answer 0") == "(-2)*3=-6; (-6)+5=-1; answer -1"
+
+
+@pytest.mark.parametrize("name", ["arith", "select"])
+def test_every_beginning_of_a_right_step_is_ended_by_the_calculator_into_a_right_step(name):
+    task, rng = TASKS[name], random.Random(7)
+    for _ in range(40):
+        spec = task.generate(rng).spec
+        steps = [s.strip() for s in task.solve(spec).split(";")][:-1]  # the steps, not "answer ..."
+        for step in steps:
+            for n in range(1, len(step) + 1):
+                rest = task.step_completion(spec, " " + step[:n])
+                assert rest is not None and task.step_error(spec, step[:n] + rest) == "", (step, n, rest)
+        assert task.step_completion(spec, "answer ") is None and task.step_completion(spec, "") is None
+
+
+_ARITH_SPEC = TASKS["arith"].parse_problem("If x=3 and y=-2, compute (x-y)^2+x*y.")
+_SELECT_SPEC = TASKS["select"].parse_problem("Pick 2 of A(4,9) B(3,6) C(8,2) D(1,8) with cost<=8.")
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet="0123456789+-*^()= ABCDEx:>", max_size=24))
+def test_whatever_a_step_begins_with_the_calculators_end_is_a_right_step_or_none(partial):
+    for name, spec in (("arith", _ARITH_SPEC), ("select", _SELECT_SPEC)):
+        rest = TASKS[name].step_completion(spec, partial)
+        assert rest is None or TASKS[name].step_error(spec, partial + rest) == "", (name, partial, rest)
+    assert TASKS["arith"].step_completion(_ARITH_SPEC, "1" * 65) is None  # bounded: MAX_PARTIAL_CHARS
