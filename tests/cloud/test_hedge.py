@@ -5,6 +5,7 @@ load, or while the kind's rounds pay."""
 
 from __future__ import annotations
 
+
 import asyncio
 
 import pytest
@@ -187,7 +188,7 @@ def test_no_hedge_for_the_cloud_plan_under_heavy_load_or_while_rounds_pay():
 
 
 def test_hopeless_needs_a_few_rounds_and_still_explores():
-    odds = RoundOdds(explore_every=3, hedge_min_rounds=3)
+    odds = RoundOdds(explore_every=3, hedge_min_rounds=3, early_rounds=0)
     kind = ("", ())
     assert not odds.hopeless(kind, 0.25)  # never seen
     for _ in range(2):
@@ -249,3 +250,27 @@ def test_a_hedge_that_failed_on_an_error_leaves_the_session_to_answer_without_it
     events = asyncio.run(_collect(s.run(inbox())))
     assert isinstance(events[-1], t.Summary) and events[-1].answer == RIGHT and shown(events) == RIGHT
     assert "racing the drafts" not in events[-1].trace and "the hedge failed" in caplog.text
+
+
+def _hedged_share(hits: str, sessions: int = 60, **kw) -> float:
+    """Sessions of a kind whose rounds, when waited for, hold a valid draft as ``hits`` says in turn
+    ("x": one did), the first three missing by chance: the share the cloud hedged (a hedged session's
+    round is not observed)."""
+    odds, kind, hedged, seen = RoundOdds(**kw), ("", ()), 0, 0
+    for _ in range(3):
+        odds.observe(kind, False)
+    for _ in range(sessions):
+        if odds.hopeless(kind, 0.25):
+            hedged += 1
+        else:
+            odds.observe(kind, hits[seen % len(hits)] == "x")
+            seen += 1
+    return hedged / sessions
+
+
+def test_a_kind_hedged_after_unlucky_first_rounds_explores_early_until_its_odds_are_known():
+    # the words problems' drafts: valid in ~40% of first rounds; three misses made them hopeless
+    words = "..x.x"  # 2 in 5, the next two rounds missing too
+    assert _hedged_share(words) < 0.15
+    assert _hedged_share(words, early_rounds=0) > 0.5  # exploring every 10th only: hedged for good
+    assert _hedged_share("." * 19 + "x") > 0.6  # a hopeless pair (1 in 20) stays hedged once its odds are known
