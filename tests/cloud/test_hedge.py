@@ -5,7 +5,6 @@ load, or while the kind's rounds pay."""
 
 from __future__ import annotations
 
-
 import asyncio
 
 import pytest
