@@ -32,7 +32,7 @@ from coinfer.cloud.context import SessionContext
 from coinfer.cloud.judging import Judge
 from coinfer.cloud.policy import consensus_prefix
 from coinfer.cloud.writer import Writer, always, never, shown_step_start
-from coinfer.rules import STEP_ENDS
+from coinfer.steps import STEP_ENDS
 from coinfer.tasks import OPEN
 from coinfer.tasks.base import split_steps
 

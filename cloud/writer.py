@@ -2,10 +2,10 @@
 session's ``AnswerStream``, each chunk marked final or held, and stopped where it falls into a loop.
 
 Or step by step (``check``): where the request's rules can judge an answer's steps
-(``RuleSet.streams_steps``), each step the target completes (``coinfer.rules.step_ends``) is checked
+(``RuleSet.streams_steps``), each step the target completes (``coinfer.steps.step_ends``) is checked
 and only then streamed, as final; the first step that fails stops the generation unshown, and the
 caller continues from the last good step (``coinfer.cloud.alone``). With ``grow``
-(``RuleSet.step_shown``, ``coinfer.growth``) a step streams as it grows, as far as nothing the model
+(``RuleSet.step_shown``, ``coinfer.steps``) a step streams as it grows, as far as nothing the model
 writes next can make it fail, or the caller can end it rightly (a preset's calculator): nothing shown
 is ever withdrawn, and the first content leaves with the first token rather than the first step. From the step where the answer's
 end begins (the check says None: a preset's ``answer ...``, an extraction's marker) the rest is held,
@@ -28,7 +28,7 @@ from coinfer.cloud.context import SessionContext
 from coinfer.cloud.engine import GenParams
 from coinfer.cloud.ranking import MS_PER_S
 from coinfer.repetition import repetition_error
-from coinfer.rules import step_ends
+from coinfer.steps import step_ends
 
 LOOP_CHECK_TOKENS = 16
 """How often (in generated tokens) the cloud's own generation is checked for a loop: often enough to
@@ -165,7 +165,7 @@ class _Steps:
             self.good = self.step = end
             self.growing = self.grow is not None
         if self.growing and len(text) > self.good and text[self.step :].strip():  # a space begins no step yet
-            # bounded (coinfer.growth: a step read up to a few hundred characters): on the loop, once per delta
+            # bounded (coinfer.steps: a step read up to a few hundred characters): on the loop, once per delta
             n = self.grow(text[self.step :]) if len(text) <= self.max_chars else None
             if n is None:  # no more of this step leaves before it ends, whatever follows
                 self.growing = False

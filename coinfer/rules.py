@@ -75,9 +75,9 @@ from coinfer import userregex
 from coinfer.arithmetic import first_wrong_equation
 from coinfer.errors import InvalidArgument, require
 from coinfer.extract import DEFAULT_MARKER, MAX_DIGITS, Extraction, Parsed, json_shape, long_number
-from coinfer.growth import open_step_shown
 from coinfer.repetition import repetition_error
 from coinfer.rulespec import RULE_KINDS, Rule
+from coinfer.steps import end_sensitive, open_step_shown
 from coinfer.text import normalize
 
 if TYPE_CHECKING:
@@ -139,43 +139,6 @@ def _timed(keyword: Any) -> Any:
         return keyword(validator, value, instance, schema)
 
     return check
-
-
-_END_ESCAPES = frozenset("bBmMZz")
-"""Escapes whose match at a text's end depends on what follows it: word boundaries, end of text."""
-
-
-def end_sensitive(pattern: str) -> bool:
-    """Whether ``pattern`` may look past the end of the text it runs on (``$``, an end-of-text or word
-    boundary escape, a lookahead): its verdict on a prefix may not be the whole's. Conservative: a
-    literal ``\\$`` or ``[$]`` counts as well. Linear in the pattern."""
-    if "$" in pattern or "(?=" in pattern or "(?!" in pattern:
-        return True
-    i = pattern.find("\\")
-    while 0 <= i < len(pattern) - 1:
-        if pattern[i + 1] in _END_ESCAPES:
-            return True
-        i = pattern.find("\\", i + 2)
-    return False
-
-
-STEP_ENDS = "\n;"
-"""Characters that end a step (``coinfer.tasks.base.split_steps``'s separators, a line's end)."""
-SENTENCE_ENDS = ".!?"
-"""...and a sentence's end, where a space follows it (so ``3.5`` and ``e.g.,`` do not end one)."""
-
-
-def step_ends(text: str, start: int = 0) -> list[int]:
-    """The ends (exclusive) of the steps ``text`` completes after ``start``, in order: after a line
-    break or a ``;``, or after a ``.``/``!``/``?`` that whitespace follows (the whitespace begins the
-    next step). No chain of numbers, no equation spans one (``coinfer.arithmetic`` breaks chains
-    there), so a prefix cut at one holds every equation whole. Linear in the text after ``start``."""
-    out = []
-    for i in range(start, len(text)):
-        ch = text[i]
-        if ch in STEP_ENDS or (ch in SENTENCE_ENDS and i + 1 < len(text) and text[i + 1].isspace()):
-            out.append(i + 1)
-    return out
 
 
 def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[jsonschema.ValidationError]:
@@ -591,7 +554,7 @@ class RuleSet:
 
     def step_shown(self, partial: str) -> int | None:
         """How many characters of ``partial`` -- the beginning of a step, no step's end in it -- may
-        stream before the step ends (``coinfer.growth``; docs/api.md, Streaming); None: no more of it
+        stream before the step ends (``coinfer.steps``; docs/api.md, Streaming); None: no more of it
         until it ends. A preset under its own checkers: all of it while the calculator can end it
         (``step_completion``). Open text whose only prefix rule is ``arithmetic`` (the others read only
         the end) and whose extraction is ``none`` or ``marker``: up to where its chains of numbers are

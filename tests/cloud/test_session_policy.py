@@ -321,7 +321,7 @@ def test_the_clouds_own_generation_stops_when_it_falls_into_a_loop():
     from coinfer.repetition import repetition_error
 
     # stopped at the first check that saw the loop, not at its budget; then sampled anew from what the
-    # stream shows (its words left as they came: coinfer.growth) at most as many times as there are
+    # stream shows (its words left as they came: coinfer.steps) at most as many times as there are
     # candidates (4), each stopped at its first check too
     first = next(
         n for n in range(LOOP_CHECK_TOKENS, 181, LOOP_CHECK_TOKENS) if repetition_error(" ".join(loop.split()[:n]))

@@ -212,14 +212,6 @@ def test_an_open_answers_text_is_judged_until_its_marker():
     assert own.prefix_error("Answer: 3 is a guess.\n") == "" and own.prefix_error("Final: 3\n") is None
 
 
-def test_steps_end_at_a_line_a_semicolon_or_a_sentence_before_a_space():
-    from coinfer.rules import step_ends
-
-    text = "It costs 3.5 e.g.,x. 2 + 2 = 4; so\nok! done."
-    assert [text[:e][-3:] for e in step_ends(text)] == [",x.", " 4;", "so\n", "ok!"]  # "done." waits
-    assert step_ends(text, 20) == [e for e in step_ends(text) if e > 20]
-
-
 def test_a_prefix_is_judged_by_the_rules_that_judge_prefixes():
     rules = _open(Rule("arithmetic"), Rule("regex", FORBID, name="polite"), Rule("length", {"max": 40}))
     assert rules.prefix_error("So 3 * 4 = 12.") == "" and rules.max_chars == 40

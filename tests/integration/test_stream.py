@@ -11,7 +11,8 @@ import pytest
 
 from coinfer import convert
 from coinfer import types as t
-from coinfer.rules import Rule, step_ends
+from coinfer.rules import Rule
+from coinfer.steps import step_ends
 from coinfer.v1 import coinfer_pb2 as pb
 from coinfer.v1 import edge_pb2 as epb
 from coinfer.v1 import edge_pb2_grpc as epb_grpc

@@ -1,4 +1,5 @@
-"""How much of a step in progress may stream before it ends: open text under the arithmetic rule."""
+"""A streamed answer's steps: where one ends; how much of one in progress may stream (open text under the
+arithmetic rule; a preset's calculator: tests/coinfer/test_tasks.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coinfer.arithmetic import equations
-from coinfer.growth import MAX_OPEN_STEP_CHARS, open_step_shown
+from coinfer.steps import MAX_OPEN_STEP_CHARS, open_step_shown, step_ends
 
 MARKER = "Answer:"
+
+
+def test_steps_end_at_a_line_a_semicolon_or_a_sentence_before_a_space():
+    text = "It costs 3.5 e.g.,x. 2 + 2 = 4; so\nok! done."
+    assert [text[:e][-3:] for e in step_ends(text)] == [",x.", " 4;", "so\n", "ok!"]  # "done." waits
+    assert step_ends(text, 20) == [e for e in step_ends(text) if e > 20]
 
 
 def _shown(partial: str) -> str | None:

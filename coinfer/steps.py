@@ -1,8 +1,9 @@
-"""How much of a step in progress may stream before the step ends (docs/api.md, Streaming).
+"""A streamed answer's steps: where one ends, which rule patterns can judge a prefix cut there, and how
+much of a step in progress may stream before it ends (docs/api.md, Streaming).
 
 The cloud streams its own answer as final step by step where the rules can judge a prefix that ends a
-step (``coinfer.rules``). Within a step, text may leave earlier where nothing that follows can make what
-left fail:
+step (``step_ends``; ``coinfer.rules``). Within a step, text may leave earlier where nothing that follows
+can make what left fail:
 
 - a preset's step (``Task.step_completion``): while what the model wrote of it begins a right step the
   calculator can end, all of it; whatever the model writes next, the calculator ends the step rightly.
@@ -11,12 +12,50 @@ left fail:
   equation before it is complete and right, and short of a tail that may begin the extraction's marker
   (``Answer:``). An equation still being written (``48 / 2 = 2``: is it 24?) waits for its chain to end.
 
-Pure and bounded: a step is read up to ``MAX_OPEN_STEP_CHARS`` characters, once per token.
+Pure and bounded: a step in progress is read up to ``MAX_OPEN_STEP_CHARS`` characters, once per token;
+the rest is linear in the text.
 """
 
 from __future__ import annotations
 
 from coinfer.arithmetic import first_wrong_equation
+
+_END_ESCAPES = frozenset("bBmMZz")
+"""Escapes whose match at a text's end depends on what follows it: word boundaries, end of text."""
+
+
+def end_sensitive(pattern: str) -> bool:
+    """Whether ``pattern`` may look past the end of the text it runs on (``$``, an end-of-text or word
+    boundary escape, a lookahead): its verdict on a prefix may not be the whole's. Conservative: a
+    literal ``\\$`` or ``[$]`` counts as well. Linear in the pattern."""
+    if "$" in pattern or "(?=" in pattern or "(?!" in pattern:
+        return True
+    i = pattern.find("\\")
+    while 0 <= i < len(pattern) - 1:
+        if pattern[i + 1] in _END_ESCAPES:
+            return True
+        i = pattern.find("\\", i + 2)
+    return False
+
+
+STEP_ENDS = "\n;"
+"""Characters that end a step (``coinfer.tasks.base.split_steps``'s separators, a line's end)."""
+SENTENCE_ENDS = ".!?"
+"""...and a sentence's end, where a space follows it (so ``3.5`` and ``e.g.,`` do not end one)."""
+
+
+def step_ends(text: str, start: int = 0) -> list[int]:
+    """The ends (exclusive) of the steps ``text`` completes after ``start``, in order: after a line
+    break or a ``;``, or after a ``.``/``!``/``?`` that whitespace follows (the whitespace begins the
+    next step). No chain of numbers, no equation spans one (``coinfer.arithmetic`` breaks chains
+    there), so a prefix cut at one holds every equation whole. Linear in the text after ``start``."""
+    out = []
+    for i in range(start, len(text)):
+        ch = text[i]
+        if ch in STEP_ENDS or (ch in SENTENCE_ENDS and i + 1 < len(text) and text[i + 1].isspace()):
+            out.append(i + 1)
+    return out
+
 
 MAX_OPEN_STEP_CHARS = 256
 """The longest step in progress open text streams within (a sentence is some 40-120 characters):
