@@ -4,6 +4,8 @@ Usage::
 
     .venv/bin/python -m benchmarks.auto_plan                      # 60 words + 30 arith + 30 select
     .venv/bin/python -m benchmarks.auto_plan --words 20 --arith 10 --select 10 --json out.json
+    .venv/bin/python -m benchmarks.auto_plan --stream --vllm --words 10 --arith 10 --select 10 --warmup 0
+    .venv/bin/python -m benchmarks.auto_plan --stream --vllm --real 8     # SmolLM2 on both sides
 
 One run, one machine, real parts: the cloud service (vLLM, the demo target) and the edge daemon
 (the demo's INT8 draft on ONNX Runtime, its HTTP API) on 127.0.0.1; the official ``openai`` SDK
@@ -25,7 +27,9 @@ cost). With ``--stream``, the time to the first content token of a streamed answ
 once final: docs/api.md, Streaming). With ``--vllm`` (and ``--stream``), plain vLLM's own OpenAI server on
 the same target, after coinfer's daemons stopped, answers the same requests streamed through the same
 SDK (greedy, the cloud's answer budget, the chat template), and each plan's first content is printed as a
-ratio of vLLM's first token (issue 35: the cloud plan <= 1.5x). Goals (the demo-pair issue): auto's
+ratio of vLLM's first token (issue 35: the cloud plan <= 1.5x). ``--real N`` runs N open chat prompts on the
+real model instead (SmolLM2-135M-Instruct: ``make demo-real``'s artefacts, its answer budget
+``REAL_MAX_TOKENS``; nothing to grade, accuracy null, no goals). Goals (the demo-pair issue): auto's
 accuracy >= the best single plan's - 2 points at a median latency <= that plan's; measured / predicted
 within 1.3x.
 """
@@ -40,6 +44,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 
 from benchmarks.open_accuracy import RULES, WORDS, Case, cases
 from coinfer.edge.kinds import RequestedPlan
@@ -47,6 +52,28 @@ from coinfer.edge.kinds import RequestedPlan
 PLANS = tuple(p.value for p in RequestedPlan)
 VLLM = "vllm-greedy"
 """Plain vLLM's OpenAI server on the target (``--vllm``): the first-token baseline."""
+
+
+REAL = "real-open"
+REAL_MAX_TOKENS = 96
+"""The real model's answer budget, as ``benchmarks.capacity``'s (a 135M model's prose on one core)."""
+
+
+@dataclass(frozen=True)
+class OpenPrompt:
+    """An open chat prompt to the real model: nothing to grade."""
+
+    prompt: str
+    kind: str = REAL
+
+    def grade(self, text: str) -> None:
+        return None
+
+
+def real_prompts(n: int) -> list[OpenPrompt]:
+    from benchmarks.capacity import REAL_PROMPTS
+
+    return [OpenPrompt(REAL_PROMPTS[i % len(REAL_PROMPTS)]) for i in range(n)]
 
 
 def _coinfer(case: Case, plan: str) -> dict:
@@ -60,7 +87,8 @@ def _coinfer(case: Case, plan: str) -> dict:
 async def _ask(client, case: Case, plan: str, stream: bool = False) -> dict:
     from coinfer.demo.client import ask
 
-    a = await ask(client, [{"role": "user", "content": case.prompt}], _coinfer(case, plan), stream)
+    budget = REAL_MAX_TOKENS if case.kind == REAL else None
+    a = await ask(client, [{"role": "user", "content": case.prompt}], _coinfer(case, plan), stream, budget)
     info, content, ms, ttft = a.info, a.content, a.ms, a.ttft_ms
     pred = info.get("predicted_ms") or {}
     escalated = len(info["plans"]) > 1
@@ -76,6 +104,7 @@ async def _ask(client, case: Case, plan: str, stream: bool = False) -> dict:
         "predicted_ms": pred.get("total_ms", 0.0),
         "outcome_predicted_ms": outcome,
         "cloud_tokens": info["cloud_tokens"]["generated"],
+        "first_draft_ms": (info.get("timings_ms") or {}).get("first_draft", 0.0),
         "source": info["source"],
         "plan_reason": info["plan_reason"],
     }
@@ -83,10 +112,10 @@ async def _ask(client, case: Case, plan: str, stream: bool = False) -> dict:
 
 def summarize(rows: list[dict]) -> dict:
     """Accuracy, latency, cloud tokens and (where the planner predicted) measured / predicted."""
-    n = max(1, len(rows))
+    graded = [r["ok"] for r in rows if r["ok"] is not None]
     out = {
         "requests": len(rows),
-        "accuracy": round(sum(r["ok"] for r in rows) / n, 3),
+        "accuracy": round(sum(graded) / len(graded), 3) if graded else None,
         "median_ms": round(statistics.median(r["ms"] for r in rows), 1) if rows else 0.0,
         "mean_ms": round(statistics.mean(r["ms"] for r in rows), 1) if rows else 0.0,
         "cloud_tokens_per_answer": round(statistics.mean(r["cloud_tokens"] for r in rows), 1) if rows else 0.0,
@@ -94,6 +123,8 @@ def summarize(rows: list[dict]) -> dict:
     }
     if rows and any(r.get("ttft_ms") for r in rows):
         out["median_first_token_ms"] = round(statistics.median(r["ttft_ms"] for r in rows), 1)
+    if drafted := [r["first_draft_ms"] for r in rows if r.get("first_draft_ms")]:
+        out["median_first_draft_ms"] = round(statistics.median(drafted), 1)  # the edge's, where it drafted
     predicted = [r for r in rows if r["predicted_ms"] > 0]
     if predicted:
         out["mean_measured_over_mean_predicted"] = round(
@@ -120,7 +151,7 @@ def goals(report: dict) -> dict:
     }
 
 
-async def _vllm_rows(model: str, held_out: list[Case]) -> list[dict]:
+async def _vllm_rows(model: str, held_out: list[Case], max_len: int) -> list[dict]:
     """Plain vLLM's OpenAI server on ``model`` answering ``held_out`` one at a time, streamed, greedy."""
     import tempfile
     from pathlib import Path
@@ -130,13 +161,13 @@ async def _vllm_rows(model: str, held_out: list[Case]) -> list[dict]:
 
     rows = []
     with tempfile.TemporaryDirectory() as logs:
-        async with vllm_server(Path(model), Path(logs), 1024) as (_, client, name):
+        async with vllm_server(Path(model), Path(logs), max_len) as (_, client, name):
             for i, case in enumerate([held_out[0], *held_out]):  # the first once more: a warm server
                 t0, ttft, text = time.perf_counter(), 0.0, ""
                 stream = await client.chat.completions.create(
                     model=name,
                     messages=[{"role": "user", "content": case.prompt}],
-                    max_tokens=PolicyConfig().refine_max_tokens,
+                    max_tokens=REAL_MAX_TOKENS if case.kind == REAL else PolicyConfig().refine_max_tokens,
                     temperature=0.0,
                     stream=True,
                 )
@@ -164,7 +195,10 @@ async def _vllm_rows(model: str, held_out: list[Case]) -> list[dict]:
 
 def first_content_table(report: dict) -> str:
     """Per task and plan: median first content / total, ms, and the first content over vLLM's first token."""
-    lines = ["| task | plan | first content / total, median ms | x vLLM's first token |", "|---|---|---|---|"]
+    lines = [
+        "| task | plan | first content / total, median ms | x vLLM's first token | the edge's first draft, median ms |",
+        "|---|---|---|---|---|",
+    ]
     for task, plans in report["by_task"].items():
         base = plans.get(VLLM, {}).get("median_first_token_ms")
         for plan, s in plans.items():
@@ -172,11 +206,16 @@ def first_content_table(report: dict) -> str:
             if first is None:
                 continue
             ratio = f"{first / base:.2f}x" if base else "-"
-            lines.append(f"| {task} | {plan} | {first:.0f} / {s['median_ms']:.0f} | {ratio} |")
+            drafted = f"{s['median_first_draft_ms']:.0f}" if s.get("median_first_draft_ms") else "-"
+            lines.append(f"| {task} | {plan} | {first:.0f} / {s['median_ms']:.0f} | {ratio} | {drafted} |")
     return "\n".join(lines)
 
 
-async def run(counts: dict[str, int], warmup: int, seed: int, stream: bool = False, vllm: bool = False) -> dict:
+async def run(
+    counts: dict[str, int], warmup: int, seed: int, stream: bool = False, vllm: bool = False, real: int = 0
+) -> dict:
+    """The demo pair on ``counts`` held-out problems per kind; with ``real``, that many open prompts on the
+    real model instead (no warm-up: nothing to grade, and auto explores as it goes)."""
     from openai import AsyncOpenAI
 
     from coinfer.cloud.config import CloudConfig, EngineConfig
@@ -186,19 +225,26 @@ async def run(counts: dict[str, int], warmup: int, seed: int, stream: bool = Fal
     from coinfer.edge.config import EdgeConfig
     from coinfer.edge.daemon import EdgeDaemon
 
-    art = ensure_artifacts()
-    cfg = CloudConfig(engine=EngineConfig(model=str(art.target)))
+    if real:
+        from coinfer.quantize.real_model import edge_dir, imported_dir
+
+        target, draft, max_len, counts = str(imported_dir()), str(edge_dir()), 2048, {REAL: real}
+    else:
+        art = ensure_artifacts()
+        target, draft, max_len = str(art.target), str(art.draft_int8), 1024
+    cfg = CloudConfig(engine=EngineConfig(model=target, max_model_len=max_len))
     srv = await create_server(cfg)
     engine = await VllmEngine(cfg.engine).start()
     await srv.attach_engine(engine)
-    daemon = await EdgeDaemon(
-        EdgeConfig(model=str(art.draft_int8), cloud=f"127.0.0.1:{srv.port}", grpc_port=0, http_port=0)
-    ).start()
+    daemon = await EdgeDaemon(EdgeConfig(model=draft, cloud=f"127.0.0.1:{srv.port}", grpc_port=0, http_port=0)).start()
     client = AsyncOpenAI(
         base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0, timeout=120
     )
-    held_out = [c for kind, n in counts.items() if n for c in cases((kind,), n, seed)]
-    warm = [c for kind in counts for c in cases((kind,), warmup // len(counts), seed + 1, held_out=False)]
+    if real:
+        held_out, warm = real_prompts(real), []
+    else:
+        held_out = [c for kind, n in counts.items() if n for c in cases((kind,), n, seed)]
+        warm = [c for kind in counts for c in cases((kind,), warmup // len(counts), seed + 1, held_out=False)]
     rows: list[dict] = []
     t0 = time.perf_counter()
     try:
@@ -215,7 +261,7 @@ async def run(counts: dict[str, int], warmup: int, seed: int, stream: bool = Fal
         await daemon.stop()
         await srv.stop(grace=1.0)
     if vllm:
-        rows += await _vllm_rows(str(art.target), held_out)
+        rows += await _vllm_rows(target, held_out, max_len)
     plans = (*PLANS, VLLM) if vllm else PLANS
     report = {
         "requests_per_plan": len(held_out),
@@ -228,7 +274,8 @@ async def run(counts: dict[str, int], warmup: int, seed: int, stream: bool = Fal
             if n
         },
     }
-    report["goals"] = goals(report)
+    if not real:
+        report["goals"] = goals(report)
     report["rows"] = rows
     return report
 
@@ -243,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the report here")
     ap.add_argument("--stream", action="store_true", help="streamed requests: also the time to the first content token")
     ap.add_argument("--vllm", action="store_true", help="plain vLLM's OpenAI server too, streamed (with --stream)")
+    ap.add_argument("--real", type=int, default=0, help="this many open prompts on the real model instead")
     args = ap.parse_args(argv)
     if args.vllm and not args.stream:
         ap.error("--vllm compares streamed first tokens: add --stream")
@@ -254,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
             args.seed,
             args.stream,
             args.vllm,
+            args.real,
         )
     )
     rows = report.pop("rows")

@@ -34,3 +34,15 @@ def test_summary_and_goals_compare_auto_with_the_best_single_plan():
     assert goals["best_single_plan"] == "split"  # the most accurate; latency breaks ties
     assert not goals["auto accuracy >= best - 2 pts"] and goals["auto median latency <= best's"]
     assert goals["auto measured / predicted within 1.3x"]
+
+
+def test_first_content_is_tabled_against_vllms_first_token_and_open_prompts_have_no_accuracy():
+    def streamed(plan: str, first: float, total: float) -> dict:
+        return {**_row(plan, None, total), "kind": auto_plan.REAL, "ttft_ms": first}
+
+    rows = [streamed("cloud", 30, 900), streamed("cloud", 50, 1100), streamed(auto_plan.VLLM, 20, 800)]
+    by_plan = {p: auto_plan.summarize([r for r in rows if r["plan"] == p]) for p in ("cloud", auto_plan.VLLM)}
+    assert by_plan["cloud"]["accuracy"] is None and by_plan["cloud"]["median_first_token_ms"] == 40.0
+    table = auto_plan.first_content_table({"by_task": {auto_plan.REAL: by_plan}})
+    assert "| real-open | cloud | 40 / 1000 | 2.00x | - |" in table.splitlines()
+    assert "| real-open | vllm-greedy | 20 / 800 | 1.00x | - |" in table.splitlines()
