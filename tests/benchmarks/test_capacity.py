@@ -106,7 +106,10 @@ def test_the_benchmark_at_a_tiny_size_prints_the_contract(capsys):
     for name, entry in systems.items():
         assert {"capacity_rps", "cloud_cpu_s_per_answer", "accuracy", "p50_s", "p95_s", "ttft_p50_s"} <= set(entry)
         assert entry["saturated"]["answers"] >= 1 and entry["saturated"]["failed"] == 0, name
-        assert entry["cloud_cpu_s_per_answer"] > 0, name  # the replica's processes were found and measured
+        # the replica's processes were found and measured; auto may answer every request on the edge (its
+        # plan edge: repaired drafts), the replica idle for the pass's fraction of a second (0.000 per answer)
+        on_edge = {k.split(":")[0] for k in entry["saturated"]["sources"]} <= {"edge"}
+        assert entry["cloud_cpu_s_per_answer"] > 0 or (name == "auto" and on_edge), (name, entry["saturated"])
         by = entry["saturated"]["cpu_s_per_answer_by_process"]  # the engine's processes apart from the server's
         assert (
             any(n.startswith("VLLM::") for n in by) and abs(sum(by.values()) - entry["cloud_cpu_s_per_answer"]) < 0.01
