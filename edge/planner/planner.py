@@ -40,7 +40,7 @@ from coinfer.edge.planner.cost import (
     predict,
     predict_escalation,
 )
-from coinfer.edge.planner.estimates import Estimates
+from coinfer.edge.planner.estimates import STALE_AFTER_S, Estimates
 from coinfer.types import ModelState, Plan
 
 log = logging.getLogger(__name__)
@@ -53,9 +53,10 @@ as old as its last run. Without it, a plan measured under a burst kept its burst
 on select, measured while overloaded at 1.6 s, was never chosen again while it answered in about 0.1 s
 (``python -m benchmarks.capacity``: auto, after the split and cloud ladders, ran the cloud plan for every
 one of 209 requests at 0.9x plain vLLM's capacity where split held 5x)."""
-REEXPLORE_AFTER_S = 10.0
+REEXPLORE_AFTER_S = STALE_AFTER_S
 """...and for this long: at 90 requests a second, 16 choices alone sent 6% of them to the plan auto judged
-worse, 3 in 48 to the cloud plan on arith, each at 8x split's engine work."""
+worse, 3 in 48 to the cloud plan on arith, each at 8x split's engine work. The age at which the estimates'
+speeds count as stale (``STALE_AFTER_S``): the re-explored run's measurement then replaces them whole."""
 
 
 @dataclass
