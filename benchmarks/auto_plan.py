@@ -94,20 +94,26 @@ async def _ask(client, case: Case, plan: str, stream: bool = False) -> dict:
     escalated = len(info["plans"]) > 1
     # the prediction for the outcome that happened: the attempt, plus the escalation's cost if it came
     outcome = pred.get("attempt_ms", 0.0) + (pred.get("escalation_cost_ms", 0.0) if escalated else 0.0)
-    return {
-        "kind": case.kind,
-        "plan": plan,
-        "ran": " -> ".join(info["plans"]),
-        "ok": case.grade(content),
-        "ms": ms,
-        "ttft_ms": ttft,
-        "predicted_ms": pred.get("total_ms", 0.0),
-        "outcome_predicted_ms": outcome,
-        "cloud_tokens": info["cloud_tokens"]["generated"],
-        "first_draft_ms": (info.get("timings_ms") or {}).get("first_draft", 0.0),
-        "source": info["source"],
-        "plan_reason": info["plan_reason"],
-    }
+    return _row(
+        case,
+        plan,
+        content,
+        ms,
+        ttft,
+        ran=" -> ".join(info["plans"]),
+        predicted_ms=pred.get("total_ms", 0.0),
+        outcome_predicted_ms=outcome,
+        cloud_tokens=info["cloud_tokens"]["generated"],
+        first_draft_ms=(info.get("timings_ms") or {}).get("first_draft", 0.0),
+        source=info["source"],
+        plan_reason=info["plan_reason"],
+    )
+
+
+def _row(case: Case, plan: str, text: str, ms: float, ttft_ms: float, **measured) -> dict:
+    """One answer's row: what ``summarize`` reads (no prediction or cloud tokens unless given)."""
+    row = {"kind": case.kind, "plan": plan, "ran": plan, "ok": case.grade(text), "ms": ms, "ttft_ms": ttft_ms}
+    return row | {"predicted_ms": 0.0, "outcome_predicted_ms": 0.0, "cloud_tokens": 0} | measured
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -177,19 +183,7 @@ async def _vllm_rows(model: str, held_out: list[Case], max_len: int) -> list[dic
                         text += c.choices[0].delta.content
                 ms = (time.perf_counter() - t0) * 1e3
                 if i:
-                    rows.append(
-                        {
-                            "kind": case.kind,
-                            "plan": VLLM,
-                            "ran": VLLM,
-                            "ok": case.grade(text),
-                            "ms": ms,
-                            "ttft_ms": ttft,
-                            "predicted_ms": 0.0,
-                            "outcome_predicted_ms": 0.0,
-                            "cloud_tokens": 0,
-                        }
-                    )
+                    rows.append(_row(case, VLLM, text, ms, ttft))
     return rows
 
 

@@ -133,9 +133,10 @@ class CloudAlone:
                 if stopped and rules.judges_prefix:  # no end is held: its last good step ends it
                     notes.append(f"cut at its last good step ({w.finish.value})")
                     break
-            if ended := await self._end_shown_step():  # shown as it grew: the calculator ends it
+            fix_note = f"a computed value corrected ({why})"
+            if await self._end_shown_step():  # shown as it grew: the calculator ends it
                 notes.append(f"a step begun as shown ended by the calculator ({why})")
-                fixed = self.stream.shown if fixes < p.calculator_fixes else None
+                fixed, fix_note = (self.stream.shown if fixes < p.calculator_fixes else None), ""
             else:
                 fixed = (
                     await asyncio.to_thread(ctx.task.corrected_prefix, ctx.spec, w.text)
@@ -144,8 +145,8 @@ class CloudAlone:
                 )
             if fixed is not None and fixed.startswith(self.stream.shown):
                 fixes += 1
-                if not ended:
-                    notes.append(f"a computed value corrected ({why})")
+                if fix_note:
+                    notes.append(fix_note)
                 w = await write(fixed, ctx.answer_budget, f"fix{fixes}")
             elif samples < p.cloud_candidates:
                 samples += 1
@@ -179,12 +180,13 @@ class CloudAlone:
         )
 
     async def _end_shown_step(self) -> bool:
-        """Where the stream shows a step begun (it streamed as it grew, ``Writer.write``'s ``complete``)
+        """Where the stream shows a step begun (it streamed as it grew, ``Writer.write``'s ``grow``)
         and the model did not end it rightly, the calculator's end of it streamed, with the separator
         the answer's steps end with (``;`` where none has ended): whether there was one to end."""
         shown, rules = self.stream.shown, self.ctx.rules
         start = shown_step_start(shown)
-        rest = rules.step_completion(shown[start:]) if shown[start:].strip() else None
+        begun = shown[start:]
+        rest = rules.step_completion(begun) if begun.strip() else None
         if rest is None:
             return False
         sep = shown[start - 1] if start and shown[start - 1] in STEP_ENDS else ";"

@@ -561,12 +561,19 @@ class RuleSet:
         complete and right, short of the marker. Anything else: None (steps stream whole)."""
         if self.exact:
             return len(partial) if self.step_completion(partial) is not None else None
+        marker = self._open_growth_marker
+        return None if marker is None else open_step_shown(partial, marker)
+
+    @functools.cached_property
+    def _open_growth_marker(self) -> str | None:
+        """Where open text grows (``step_shown``), the marker its growth stops short of ('' for extraction
+        ``none``); None where it does not. Derived once per request: ``step_shown`` runs per token."""
         kind = self.extraction.kind or "none"
         if self.task.name or kind not in ("none", "marker"):
             return None
         if not all(isinstance(c, _Arithmetic) or (c.end_decides and not c.judges_prefix) for c in self.rules):
             return None
-        return open_step_shown(partial, (self.extraction.marker or DEFAULT_MARKER) if kind == "marker" else "")
+        return (self.extraction.marker or DEFAULT_MARKER) if kind == "marker" else ""
 
     def check(self, text: str, parsed: Parsed | None = None) -> tuple[RuleResult, Parsed]:
         """Parse (unless given), reject degenerate repetition (``coinfer.repetition``: built in, every

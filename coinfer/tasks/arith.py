@@ -206,10 +206,15 @@ def _plan(expr: str, env: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int],
     return tuple(steps_for(expr, dict(env)))
 
 
+def _env_key(spec: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+    """The problem's variables as the per-problem caches key them (``_plan``, ``_operations``, ``_step_texts``)."""
+    return tuple(sorted(spec["vars"].items()))
+
+
 def plan_of(spec: dict[str, Any]) -> tuple[tuple[str, int], ...]:
     """``steps_for`` the problem's expression, computed once per problem: the plan check and every
     step of a verified prefix ask for it (an AST parse under ``_AST_LOCK`` each time otherwise)."""
-    return _plan(spec["expr"], tuple(sorted(spec["vars"].items())))
+    return _plan(spec["expr"], _env_key(spec))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -220,7 +225,7 @@ def _operations(expr: str, env: tuple[tuple[str, int], ...]) -> frozenset[tuple[
 
 def plan_operations(spec: dict[str, Any]) -> frozenset[tuple[str, int, int] | None]:
     """``operation`` of every step of the problem's expression, once per problem."""
-    return _operations(spec["expr"], tuple(sorted(spec["vars"].items())))
+    return _operations(spec["expr"], _env_key(spec))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -364,8 +369,7 @@ class ArithTask(Task):
         s = "".join(normalize(partial).split())
         if not s or len(partial) > MAX_PARTIAL_CHARS:
             return None
-        texts = _step_texts(spec["expr"], tuple(sorted(spec["vars"].items())))
-        return next((c[len(s) :] for c in texts if c.startswith(s)), None)
+        return next((c[len(s) :] for c in _step_texts(spec["expr"], _env_key(spec)) if c.startswith(s)), None)
 
     def corrected_prefix(self, spec: dict[str, Any], text: str) -> str | None:
         """The first step that is no right step, where it is a step of this task's form with a wrong value,

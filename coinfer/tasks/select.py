@@ -16,6 +16,7 @@ import itertools
 import json
 import random
 import re
+import string
 from typing import Any
 
 from coinfer.errors import InvalidArgument
@@ -222,7 +223,7 @@ class SelectTask(Task):
         s, k, pool = " ".join(normalize(partial).split()), spec["k"], spec["pool"]
         if not s or k < 2 or len(partial) > MAX_PARTIAL_CHARS:  # _STEP_RE: a subset of two ids or more
             return None
-        n = len(s) - len(s.lstrip("ABCDEFGHIJKLMNOPQRSTUVWXYZ"))
+        n = len(s) - len(s.lstrip(string.ascii_uppercase))
         ids, rest = s[:n], s[n:]
         short = n < k and (rest or partial[-1].isspace())  # "A B", "A ": the ids ended before k of them
         if not ids or len(ids) > k or len(set(ids)) < n or any(i not in pool for i in ids) or short:
