@@ -52,8 +52,9 @@ class CloudAlone:
         self.ctx, self.judge, self.writer, self.stream = ctx, judge, writer, stream
         self.no_drafts = no_drafts
 
-    async def answer(self) -> Answer:
-        """The cloud's answer, from the steps the drafts judged so far got right."""
+    async def answer(self, not_as_is: str = "") -> Answer:
+        """The cloud's answer, from the steps the drafts judged so far got right. ``not_as_is``: why the best
+        valid draft was not the answer (``PolicyConfig.own_over_candidates``; '': no draft was valid)."""
         ctx, p = self.ctx, self.ctx.policy
         drafts = [j.draft.text for j in self.judge.judged.values()]
         verified = await asyncio.to_thread(lambda: [self._prefix_steps(text) for text in drafts])
@@ -62,7 +63,7 @@ class CloudAlone:
         if ctx.rules.streams_steps and not ctx.rules.only_loop_watch:
             a = await self._stepwise(prefix)
             a.mode = t.RefineMode.PREFIX if prefix_steps else t.RefineMode.ALONE
-            return self._noted(a, drafts, prefix_steps)
+            return self._noted(a, drafts, prefix_steps, not_as_is)
         commit = ctx.rules.only_loop_watch  # only the loop watch can refuse it: final as it streams
         w = await self.writer.write(ctx.prompt_text, prefix, p.refine_max_tokens, "cloud", always if commit else never)
         valid, why, parsed = await self.judge.recheck(w.text, likelihood=False)
@@ -85,16 +86,13 @@ class CloudAlone:
             # steps kept, fewer tokens decoded: select's candidates cost 0.6x)
             own = ctx.task.verified_prefix(ctx.spec, a.text)
             await self._candidates(a, join_steps(own) if len(own) > len(prefix_steps) else prefix, why)
-        return self._noted(a, drafts, prefix_steps)
+        return self._noted(a, drafts, prefix_steps, not_as_is)
 
-    def _noted(self, a: Answer, drafts: list[str], prefix_steps: list[str]) -> Answer:
+    def _noted(self, a: Answer, drafts: list[str], prefix_steps: list[str], not_as_is: str = "") -> Answer:
         """``a`` with its note saying where the cloud's answer came from."""
+        why = f"best draft not as is ({not_as_is})" if not_as_is else "no valid draft after retries"
         a.note = (
-            (
-                f"no valid draft after retries: cloud answered alone from {len(prefix_steps)} verified steps"
-                if drafts
-                else self.no_drafts
-            )
+            (f"{why}: cloud answered alone from {len(prefix_steps)} verified steps" if drafts else self.no_drafts)
             + (f"; {a.note}" if a.note else "")
             + ("" if a.valid else " (its answer failed verification)")
         )

@@ -73,6 +73,8 @@ class Answerer:
             return await self._continued(ranked)
         if not why:
             return self._as_is(ranked)
+        if self.ctx.own_over_candidates:
+            return await self.alone.answer(why)
         return await self._refined(ranked, why, attempt)
 
     def not_as_is(self, ranked: Ranked) -> str:

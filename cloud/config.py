@@ -153,6 +153,15 @@ class PolicyConfig:
     contradicted what the drafts agree on or was less likely than the draft (the draft is then the better
     evidence), nor after a prefix refinement (its shown text promised the best draft's). False: the best
     draft, as before."""
+    own_over_candidates: bool = True
+    """An open request under the ``arithmetic`` rule whose cloud answer streams checked step by step (an
+    extraction marker, or none: ``RuleSet.streams_steps``): where the best draft is not good enough as is,
+    the cloud writes its own checked answer (``CloudAlone``: each step's equations checked, a wrong value
+    corrected by the calculator) instead of a refinement from the drafts as candidates. The drafts' work is
+    already in the repair of their computed values (``repair_drafts``); what is left against them is the
+    target's doubt, and the candidates' prompt cost the cloud ~4x its own answer's (held-out word problems,
+    split: 391 engine tokens against 80; the refinement, unchecked as it wrote, then failed the arithmetic
+    rule and the cloud answered itself anyway). False: candidates, as before."""
     context_drafts: int = bounded(2, ge=1)
     """Best valid drafts used as refinement context."""
     accept_min_score: float = bounded(0.9, ge=0)

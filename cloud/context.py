@@ -57,9 +57,17 @@ class SessionContext:
 
     @property
     def repairs(self) -> bool:
-        """A draft that fails the rules is checked again repaired (``PolicyConfig.repair_drafts``): only where
-        exact rules decide, which then vouch for text the draft model did not write."""
-        return self.policy.repair_drafts and self.rules_decide
+        """A draft that fails the rules is checked again repaired (``PolicyConfig.repair_drafts``): where exact
+        rules decide, which then vouch for text the draft model did not write; and an open request's
+        equations under its ``arithmetic`` rule (``RuleSet.repairs_equations``), which the LLM verifier
+        then judges as any draft (held-out word problems: most drafts' only mistake is a computed value)."""
+        return self.policy.repair_drafts and (self.rules_decide or self.rules.repairs_equations)
+
+    @property
+    def own_over_candidates(self) -> bool:
+        """Where the best draft is not taken as is, the cloud answers itself, checked step by step, rather than
+        refine from candidates (``PolicyConfig.own_over_candidates``)."""
+        return self.policy.own_over_candidates and self.rules.repairs_equations and self.rules.streams_steps
 
     @property
     def free_text(self) -> bool:

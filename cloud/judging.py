@@ -101,7 +101,9 @@ class Judge:
         try:
             res, parsed, text, repaired = await asyncio.to_thread(self._checked, d.text)  # client rules: off the loop
             if repaired:
-                d = dataclasses.replace(d, text=text)  # what was judged, and what an answer takes
+                # what was judged, and what an answer takes; the draft model's own logprob was of the text
+                # as written: a repaired draft is held to the absolute likelihood threshold
+                d = dataclasses.replace(d, text=text, mean_logprob=0.0)
             if before is not None:
                 await before
             if not res.valid:  # rules fail fast: no model time spent

@@ -20,11 +20,12 @@ _MAX_TERMS = 64  # a chain longer than this is not a worked step: skipped, never
 _MAX_DIGITS = 30
 
 
-def _tokens(text: str) -> tuple[list[str | Fraction], list[int]]:
+def _tokens(text: str) -> tuple[list[str | Fraction], list[int], list[int]]:
     """Numbers (as Fractions), operators, '=' and a '|' for anything else (a chain breaker), and
-    where each token starts in ``text``."""
+    where each token starts and ends in ``text``."""
     out: list[str | Fraction] = []
     starts: list[int] = []
+    ends: list[int] = []
     i, n = 0, len(text)
     while i < n:
         ch = text[i]
@@ -48,6 +49,7 @@ def _tokens(text: str) -> tuple[list[str | Fraction], list[int]]:
             raw = text[i:j].replace(",", "")
             out.append(Fraction(raw) if len(raw) <= _MAX_DIGITS else "|")
             starts.append(i)
+            ends.append(j)
             i = j
             continue
         if ch in _OPS or ch == "=":
@@ -60,8 +62,9 @@ def _tokens(text: str) -> tuple[list[str | Fraction], list[int]]:
         else:
             out.append("|")
         starts.append(i)
+        ends.append(i + 1)
         i += 1
-    return out, starts
+    return out, starts, ends
 
 
 def _evaluate(chain: list[str | Fraction]) -> Fraction | None:
@@ -93,34 +96,46 @@ def _fmt(v: Fraction) -> str:
     return str(v.numerator) if v.denominator == 1 else f"{float(v):g}"
 
 
+def _chain_start(vals: list[str | Fraction], k: int) -> int | None:
+    """Where the chain ``number (op number)*`` that ends right before token ``k`` (an ``=``) begins; None
+    where none of at least one operation and at most ``_MAX_TERMS`` terms does."""
+    j = k - 1
+    if j < 0 or not isinstance(vals[j], Fraction):
+        return None
+    while j - 2 >= 0 and isinstance(vals[j - 1], str) and vals[j - 1] in _OPS and isinstance(vals[j - 2], Fraction):
+        j -= 2
+    return j if 3 <= k - j <= 2 * _MAX_TERMS else None
+
+
+def _chain(vals: list[str | Fraction], j: int, k: int) -> list[str | Fraction]:
+    """The chain ``vals[j:k]``, its first term negated after a leading minus sign (``-3 + 5 = 2``)."""
+    chain = vals[j:k]
+    if j - 1 >= 0 and vals[j - 1] == "-":
+        chain = [-chain[0]] + chain[1:]  # type: ignore[operator]
+    return chain
+
+
+def _result(toks: list[str | Fraction], k: int) -> tuple[int, Fraction] | None:
+    """The number written after the ``=`` at token ``k``: (its last token, its value); None: none."""
+    after = toks[k + 1 : k + 3]
+    if after and isinstance(after[0], Fraction):
+        return k + 1, after[0]
+    if len(after) == 2 and after[0] == "-" and isinstance(after[1], Fraction):
+        return k + 2, -after[1]  # "0 - 2 = -2"
+    return None
+
+
 def _equations(text: str) -> list[tuple[str, Fraction, Fraction | None, int]]:
     """Every ``chain = number`` in ``text`` (normalised): written step, written result, true result,
     and where the written result starts."""
-    toks, starts = _tokens(text)
+    toks, starts, _ = _tokens(text)
     out = []
     for k, tok in enumerate(toks):
-        if tok != "=":
+        if tok != "=" or (res := _result(toks, k)) is None or (j := _chain_start(toks, k)) is None:
             continue
-        after = toks[k + 1 : k + 3]
-        if after and isinstance(after[0], Fraction):
-            result = after[0]
-        elif len(after) == 2 and after[0] == "-" and isinstance(after[1], Fraction):
-            result = -after[1]  # "0 - 2 = -2"
-        else:
-            continue
-        # walk back over number (op number)* ending right before '='
-        j = k - 1
-        if j < 0 or not isinstance(toks[j], Fraction):
-            continue
-        while j - 2 >= 0 and isinstance(toks[j - 1], str) and toks[j - 1] in _OPS and isinstance(toks[j - 2], Fraction):
-            j -= 2
-        chain = toks[j:k]
-        if len(chain) < 3 or len(chain) > 2 * _MAX_TERMS:
-            continue
-        if j - 1 >= 0 and toks[j - 1] == "-":  # a leading minus sign: "-3 + 5 = 2"
-            chain = [-chain[0]] + chain[1:]  # type: ignore[operator]
+        chain = _chain(toks, j, k)
         written = " ".join(_fmt(x) if isinstance(x, Fraction) else x for x in chain)
-        out.append((written, result, _evaluate(chain), starts[k + 1]))
+        out.append((written, res[1], _evaluate(chain), starts[k + 1]))
     return out
 
 
@@ -153,3 +168,45 @@ def corrected_prefix(text: str) -> str | None:
             # a value _fmt cannot write exactly (7 / 3) would be wrong again: not corrected
             return norm[:start] + _fmt(true) if Fraction(_fmt(true)) == true else None
     return None
+
+
+def repaired(text: str) -> str | None:
+    """``text`` with every equation's result rewritten to its true value in place, and each wrong value
+    carried to where the text uses it afterwards: a number written after an equation whose result was
+    wrong, equal to that result as written, becomes its true value -- an operand of a later step (what
+    the model computed with) or the answer it states (``Aisha reads 6 * 2 = 13 pages. 43 - 13 = 29 are
+    left. Answer: 29`` -> ``... 6 * 2 = 12 pages. 43 - 12 = 31 are left. Answer: 31``). The operations and
+    operands the model chose stay its own: what they compute is a calculator's, so a draft that chose
+    the wrong operation is still wrong once repaired (the LLM verifier judges it). None where nothing
+    changed, or where an equation divides by zero or its true value has no exact decimal (7 / 3). One
+    pass over the text, linear in it; normalised first (``coinfer.text.normalize``)."""
+    norm = normalize(text)
+    toks, starts, ends = _tokens(norm)
+    vals = list(toks)  # the tokens with the repairs made so far: what later chains compute with
+    carried: dict[Fraction, Fraction] = {}  # a wrong result as written -> its true value
+    edits: list[tuple[int, int, str]] = []
+    results: set[int] = set()  # tokens that are a result: recomputed, never carried into
+    for k, tok in enumerate(toks):
+        if isinstance(tok, Fraction) and k not in results and tok in carried:
+            vals[k] = carried[tok]
+            edits.append((starts[k], ends[k], _fmt(carried[tok])))
+        if tok != "=" or (res := _result(toks, k)) is None:
+            continue
+        r, written = res
+        results.add(r)
+        if (j := _chain_start(vals, k)) is None:
+            continue
+        true = _evaluate(_chain(vals, j, k))
+        if true is None or Fraction(_fmt(true)) != true:
+            return None  # division by zero, or a value a calculator cannot write exactly here
+        if true != written:
+            carried[written] = true
+            edits.append((starts[k + 1], ends[r], _fmt(true)))
+            if r == k + 1 and true >= 0:
+                vals[r] = true  # "2 + 3 = 6 + 1 = 7": the next chain begins at this result
+    if not edits:
+        return None
+    out = norm
+    for a, b, new in reversed(edits):
+        out = out[:a] + new + out[b:]
+    return out if out != text else None

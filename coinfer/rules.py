@@ -73,6 +73,7 @@ import regex
 
 from coinfer import userregex
 from coinfer.arithmetic import first_wrong_equation
+from coinfer.arithmetic import repaired as repaired_equations
 from coinfer.errors import InvalidArgument, require
 from coinfer.extract import DEFAULT_MARKER, MAX_DIGITS, Extraction, Parsed, json_shape, long_number
 from coinfer.repetition import repetition_error
@@ -592,15 +593,29 @@ class RuleSet:
         return RuleResult(True, passed=passed), parsed
 
     def check_repaired(self, text: str) -> tuple[RuleResult, Parsed, str, str]:
-        """``check``, and where ``text`` fails it and the preset's exact checkers are in force (``exact``:
-        only they vouch for text its model did not write), ``check`` of its calculator repair
-        (``Task.repaired``: computed values rewritten in place, the model's choices kept): (the verdict,
-        what was extracted, the text judged, why ``text`` as written failed where its repair passed; ''
-        when judged as written)."""
+        """``check``, and where ``text`` fails it, ``check`` of its calculator repair (``_repaired``:
+        computed values rewritten in place, the model's choices kept): (the verdict, what was extracted,
+        the text judged, why ``text`` as written failed where its repair passed; '' when judged as written)."""
         res, parsed = self.check(text)
-        if res.valid or not self.exact or long_number(text) or (fixed := self.task.repaired(self.spec, text)) is None:
+        if res.valid or long_number(text) or (fixed := self._repaired(text)) is None:
             return res, parsed, text, ""
         res2, parsed2 = self.check(fixed)
         if not res2.valid:
             return res, parsed, text, ""
         return res2, parsed2, fixed, f"{res.failed_rule}: {res.error}"
+
+    @functools.cached_property
+    def repairs_equations(self) -> bool:
+        """An open request under the ``arithmetic`` rule: a draft that fails the rules is judged again with
+        its equations' results recomputed and carried (``coinfer.arithmetic.repaired``). The rule already
+        says what each equation computes; which operations the draft chose is the LLM verifier's to judge,
+        as for any open draft (a repaired draft is held to the absolute likelihood threshold)."""
+        return not self.task.name and any(c.rule.kind == "arithmetic" for c in self.rules)
+
+    def _repaired(self, text: str) -> str | None:
+        """``text`` repaired by a calculator: a preset's under its exact checkers (``Task.repaired``: only
+        they vouch for what the draft model did not write where the rules decide alone); an open text's
+        equations under the ``arithmetic`` rule (``repairs_equations``); None: no repair here."""
+        if self.exact:
+            return self.task.repaired(self.spec, text)
+        return repaired_equations(text) if self.repairs_equations else None

@@ -186,9 +186,9 @@ class EdgePipeline:
         extracted answer, finished before its token budget, mean logprob): (draft, valid, extracted
         fields, repaired). The best invalid one if none is valid. A truncated draft loses to a finished one
         of any score: its higher mean logprob is that of an answer that never reached its end. Where a
-        preset's exact checkers judge, a draft that fails them is judged repaired (``RuleSet.check_repaired``,
-        as the cloud's judge does): the draft returned is then the repaired text, unless the repair would
-        rewrite text already ``shown`` as final."""
+        preset's exact checkers judge, or an open request's ``arithmetic`` rule, a draft that fails them is
+        judged repaired (``RuleSet.check_repaired``, as the cloud's judge does): the draft returned is then
+        the repaired text, unless the repair would rewrite text already ``shown`` as final."""
         if not drafts:
             return None, False, {}, False
         checked = [rules.check_repaired(d.text) for d in drafts]

@@ -4,6 +4,7 @@ refined, alone), and what it streams (final, or held and withdrawn when the refi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from coinfer import types as t
 from coinfer.cloud.answer_stream import AnswerStream
@@ -55,7 +56,7 @@ def test_a_good_draft_cut_short_is_continued_and_a_failed_continuation_dropped()
 
 def test_a_refinement_that_contradicts_agreeing_drafts_is_withdrawn_for_the_best_draft():
     engine = ScriptedEngine({RIGHT: [-0.1] * 12, RIGHT2: [-0.09] * 12, WRONG: [-0.3] * 12}, reply=WRONG)
-    ctx = context(engine, apples(), accept_min_score=2.0)  # never as is: refine
+    ctx = context(engine, apples(), accept_min_score=2.0, own_over_candidates=False)  # never as is: refine
     a, events, _ = _answer(ctx, [draft(0, RIGHT), draft(1, RIGHT2)], attempt=2)
     assert a.text == RIGHT2 == shown(events) and a.source == t.AnswerSource.DRAFT
     assert a.mode is t.RefineMode.CANDIDATES and len(a.chosen) == 2 and "contradicts" in a.note
@@ -66,7 +67,9 @@ def test_a_refinement_that_contradicts_agreeing_drafts_is_withdrawn_for_the_best
 
 def test_a_refinement_that_passes_is_the_answer():
     engine = ScriptedEngine({RIGHT: [-0.1] * 12}, reply="(1) " + RIGHT)  # a copied label is dropped
-    a, events, _ = _answer(context(engine, apples(), accept_min_score=2.0), [draft(0, RIGHT)])
+    a, events, _ = _answer(
+        context(engine, apples(), accept_min_score=2.0, own_over_candidates=False), [draft(0, RIGHT)]
+    )
     assert a.source == t.AnswerSource.REFINED and a.text == RIGHT and a.valid
     assert not any(isinstance(e, t.AnswerReset) for e in events) and a.steps == a.generated == engine.generated
 
@@ -91,6 +94,21 @@ def test_the_refine_plan_continues_consensus_steps_only_of_a_likely_best_draft()
     assert plan.mode is t.RefineMode.CANDIDATES and plan.prefix == "" and best in plan.prompt
 
 
+def test_under_the_arithmetic_rule_a_doubted_draft_gives_the_clouds_own_checked_answer_not_candidates():
+    # the target doubts the best draft (score 0.68, a token at -4): no refinement from candidates, whose prompt
+    # holds the drafts; the cloud's own answer, checked as it streams
+    engine = ScriptedEngine({WRONG: [-0.05] * 11 + [-4.0]}, reply=RIGHT)
+    ctx = context(engine, apples())
+    a, events, _ = _answer(ctx, [draft(0, WRONG)])
+    assert a.source == t.AnswerSource.CLOUD and a.mode is t.RefineMode.ALONE and a.valid and a.text == RIGHT
+    assert a.note.startswith("best draft not as is (score 0.68 < 0.90): cloud answered alone from 0 verified steps")
+    assert all(e.final for e in events if isinstance(e, t.AnswerChunk)) and shown(events) == RIGHT
+    assert not any("Candidate" in p for p in engine.prompts)  # no refinement prompt was built
+    # not without the arithmetic rule (nothing checks the cloud's own answer), nor with the policy off
+    assert not context(engine, dataclasses.replace(apples(), rules=[])).own_over_candidates
+    assert not context(engine, apples(), own_over_candidates=False).own_over_candidates
+
+
 def test_no_valid_draft_hands_the_answer_to_the_cloud_alone():
     engine = ScriptedEngine({}, reply=RIGHT)
     a, _, _ = _answer(context(engine, apples(), max_retries=0), [draft(0, WRONG)])
@@ -99,7 +117,8 @@ def test_no_valid_draft_hands_the_answer_to_the_cloud_alone():
 
 def test_why_not_as_is_reads_the_judges_logprobs_and_the_rules_can_decide():
     engine = ScriptedEngine({WRONG: [-0.05] * 11 + [-4.0]}, reply="unused")
-    ctx = context(engine, apples(), accept_min_score=0.6)  # score 0.68 passes: one token the target doubts
+    # score 0.68 passes: one token the target doubts
+    ctx = context(engine, apples(), accept_min_score=0.6, own_over_candidates=False)
     a, _, answerer = _answer(ctx, [draft(0, WRONG)])
     assert a.mode is t.RefineMode.CANDIDATES and "a token at logprob -4.00" in a.note
     arith, prompt = TASKS["arith"], "If x=3 and y=5, compute (x+y)^2-x*y."
@@ -119,7 +138,8 @@ def _refused(replies: list[str], **policy):
     """The answer to one doubted draft (WRONG) whose candidates refinement is the first of ``replies``."""
     engine = Replies(replies)
     engine.logprobs = {WRONG: [-0.1] * 12}
-    a, events, _ = _answer(context(engine, apples(), accept_min_score=2.0, **policy), [draft(0, WRONG)])
+    ctx = context(engine, apples(), accept_min_score=2.0, own_over_candidates=False, **policy)
+    a, events, _ = _answer(ctx, [draft(0, WRONG)])
     return a, events, engine
 
 

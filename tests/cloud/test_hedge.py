@@ -19,8 +19,8 @@ from coinfer.tasks import OPEN, get_task
 from tests.cloud.engines import RIGHT, WRONG, ScriptedEngine, apples
 from tests.streams import shown
 
-BAD = WRONG.replace("4 + 12 = 16", "4 + 12 = 15")
-"""A draft the arithmetic rule refuses."""
+BAD = WRONG.replace("4 + 12 = 16", "4 + 12 / 7 = 16")
+"""A draft the arithmetic rule refuses and no calculator repairs (its true value has no exact decimal)."""
 
 
 ARITH = get_task("arith").problem("If x=3 and y=4, compute x*y+5.")

@@ -21,10 +21,29 @@ def _judge(engine: ScriptedEngine, **policy) -> Judge:
 
 def test_a_draft_the_rules_fail_costs_no_model_time():
     engine = ScriptedEngine({}, reply="")
-    judge = _judge(engine)
+    judge = _judge(engine, repair_drafts=False)
     v = asyncio.run(judge.verdict(draft(0, SLIP)))
     assert not v.valid and v.failed_rule == "arithmetic" and engine.scored == 0
     assert judge.judged[0].verdict is v and judge.ranked() == []
+    # a slip no calculator can repair (a division by zero) fails as written, repairs on
+    engine = ScriptedEngine({}, reply="")
+    judge = _judge(engine)
+    v = asyncio.run(judge.verdict(draft(0, "Tom buys 3 / 0 = 4 apples.\nAnswer: 4")))
+    assert not v.valid and v.failed_rule == "arithmetic" and not v.repaired and engine.scored == 0
+
+
+def test_an_open_draft_whose_computed_values_slip_is_judged_repaired_by_the_verifier():
+    slips = RIGHT.replace("= 12 apples", "= 13 apples").replace("5 + 12 = 17", "5 + 13 = 19").replace(": 17", ": 19")
+    engine = ScriptedEngine({RIGHT: [-0.2] * 12}, reply="")
+    judge = _judge(engine, min_mean_logprob=-0.5, relative_margin=0.5)
+    v = asyncio.run(judge.verdict(draft(0, slips)))
+    assert v.valid and v.repaired.startswith("arithmetic: arithmetic_wrong: 3 * 4 = 13") and engine.scored == 1
+    assert judge.judged[0].draft.text == RIGHT and judge.ranked()[0][0].draft.index == 0
+    # the verifier still judges it, against the absolute threshold: the draft model's own logprob (-2.0,
+    # which would relax it to -2.5) was of the text it wrote, not of the repaired one
+    engine = ScriptedEngine({RIGHT: [-1.0] * 12}, reply="")
+    v = asyncio.run(_judge(engine, min_mean_logprob=-0.5, relative_margin=0.5).verdict(draft(0, slips, own=-2.0)))
+    assert not v.valid and v.failed_rule == "likelihood"
 
 
 def test_the_likelihood_verifier_scores_and_thresholds_a_draft_and_records_its_logprobs():

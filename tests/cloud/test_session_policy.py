@@ -17,6 +17,9 @@ from coinfer.tasks import OPEN
 from tests.cloud.engines import RIGHT, WRONG, Replies, ScriptedEngine, apples
 from tests.streams import shown as _shown
 
+UNREPAIRABLE = "Tom buys 3 * 4 / 7 = 13 apples.\nAnswer: 13"
+"""A draft the arithmetic rule refuses and no calculator repairs (12 / 7 has no exact decimal)."""
+
 
 def _make(
     engine: TargetEngine,
@@ -71,10 +74,16 @@ def test_a_likely_draft_the_drafts_agree_on_is_accepted_as_is():
     assert "".join(e.text for e in events if isinstance(e, t.AnswerChunk)) == RIGHT
 
 
-def test_a_draft_with_one_token_the_target_doubts_is_refined():
-    # mean logprob -0.38 passes the threshold, but one token at -4 is a number the target would not write
+def test_a_draft_with_one_token_the_target_doubts_is_not_the_answer():
+    # mean logprob -0.38 passes the threshold, but one token at -4 (a number the target would not write)
+    # scores it 0.68:
+    # under the arithmetic rule the cloud writes its own checked answer; policy off, it refines from candidates
     engine = ScriptedEngine({WRONG: [-0.05] * 11 + [-4.0]}, reply=RIGHT)
     summary = asyncio.run(_run(_session(engine), [WRONG]))[-1]
+    assert summary.refine_mode == "alone" and summary.answer == RIGHT and engine.generated > 0
+    assert "best draft not as is (score 0.68 < 0.90)" in summary.trace
+    engine = ScriptedEngine({WRONG: [-0.05] * 11 + [-4.0]}, reply=RIGHT)
+    summary = asyncio.run(_run(_session(engine, own_over_candidates=False), [WRONG]))[-1]
     assert summary.refine_mode == "candidates" and engine.generated > 0
 
 
@@ -82,13 +91,14 @@ def test_the_clouds_own_answer_is_not_refused_by_the_likelihood_threshold():
     # every draft fails the rules; the target's greedy answer scores low (free prose would), yet it is its own
     engine = ScriptedEngine({RIGHT: [-2.0] * 12}, reply=RIGHT)
     session = _session(engine, max_retries=0)
-    summary = asyncio.run(_run(session, ["Tom buys 3 * 4 = 13 apples.\nAnswer: 13"]))[-1]
+    summary = asyncio.run(_run(session, [UNREPAIRABLE]))[-1]
     assert summary.refine_mode == "alone" and summary.answer_valid
     assert engine.generated == len(RIGHT.split(" "))  # greedy only: no candidates were sampled
 
 
 def _refining(engine: ScriptedEngine, **kw) -> Session:
-    return _session(engine, accept_min_score=2.0, **kw)  # never accept as is: always refine
+    # never accept as is: always refine, from the drafts as candidates
+    return _session(engine, accept_min_score=2.0, own_over_candidates=False, **kw)
 
 
 def test_a_refinement_that_contradicts_agreeing_drafts_is_refused():
@@ -243,7 +253,7 @@ def test_a_wrong_computed_value_in_the_clouds_answer_is_corrected_and_the_target
     slip = "Tom buys 3 * 4 = 12 apples.\nNow he has 5 + 12 = 16 apples.\nAnswer: 16"
     engine = Replies([slip, " apples.\nAnswer: 17"])
     session = _session(engine, max_retries=0)
-    events = asyncio.run(_run(session, ["Tom buys 3 * 4 = 13 apples.\nAnswer: 13"]))
+    events = asyncio.run(_run(session, [UNREPAIRABLE]))
     summary = events[-1]
     assert engine.prompts[1].endswith("Now he has 5 + 12 = 17")  # the true value, then the target goes on
     assert summary.answer == "Tom buys 3 * 4 = 12 apples.\nNow he has 5 + 12 = 17 apples.\nAnswer: 17"
@@ -316,7 +326,7 @@ def test_the_clouds_own_generation_stops_when_it_falls_into_a_loop():
     loop = " ".join(["a leaf falls"] * 60)  # 180 tokens here (one per word)
     engine = ScriptedEngine({}, reply=loop)
     session = _session(engine, max_retries=0)
-    summary = asyncio.run(_run(session, ["Tom buys 3 * 4 = 13 apples.\nAnswer: 13"]))[-1]
+    summary = asyncio.run(_run(session, [UNREPAIRABLE]))[-1]
     from coinfer.cloud.writer import LOOP_CHECK_TOKENS
     from coinfer.repetition import repetition_error
 
@@ -371,7 +381,7 @@ def test_text_streamed_as_final_begins_every_answer_the_session_can_end_on():
     # the cloud's own answer with a marker: its steps final as they pass, its end once the whole does
     engine = ScriptedEngine({}, reply=WRONG)
     session = _session(engine, max_retries=0)
-    events = asyncio.run(_run(session, ["Tom buys 3 * 4 = 13 apples.\nAnswer: 13"]))
+    events = asyncio.run(_run(session, [UNREPAIRABLE]))
     assert not any(isinstance(e, t.AnswerReset) for e in events) and _final(events) == events[-1].answer == WRONG
     # ... and with a rule only the whole answer can satisfy: held, then corrected or replaced as before
     must = RuleSet(

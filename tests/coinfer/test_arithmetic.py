@@ -45,3 +45,48 @@ def test_corrected_prefix_writes_the_true_value_of_the_first_wrong_equation_and_
     # nothing to correct: every equation holds; a division by zero or a value not written exactly
     assert corrected_prefix("48 / 2 = 24 clips") is None
     assert corrected_prefix("7 / 0 = 1") is None and corrected_prefix("7 / 3 = 2") is None
+
+
+def test_repaired_recomputes_each_result_and_carries_a_wrong_one_to_where_it_is_used():
+    from coinfer.arithmetic import repaired
+
+    draft = "Aisha reads 6 * 2 = 13 pages.\nThere are 43 - 13 = 29 pages left.\nAnswer: 29"
+    assert repaired(draft) == "Aisha reads 6 * 2 = 12 pages.\nThere are 43 - 12 = 31 pages left.\nAnswer: 31"
+    # only what the draft computed changes: its operands as given, its prose
+    assert (
+        repaired("Leo has 43 - 12 = 36 pages; 12 more. Answer: 36") == "Leo has 43 - 12 = 31 pages; 12 more. Answer: 31"
+    )
+    assert repaired("so 0 - 2 = 2 left. Answer: 2") == "so 0 - 2 = -2 left. Answer: -2"
+    assert repaired("2 + 3 = 6 + 1 = 8") == "2 + 3 = 5 + 1 = 6"  # a chain that begins at a repaired result
+    # nothing to repair: every equation holds; a division by zero; a value not written exactly
+    assert repaired("48 / 2 = 24 clips") is None
+    assert repaired("7 / 0 = 1") is None and repaired("7 / 3 = 2") is None
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 99), st.sampled_from("+-*"), st.integers(-3, 3), st.booleans()), min_size=1, max_size=6
+    ),
+    st.integers(0, 99),
+)
+def test_a_repaired_text_holds_every_equation_and_repairing_it_again_changes_nothing(
+    steps,
+    first,
+):
+    from coinfer.arithmetic import repaired
+
+    # a chain of steps, each on the previous step's result as written, some results off by a little
+    parts, prev = [], first
+    for b, op, off, uses_prev in steps:
+        a = prev if uses_prev else b
+        value = {"+": a + b, "-": a - b, "*": a * b}[op] + off
+        parts.append(f"Then {a} {op} {b} = {value} apples.")
+        prev = value
+    text = " ".join(parts) + f"\nAnswer: {prev}"
+    fixed = repaired(text)
+    if fixed is None:
+        assert first_wrong_equation(text) == ""
+    else:
+        assert first_wrong_equation(fixed) == ""
+        assert repaired(fixed) is None
+        assert fixed.count("=") == text.count("=")  # the draft's steps stay its own
