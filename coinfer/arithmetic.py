@@ -125,17 +125,17 @@ def _result(toks: list[str | Fraction], k: int) -> tuple[int, Fraction] | None:
     return None
 
 
-def _equations(text: str) -> list[tuple[str, Fraction, Fraction | None, int]]:
+def _equations(text: str) -> list[tuple[str, Fraction, Fraction | None, int, int]]:
     """Every ``chain = number`` in ``text`` (normalised): written step, written result, true result,
-    and where the written result starts."""
-    toks, starts, _ = _tokens(text)
+    and where the written result starts and ends."""
+    toks, starts, ends = _tokens(text)
     out = []
     for k, tok in enumerate(toks):
         if tok != "=" or (res := _result(toks, k)) is None or (j := _chain_start(toks, k)) is None:
             continue
         chain = _chain(toks, j, k)
         written = " ".join(_fmt(x) if isinstance(x, Fraction) else x for x in chain)
-        out.append((written, res[1], _evaluate(chain), starts[k + 1]))
+        out.append((written, res[1], _evaluate(chain), starts[k + 1], ends[res[0]]))
     return out
 
 
@@ -156,18 +156,35 @@ def first_wrong_equation(text: str) -> str:
 
 def corrected_prefix(text: str) -> str | None:
     """The text up to its first wrong equation's result, with the true result written instead (what a
-    calculator would have written there): the model chose the operation and its operands, only the
-    computed value is replaced, and the model continues from it. None when every equation holds or
-    the first wrong one divides by zero. The text is normalised first (``coinfer.text.normalize``;
+    calculator would have written there), and what the model wrote right after its value up to the end
+    of the next word or punctuation (``_after_value``): the model chose the operation and its operands,
+    only the computed value is replaced, and the model continues from there. None when every equation
+    holds or the first wrong one divides by zero. The text is normalised first (``coinfer.text.normalize``;
     a model's plain-ASCII answer is unchanged by it)."""
     norm = normalize(text)
-    for _, result, true, start in _equations(norm):
+    for _, result, true, start, end in _equations(norm):
         if true is None:
             return None
         if true != result:
             # a value _fmt cannot write exactly (7 / 3) would be wrong again: not corrected
-            return norm[:start] + _fmt(true) if Fraction(_fmt(true)) == true else None
+            return norm[:start] + _fmt(true) + _after_value(norm, end) if Fraction(_fmt(true)) == true else None
     return None
+
+
+def _after_value(text: str, end: int) -> str:
+    """What follows a corrected value at ``end`` in the model's text, kept so that the model does not go
+    on writing digits after it: a value cut right after its digits is continued as a longer number by the
+    model that wrote it wrong (a demo target wrote ``68 - 63 = 55`` six times over after each correction
+    to ``= 5``). The spaces and the word after it (``5 pages``), else the one character (``5.``, ``5;``)."""
+    j = end
+    while j < len(text) and text[j] == " ":
+        j += 1
+    k = j
+    while k < len(text) and text[k].isalpha():
+        k += 1
+    if k > j:
+        return text[end:k]
+    return text[end : j + 1] if j < len(text) and not text[j].isdigit() else ""
 
 
 def repaired(text: str) -> str | None:

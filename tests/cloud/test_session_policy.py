@@ -251,11 +251,12 @@ def test_cloud_candidates_continue_the_greedy_answers_own_right_steps():
 
 def test_a_wrong_computed_value_in_the_clouds_answer_is_corrected_and_the_target_continues():
     slip = "Tom buys 3 * 4 = 12 apples.\nNow he has 5 + 12 = 16 apples.\nAnswer: 16"
-    engine = Replies([slip, " apples.\nAnswer: 17"])
+    engine = Replies([slip, ".\nAnswer: 17"])
     session = _session(engine, max_retries=0)
     events = asyncio.run(_run(session, [UNREPAIRABLE]))
     summary = events[-1]
-    assert engine.prompts[1].endswith("Now he has 5 + 12 = 17")  # the true value, then the target goes on
+    # the true value and the target's next word, then the target goes on
+    assert engine.prompts[1].endswith("Now he has 5 + 12 = 17 apples")
     assert summary.answer == "Tom buys 3 * 4 = 12 apples.\nNow he has 5 + 12 = 17 apples.\nAnswer: 17"
     assert summary.answer_valid and "a computed value corrected" in summary.trace
     # checked step by step before the Answer: marker, the wrong step was never shown: nothing withdrawn

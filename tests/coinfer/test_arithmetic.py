@@ -38,10 +38,14 @@ def test_corrected_prefix_writes_the_true_value_of_the_first_wrong_equation_and_
     from coinfer.arithmetic import corrected_prefix
 
     text = "Priya reads 9 * 7 = 63 pages.\nThere are 64 - 63 = 11 pages left.\nThen 2 + 2 = 5.\nAnswer: 11"
-    assert corrected_prefix(text) == "Priya reads 9 * 7 = 63 pages.\nThere are 64 - 63 = 1"
-    assert corrected_prefix("so 0 - 2 = -3 left") == "so 0 - 2 = -2"
+    # what the model wrote right after the value is kept up to the next word's end (or one punctuation
+    # mark): a value cut after its digits was continued into a longer wrong number ("= 5" -> "= 55")
+    assert corrected_prefix(text) == "Priya reads 9 * 7 = 63 pages.\nThere are 64 - 63 = 1 pages"
+    assert corrected_prefix("so 0 - 2 = -3 left") == "so 0 - 2 = -2 left"
     assert corrected_prefix("1,000 + 1 = 1,002") == "1,000 + 1 = 1001"
-    assert corrected_prefix("7 / 2 = 3 each") == "7 / 2 = 3.5"
+    assert corrected_prefix("7 / 2 = 3 each") == "7 / 2 = 3.5 each"
+    assert corrected_prefix("68 - 63 = 55.\nAnswer: 55") == "68 - 63 = 5."
+    assert corrected_prefix("68 - 63 = 55 ; 2 + 2 = 4") == "68 - 63 = 5 ;"
     # nothing to correct: every equation holds; a division by zero or a value not written exactly
     assert corrected_prefix("48 / 2 = 24 clips") is None
     assert corrected_prefix("7 / 0 = 1") is None and corrected_prefix("7 / 3 = 2") is None
