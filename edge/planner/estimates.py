@@ -123,15 +123,21 @@ class Estimates:
 
     def observe(self, key: str, value: float | None, replace: bool = False) -> bool:
         """Fold one measurement in (EWMA; ``replace`` for a fresh probe, and for a speed last measured over
-        ``STALE_AFTER_S`` ago). False if refused."""
+        ``STALE_AFTER_S`` ago; an outcome last measured that long ago weighs as one request against this
+        one). False if refused."""
         lo, hi = _bounds(key)
         if value is None or not math.isfinite(value) or not lo <= value <= hi:
             self.note(f"{key}: refused absurd measurement {value!r} (valid {lo:g}..{hi:g})", key=f"{key}: refused")
             return False
         old = self.values.get(key)
         now, outcome = time.time(), key.startswith(OUTCOMES)
+        stale = now - self.updated.get(key, now) > STALE_AFTER_S
+        if outcome and stale:
+            # the mean so far was taken under the load of then (an overloaded split's hedge answers with the
+            # cloud's own decode steps): it counts as one request against this one, then the mean runs on
+            self.counts[key] = min(self.counts.get(key, 0), 1)
         a = max(1.0 / (self.counts.get(key, 0) + 1), OUTCOME_ALPHA) if outcome else self.alpha
-        replace = replace or (not outcome and now - self.updated.get(key, now) > STALE_AFTER_S)
+        replace = replace or (not outcome and stale)
         self.values[key] = value if (old is None or replace) else (1 - a) * old + a * value
         self.updated[key] = now
         self.counts[key] = self.counts.get(key, 0) + 1

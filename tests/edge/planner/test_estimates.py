@@ -4,6 +4,8 @@ import dataclasses
 import json
 import math
 
+import pytest
+
 from coinfer.edge.planner.estimates import DEFAULTS, STALE_AFTER_S, Estimates
 from coinfer.edge.planner.planner import EXPLORE_RUNS, REEXPLORE_AFTER_S, REEXPLORE_EVERY, EdgeState, Planner
 
@@ -43,6 +45,16 @@ def test_ewma_family_defaults_and_persistence(tmp_path):
     e.updated["rounds.arith"] -= STALE_AFTER_S + 1
     e.observe("rounds.arith", 1.0)
     assert e.get("rounds.arith") == 2.0  # an outcome is a mean over requests, however old: never replaced
+    # ... but a mean over many requests taken long ago (under the load of then) weighs as one against the next
+    for _ in range(100):
+        e.observe("decode_steps.split.select", 200.0)  # an overloaded split's hedge: the cloud's own decode
+    e.observe("decode_steps.split.select", 10.0)
+    assert e.get("decode_steps.split.select") == pytest.approx(190.5)  # fresh: an EWMA over ~20 requests
+    e.updated["decode_steps.split.select"] -= STALE_AFTER_S + 1
+    e.observe("decode_steps.split.select", 10.0)
+    assert e.get("decode_steps.split.select") == pytest.approx(100.25)  # stale: one request against one
+    e.observe("decode_steps.split.select", 10.0)  # then the running mean goes on: 1/3
+    assert e.get("decode_steps.split.select") == pytest.approx(100.25 * 2 / 3 + 10.0 / 3)
     e.observe("draft_tokens", 30.0)
     assert e.get("draft_tokens.select") == 30.0  # a task never seen uses its family's measurement
     for v in (10.0, 50.0):  # an outcome: a running mean, not the last few requests
@@ -302,9 +314,6 @@ def test_first_run_is_the_first_request_on_a_session_not_the_state():
     assert p.edge_profile(EdgeState(1_000_000, "warm")).first_run_ms == 0
     p.observe("edge", "arith", 10, 40, 5, _result(1, 90.0, 90.0), fresh)
     assert p.est.get("first_run_ms") == 40.0 and p.est.get("step_ms.5") == 5.0
-
-
-import pytest  # noqa: E402
 
 
 @pytest.mark.parametrize(
