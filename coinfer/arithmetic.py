@@ -223,7 +223,9 @@ def repaired(text: str) -> str | None:
                 vals[r] = true  # "2 + 3 = 6 + 1 = 7": the next chain begins at this result
     if not edits:
         return None
-    out = norm
-    for a, b, new in reversed(edits):
-        out = out[:a] + new + out[b:]
+    pieces, at = [], 0
+    for a, b, new in edits:  # in text order, none overlapping: one pass
+        pieces += [norm[at:a], new]
+        at = b
+    out = "".join(pieces) + norm[at:]
     return out if out != text else None
