@@ -131,10 +131,9 @@ class CloudAlone:
                 if stopped and rules.judges_prefix:  # no end is held: its last good step ends it
                     notes.append(f"cut at its last good step ({w.finish.value})")
                     break
-            fix_note = f"a computed value corrected ({why})"
-            if await self._end_shown_step():  # shown as it grew: the calculator ends it
+            if ended := await self._end_shown_step():  # shown as it grew: the calculator ends it
                 notes.append(f"a step begun as shown ended by the calculator ({why})")
-                fixed, fix_note = (self.stream.shown if fixes < p.calculator_fixes else None), ""
+                fixed = self.stream.shown if fixes < p.calculator_fixes else None
             else:
                 fixed = (
                     await asyncio.to_thread(ctx.task.corrected_prefix, ctx.spec, w.text)
@@ -143,8 +142,8 @@ class CloudAlone:
                 )
             if fixed is not None and fixed.startswith(self.stream.shown):
                 fixes += 1
-                if fix_note:
-                    notes.append(fix_note)
+                if not ended:
+                    notes.append(f"a computed value corrected ({why})")
                 w = await write(fixed, ctx.answer_budget, f"fix{fixes}")
             elif samples < p.cloud_candidates:
                 samples += 1

@@ -57,13 +57,9 @@ whole answer passes (``streams_steps``). A ``regex`` that must match is neither:
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
-import json
 import math
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -73,11 +69,11 @@ import regex
 
 from coinfer import userregex
 from coinfer.arithmetic import first_wrong_equation
-from coinfer.arithmetic import repaired as repaired_equations
 from coinfer.errors import InvalidArgument, require
 from coinfer.extract import DEFAULT_MARKER, MAX_DIGITS, Extraction, Parsed, json_shape, long_number
 from coinfer.repetition import repetition_error
 from coinfer.rulespec import RULE_KINDS, Rule
+from coinfer.schema_budget import SCHEMA_BUDGET_S, SchemaTimeout, bounded, objects, schema_budget
 from coinfer.steps import end_sensitive, open_step_shown
 from coinfer.text import normalize
 
@@ -93,9 +89,6 @@ MAX_PARAMS_NODES = 4096
 takes up to milliseconds per subschema) stays bounded."""
 MAX_PARAMS_BYTES = 64 << 10
 """Most serialised bytes of one rule's params on the wire (checked before they are converted)."""
-SCHEMA_BUDGET_S = 0.02
-"""Most time one client JSON Schema may take to be checked, and to run on one draft (as a client regex:
-``userregex.BUDGET_S``)."""
 
 
 @dataclass
@@ -122,77 +115,6 @@ def _num(params: Mapping[str, Any], key: str, where: str) -> float | None:
 
 def _fmt(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else str(v)
-
-
-class _SchemaTimeout(Exception):
-    """A JSON Schema ran past ``SCHEMA_BUDGET_S`` on this draft."""
-
-
-_schema_deadline: contextvars.ContextVar[float] = contextvars.ContextVar("schema_deadline", default=math.inf)
-
-
-def _timed(keyword: Any) -> Any:
-    """A keyword's check behind the budget's clock: every nested check passes through one."""
-
-    def check(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
-        if time.perf_counter() > _schema_deadline.get():
-            raise _SchemaTimeout
-        return keyword(validator, value, instance, schema)
-
-    return check
-
-
-def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[jsonschema.ValidationError]:
-    """``pattern`` as a client regex (time budget), not ``re``'s unbounded backtracking."""
-    if validator.is_type(instance, "string") and userregex.search(userregex.compile(pattern), instance) is None:
-        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
-
-
-def _canonical(v: Any) -> Any:
-    """What ``uniqueItems`` compares: 1 equals 1.0, true is not 1, key order does not count."""
-    if isinstance(v, Mapping):
-        return {str(k): _canonical(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_canonical(x) for x in v]
-    return int(v) if isinstance(v, float) and v.is_integer() else v
-
-
-def _unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> Iterator[jsonschema.ValidationError]:
-    """``uniqueItems`` in linear time (jsonschema compares unsortable items pairwise: 15 s for 1,300 objects)."""
-    if unique and validator.is_type(instance, "array"):
-        seen: set[str] = set()
-        for item in instance:
-            key = json.dumps(_canonical(item), sort_keys=True)
-            if key in seen:
-                yield jsonschema.ValidationError(f"{instance!r} has non-unique elements")
-                return
-            seen.add(key)
-
-
-@contextlib.contextmanager
-def _schema_budget() -> Iterator[None]:
-    deadline = _schema_deadline.set(time.perf_counter() + SCHEMA_BUDGET_S)
-    try:
-        yield
-    finally:
-        _schema_deadline.reset(deadline)
-
-
-@functools.cache
-def _bounded(cls: type) -> type:
-    """The validator class ``cls`` with client patterns, linear ``uniqueItems`` and every keyword timed."""
-    checks = dict(cls.VALIDATORS) | {"pattern": _pattern, "uniqueItems": _unique_items}
-    return jsonschema.validators.extend(cls, {k: _timed(v) for k, v in checks.items()})
-
-
-def _objects(value: Any) -> Iterator[Mapping]:
-    """Every object in a JSON value, level by level (no recursion on client input)."""
-    level = [value]
-    while level:
-        yield from (v for v in level if isinstance(v, Mapping))
-        level = [
-            x for v in level if isinstance(v, (Mapping, list)) for x in (v.values() if isinstance(v, Mapping) else v)
-        ]
 
 
 class _Rule:
@@ -313,33 +235,33 @@ class _JsonSchema(_Rule):
         schema = rule.params.get("schema")
         require(isinstance(schema, Mapping), f"{w}.schema", "required object")
         require(
-            not any("patternProperties" in o for o in _objects(schema)),
+            not any("patternProperties" in o for o in objects(schema)),
             f"{w}.schema",
             "patternProperties is not supported (its regexes would run without a time budget)",
         )
         cls = jsonschema.validators.validator_for(schema)
         # cls.check_schema, with the metaschema's keywords timed
-        meta = _bounded(jsonschema.validators.validator_for(cls.META_SCHEMA, default=cls))
+        meta = bounded(jsonschema.validators.validator_for(cls.META_SCHEMA, default=cls))
         try:
-            with _schema_budget():
+            with schema_budget():
                 for error in meta(cls.META_SCHEMA, format_checker=meta.FORMAT_CHECKER).iter_errors(schema):
                     raise InvalidArgument(f"{w}.schema: invalid JSON Schema: {error.message}")
-            for o in _objects(schema):
+            for o in objects(schema):
                 if isinstance(o.get("pattern"), str):
                     userregex.compile(o["pattern"])
-        except (_SchemaTimeout, userregex.RegexTimeout):
+        except (SchemaTimeout, userregex.RegexTimeout):
             raise InvalidArgument(
                 f"{w}.schema: too large: checking it took over {SCHEMA_BUDGET_S * 1e3:.0f} ms"
             ) from None
         except regex.error as exc:
             raise InvalidArgument(f"{w}.schema: invalid pattern: {exc}") from None
-        self.validator = _bounded(cls)(schema)
+        self.validator = bounded(cls)(schema)
 
     def __call__(self, text: str, parsed: Parsed) -> str:
         try:
-            with _schema_budget():
+            with schema_budget():
                 err = jsonschema.exceptions.best_match(self.validator.iter_errors(_jsonable(parsed.fields)))
-        except (_SchemaTimeout, userregex.RegexTimeout):
+        except (SchemaTimeout, userregex.RegexTimeout):
             return f"schema_timeout: the schema took over {SCHEMA_BUDGET_S * 1e3:.0f} ms on this text"
         except RecursionError:  # a $ref cycle that consumes nothing ({"$ref": "#"})
             return "schema_error: the schema refers to itself without end"
@@ -613,9 +535,7 @@ class RuleSet:
         return not self.task.name and any(c.rule.kind == "arithmetic" for c in self.rules)
 
     def _repaired(self, text: str) -> str | None:
-        """``text`` repaired by a calculator: a preset's under its exact checkers (``Task.repaired``: only
-        they vouch for what the draft model did not write where the rules decide alone); an open text's
+        """``text`` repaired by the task's calculator (``Task.repaired``): a preset's under its exact checkers
+        (only they vouch for what the draft model did not write where the rules decide alone); an open text's
         equations under the ``arithmetic`` rule (``repairs_equations``); None: no repair here."""
-        if self.exact:
-            return self.task.repaired(self.spec, text)
-        return repaired_equations(text) if self.repairs_equations else None
+        return self.task.repaired(self.spec, text) if self.exact or self.repairs_equations else None

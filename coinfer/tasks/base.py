@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coinfer.arithmetic import corrected_prefix
+from coinfer.arithmetic import repaired as repaired_equations
 from coinfer.extract import Parsed, answer_key
 from coinfer.rulespec import Rule
 
@@ -138,9 +139,8 @@ class Task(ABC):
         """``text`` with every computed value the task's calculator can check rewritten to its true value,
         in place: what the model chose (its steps' terms, its answer) stays the model's, so a draft that
         chose wrong still fails its rules once repaired. None when nothing changed or nothing here is a
-        calculator's. Only exact checkers may vouch for the result (``RuleSet.check_repaired``). Default:
-        None (an open request's equations are in prose, where a value rewritten in place would leave
-        its later uses as written)."""
+        calculator's. Who vouches for the result is ``RuleSet.check_repaired``'s to say (a preset's exact
+        checkers; for an open request, the LLM verifier). Default: None."""
         return None
 
     def step_completion(self, spec: dict[str, Any], partial: str) -> str | None:
@@ -192,6 +192,12 @@ class OpenTask(Task):
 
     def structure_key(self, parsed: Parsed) -> tuple:
         return tuple(sorted((k, str(v)) for k, v in parsed.fields.items()))
+
+    def repaired(self, spec: dict[str, Any], text: str) -> str | None:
+        """The text's equations, each result recomputed and a wrong one carried to its later uses
+        (``coinfer.arithmetic.repaired``); applied only under the ``arithmetic`` rule
+        (``RuleSet.repairs_equations``)."""
+        return repaired_equations(text)
 
     def dedup_key(self, text: str, parsed: Parsed) -> Any:
         # two open drafts are one only when their text is (whitespace aside): the same answer
