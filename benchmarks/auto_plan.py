@@ -213,8 +213,8 @@ async def run(
     from openai import AsyncOpenAI
 
     from coinfer.cloud.config import CloudConfig, EngineConfig
-    from coinfer.cloud.engine import VllmEngine
     from coinfer.cloud.server import create_server
+    from coinfer.cloud.vllm_engine import VllmEngine
     from coinfer.demo.artifacts import ensure_artifacts
     from coinfer.edge.config import EdgeConfig
     from coinfer.edge.daemon import EdgeDaemon

@@ -105,8 +105,8 @@ def stages(rows: list[dict]) -> dict:
 
 async def main_async(args) -> dict:
     from coinfer.cloud.config import CloudConfig, EngineConfig
-    from coinfer.cloud.engine import VllmEngine
     from coinfer.cloud.server import create_server
+    from coinfer.cloud.vllm_engine import VllmEngine
     from coinfer.demo.artifacts import ensure_artifacts
 
     work = make_workload(args.sessions, args.drafts)

@@ -142,8 +142,8 @@ async def pair(
     ORT drafting, one thread, and both daemons' Python) on the other cores. Unpinned, the edge's drafting
     and the target's decoding share every core: a draft round slows the cloud's own answer it races."""
     from coinfer.cloud.config import CloudConfig, EngineConfig, PolicyConfig
-    from coinfer.cloud.engine import VllmEngine
     from coinfer.cloud.server import create_server
+    from coinfer.cloud.vllm_engine import VllmEngine
 
     engine = EngineConfig(model=str(cloud_dir), max_model_len=max_model_len, chat_template=str(chat_template or ""))
     srv = await create_server(CloudConfig(engine=engine, policy=PolicyConfig(**policy)))

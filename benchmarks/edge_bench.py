@@ -69,8 +69,8 @@ async def split_overhead(problems_n: int) -> dict:
     import grpc
 
     from coinfer.cloud.config import CloudConfig, EngineConfig
-    from coinfer.cloud.engine import VllmEngine
     from coinfer.cloud.server import create_server
+    from coinfer.cloud.vllm_engine import VllmEngine
     from coinfer.demo.artifacts import ensure_artifacts
     from coinfer.edge.pipeline import EdgePipeline, Plan
     from coinfer.tasks import TASKS, problems

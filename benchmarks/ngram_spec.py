@@ -27,7 +27,8 @@ import time
 
 async def _measure(model: str, k: int, prompts: list[str]) -> dict:
     from coinfer.cloud.config import EngineConfig
-    from coinfer.cloud.engine import GenParams, VllmEngine
+    from coinfer.cloud.engine import GenParams
+    from coinfer.cloud.vllm_engine import VllmEngine
 
     out: dict = {"k": k}
     try:

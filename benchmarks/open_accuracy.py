@@ -306,8 +306,8 @@ async def run(
     held_out: bool = True,
 ) -> dict:
     from coinfer.cloud.config import CloudConfig, EngineConfig, Limits
-    from coinfer.cloud.engine import VllmEngine
     from coinfer.cloud.server import create_server
+    from coinfer.cloud.vllm_engine import VllmEngine
     from coinfer.demo.artifacts import ensure_artifacts
     from coinfer.edge.draft_engine import OrtDraftEngine
     from coinfer.edge.pipeline import EdgePipeline
@@ -355,7 +355,8 @@ async def _dtype_check(model: str, probs) -> dict:
     """Target greedy accuracy and ms per answer on the same problems under float32 and auto."""
     from coinfer.chat import ChatMessage
     from coinfer.cloud.config import EngineConfig
-    from coinfer.cloud.engine import GenParams, VllmEngine
+    from coinfer.cloud.engine import GenParams
+    from coinfer.cloud.vllm_engine import VllmEngine
 
     out = {}
     for dtype in ("float32", "auto"):

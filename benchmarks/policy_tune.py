@@ -101,7 +101,7 @@ async def _record(case: Case, edge, engine, i: int) -> dict:
 
 async def collect(per_kind: int, seed: int, out: Path, held_out: bool = False) -> None:
     from coinfer.cloud.config import EngineConfig
-    from coinfer.cloud.engine import VllmEngine
+    from coinfer.cloud.vllm_engine import VllmEngine
     from coinfer.demo.artifacts import ensure_artifacts
     from coinfer.edge.draft_engine import OrtDraftEngine
 

@@ -86,7 +86,7 @@ def _pair(pair: str, n_prompts: int):
 async def run(n_prompts: int, seed: int, pair: str = "real") -> dict:
     from coinfer.chat import ChatMessage
     from coinfer.cloud.config import PolicyConfig
-    from coinfer.cloud.engine import VllmEngine
+    from coinfer.cloud.vllm_engine import VllmEngine
     from coinfer.edge.sampling import Sampling
 
     edge, engine_cfg, prompts, graded = _pair(pair, n_prompts)

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+from collections.abc import Awaitable, Sequence
 
 from coinfer import types as t
 from coinfer.cloud.answer import Answer, finish_reason, join_steps
@@ -31,7 +32,8 @@ from coinfer.cloud.answer_stream import AnswerStream
 from coinfer.cloud.context import SessionContext
 from coinfer.cloud.judging import Judge
 from coinfer.cloud.policy import consensus_prefix
-from coinfer.cloud.writer import Writer, always, never, shown_step_start
+from coinfer.cloud.speculation import More, Proposal
+from coinfer.cloud.writer import Writer, Written, always, never, shown_step_start
 from coinfer.steps import STEP_ENDS
 from coinfer.tasks import OPEN
 from coinfer.tasks.base import split_steps
@@ -51,13 +53,30 @@ class CloudAlone:
         """``no_drafts``: how the answer's note begins where no draft was judged (``coinfer.cloud.hedge``: why)."""
         self.ctx, self.judge, self.writer, self.stream = ctx, judge, writer, stream
         self.no_drafts = no_drafts
+        self.proposals: Sequence[Proposal] = ()
+        self.more: More | None = None
 
-    async def answer(self, not_as_is: str = "") -> Answer:
+    def _write(self, *args, **kwargs) -> Awaitable[Written]:
+        """``Writer.write`` offered the drafts' tokens (exact verification; none otherwise): a greedy generation
+        takes those it would write itself, and is the same text (``coinfer.cloud.speculation``)."""
+        return self.writer.write(*args, proposals=self.proposals, more=self.more, **kwargs)
+
+    def _room(self, prefix: str) -> int:
+        """The tokens the answer may still add after ``prefix``: the whole answer stays within the request's
+        budget however many times it is continued from a corrected step."""
+        return max(0, self.ctx.answer_budget - self.ctx.engine.count_tokens(prefix))
+
+    async def answer(
+        self, not_as_is: str = "", *, proposals: Sequence[Proposal] = (), more: More | None = None
+    ) -> Answer:
         """The cloud's answer, from the steps the drafts judged so far got right. ``not_as_is``: why the best
-        valid draft was not the answer (``PolicyConfig.own_over_candidates``; '': no draft was valid)."""
+        valid draft was not the answer (``PolicyConfig.own_over_candidates``; '': no draft was valid).
+        ``proposals`` / ``more``: drafts of the whole answer whose tokens the target takes where it writes
+        the same (exact verification: then no draft's steps are continued, the answer being the target's own)."""
         ctx, p = self.ctx, self.ctx.policy
+        self.proposals, self.more = proposals, more
         drafts = [j.draft.text for j in self.judge.judged.values()]
-        verified = await asyncio.to_thread(lambda: [self._prefix_steps(text) for text in drafts])
+        verified = [] if proposals else await asyncio.to_thread(lambda: [self._prefix_steps(text) for text in drafts])
         prefix_steps = consensus_prefix([v for v in verified if v], ONE_DRAFT)
         prefix = join_steps(prefix_steps)
         if ctx.rules.streams_steps and not ctx.rules.only_loop_watch:
@@ -65,7 +84,7 @@ class CloudAlone:
             a.mode = t.RefineMode.PREFIX if prefix_steps else t.RefineMode.ALONE
             return self._noted(a, drafts, prefix_steps, not_as_is)
         commit = ctx.rules.only_loop_watch  # only the loop watch can refuse it: final as it streams
-        w = await self.writer.write(ctx.prompt_text, prefix, p.refine_max_tokens, "cloud", always if commit else never)
+        w = await self._write(ctx.prompt_text, prefix, p.refine_max_tokens, "cloud", always if commit else never)
         valid, why, parsed = await self.judge.recheck(w.text, likelihood=False)
         a = Answer(
             text=w.text,
@@ -76,8 +95,9 @@ class CloudAlone:
             finish=w.finish,
             note="streamed as final: a loop cut" if w.finish == t.FinishReason.REPETITION and commit else "",
             ttft_ms=w.ttft_ms,
-            steps=w.tokens,
-            generated=w.tokens,
+            steps=w.tokens - w.accepted,
+            generated=w.tokens - w.accepted,
+            accepted=w.accepted,
         )
         if not valid and p.calculator_fixes and not commit:
             why = await self._calculator_fixed(a, why)
@@ -111,14 +131,15 @@ class CloudAlone:
         ctx, p, rules = self.ctx, self.ctx.policy, self.ctx.rules
         params = ctx.params(p.refine_max_tokens)
         write = functools.partial(
-            self.writer.write,
+            self._write,
             ctx.prompt_text,
             check=rules.prefix_error,
             max_chars=rules.max_chars,
             grow=rules.step_shown,
         )
         w = await write(prefix, p.refine_max_tokens, "cloud")
-        ttft, tokens, fixes, samples, notes = w.ttft_ms, w.tokens, 0, 0, []
+        ttft, tokens, fixes, samples, notes = w.ttft_ms, w.tokens - w.accepted, 0, 0, []
+        accepted = w.accepted
         while True:
             why = w.error
             if not why:  # the generation ended: the rest is checked with the whole answer
@@ -144,17 +165,21 @@ class CloudAlone:
                 fixes += 1
                 if not ended:
                     notes.append(f"a computed value corrected ({why})")
-                w = await write(fixed, ctx.answer_budget, f"fix{fixes}")
+                w = await write(fixed, self._room(fixed), f"fix{fixes}")
             elif samples < p.cloud_candidates:
                 samples += 1
                 notes.append(f"a step resampled ({why})")
                 seed = (params.seed or 0) + samples
                 sampled = dataclasses.replace(params, temperature=p.cloud_temperature, seed=seed)
-                w = await write(self.stream.shown, p.refine_max_tokens, f"step{samples}", params=sampled)
+                room = self._room(self.stream.shown)
+                w = await write(
+                    self.stream.shown, room, f"step{samples}", params=dataclasses.replace(sampled, max_tokens=room)
+                )
             else:
                 notes.append(f"ended at its last good step: no continuation passed ({why})")
                 break
-            tokens += w.tokens
+            tokens += w.tokens - w.accepted
+            accepted += w.accepted
         unverified = not self.stream.shown.strip() and bool(w.text.strip())
         if unverified:
             # not one step passed: the last try, through the step that failed, rather than no text at all
@@ -174,6 +199,7 @@ class CloudAlone:
             ttft_ms=ttft,
             steps=tokens,
             generated=tokens,
+            accepted=accepted,
         )
 
     async def _end_shown_step(self) -> bool:
@@ -226,8 +252,9 @@ class CloudAlone:
             if fixed is None:
                 break
             self.stream.withdraw(f"the cloud's answer failed {why}: a computed value corrected")
-            w = await self.writer.write(ctx.prompt_text, fixed, ctx.answer_budget, f"fix{n}")
-            a.steps, a.generated = a.steps + w.tokens, a.generated + w.tokens
+            w = await self._write(ctx.prompt_text, fixed, self._room(fixed), f"fix{n}")
+            a.steps, a.generated = a.steps + w.tokens - w.accepted, a.generated + w.tokens - w.accepted
+            a.accepted += w.accepted
             a.valid, why, a.parsed = await self.judge.recheck(w.text, likelihood=False)
             a.text, a.finish = w.text, w.finish
             if a.valid:

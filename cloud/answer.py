@@ -33,6 +33,8 @@ class Answer:
     ttft_ms: float = 0.0
     steps: int = 0
     generated: int = 0
+    accepted: int = 0
+    """Draft tokens the target took where they were its own (exact verification): written, not decoded."""
 
 
 def draft_answer(best: Judged, mode: t.RefineMode, note: str) -> Answer:

@@ -28,11 +28,18 @@ class AnswerStream:
     def __init__(self) -> None:
         self._queue: asyncio.Queue = asyncio.Queue()
         self._shown = ""
+        self._final = 0
 
     @property
     def shown(self) -> str:
         """The answer text the client has been streamed since the last ``AnswerReset``."""
         return self._shown
+
+    @property
+    def final(self) -> str:
+        """Of ``shown``, the text up to its last chunk streamed as final: every answer the session ends on
+        begins with it (a client that cannot take text back has shown it)."""
+        return self._shown[: self._final]
 
     def put(self, event: t.CloudEvent) -> None:
         """An event that is not answer text (a Verdict, RetryAdvice, the Summary)."""
@@ -44,13 +51,15 @@ class AnswerStream:
         """Stream ``text``; ``final``: every answer the session can still end on begins with what was
         streamed so far, this included (``coinfer.cloud.answering``'s docstring says where)."""
         self._shown += text
+        if final:
+            self._final = len(self._shown)
         self._queue.put_nowait(t.AnswerChunk(text, final))
 
     def withdraw(self, reason: str) -> None:
         """Withdraw what was streamed (``AnswerReset``): the answer will be streamed anew. Nothing
         shown, nothing to withdraw: no reset."""
         if self._shown:
-            self._shown = ""
+            self._shown, self._final = "", 0
             self._queue.put_nowait(t.AnswerReset(reason))
 
     def replace(self, answer: str, reason: str) -> None:

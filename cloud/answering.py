@@ -18,6 +18,7 @@ Everything else is held by a client that cannot take text back (docs/api.md).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from coinfer import types as t
@@ -30,6 +31,7 @@ from coinfer.cloud.context import SessionContext
 from coinfer.cloud.judging import Judge
 from coinfer.cloud.policy import consensus_prefix, mean_logprob, refine_max_tokens
 from coinfer.cloud.ranking import Judged, Ranked
+from coinfer.cloud.speculation import More, Proposal
 from coinfer.cloud.writer import Writer, never
 from coinfer.tasks import OPEN, Parsed
 from coinfer.tasks.base import split_steps
@@ -76,6 +78,19 @@ class Answerer:
         if self.ctx.own_over_candidates:
             return await self.alone.answer(why)
         return await self._refined(ranked, why, attempt)
+
+    async def exact(self, proposals: Sequence[Proposal], more: More | None) -> Answer:
+        """Exact verification: the answer the cloud plan writes (``CloudAlone``), taking the drafts' tokens where
+        they are the ones the target writes itself (``proposals``: the first round's drafts, the greedy one first;
+        ``more``: the edge's drafts that continue the answer)."""
+        a = await self.alone.answer(proposals=proposals, more=more)
+        if proposals:
+            a.mode, a.source = t.RefineMode.EXACT, t.AnswerSource.REFINED
+            a.note = (
+                f"exact: the target's own answer, {a.accepted} draft tokens taken where it writes the same, "
+                f"{a.generated} decoded" + ("" if a.valid else " (its answer failed verification)")
+            )
+        return a
 
     def not_as_is(self, ranked: Ranked) -> str:
         """Why the best verified draft is not the answer as it stands ("": it is;

@@ -8,7 +8,7 @@ from pathlib import Path
 from coinfer.chat import CANDIDATE_FORMAT, REFINE_TEMPLATE
 from coinfer.serving.bounds import bounded, check_bounds
 from coinfer.types import VerifierKind
-from coinfer.validate import MAX_DEADLINE_MS
+from coinfer.validate import MAX_DEADLINE_MS, MAX_NEW_TOKENS
 
 MAX_NGRAM_TOKENS = 16
 """Speculative tokens per step past which a proposal's acceptance falls off (vLLM's n-gram proposer)."""
@@ -126,6 +126,8 @@ MAX_MARGIN_NATS = 10.0
 """A likelihood margin past this many nats per token lets any text through: a typo, not a policy."""
 MAX_CALCULATOR_FIXES = 8
 """Each correction is a generation the user waits for: a few fix an answer's slips (6 by default)."""
+MAX_DRAFT_FROM_ROUNDS = 64
+"""Continuation rounds one answer may ask for: past it a round trip per round outweighs what a round takes."""
 
 
 @dataclass
@@ -282,11 +284,29 @@ class PolicyConfig:
     candidates (one batched request) checked against the rules; 0 disables."""
     cloud_temperature: float = bounded(0.7, ge=0, le=MAX_TEMPERATURE)
     default_deadline_ms: int = bounded(60_000, ge=1)
-    verifier: VerifierKind | str = VerifierKind.LIKELIHOOD
-    """LLM verifier after the rules: "likelihood" (the target's prompt logprobs of the draft; any
-    model) or "judge" (the model answers {valid, score, error} as constrained JSON; needs an
-    instruction-tuned verifier model to mean anything). A name (``str``: as a config file, variable or
-    flag gives it) becomes its ``VerifierKind`` when the config is built, or is refused naming the field."""
+    verifier: VerifierKind | str = VerifierKind.EXACT
+    """How an open request's drafts are judged after the rules. "exact" (the default): the answer is the
+    target's own -- it takes a draft's tokens only where they are the tokens it would write itself
+    (``coinfer.cloud.speculation``; docs/api.md, "Exact split"), so split answers what the cloud plan would.
+    The two others may change the answer: "likelihood" (a whole draft whose target prompt logprobs pass the
+    thresholds below is the answer as the draft model wrote it) and "judge" (the model answers {valid, score,
+    error} as constrained JSON; needs an instruction-tuned verifier model to mean anything). A request whose
+    rules decide (``rules_decide``) takes a draft they pass under any of them. A name (``str``: as a config file,
+    variable or flag gives it) becomes its ``VerifierKind`` when the config is built, or is refused naming the
+    field."""
+    draft_from_rounds: int = bounded(8, ge=0, le=MAX_DRAFT_FROM_ROUNDS)
+    """Exact verification: times an answer may ask the edge for drafts that continue it (``DraftFrom``) after
+    the target took the last round's drafts as far as it writes them; 0: the target decodes whatever the first
+    round's drafts leave. Each round costs a network round trip and the edge's drafting, and saves the cloud
+    the decode steps of the tokens it takes (docs/measurements.md, "Exact split")."""
+    draft_from_tokens: int = bounded(32, ge=1, le=MAX_NEW_TOKENS)
+    """New tokens a continuation draft may add: about what a round takes, so that the check's prefill stays
+    short (SmolLM2's INT8 greedy drafts for its float model: a median run of ~10-20 tokens taken)."""
+    draft_from_min_accepted: int = bounded(4, ge=0)
+    """Ask again only after a round that took at least this many draft tokens: a pair that disagrees early
+    would pay a round trip per few tokens."""
+    draft_from_wait_ms: int = bounded(2000, ge=1)
+    """How long the answer waits for a continuation round before the target decodes the rest itself."""
     learn_every: int = bounded(100, ge=0)
     """Refit a, b, g from outcomes every this many sessions (docs/design.md §3.1); 0 disables learning."""
     learn_alpha: float = bounded(0.3, gt=0, le=1)

@@ -76,6 +76,13 @@ class SessionContext:
         return self.task is OPEN and self.req.extraction.kind in ("", "none")
 
     @property
+    def exact(self) -> bool:
+        """An open request answered by exact verification (``PolicyConfig.verifier`` "exact"): the answer is the
+        target's own, taking the drafts' tokens where they are the ones it writes (``coinfer.cloud.speculation``).
+        Not where the rules decide: a draft they pass is the answer."""
+        return self.task is OPEN and self.policy.verifier == t.VerifierKind.EXACT and not self.rules_decide
+
+    @property
     def thresholded(self) -> bool:
         """The likelihood threshold judges open requests; a built-in preset's checkers are exact."""
         return self.task is OPEN

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
+from collections.abc import Callable
 
 from coinfer import types as t
 from coinfer.cloud.acceptance import likelihood_floor
@@ -24,6 +25,8 @@ from coinfer.cloud.verifier import JUDGE_MAX_TOKENS, JUDGE_SCHEMA, judge_prompt,
 from coinfer.rules import RuleResult
 from coinfer.tasks import Parsed
 
+ACCEPTED_FIRST = "a draft before it was accepted as is"
+"""Why the drafts after one that stood as is are not scored (``PolicyConfig.accept_first``)."""
 RECHECK = -1
 """The index a re-checked answer is verified under: not a draft's, so nothing is recorded for it."""
 NOT_SCORED = "not_scored"
@@ -34,9 +37,20 @@ class Judge:
     """Verdicts on a session's drafts, and the board of what was judged."""
 
     def __init__(
-        self, ctx: SessionContext, *, weights: tuple[float, float, float] | None = None, load: float = 0.0
+        self,
+        ctx: SessionContext,
+        *,
+        weights: tuple[float, float, float] | None = None,
+        load: float = 0.0,
+        stands: Callable[[Judged], bool] | None = None,
     ) -> None:
+        """``stands``: whether a judged draft is the answer as it stands whatever drafts are still to come
+        (``PolicyConfig.accept_first``): the judge then scores no more drafts (``ACCEPTED_FIRST``), before the
+        next one's turn, and ``first`` is that draft."""
         self.ctx = ctx
+        self._stands = stands
+        self.first: Judged | None = None
+        """The first draft that stood as is (``stands``), once one did."""
         p = ctx.policy
         self.weights = weights or (p.a, p.b, p.g)
         """Scheduler weights (a, b, g) the ranking uses: the learned ones, else the configured ones."""
@@ -116,7 +130,7 @@ class Judge:
                     rules_passed=res.passed,
                 )
             else:
-                v = await self._verified(d, self.ctx.task.dedup_key(d.text, parsed), res.passed, turn)
+                v = await self._verified(d, self.ctx.task.dedup_key(d.text, parsed), res.passed, turn, parsed)
                 v.repaired = repaired
         finally:
             if not turn.done():  # cancelled or failed before its claim: the next draft must not wait forever
@@ -133,7 +147,9 @@ class Judge:
         res, parsed = self.ctx.rules.check(text)
         return res, parsed, text, ""
 
-    async def _verified(self, d: t.Draft, key: object, passed: list[str], turn: asyncio.Future) -> t.Verdict:
+    async def _verified(
+        self, d: t.Draft, key: object, passed: list[str], turn: asyncio.Future, parsed: Parsed
+    ) -> t.Verdict:
         """The LLM verifier's verdict on a draft that passed the rules; a duplicate of one being
         verified (same ``key``) shares its verdict, counted as support, not verified twice. ``turn`` is
         released once the key is claimed (synchronously, before any wait)."""
@@ -151,6 +167,9 @@ class Judge:
         try:
             if self.ctx.rules_decide:  # llm_verdict asks no model: nothing to defer or wait for
                 v = await self.llm_verdict(d.index, d.text, passed)
+                self._accept_first(Judged(draft=d, verdict=v, parsed=parsed))
+            elif self.ctx.exact:  # the target takes the draft's tokens it would write: nothing to score here
+                v = t.Verdict(draft_index=d.index, valid=True, rules_passed=passed)
             elif unscored := await self._scoring_allowed():
                 v = self._unscored_verdict(d.index, passed, unscored)
             else:
@@ -159,12 +178,19 @@ class Judge:
                         v = self._unscored_verdict(d.index, passed, self._unscored)
                     else:
                         v = await self.llm_verdict(d.index, d.text, passed, own=d.mean_logprob, truncated=d.truncated)
+                        self._accept_first(Judged(draft=d, verdict=v, parsed=parsed))
         except BaseException as exc:
             fut.set_exception(exc)
             fut.exception()  # mark retrieved
             raise
         fut.set_result(v)
         return v
+
+    def _accept_first(self, j: Judged) -> None:
+        """Where ``j`` stands as is, no draft after it is scored: at once, before the next one's turn."""
+        if self.first is None and not self._unscored and self._stands is not None and self._stands(j):
+            self.first = j
+            self.skip_scoring(ACCEPTED_FIRST)
 
     def _unscored_verdict(self, index: int, passed: list[str], why: str) -> t.Verdict:
         return t.Verdict(

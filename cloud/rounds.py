@@ -57,6 +57,10 @@ class Rounds:
         self.seen.add(d.index)
         self.in_round += 1
 
+    def next_round(self) -> None:
+        """A retry round begins (its drafts are counted from here)."""
+        self.attempt += 1
+
     def close(self, count: int) -> None:
         """End the round the edge says held ``count`` drafts; raises where it sent another number."""
         if count != self.in_round:

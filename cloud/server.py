@@ -35,8 +35,9 @@ from grpc_reflection.v1alpha import reflection
 from coinfer.cloud.auth import BearerAuthInterceptor, load_tokens
 from coinfer.cloud.config import ENV_PREFIX, CloudConfig
 from coinfer.cloud.core import CloudCore
-from coinfer.cloud.engine import TargetEngine, VllmEngine
+from coinfer.cloud.engine import TargetEngine
 from coinfer.cloud.servicer import CoinferCloudServicer
+from coinfer.cloud.vllm_engine import VllmEngine
 from coinfer.errors import Reason, Unavailable
 from coinfer.serving import logs, process, settings
 from coinfer.serving.decode_guard import DecodeGuard

@@ -1,23 +1,33 @@
 """One co-inference session: verify drafts as they arrive, then answer (docs/design.md §2.2).
 
 ``Session`` coordinates its parts, each in a file of its own: the judge turns drafts into verdicts
-(``coinfer.cloud.judging.Judge``), the answerer turns the ranked verdicts into an answer
-(``coinfer.cloud.answering.Answerer``), the answer stream owns what the client was shown
-(``coinfer.cloud.answer_stream.AnswerStream``); the session drives the rounds of drafts
-(``coinfer.cloud.rounds``), the retry advice and the deadline, and ends on the Summary.
+(``coinfer.cloud.judging.Judge``), the answerer turns them into an answer (``coinfer.cloud.answering.Answerer``),
+the answer stream owns what the client was shown (``coinfer.cloud.answer_stream.AnswerStream``).
+
+The session is one loop over typed events (``_Event``), the way vLLM's engine core runs one step loop: the
+edge's messages (read by one task), each draft's verdict, the hedge's end, the answer's end. Each handler
+decides the next step from the session's state; nothing races. The deadline bounds the loop.
+
+Two ways to answer an open request (``PolicyConfig.verifier``):
+- exact (the default): the answer is the target's own; it takes the drafts' tokens where they are the ones
+  it would write (``coinfer.cloud.speculation``), and may ask the edge for drafts that continue its text
+  (``DraftFrom``). It begins at the first greedy draft of the first round (or at the round's end);
+- likelihood / judge (they may change the answer): a draft the verifier passes may be the answer as is.
+A request whose rules decide (a preset's checkers) takes a draft the rules pass, whatever the verifier.
 
 Input: the edge's drafts and end-of-round markers (an async iterator).
-Output: domain events (``coinfer.types``) in the order the edge should see them:
-``SessionAccepted``, a ``Verdict`` per draft as soon as it is judged, then either
-``AnswerChunk``s and a ``Summary``, or ``RetryAdvice`` and another round.
+Output: domain events (``coinfer.types``) in the order the edge should see them: ``SessionAccepted``, a
+``Verdict`` per draft as soon as it is judged, then either ``AnswerChunk``s (and ``DraftFrom``s) and a
+``Summary``, or ``RetryAdvice`` and another round.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from coinfer import types as t
@@ -33,8 +43,9 @@ from coinfer.cloud.learning import Outcome, outcome_rows
 from coinfer.cloud.policy import RoundOdds, retry
 from coinfer.cloud.ranking import MS_PER_S, Judged, Ranked
 from coinfer.cloud.rounds import Rounds, request_kind, retry_advice
+from coinfer.cloud.speculation import Proposal
 from coinfer.cloud.summary import summary
-from coinfer.errors import DeadlineExceeded
+from coinfer.errors import DeadlineExceeded, InvalidArgument
 from coinfer.rules import RuleSet
 from coinfer.tasks import Task
 
@@ -50,8 +61,58 @@ class DraftsDone:
 
 EdgeItem = t.Draft | DraftsDone
 
-ACCEPTED_FIRST = "a draft before it was accepted as is"
-"""Why the drafts after one that stood as is are not scored (``PolicyConfig.accept_first``)."""
+
+# ---- the loop's events ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _EdgeSent:
+    """The edge sent a draft or ended a round."""
+
+    item: EdgeItem
+
+
+@dataclass(frozen=True)
+class _EdgeClosed:
+    """The edge closed its side."""
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """A draft's verdict is in (``Judge.judged``)."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class _HedgeEnded:
+    """The cloud's own answer begun at open has ended (``coinfer.cloud.hedge``)."""
+
+
+@dataclass(frozen=True)
+class _Answered:
+    """The answer is written."""
+
+    answer: Answer
+    verify_ms: float
+    ranked: Ranked
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """A part of the session failed: the session fails with it."""
+
+    error: BaseException
+
+
+_Event = _EdgeSent | _EdgeClosed | _Judged | _HedgeEnded | _Answered | _Failed
+
+
+class _Phase(enum.Enum):
+    COLLECTING = "collecting"
+    """Drafts are read and judged."""
+    CLOSING = "closing"
+    """The round ended (or was cut): its verdicts are awaited, then ``_then`` decides."""
+    ANSWERING = "answering"
+    """The answer is being written; drafts read now are a continuation round's, or dropped."""
 
 
 class Session:
@@ -76,28 +137,37 @@ class Session:
         """``weights``: the scheduler weights (a, b, g) in force (None: the configured ones); ``load``: the
         engine's at open (raises the latency weight, and no hedge at heavy load); ``round_odds``: the
         service's record of how often a round of drafts holds a valid one (None: retry as configured, no
-        hedge); ``drafting``: drafts may come (False: the cloud plan, which answers alone anyway)."""
+        hedge); ``drafting``: drafts may come (False: the cloud plan, which answers alone at once)."""
         self.ctx = SessionContext(cfg=cfg, engine=engine, req=req, task=task, spec=spec, rules=rules)
         # rendered now: a conversation the target cannot read (a request in chat form and no chat template, or
         # one its template refuses) is the open's error (INVALID_ARGUMENT naming why), before any draft is taken
         self.ctx.prompt_text  # noqa: B018 - cached for the session's parts
         self.recommended_drafts, self.deadline_s, self.round_odds = recommended_drafts, deadline_s, round_odds
         self.stream = AnswerStream()
-        self.judge = Judge(self.ctx, weights=weights, load=load)
+        stands = self._stands if cfg.policy.accept_first and not self.ctx.exact else None
+        self.judge = Judge(self.ctx, weights=weights, load=load, stands=stands)
         self.answerer = Answerer(self.ctx, judge=self.judge, stream=self.stream)
         self.rounds = Rounds(cfg.limits)
         self.load, self.drafting = load, drafting
         self.hedge: Hedge | None = None
         """The cloud's own answer racing the drafts (``coinfer.cloud.hedge``), begun when the session runs."""
-        self._finishing = False
-        """The session is answering: a hedge that wins now does not cut it short."""
-        self._first: Judged | None = None
-        """The first draft that stood as is (``PolicyConfig.accept_first``); ``_accepted`` is set with it
-        (an event, not a future: a session may be built before its loop runs)."""
-        self._accepted = asyncio.Event()
         self.outcome: list[Outcome] = []
         """(score, agreement, latency_s, label) per ranked draft once finished: the learner's input."""
         self.t0 = time.perf_counter()
+        self._events: asyncio.Queue[_Event] = asyncio.Queue()
+        self._phase = _Phase.COLLECTING
+        self._then: Callable[[], None] | None = None
+        """What the session does once the verdicts awaited are in (``_Phase.CLOSING``)."""
+        self._held: list[_Event] = []
+        """The edge's messages that came while a round closed: read once it is decided."""
+        self._judging: set[asyncio.Task] = set()
+        self._answering: asyncio.Task | None = None
+        self._first: list[t.Draft] = []
+        """The first round's drafts, as they came (exact verification proposes them)."""
+        self._more: asyncio.Future[list[t.Draft]] | None = None
+        """A continuation round asked of the edge (``DraftFrom``), resolved with its drafts at its end."""
+        self._more_drafts: list[t.Draft] = []
+        self._more_rounds = 0
 
     def _ms(self) -> float:
         return (time.perf_counter() - self.t0) * MS_PER_S
@@ -107,40 +177,252 @@ class Session:
         """What rounds of drafts of this request are counted by (``RoundOdds``)."""
         return request_kind(self.ctx.req, self.ctx.rules)
 
-    def _observe(self, found: bool) -> None:
-        """Count the round that ended: a first round under the request's kind, a retry round apart (``retry``)."""
-        if self.round_odds is not None and (self.hedge is None or self.ctx.rules_decide):
-            # a round whose drafts were not scored (a hedge answered) tells nothing
-            self.round_odds.observe(self.kind if self.rounds.attempt == 0 else retry(self.kind), found)
+    # ---- the loop -----------------------------------------------------------------------------------------
+    async def run(self, inbox: AsyncIterator[EdgeItem]) -> AsyncIterator[t.CloudEvent]:
+        ctx = self.ctx
+        yield t.SessionAccepted(ctx.req.request_id, ctx.rules.labels, self.recommended_drafts)
+        task = asyncio.create_task(self._drive(inbox))
+        try:
+            async for ev in self.stream.events():
+                yield ev
+        finally:
+            if not task.done():
+                task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
-    def _hedges(self) -> bool:
-        """Whether to begin the cloud's own answer at open (``PolicyConfig.hedge_below_odds``): drafts may
-        come, rounds of this kind rarely hold a valid one, and the engine is not heavily loaded."""
-        p = self.ctx.policy
-        return (
-            self.drafting
-            and self.round_odds is not None
-            and self.load < p.hedge_max_load
-            and self.round_odds.hopeless(self.kind, p.hedge_below_odds)
+    async def _drive(self, inbox: AsyncIterator[EdgeItem]) -> None:
+        """The session's work, its end or failure handed to the reader through the stream."""
+        try:
+            async with asyncio.timeout(self.deadline_s):
+                await self._loop(inbox)
+            self.stream.end()
+        except TimeoutError:
+            self._at_deadline()
+        except BaseException as exc:  # hand every failure to the reader
+            self.stream.fail(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+
+    async def _loop(self, inbox: AsyncIterator[EdgeItem]) -> None:
+        reader = asyncio.create_task(self._read(inbox), name="edge-inbox")
+        try:
+            self._open()
+            answered: _Answered | None = None
+            while answered is None or self._judging:  # every draft read has its verdict before the Summary
+                ev = await self._events.get()
+                if isinstance(ev, _Failed):
+                    raise ev.error
+                if isinstance(ev, _Answered):
+                    answered = ev
+                    continue
+                self._on(ev)
+                self._step()
+            await self._summarize(answered)
+        finally:  # a cancelled or failed session stops its parts (and their engine requests)
+            parts = [reader, *self._judging, *([self._answering] if self._answering else [])]
+            for tk in parts:
+                tk.cancel()
+            results = await asyncio.gather(*parts, return_exceptions=True)
+            for r in results:
+                if isinstance(r, Exception):
+                    log.debug("session part ended on %r after the session's end", r)
+            if self.hedge is not None:
+                await self.hedge.cancel()
+
+    async def _read(self, inbox: AsyncIterator[EdgeItem]) -> None:
+        """The edge's messages into the loop (one task: a cancelled read never leaves the stream half-read)."""
+        try:
+            async for item in inbox:
+                self._events.put_nowait(_EdgeSent(item))
+            self._events.put_nowait(_EdgeClosed())
+        except Exception as exc:  # noqa: BLE001 - the session fails with the edge's stream
+            self._events.put_nowait(_Failed(exc))
+
+    def _spawn(self, coro, name: str, on_done: Callable[[asyncio.Task], _Event | None]) -> asyncio.Task:
+        """A part's task, whose end becomes the loop's event (``on_done``), or ``_Failed`` with its error."""
+
+        def done(tk: asyncio.Task) -> None:
+            if tk.cancelled():
+                return
+            if (exc := tk.exception()) is not None:
+                self._events.put_nowait(_Failed(exc))
+            elif (ev := on_done(tk)) is not None:
+                self._events.put_nowait(ev)
+
+        tk = asyncio.create_task(coro, name=name)
+        tk.add_done_callback(done)
+        return tk
+
+    def _open(self) -> None:
+        """At open: the cloud plan answers at once; a kind whose drafts rarely pass gets a hedge."""
+        if not self.drafting:
+            self._answer(self._ms())
+        elif self._hedges():
+            self.hedge = Hedge(self.ctx, judge=self.judge, odds=self.round_odds.odds(self.kind))
+            self.hedge.task.add_done_callback(lambda _: self._events.put_nowait(_HedgeEnded()))
+            self.judge.defer_scoring()  # the hedge's answer is the session's: the drafts are not scored
+
+    def _step(self) -> None:
+        """Once a closing round's verdicts are in, what it decided; then the edge's messages held meanwhile,
+        where the session reads on (a retry round)."""
+        while self._phase is _Phase.CLOSING and not self._judging and self._then is not None:
+            then, self._then = self._then, None
+            then()
+            if self._phase is _Phase.COLLECTING:
+                held, self._held = self._held, []
+                for ev in held:
+                    self._on(ev)
+        if self._phase is _Phase.ANSWERING:
+            self._held = []  # drafts of a round cut short: unread
+
+    def _on(self, ev: _Event) -> None:
+        if isinstance(ev, (_EdgeSent, _EdgeClosed)) and self._phase is _Phase.CLOSING and self._more is None:
+            self._held.append(ev)  # read after the round's decision, as the edge sent them
+            return
+        if isinstance(ev, _EdgeSent):
+            if isinstance(ev.item, t.Draft):
+                self._on_draft(ev.item)
+            else:
+                self._on_round_end(ev.item.count)
+        elif isinstance(ev, _EdgeClosed):
+            self._on_edge_closed()
+        elif isinstance(ev, _Judged):
+            self._on_verdict(self.judge.judged[ev.index])
+        elif isinstance(ev, _HedgeEnded):
+            self._on_hedge_ended()
+
+    # ---- handlers -----------------------------------------------------------------------------------------
+    def _on_draft(self, d: t.Draft) -> None:
+        if self._more is not None:
+            self._take_more(d)
+            return
+        if self._phase is not _Phase.COLLECTING:
+            return  # the round was cut short (the session answers): drafts read after it go unread
+        self.rounds.take(d)  # within the limits before it is tokenized
+        d = self.ctx.engine.in_target_tokens(d)  # counted in the target's tokens from here on
+        if self.rounds.attempt == 0:
+            self._first.append(d)
+        self._judging.add(self._spawn(self.judge.verdict(d), f"d{d.index}", lambda tk, i=d.index: self._judged(tk, i)))
+        if self.ctx.exact and d.greedy and self.rounds.attempt == 0:
+            self._answer(self._ms())  # the greedy draft is the one the target takes most of: begin at once
+
+    def _judged(self, tk: asyncio.Task, index: int) -> _Event:
+        self._judging.discard(tk)
+        return _Judged(index)
+
+    def _stands(self, j: Judged) -> bool:
+        """A draft that stands as is answers the session at once (``PolicyConfig.accept_first``), while its
+        round is read: the judge stops scoring the drafts after it."""
+        return self._phase is _Phase.COLLECTING and self.answerer.stands_alone(j)
+
+    def _on_verdict(self, j: Judged) -> None:
+        self.stream.put(j.verdict)
+        first = self.judge.first
+        if first is not None and first.draft.index == j.draft.index and self._phase is _Phase.COLLECTING:
+            self._close(lambda: (self._observe(True), self._answer(self._ms(), accepted=j)))
+
+    def _on_round_end(self, count: int) -> None:
+        if self._more is not None:
+            self._end_more()
+            return
+        if self._phase is not _Phase.COLLECTING:
+            return
+        self.rounds.close(count)
+        if self.hedge is not None:
+            self._stop_scoring(self._hedge_reason())
+        self._close(self._round_over)
+
+    def _on_edge_closed(self) -> None:
+        if self._more is not None:
+            self._end_more()
+        if self._phase is not _Phase.COLLECTING:
+            return
+        # the edge closed its side without finishing a round: answer from what we have
+        if self.hedge is not None:
+            self._stop_scoring(self._hedge_reason())
+        self._close(lambda: self._answer(self._ms()))
+
+    def _on_hedge_ended(self) -> None:
+        if self._phase is _Phase.COLLECTING and self.hedge.won(bool(self.judge.ranked())):
+            self._stop_scoring(self._hedge_reason())
+            self._close(lambda: self._answer(self._ms(), hedged=True))
+
+    def _round_over(self) -> None:
+        """A round's verdicts are in: answer, or advise another round."""
+        found = bool(self.judge.ranked())
+        self._observe(found)
+        p, rounds = self.ctx.policy, self.rounds
+        if (
+            found
+            or self.ctx.exact  # the target answers itself from what it takes of the drafts
+            or self.hedge is not None  # the cloud's own answer is under way: no retry waits for drafts
+            or rounds.attempt >= p.max_retries
+            or rounds.drafts_left < 1
+            or not self._another_round_pays()
+        ):
+            self._answer(self._ms())
+            return
+        rounds.next_round()
+        self._phase = _Phase.COLLECTING
+        self.stream.put(
+            retry_advice(
+                verdicts=[j.verdict for j in self.judge.judged.values()],
+                attempt=rounds.attempt,
+                drafts_left=rounds.drafts_left,
+                recommended=self.recommended_drafts,
+            )
         )
 
-    def _skip_scoring(self) -> None:
-        """With a hedge under way, the drafts its round held that await the LLM verifier get their verdict
-        now, unscored (``Judge.skip_scoring``): the session answers with the hedge unless the rules alone
-        passed a draft where they decide."""
-        if self.hedge is not None:
-            self.judge.skip_scoring(
-                f"the cloud answered itself: rounds of this kind held a valid draft {self.hedge.odds:.0%} of the time lately"
-            )
+    # ---- steps --------------------------------------------------------------------------------------------
+    def _close(self, then: Callable[[], None]) -> None:
+        """Stop taking drafts; once the verdicts of those taken are in, ``then``."""
+        self._phase, self._then = _Phase.CLOSING, then
 
-    def _another_round_pays(self) -> bool:
-        """Whether another round of drafts is worth its wait: rounds of this kind of request lately held a
-        valid draft often enough (``PolicyConfig.min_round_odds``), and not so rarely that the cloud would
-        not wait for the first (``hedge_below_odds``: a round it does wait for then only explores)."""
-        odds, p = self.round_odds, self.ctx.policy
-        if odds is None:
-            return True
-        return not odds.rare(self.kind, p.hedge_below_odds) and odds.pays(self.kind, p.min_round_odds)
+    def _stop_scoring(self, why: str) -> None:
+        """Drafts waiting for the LLM verifier get their verdict now, unscored, saying ``why``."""
+        self.judge.skip_scoring(why)
+
+    def _hedge_reason(self) -> str:
+        return f"the cloud answered itself: rounds of this kind held a valid draft {self.hedge.odds:.0%} of the time lately"
+
+    def _answer(self, verify_ms: float, *, hedged: bool = False, accepted: Judged | None = None) -> None:
+        """Begin the answer (once): from the drafts, the hedge, or the target taking the drafts' tokens."""
+        if self._answering is not None:
+            return
+        self._phase, self._then = _Phase.ANSWERING, None
+        ranked = self.judge.ranked()
+        if accepted is not None:  # stable: the rest keep their order
+            ranked.sort(key=lambda r: r[0] is not accepted)
+        self._answering = self._spawn(
+            self._write(ranked, hedged), "answer", lambda tk: _Answered(tk.result(), verify_ms, ranked)
+        )
+
+    async def _write(self, ranked: Ranked, hedged: bool) -> Answer:
+        if self.ctx.exact:
+            proposals = [Proposal(d.text, not d.truncated) for d in sorted(self._first, key=lambda d: not d.greedy)]
+            return await self.answerer.exact(proposals, self._ask_more if self._asks_more() else None)
+        if self.hedge is not None and (hedged or not ranked) and not self.hedge.failed():
+            return await self.hedge.answer(self.stream)
+        if self.hedge is not None:
+            await self.hedge.cancel()
+        return await self.answerer.answer(ranked, self.rounds.attempt)
+
+    async def _summarize(self, ev: _Answered) -> None:
+        a, ranked = ev.answer, ev.ranked
+        timings = t.Timings(
+            verify_ms=ev.verify_ms,
+            refine_ttft_ms=a.ttft_ms,
+            refine_ms=self._ms() - ev.verify_ms,
+            total_ms=self._ms(),
+            decode_steps=a.steps,
+            decode_tokens=a.generated,
+        )
+        if (
+            self.ctx.policy.learn_every and ranked
+        ):  # grading every draft only feeds the learner; client text: off the loop
+            ctx = self.ctx
+            self.outcome += await asyncio.to_thread(outcome_rows, ranked, a.text, ctx.task, ctx.spec, ctx.rules)
+        self.stream.put(self._summary(ranked, a, timings))
 
     def _summary(self, ranked: Ranked, a: Answer, timings: t.Timings) -> t.Summary:
         engine = self.ctx.engine
@@ -155,194 +437,102 @@ class Session:
             answer_tokens=engine.count_tokens(a.text),
         )
 
-    async def _finish(self, verify_ms: float, hedged: bool = False, accepted: Judged | None = None) -> None:
-        """The answer once the drafts are in (``Answerer.answer``), then the Summary. With a hedge under way,
-        its answer where no draft is valid or it won the race (``hedged``); else it is cancelled.
-        ``accepted``: a draft that stood as is before the round ended, ranked first."""
-        self._finishing = True
-        ranked = self.judge.ranked()
-        if accepted is not None:  # stable: the rest keep their order
-            ranked.sort(key=lambda r: r[0] is not accepted)
-        t_ref = time.perf_counter()
-        if self.hedge is not None and (hedged or not ranked) and not self.hedge.failed():
-            a = await self.hedge.answer(self.stream)
-        else:
-            if self.hedge is not None:
-                await self.hedge.cancel()
-            a = await self.answerer.answer(ranked, self.rounds.attempt)
-        if self.ctx.policy.learn_every:  # grading every draft only feeds the learner; parses client text: off the loop
-            ctx = self.ctx
-            self.outcome += await asyncio.to_thread(outcome_rows, ranked, a.text, ctx.task, ctx.spec, ctx.rules)
-        refine_ms = (time.perf_counter() - t_ref) * MS_PER_S
-        timings = t.Timings(
-            verify_ms=verify_ms,
-            refine_ttft_ms=a.ttft_ms,
-            refine_ms=refine_ms,
-            total_ms=self._ms(),
-            decode_steps=a.steps,
-            decode_tokens=a.generated,
-        )
-        self.stream.put(self._summary(ranked, a, timings))
-
-    def _at_deadline(self) -> t.Summary | None:
-        """The best answer the session has when its deadline expires mid-work (refinement, retries,
-        candidates): the best verified draft, as is; None when no draft was verified valid. The
-        deadline bounds the wait: an answer before it, never a better one after."""
-        ranked = self.judge.ranked()
-        if not ranked:
-            return None
-        a = draft_answer(
-            ranked[0][0], t.RefineMode.DEADLINE, "deadline reached: the best verified draft returned as is"
-        )
-        return self._summary(ranked, a, t.Timings(total_ms=self._ms()))
-
-    # ---- driver ---------------------------------------------------------------------
-    async def _consume(self, inbox: AsyncIterator[EdgeItem]) -> None:
-        round_tasks: list[asyncio.Task] = []
-        if self._hedges():
-            self.hedge = Hedge(self.ctx, judge=self.judge, odds=self.round_odds.odds(self.kind))
-            self.judge.defer_scoring()  # the hedge's answer is the session's: the drafts are not scored
-        try:
-            await self._race(inbox, round_tasks, self.hedge)
-        finally:  # a cancelled or failed session stops its verifications (and their vLLM requests)
-            for tk in round_tasks:
-                tk.cancel()
-            await asyncio.gather(*round_tasks, return_exceptions=True)
-            if self.hedge is not None:
-                await self.hedge.cancel()
-
-    async def _race(self, inbox: AsyncIterator[EdgeItem], round_tasks: list[asyncio.Task], hedge: Hedge | None) -> None:
-        """The drafts' round against what may answer before it ends: a draft that stands as is
-        (``PolicyConfig.accept_first``) answers at once; a hedge that ends first answers at once
-        (``Hedge.won``); else the round's end answers as usual (the hedge's answer where no draft is
-        valid). Cut short, the drafts still under way are unread (the edge stops drafting when the
-        Summary comes) and those read get their verdicts first."""
-        rounds = asyncio.create_task(self._rounds(inbox, round_tasks), name="rounds")
-        first = asyncio.create_task(self._accepted.wait(), name="accepted")
-        try:
-            while not rounds.done():
-                racing = {rounds, first} | ({hedge.task} if hedge is not None and not hedge.task.done() else set())
-                await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
-                if rounds.done() or self._finishing:
-                    break  # the round answers
-                if first.done():  # its verdict already told the judge to score no more
-                    await self._cut_round(rounds, round_tasks)
-                    self._observe(True)
-                    await self._finish(self._ms(), accepted=self._first)
-                    return
-                if hedge is not None and hedge.task.done() and hedge.won(bool(self.judge.ranked())):
-                    self._skip_scoring()
-                    await self._cut_round(rounds, round_tasks)
-                    await self._finish(self._ms(), hedged=True)
-                    return
-            await rounds  # it ended first, or a hedge that failed its checks waits for a valid draft's round
-        finally:
-            for tk in (rounds, first):
-                tk.cancel()  # a no-op on a task done
-            await asyncio.gather(rounds, first, return_exceptions=True)
-
-    @staticmethod
-    async def _cut_round(rounds: asyncio.Task, round_tasks: list[asyncio.Task]) -> None:
-        """Stop reading the round, and wait for the verdicts of the drafts read (the judge was told to score
-        no more): every draft read has its verdict before the Summary."""
-        rounds.cancel()  # no draft is read past here
-        await asyncio.gather(rounds, return_exceptions=True)
-        await asyncio.gather(*round_tasks, return_exceptions=True)
-
-    async def _verify_and_emit(self, d: t.Draft) -> None:
-        v = await self.judge.verdict(d)
-        self.stream.put(v)
-        j = self.judge.judged[d.index]
-        if (
-            self.ctx.policy.accept_first
-            and self._first is None
-            and not self._finishing
-            and self.answerer.stands_alone(j)
-        ):
-            self.judge.skip_scoring(ACCEPTED_FIRST)  # at once, before the next draft's scoring turn
-            self._first = j
-            self._accepted.set()
-
-    async def _rounds(self, inbox: AsyncIterator[EdgeItem], round_tasks: list[asyncio.Task]) -> None:
-        rounds, p = self.rounds, self.ctx.policy
-        async for item in inbox:
-            if isinstance(item, t.Draft):
-                rounds.take(item)  # within the limits before it is tokenized
-                item = self.ctx.engine.in_target_tokens(item)  # counted in the target's tokens from here on
-                round_tasks.append(asyncio.create_task(self._verify_and_emit(item), name=f"d{item.index}"))
-                continue
-            rounds.close(item.count)
-            self._skip_scoring()
-            # shielded: a round cut short meanwhile (``_race``) still gives these drafts their verdicts
-            await _shielded(round_tasks)
-            verify_ms = self._ms()
-            round_tasks.clear()
-            found = bool(self.judge.ranked())
-            self._observe(found)
-            if (
-                found
-                or self.hedge is not None  # the cloud's own answer is under way: no retry waits for drafts
-                or rounds.attempt >= p.max_retries
-                or rounds.drafts_left < 1
-                or not self._another_round_pays()
-            ):
-                await self._finish(verify_ms)
-                return
-            rounds.attempt += 1
-            self.stream.put(
-                retry_advice(
-                    verdicts=[j.verdict for j in self.judge.judged.values()],
-                    attempt=rounds.attempt,
-                    drafts_left=rounds.drafts_left,
-                    recommended=self.recommended_drafts,
-                )
+    def _at_deadline(self) -> None:
+        """The deadline expired mid-work: the best answer the session has that keeps what the client was shown
+        as final -- the best verified draft where it begins with that text (not under exact verification, where
+        a draft is no answer of the target's), else the text shown as final, cut (finish "length") -- and an
+        error where it has none. The deadline bounds the wait: an answer before it, never a better one after;
+        and nothing streamed as final is withdrawn."""
+        final, ranked = self.stream.final, self.judge.ranked()
+        # under exact verification a draft is no answer of the target's: only what it wrote is
+        drafts = [] if self.ctx.exact else ranked
+        best = next((j for j, _, _ in drafts if j.draft.text.startswith(final)), None)
+        if best is not None:
+            a = draft_answer(best, t.RefineMode.DEADLINE, "deadline reached: the best verified draft returned as is")
+            self.stream.replace(a.text, "deadline: the best verified draft, as is")
+        elif final:
+            a = Answer(
+                text=final,
+                source=t.AnswerSource.CLOUD,
+                valid=False,
+                parsed=None,
+                mode=t.RefineMode.DEADLINE,
+                finish=t.FinishReason.LENGTH,
+                note="deadline reached: the answer as far as it was streamed as final",
             )
-        # the edge closed its side without finishing a round: answer from what we have
-        self._skip_scoring()
-        await _shielded(round_tasks)
-        await self._finish(self._ms())
+            self.stream.replace(final, "deadline: the answer as far as it was final")
+        else:
+            ms = self.deadline_s * MS_PER_S
+            self.stream.fail(
+                DeadlineExceeded(f"deadline_ms: session exceeded its {ms:.0f} ms deadline with no verified draft")
+            )
+            return
+        self.stream.put(self._summary(ranked, a, t.Timings(total_ms=self._ms())))
+        self.stream.end()
 
-    async def _drive(self, inbox: AsyncIterator[EdgeItem]) -> None:
-        """The session's work, its end or failure handed to the reader through the stream."""
+    # ---- round odds -------------------------------------------------------------------------------------
+    def _observe(self, found: bool) -> None:
+        """Count the round that ended: a first round under the request's kind, a retry round apart (``retry``)."""
+        if self.round_odds is not None and (self.hedge is None or self.ctx.rules_decide):
+            # a round whose drafts were not scored (a hedge answered) tells nothing
+            self.round_odds.observe(self.kind if self.rounds.attempt == 0 else retry(self.kind), found)
+
+    def _hedges(self) -> bool:
+        """Whether to begin the cloud's own answer at open (``PolicyConfig.hedge_below_odds``): drafts may
+        come, rounds of this kind rarely hold a valid one, and the engine is not heavily loaded. Never under
+        exact verification: the target's own answer is what it writes anyway, drafts or not."""
+        p = self.ctx.policy
+        return (
+            not self.ctx.exact
+            and self.round_odds is not None
+            and self.load < p.hedge_max_load
+            and self.round_odds.hopeless(self.kind, p.hedge_below_odds)
+        )
+
+    def _another_round_pays(self) -> bool:
+        """Whether another round of drafts is worth its wait: rounds of this kind of request lately held a
+        valid draft often enough (``PolicyConfig.min_round_odds``), and not so rarely that the cloud would
+        not wait for the first (``hedge_below_odds``: a round it does wait for then only explores)."""
+        odds, p = self.round_odds, self.ctx.policy
+        if odds is None:
+            return True
+        return not odds.rare(self.kind, p.hedge_below_odds) and odds.pays(self.kind, p.min_round_odds)
+
+    # ---- exact verification's continuation rounds ------------------------------------------------------------
+    def _asks_more(self) -> bool:
+        """Whether the answer may ask the edge for drafts that continue it (``PolicyConfig.draft_from_rounds``)."""
+        return self.ctx.req.drafts_on_request and self.ctx.policy.draft_from_rounds > 0
+
+    async def _ask_more(self, text: str, accepted: int) -> list[Proposal]:
+        """Drafts that continue ``text`` (the answer so far), asked of the edge where the last round's take
+        makes another worth its wait (``PolicyConfig.draft_from_min_accepted``) and rounds are left; none
+        where the edge's round does not end within ``draft_from_wait_ms`` (the target then decodes the rest)."""
+        p = self.ctx.policy
+        if accepted < p.draft_from_min_accepted or self._more_rounds >= p.draft_from_rounds:
+            return []
+        self._more_rounds += 1
+        self._more, self._more_drafts = asyncio.get_running_loop().create_future(), []
+        self.stream.put(
+            t.DraftFrom(text=text, max_new_tokens=p.draft_from_tokens, num_drafts=1, round=self._more_rounds)
+        )
         try:
-            async with asyncio.timeout(self.deadline_s):
-                await self._consume(inbox)
-            self.stream.end()
+            async with asyncio.timeout(p.draft_from_wait_ms / MS_PER_S):
+                drafts = await self._more
         except TimeoutError:
-            best = self._at_deadline()
-            if best is None:
-                self.stream.fail(
-                    DeadlineExceeded(
-                        f"deadline_ms: session exceeded its {self.deadline_s * MS_PER_S:.0f} ms deadline with no verified draft"
-                    )
-                )
-                return
-            # what was streamed of an unfinished refinement is not the answer
-            self.stream.replace(best.answer, "deadline: the best verified draft, as is")
-            self.stream.put(best)
-            self.stream.end()
-        except BaseException as exc:  # hand every failure to the reader
-            self.stream.fail(exc)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-
-    async def run(self, inbox: AsyncIterator[EdgeItem]) -> AsyncIterator[t.CloudEvent]:
-        ctx = self.ctx
-        yield t.SessionAccepted(ctx.req.request_id, ctx.rules.labels, self.recommended_drafts)
-        task = asyncio.create_task(self._drive(inbox))
-        try:
-            async for ev in self.stream.events():
-                yield ev
+            log.debug("no continuation drafts within %d ms: the target decodes the rest", p.draft_from_wait_ms)
+            return []
         finally:
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            self._more = None
+        return [Proposal(d.text, not d.truncated) for d in drafts]
 
+    def _take_more(self, d: t.Draft) -> None:
+        lim = self.ctx.cfg.limits
+        if len(d.text) > lim.max_draft_chars:
+            raise InvalidArgument(f"draft.text: {len(d.text)} chars > limit {lim.max_draft_chars}")
+        if len(self._more_drafts) >= max(1, lim.max_drafts):
+            raise InvalidArgument(f"draft: more than {lim.max_drafts} drafts in one continuation round")
+        self._more_drafts.append(d)
 
-def _shielded(tasks: list[asyncio.Task]) -> asyncio.Future:
-    """The tasks gathered, shielded from the awaiting task's cancellation. A session cancelled meanwhile
-    (its deadline, the client gone) never reads the gather, whose tasks its cleanup cancels: the outcome
-    is read here, so that asyncio does not log an exception nobody retrieved."""
-    gathered = asyncio.gather(*tasks)
-    gathered.add_done_callback(lambda f: f.cancelled() or f.exception())
-    return asyncio.shield(gathered)
+    def _end_more(self) -> None:
+        if self._more is not None and not self._more.done():
+            self._more.set_result(self._more_drafts)

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from coinfer import types as t
@@ -27,6 +27,7 @@ from coinfer.cloud.answer_stream import AnswerStream
 from coinfer.cloud.context import SessionContext
 from coinfer.cloud.engine import GenParams
 from coinfer.cloud.ranking import MS_PER_S
+from coinfer.cloud.speculation import More, Proposal, speculate
 from coinfer.repetition import repetition_error
 from coinfer.steps import step_ends
 
@@ -56,6 +57,8 @@ class Written:
     tokens: int
     finish: t.FinishReason
     error: str = ""
+    accepted: int = 0
+    """Of ``tokens``, those taken from drafts the target checked (``coinfer.cloud.speculation``)."""
 
 
 class Writer:
@@ -76,6 +79,8 @@ class Writer:
         max_chars: float = math.inf,
         params: GenParams | None = None,
         grow: Callable[[str], int | None] | None = None,
+        proposals: Sequence[Proposal] = (),
+        more: More | None = None,
     ) -> Written:
         """Stream the target's answer to ``prompt`` after ``prefix`` (streamed first), each chunk final
         when ``final`` holds for the text so far. A generation that falls into a loop is stopped there
@@ -89,7 +94,11 @@ class Writer:
         last step streamed stays unshown (from a None on, every step): the caller checks it with the
         whole answer. ``params``: the sampling (default: the request's). ``grow`` (with ``check``):
         how much of the step in progress may stream before it ends (None: no more until it ends); a
-        failed step may then end with text shown: the caller continues from what the stream shows."""
+        failed step may then end with text shown: the caller continues from what the stream shows.
+
+        ``proposals``: drafts of the whole answer; those that begin with ``prefix`` offer the target the rest of
+        their text, which it takes where it would write the same tokens (``coinfer.cloud.speculation``: the
+        text is the target's own); ``more``: the next round of such drafts (whole answers) once one is taken."""
         t_start, ttft = time.perf_counter(), 0.0
         steps = _Steps(self.stream, prefix, check, max_chars, grow) if check else None
         if steps is None and prefix:
@@ -99,12 +108,21 @@ class Writer:
             return Written(text=text[: steps.failed], ttft_ms=ttft, tokens=0, finish=finish, error=error)
         error = ""
         params = params or self.ctx.params(max_tokens)
-        stream = self.ctx.engine.generate(prompt + prefix, params, self.ctx.request_id(tag))
+        stream = speculate(
+            self.ctx.engine,
+            prompt + prefix,
+            params,
+            self.ctx.request_id(tag),
+            after(proposals, prefix),
+            _after_more(more, prefix) if more is not None else None,
+        )
+        accepted = 0
         async with contextlib.aclosing(stream):  # leaving early closes it: the engine aborts the request
             async for delta in stream:
                 if not ttft:
                     ttft = (time.perf_counter() - t_start) * MS_PER_S
                 tokens += delta.tokens
+                accepted += delta.accepted
                 finish = finish_reason(delta.finish_reason, finish)
                 if delta.text:
                     text += delta.text
@@ -121,7 +139,25 @@ class Writer:
                     if repetition_error(text):  # linear in the text, which is bounded by max_tokens
                         finish = t.FinishReason.REPETITION
                         break
-        return Written(text=text, ttft_ms=ttft, tokens=tokens, finish=finish, error=error)
+        return Written(text=text, ttft_ms=ttft, tokens=tokens, finish=finish, error=error, accepted=accepted)
+
+
+def after(proposals: Sequence[Proposal], prefix: str) -> list[Proposal]:
+    """What drafts of the whole answer propose after ``prefix``: the rest of those that begin with it."""
+    return [
+        Proposal(p.text[len(prefix) :], p.ended)
+        for p in proposals
+        if p.text.startswith(prefix) and (len(p.text) > len(prefix) or p.ended)
+    ]
+
+
+def _after_more(more: More, prefix: str) -> More:
+    """``more`` for a generation that began after ``prefix``: it asks for drafts of the whole answer."""
+
+    async def here(text: str, accepted: int) -> list[Proposal]:
+        return after(await more(prefix + text, accepted), prefix + text)
+
+    return here
 
 
 class _Steps:

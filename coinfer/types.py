@@ -38,12 +38,17 @@ class RefineMode(StrEnum):
     """No usable draft: the target answered by itself."""
     DEADLINE = "deadline"
     """The deadline expired mid-work: the best verified draft, as is."""
+    EXACT = "exact"
+    """The target's own answer, written taking the drafts' tokens where they are the ones it writes itself
+    (exact verification: ``coinfer.cloud.speculation``)."""
     REPAIRED = "repaired"
     """The best verified draft with its computed values rewritten to their true values by the cloud's
     calculator (``Task.repaired``), as it then stands: the rules passed it repaired (``Verdict.repaired``)."""
 
 
-FROM_DRAFTS = frozenset({RefineMode.ACCEPTED, RefineMode.REPAIRED, RefineMode.PREFIX, RefineMode.CANDIDATES})
+FROM_DRAFTS = frozenset(
+    {RefineMode.ACCEPTED, RefineMode.REPAIRED, RefineMode.PREFIX, RefineMode.CANDIDATES, RefineMode.EXACT}
+)
 """Refine modes whose answer is built from the drafts."""
 
 
@@ -83,10 +88,16 @@ class ResultSource(StrEnum):
 
 
 class VerifierKind(StrEnum):
-    """The cloud's LLM verifier after the rules."""
+    """How the cloud judges an open request's drafts after the rules (``PolicyConfig.verifier``)."""
 
+    EXACT = "exact"
+    """The answer is the target's own: it takes a draft's tokens only where they are the ones it would write
+    (docs/api.md, "Exact split"). The default."""
     LIKELIHOOD = "likelihood"
+    """May change the answer: a whole draft the target finds likely enough is the answer, as the draft model
+    wrote it."""
     JUDGE = "judge"
+    """May change the answer: the target, asked as a judge, passes a draft as the answer."""
 
 
 class FinishReason(StrEnum):
@@ -154,6 +165,8 @@ class OpenRequest:
     messages: list[ChatMessage] = field(default_factory=list)
     """The conversation; empty = ``prompt`` as one user turn."""
     extraction: Extraction = field(default_factory=Extraction)
+    drafts_on_request: bool = False
+    """The edge drafts continuations of the answer when the cloud asks (``DraftFrom``); False from an older edge."""
 
     @property
     def conversation(self) -> list[ChatMessage]:
@@ -174,6 +187,9 @@ class Draft:
     edge_ms: float = 0.0
     truncated: bool = False
     """It hit its token budget before ending (an incomplete answer)."""
+    greedy: bool = False
+    """Written greedily, unpenalised: the draft model's argmax at every token (the draft an exact check of a
+    greedy answer takes most of: ``coinfer.cloud.speculation``)."""
 
 
 @dataclass
@@ -251,11 +267,32 @@ class CloudCost:
     """Of ``prompt_tokens``, those read from vLLM's prefix cache instead of computed."""
     decoded_tokens: int = 0
     """Every token the engine generated for the session (all samples of a batched request)."""
+    scored_tokens: int = 0
+    """Of the prompt tokens computed (past the cache), those of requests that score a text (a draft's
+    likelihood, an exact check of its tokens): prefill work done to judge, not to answer."""
+    steps: int = 0
+    """Sequential engine steps the session's requests took: per request its prefill (1) and the decode
+    steps of its longest sample (a batch of samples advances in lockstep)."""
+    draft_tokens_offered: int = 0
+    """Draft tokens (in the target's tokens) the target checked exactly (``coinfer.cloud.speculation``)."""
+    draft_tokens_accepted: int = 0
+    """Of those, the ones it took: the tokens it would have written itself there."""
 
     @property
     def work_tokens(self) -> int:
         """Tokens the engine computed: prefill past the cache, plus decoding."""
         return self.prompt_tokens - self.cached_tokens + self.decoded_tokens
+
+    def add_request(self, *, prompt: int, cached: int, decoded: int, longest: int, scored: bool) -> None:
+        """Fold one engine request into the count: its prompt, prefix-cache hits, generated tokens (all
+        samples), its longest sample's tokens, and whether it scored a text (``scored_tokens``)."""
+        self.engine_requests += 1
+        self.prompt_tokens += prompt
+        self.cached_tokens += cached
+        self.decoded_tokens += decoded
+        self.steps += 1 + max(0, longest - 1)  # the prefill writes the first token
+        if scored:
+            self.scored_tokens += prompt - cached
 
 
 @dataclass
@@ -291,6 +328,19 @@ class RetryAdvice:
     reason: str
 
 
+@dataclass(kw_only=True)
+class DraftFrom:
+    """The cloud asks for drafts that continue ``text``, the answer so far as the target writes it: it took
+    the last round's draft tokens as far as it would write them itself (``coinfer.cloud.speculation``)."""
+
+    text: str
+    max_new_tokens: int = 0
+    """New tokens each draft may add (0: the edge's own budget)."""
+    num_drafts: int = 1
+    round: int = 1
+    """1-based: the answer's continuation rounds so far."""
+
+
 @dataclass
 class SessionAccepted:
     request_id: str
@@ -316,4 +366,4 @@ class Status:
     draining: bool = False
 
 
-CloudEvent = SessionAccepted | Verdict | AnswerChunk | Summary | RetryAdvice
+CloudEvent = SessionAccepted | Verdict | AnswerChunk | Summary | RetryAdvice | DraftFrom

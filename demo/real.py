@@ -49,8 +49,8 @@ async def real_stack(policy=None):
     ``coinfer.cloud.config.PolicyConfig``, else the defaults), an edge daemon drafting with its INT8 export,
     the daemon's gRPC and HTTP ports free ones. Yields (cloud engine, daemon); stops both."""
     from coinfer.cloud.config import CloudConfig, EngineConfig
-    from coinfer.cloud.engine import VllmEngine
     from coinfer.cloud.server import create_server
+    from coinfer.cloud.vllm_engine import VllmEngine
     from coinfer.edge.config import EdgeConfig
     from coinfer.edge.daemon import EdgeDaemon
     from coinfer.quantize.real_model import edge_dir, imported_dir

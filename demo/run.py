@@ -44,8 +44,8 @@ from coinfer.edge.sampling import DEFAULT_DRAFTS
 from coinfer.tasks import TASKS, problems
 
 if TYPE_CHECKING:  # the engines import ONNX Runtime, vLLM and torch: only when the demo runs, not for --help
-    from coinfer.cloud.engine import VllmEngine
     from coinfer.cloud.server import CloudServer
+    from coinfer.cloud.vllm_engine import VllmEngine
     from coinfer.edge.draft_engine import OrtDraftEngine
     from coinfer.edge.pipeline import EdgePipeline
     from coinfer.edge.result import EdgeResult
@@ -221,8 +221,8 @@ def _print_row(row: dict, fields: dict) -> None:
 async def _start(art) -> tuple[CloudServer, VllmEngine, OrtDraftEngine, dict]:
     """(cloud server, its vLLM engine, the edge's draft engine, start-up figures)."""
     from coinfer.cloud.config import CloudConfig, EngineConfig
-    from coinfer.cloud.engine import VllmEngine
     from coinfer.cloud.server import create_server
+    from coinfer.cloud.vllm_engine import VllmEngine
     from coinfer.edge.draft_engine import OrtDraftEngine
 
     t0 = time.perf_counter()

@@ -122,8 +122,8 @@ class Runner:
     async def setup(self, cloud=None) -> None:
         """``cloud``: an already running CloudServer to use (and leave running), else start one."""
         from coinfer.cloud.config import CloudConfig, EngineConfig
-        from coinfer.cloud.engine import VllmEngine
         from coinfer.cloud.server import create_server
+        from coinfer.cloud.vllm_engine import VllmEngine
         from coinfer.demo.artifacts import ensure_artifacts
         from coinfer.edge.planner.estimates import Estimates
         from coinfer.tasks import TASKS, problems

@@ -27,8 +27,8 @@ def draft_engine(artifacts):
 async def cloud(artifacts):
     """A real cloud service: vLLM (CPU) with the demo target model behind gRPC."""
     from coinfer.cloud.config import CloudConfig, EngineConfig, Limits, PolicyConfig
-    from coinfer.cloud.engine import VllmEngine
     from coinfer.cloud.server import create_server
+    from coinfer.cloud.vllm_engine import VllmEngine
 
     cfg = CloudConfig(
         engine=EngineConfig(model=str(artifacts.target)),

@@ -4,7 +4,7 @@ decode greedily (the six draft families, the demo draft).
 Why a helper: each start of the cloud's engine (``AsyncLLM`` behind ``VllmEngine``) spawns an engine-core
 process and a worker process, and each imports vLLM again: ~20 s on 2 cores, most of it imports. Here
 vLLM is imported once, with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (engine core and worker in this process),
-and each model then loads in ~3 s. The engine arguments are the cloud's (``coinfer.cloud.engine.engine_args``).
+and each model then loads in ~3 s. The engine arguments are the cloud's (``coinfer.cloud.vllm_engine.engine_args``).
 The cloud's own engine path is what the session's ``cloud`` fixture, the likelihood tests and the real model's
 tests start; this helper replaces only starts that checked "vLLM loads this directory and decodes".
 
@@ -41,7 +41,7 @@ class OfflineVllm:
 
     def greedy(self, cfg, prompt_ids: list[int], max_tokens: int) -> list[int]:
         """vLLM's greedy continuation of ``prompt_ids`` with the cloud's engine arguments for ``cfg``."""
-        from coinfer.cloud.engine import engine_args
+        from coinfer.cloud.vllm_engine import engine_args
 
         req = {"args": engine_args(cfg), "prompt_token_ids": prompt_ids, "max_tokens": max_tokens}
         self.proc.stdin.write(json.dumps(req) + "\n")

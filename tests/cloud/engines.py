@@ -13,6 +13,10 @@ from coinfer.extract import Extraction
 from coinfer.rules import Rule, RuleSet
 from coinfer.tasks import OPEN, Task
 
+LIKELIHOOD = {"verifier": "likelihood"}
+"""The policy of the tests of the likelihood verifier's decisions (exact verification is the default: the
+tests of exact split say so)."""
+
 UNKNOWN_LOGPROBS = [-5.0] * 8
 """What the engine scores a continuation it has no entry for: far below any threshold."""
 
@@ -124,10 +128,79 @@ def context(
     req = req or t.OpenRequest(request_id="r", task="", prompt="Explain why the sky is blue.")
     spec = {} if spec is None else spec
     rules = rules if rules is not None else RuleSet(req.rules, task, spec, extraction=req.extraction)
-    cfg = CloudConfig(policy=PolicyConfig(**policy))
+    cfg = CloudConfig(policy=PolicyConfig(**{**LIKELIHOOD, **policy}))
     return SessionContext(cfg=cfg, engine=engine, req=req, task=task, spec=spec, rules=rules)
 
 
 def draft(index: int, text: str, *, own: float = -0.1, num_tokens: int = 12, truncated: bool = False) -> t.Draft:
     """A draft as the edge sends it (``own``: its model's mean logprob of it)."""
     return t.Draft(index, text, num_tokens, own, 1.0, truncated=truncated)
+
+
+class GreedyWords(ScriptedEngine):
+    """A token-level stand-in for a greedy target (``coinfer.cloud.speculation``): tokens are words, and the
+    target's argmax after any token sequence follows ``answer`` where the answer so far is a prefix of it, else
+    ends the turn (``END``). ``checks``: the (ids, start) of every exact check; ``decoded``: tokens generated."""
+
+    END = 0
+    speculative = True
+
+    def __init__(self, answer: str, prompt_words: int = 3) -> None:
+        super().__init__({}, reply=answer)
+        self.vocab: dict[str, int] = {"<end>": self.END}
+        self.answer = [self._id(w) for w in answer.split(" ")]
+        self.end_id, self.stop_ids = self.END, frozenset()
+        self.checks: list[tuple[list[int], int]] = []
+        self.decoded = 0
+        self.prompt_words = prompt_words
+
+    def _id(self, word: str) -> int:
+        return self.vocab.setdefault(word, len(self.vocab))
+
+    def word(self, i: int) -> str:
+        return next(w for w, j in self.vocab.items() if j == i)
+
+    def argmax(self, answer_so_far: list[int]) -> int:
+        k = len(answer_so_far)
+        return self.answer[k] if answer_so_far == self.answer[:k] and k < len(self.answer) else self.END
+
+    async def prompt_ids(self, prompt: str) -> list[int]:
+        return [self._id(w) for w in prompt.split(" ")][: self.prompt_words]
+
+    async def text_ids(self, text: str) -> list[int]:
+        return [self._id(w) for w in text.strip().split(" ") if w]
+
+    async def top_tokens(self, ids: list[int], start: int, request_id: str) -> list[int]:
+        self.checks.append((list(ids), start))
+        self.request_ids.append(request_id)
+        n = self.prompt_words
+        return [self.argmax(ids[n:p]) for p in range(start, len(ids) + 1)]
+
+    async def generate_ids(self, ids: list[int], params: GenParams, request_id: str):
+        self.request_ids.append(request_id)
+        ans = list(ids[self.prompt_words :])
+        for i in range(params.max_tokens):
+            tok = self.argmax(ans)
+            ans.append(tok)
+            self.decoded += 1
+            last = tok == self.END or i + 1 == params.max_tokens
+            yield Chunk(
+                "" if tok == self.END else " " + self.word(tok),
+                1,
+                ("stop" if tok == self.END else "length") if last else None,
+            )
+            if last:
+                return
+
+    async def generate(self, prompt: str, params: GenParams, request_id: str):
+        async for c in self.generate_ids(await self.prompt_ids(prompt), params, request_id):
+            yield c
+
+    def decoder(self, ids: list[int]):
+        engine = self
+
+        class Words:
+            def step(self, token: int) -> str | None:
+                return "" if token == engine.END else " " + engine.word(token)
+
+        return Words()

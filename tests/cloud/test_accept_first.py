@@ -12,7 +12,7 @@ from coinfer.cloud.config import CloudConfig, PolicyConfig
 from coinfer.cloud.session import DraftsDone, Session
 from coinfer.rules import RuleSet
 from coinfer.tasks import OPEN, get_task
-from tests.cloud.engines import RIGHT, WRONG, ScriptedEngine, apples, draft
+from tests.cloud.engines import LIKELIHOOD, RIGHT, WRONG, ScriptedEngine, apples, draft
 from tests.cloud.test_hedge import ARITH_BAD, ARITH_KW, ARITH_RIGHT, _collect
 from tests.cloud.test_judging import SELECT_PROMPT, SELECT_RIGHT, SELECT_SLIPS
 from tests.streams import shown
@@ -43,7 +43,7 @@ class SlowScoring(ScriptedEngine):
 
 def session(engine, req=SKY, task=OPEN, spec=None, **policy) -> Session:
     return Session(
-        cfg=CloudConfig(policy=PolicyConfig(hedge_below_odds=0.0, **policy)),
+        cfg=CloudConfig(policy=PolicyConfig(**{"hedge_below_odds": 0.0, **LIKELIHOOD, **policy})),
         engine=engine,
         req=req,
         task=task,

@@ -16,7 +16,7 @@ from coinfer.cloud.rounds import request_kind
 from coinfer.cloud.session import DraftsDone, Session
 from coinfer.rules import RuleSet
 from coinfer.tasks import OPEN, get_task
-from tests.cloud.engines import RIGHT, WRONG, ScriptedEngine, apples
+from tests.cloud.engines import LIKELIHOOD, RIGHT, WRONG, ScriptedEngine, apples
 from tests.streams import shown
 
 BAD = WRONG.replace("4 + 12 = 16", "4 + 12 / 7 = 16")
@@ -60,7 +60,7 @@ def session(
 ):
     req = req or apples()
     return Session(
-        cfg=CloudConfig(policy=PolicyConfig(**policy)),
+        cfg=CloudConfig(policy=PolicyConfig(**{**LIKELIHOOD, **policy})),
         engine=engine,
         req=req,
         task=task,

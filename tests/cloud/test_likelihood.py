@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 async def fp32_engine(artifacts):
     """float32 so that vLLM and transformers compute the same numbers (auto is bf16 on bf16 CPUs)."""
     from coinfer.cloud.config import EngineConfig
-    from coinfer.cloud.engine import VllmEngine
+    from coinfer.cloud.vllm_engine import VllmEngine
 
     eng = await VllmEngine(EngineConfig(model=str(artifacts.target), dtype="float32")).start()
     yield eng

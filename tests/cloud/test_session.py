@@ -9,11 +9,12 @@ import pytest
 
 from coinfer import types as t
 from coinfer.cloud.config import CloudConfig, Limits, PolicyConfig
+from coinfer.cloud.engine import Chunk
 from coinfer.cloud.session import DraftsDone, Session
 from coinfer.errors import DeadlineExceeded, InvalidArgument
 from coinfer.rules import RuleSet
 from coinfer.tasks import OPEN
-from tests.cloud.engines import ScriptedEngine, draft
+from tests.cloud.engines import LIKELIHOOD, RIGHT, ScriptedEngine, apples, draft
 
 PROSE = "The sky is blue because air molecules scatter blue sunlight more than red."
 
@@ -21,7 +22,7 @@ PROSE = "The sky is blue because air molecules scatter blue sunlight more than r
 def _session(engine: ScriptedEngine, deadline_s: float = 10.0, **policy) -> Session:
     req = t.OpenRequest(request_id="rid", task="", prompt="Explain why the sky is blue.")
     return Session(
-        cfg=CloudConfig(limits=Limits(max_drafts=4), policy=PolicyConfig(**policy)),
+        cfg=CloudConfig(limits=Limits(max_drafts=4), policy=PolicyConfig(**{**LIKELIHOOD, **policy})),
         engine=engine,
         req=req,
         task=OPEN,
@@ -65,10 +66,51 @@ def test_a_round_that_miscounts_its_drafts_fails_the_session():
         _run(_session(ScriptedEngine({}, reply="")), [draft(0, PROSE), DraftsDone(2)])
 
 
-def test_the_deadline_with_no_verified_draft_is_an_error():
-    engine = ScriptedEngine({}, reply="word " * 50, delay_s=0.05)  # the cloud's own answer: 2.5 s
+def test_the_deadline_with_no_verified_draft_and_nothing_shown_is_an_error():
+    engine = ScriptedEngine({}, reply="word " * 50, delay_s=5.0)  # the cloud's first word comes after the deadline
     with pytest.raises(DeadlineExceeded, match="deadline_ms: session exceeded its 200 ms deadline"):
         _run(_session(engine, deadline_s=0.2), [])
+
+
+class HeldWords(ScriptedEngine):
+    """Streams its reply's first ``shown`` words at once, then holds the rest until the test ends: the session's
+    deadline comes while the answer is half written (an order of events, not a race of timers)."""
+
+    def __init__(self, reply: str, shown: int) -> None:
+        super().__init__({}, reply=reply)
+        self.shown = shown
+
+    async def generate(self, prompt, params, request_id):
+        words = self.reply.split(" ")
+        for w in words[: self.shown]:
+            yield Chunk(w + " ", 1)
+        await asyncio.Event().wait()  # the rest never comes before the deadline
+
+
+@pytest.mark.parametrize("verifier", ["likelihood", "exact"])
+def test_at_the_deadline_text_streamed_as_final_is_kept_and_the_answer_begins_with_it(verifier):
+    # issue 51, defect 1: a word problem whose valid draft is not taken as is (score 0.55 < 0.8), so the cloud
+    # writes its own answer step by step, each step final; the deadline comes mid-answer. The best draft does
+    # not begin with what was shown: the session used to withdraw the shown steps for it
+    own = "Tom gets 3 * 4 = 12 apples.\nThen he has 5 + 12 = 17 apples.\nAnswer: 17"
+    engine = HeldWords(own, shown=8)  # "Tom gets 3 * 4 = 12 apples.\nThen " written, the rest held
+    engine.logprobs = {RIGHT: [-0.6] * 12}
+    session = Session(
+        cfg=CloudConfig(policy=PolicyConfig(verifier=verifier, hedge_below_odds=0.0)),
+        engine=engine,
+        req=apples(),
+        task=OPEN,
+        spec={},
+        rules=RuleSet(apples().rules, OPEN, {}, extraction=apples().extraction),
+        recommended_drafts=3,
+        deadline_s=0.5,
+    )
+    events = _run(session, [draft(0, RIGHT, own=-0.63, num_tokens=30), DraftsDone(1)])
+    assert not [e for e in events if isinstance(e, t.AnswerReset)]  # nothing final is withdrawn
+    shown = "".join(e.text for e in events if isinstance(e, t.AnswerChunk))
+    summary = events[-1]
+    assert shown.startswith("Tom gets 3 * 4 = 12 apples.") and summary.answer == shown
+    assert summary.refine_mode == t.RefineMode.DEADLINE and summary.finish_reason == t.FinishReason.LENGTH
 
 
 def test_a_finished_session_leaves_the_learners_rows_when_learning_is_on():

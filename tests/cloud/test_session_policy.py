@@ -14,7 +14,7 @@ from coinfer.cloud.session import DraftsDone, Session
 from coinfer.extract import Extraction
 from coinfer.rules import Rule, RuleSet
 from coinfer.tasks import OPEN
-from tests.cloud.engines import RIGHT, WRONG, Replies, ScriptedEngine, apples
+from tests.cloud.engines import LIKELIHOOD, RIGHT, WRONG, Replies, ScriptedEngine, apples
 from tests.streams import shown as _shown
 
 UNREPAIRABLE = "Tom buys 3 * 4 / 7 = 13 apples.\nAnswer: 13"
@@ -35,7 +35,7 @@ def _make(
     """A session of ``req`` on ``engine``; ``policy``: PolicyConfig fields that differ from the defaults."""
     spec = {} if spec is None else spec
     return Session(
-        cfg=CloudConfig(policy=PolicyConfig(**policy)),
+        cfg=CloudConfig(policy=PolicyConfig(**{**LIKELIHOOD, **policy})),
         engine=engine,
         req=req,
         task=task,

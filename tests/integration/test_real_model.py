@@ -14,8 +14,8 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 async def real_daemon(smollm2_hf):
     from coinfer.cloud.config import CloudConfig, EngineConfig
-    from coinfer.cloud.engine import VllmEngine
     from coinfer.cloud.server import create_server
+    from coinfer.cloud.vllm_engine import VllmEngine
     from coinfer.edge.config import EdgeConfig
     from coinfer.edge.daemon import EdgeDaemon
     from coinfer.quantize.real_model import edge_dir

@@ -1,0 +1,215 @@
+"""Exact speculation: the target takes a draft's tokens where they are the tokens it would write itself.
+
+A greedy generation writes, at every position, the target's argmax token. A draft's text, tokenized by the
+target (the draft model's tokenizer need not be the target's: HF's universal assisted generation compares on
+the target's tokens too), is checked in one prefill: the target's argmax at every position of prompt + draft
+(``TargetEngine.top_tokens``). The accepted part is the longest prefix of the draft equal to those argmaxes;
+the argmax at the first position that differs -- or after the whole draft -- is the target's own next token,
+free with the check. The target then decodes the rest from exactly those tokens (the check's blocks sit in
+the prefix cache), or, where the caller asks the edge for another draft (``More``), checks that one the same
+way. What comes out is what plain greedy decoding writes, token for token, except where prefill and decode
+arithmetic break a near-tie differently (docs/api.md, "Exact split").
+
+Of several drafts, the first given is checked first; another is checked only where it can be accepted further:
+it shares the accepted tokens and continues with the target's next one (a draft that differs earlier is
+rejected earlier, by the same argmaxes). So the longest accepted prefix is found with one check per draft that
+can win, at most ``MAX_CHECKS`` per round.
+
+Only a greedy, unpenalised generation is checked this way (its tokens are the argmax of the raw logits that
+prompt logprobs report); any other generation is the engine's own, unchanged.
+
+The tokens taken stream one per chunk (``Chunk.accepted``), so that a caller's checks (a loop every 16 tokens,
+a step as it ends) see the same text at the same token counts as when the target decodes them itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from coinfer.cloud.engine import Chunk, GenParams, TargetEngine, current_cost
+
+MAX_CHECKS = 3
+"""Exact checks per round: the first draft, and up to two that extend its accepted tokens. Each costs a prefill
+of the prompt past the prefix cache plus the draft."""
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A draft as the target may take it: its text after the point the generation starts, and whether the
+    draft ended there by itself (its end of turn is then proposed too: a finished answer costs no decode)."""
+
+    text: str
+    ended: bool
+
+
+More = Callable[[str, int], Awaitable[Sequence[Proposal]]]
+"""The next round of drafts for a generation that has written ``text`` (from where it started), the last
+round having taken ``accepted`` draft tokens: the drafts continue ``text`` (their ``Proposal.text`` is what
+follows it). An empty answer: none comes, the target decodes the rest."""
+
+
+def exact(engine: TargetEngine, params: GenParams) -> bool:
+    """Whether a generation with ``params`` can take draft tokens exactly: greedy, unpenalised, on an engine
+    that checks tokens."""
+    return (
+        engine.speculative
+        and params.temperature == 0
+        and params.presence_penalty == 0
+        and params.frequency_penalty == 0
+    )
+
+
+def accepted_length(draft: Sequence[int], top: Sequence[int]) -> int:
+    """How many of ``draft``'s tokens equal the target's argmax at their position (``top[i]``: the argmax
+    where ``draft[i]`` stands), counted from the first: the tokens the target would write itself."""
+    n = 0
+    for d, t in zip(draft, top):
+        if d != t:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class Round:
+    """One round's check: the tokens the answer takes (the accepted ones, then the target's next), how
+    many draft tokens were checked (``offered``) and taken (``accepted``)."""
+
+    tokens: list[int]
+    offered: int
+    accepted: int
+
+
+async def check_round(
+    engine: TargetEngine, ids: list[int], drafts: Sequence[list[int]], request_id: str, max_checks: int = MAX_CHECKS
+) -> Round:
+    """The longest accepted prefix among ``drafts`` (each the target's tokens of a draft after ``ids``): the
+    first checked, then each that extends the best so far (``MAX_CHECKS`` in all)."""
+    best: Round | None = None
+    for n, draft in enumerate(d for d in drafts if d):
+        if best is not None:
+            if n >= max_checks:
+                break
+            k = best.accepted
+            if len(draft) <= k or draft[: k + 1] != best.tokens[: k + 1]:
+                continue  # differs where the best was taken, or at the target's next token: no further
+        top = await engine.top_tokens(ids + draft, len(ids), f"{request_id}-x{n}")
+        k = accepted_length(draft, top)
+        offered = (best.offered if best else 0) + len(draft)
+        if best is None or k > best.accepted:
+            best = Round(tokens=draft[:k] + [top[k]], offered=offered, accepted=k)
+        else:
+            best.offered = offered
+    return best or Round(tokens=[], offered=0, accepted=0)
+
+
+def stop_at(text: str, new: int, stops: Sequence[str]) -> int | None:
+    """Where ``text`` ends at the first stop string that its last ``new`` characters complete (vLLM's rule:
+    the text is cut before it); None where none is."""
+    if not stops:
+        return None
+    window = max(len(s) for s in stops) + new
+    start = max(0, len(text) - window)
+    found = [i for s in stops if (i := text.find(s, start)) >= 0]
+    return min(found) if found else None
+
+
+def _complete(engine: TargetEngine, ids: list[int], tokens: list[int]) -> int:
+    """How many of ``tokens`` end on a whole character (written after ``ids``): a run must not end inside
+    one, whose bytes the next request would then read as prompt and never write."""
+    decoder, n = engine.decoder(ids), 0
+    for i, tok in enumerate(tokens):
+        if decoder.step(tok) is not None:
+            n = i + 1
+    return n
+
+
+class _Writer:
+    """What a speculative generation has written: ids after the prompt, text, and where it ended."""
+
+    def __init__(self, engine: TargetEngine, ids: list[int], params: GenParams, budget: int) -> None:
+        self.engine, self.ids, self.params, self.budget = engine, list(ids), params, budget
+        self.written, self.text, self.finish = 0, "", None
+        self.stops = frozenset({engine.end_id, *engine.stop_ids} - {None})
+
+    def run(self, tokens: list[int], accepted: int) -> list[Chunk]:
+        """The chunks of a checked run (its first ``accepted`` tokens from a draft), cut at a stop token, a stop
+        string or the budget; the run is written into ``ids``."""
+        tokens = tokens[: self.budget - self.written]
+        tokens = tokens[: _complete(self.engine, self.ids, tokens)]
+        decoder, chunks = self.engine.decoder(self.ids), []
+        for i, tok in enumerate(tokens):
+            self.ids.append(tok)
+            self.written += 1
+            from_draft = int(i < accepted)
+            if tok in self.stops:
+                self.finish = "stop"
+                chunks.append(Chunk("", 1, "stop", accepted=from_draft))
+                return chunks
+            delta = decoder.step(tok) or ""
+            self.text += delta
+            if (cut := stop_at(self.text, len(delta), self.params.stop)) is not None:
+                delta = delta[: len(delta) - (len(self.text) - cut)]
+                self.text, self.finish = self.text[:cut], "stop"
+                chunks.append(Chunk(delta, 1, "stop", accepted=from_draft))
+                return chunks
+            last = self.written >= self.budget
+            self.finish = "length" if last else None
+            chunks.append(Chunk(delta, 1, self.finish, accepted=from_draft))
+        return chunks
+
+
+async def speculate(
+    engine: TargetEngine,
+    prompt: str,
+    params: GenParams,
+    request_id: str,
+    proposals: Sequence[Proposal],
+    more: More | None = None,
+) -> AsyncIterator[Chunk]:
+    """The target's generation of ``prompt`` (as ``engine.generate``), taking the tokens of ``proposals`` it
+    would write itself (exact: greedy, unpenalised; otherwise, or with no proposals, the engine's own
+    generation); ``more``: the next round of drafts once a round is taken (None: the target decodes the rest)."""
+    if not proposals or not exact(engine, params):
+        async with contextlib.aclosing(engine.generate(prompt, params, request_id)) as own:
+            async for c in own:
+                yield c
+        return
+    ids = await engine.prompt_ids(prompt)
+    room = engine.max_model_len - len(ids) - 1  # a check reads one position past the draft
+    w = _Writer(engine, ids, params, min(params.max_tokens, room))
+    cost, n = current_cost(), 0
+    while proposals and w.finish is None:
+        drafts = [await _ids(engine, p, room - w.written) for p in proposals]
+        checked = await check_round(engine, w.ids, drafts, f"{request_id}-s{n}")
+        if cost is not None:
+            cost.draft_tokens_offered += checked.offered
+            cost.draft_tokens_accepted += checked.accepted
+        chunks = w.run(checked.tokens, checked.accepted)
+        for c in chunks:
+            yield c
+        n += 1
+        if w.finish is not None or more is None or not chunks:
+            break
+        proposals = await more(w.text, checked.accepted)
+    if w.finish is not None:
+        return
+    rest = dataclasses.replace(params, max_tokens=w.budget - w.written, stop=())
+    async with contextlib.aclosing(engine.generate_ids(w.ids, rest, f"{request_id}-rest")) as own:
+        async for c in own:
+            w.text += c.text
+            if (cut := stop_at(w.text, len(c.text), params.stop)) is not None:
+                yield Chunk(c.text[: len(c.text) - (len(w.text) - cut)], c.tokens, "stop")
+                return
+            yield c
+
+
+async def _ids(engine: TargetEngine, p: Proposal, room: int) -> list[int]:
+    """The target's tokens of proposal ``p`` (its end of turn after them where it ended), within ``room``."""
+    ids = await engine.text_ids(p.text) if p.text else []
+    if p.ended and engine.end_id is not None:
+        ids = ids + [engine.end_id]
+    return ids[: max(0, room)]

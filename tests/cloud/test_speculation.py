@@ -1,0 +1,125 @@
+"""Exact speculation around a token-level stand-in target (``GreedyWords``): what it takes from drafts is
+what it would write itself, and its text is its own greedy text whatever the drafts say (the real engine:
+tests/integration/test_exact_split.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coinfer.cloud.engine import GenParams, metered
+from coinfer.cloud.speculation import Proposal, accepted_length, speculate
+from tests.cloud.engines import GreedyWords
+
+ANSWER = "the sky is blue because air scatters blue light"
+PROMPT = "why blue sky"
+
+
+def _run(engine: GreedyWords, proposals, params: GenParams | None = None, more=None):
+    async def go():
+        cost = metered()
+        chunks = [c async for c in speculate(engine, PROMPT, params or GenParams(max_tokens=64), "r", proposals, more)]
+        return chunks, cost
+
+    return asyncio.run(go())
+
+
+def _text(chunks) -> str:
+    return "".join(c.text for c in chunks)
+
+
+def _plain() -> str:
+    chunks, _ = _run(GreedyWords(ANSWER), [])
+    return _text(chunks)
+
+
+def test_accepted_length_counts_the_draft_tokens_equal_to_the_argmax_from_the_first():
+    assert accepted_length([1, 2, 3], [1, 2, 3, 9]) == 3
+    assert accepted_length([1, 5, 3], [1, 2, 3, 9]) == 1
+    assert accepted_length([], [4]) == 0
+
+
+def test_a_draft_that_is_the_targets_own_answer_is_taken_whole_with_its_end_and_nothing_is_decoded():
+    engine = GreedyWords(ANSWER)
+    chunks, cost = _run(engine, [Proposal(" " + ANSWER, ended=True)])
+    assert _text(chunks) == _plain() and chunks[-1].finish_reason == "stop"
+    assert engine.decoded == 0 and len(engine.checks) == 1
+    assert cost.draft_tokens_accepted == cost.draft_tokens_offered == len(ANSWER.split()) + 1  # its end too
+    assert sum(c.accepted for c in chunks) == len(ANSWER.split()) + 1
+
+
+def test_a_draft_that_differs_is_taken_up_to_there_the_targets_token_comes_free_and_the_rest_is_decoded():
+    engine = GreedyWords(ANSWER)
+    chunks, cost = _run(engine, [Proposal(" the sky is green because", ended=False)])
+    assert _text(chunks) == _plain()
+    assert cost.draft_tokens_accepted == 3 and cost.draft_tokens_offered == 5
+    # "blue" came with the check; the rest (5 words and the end) was decoded
+    assert engine.decoded == len(ANSWER.split()) - 4 + 1
+    assert [c.accepted for c in chunks[:4]] == [1, 1, 1, 0]
+
+
+def test_only_a_draft_that_can_be_taken_further_is_checked_too():
+    engine = GreedyWords(ANSWER)
+    first = Proposal(" the sky is green", ended=False)
+    earlier = Proposal(" a sky is blue because air", ended=False)  # differs at once: never longer
+    longer = Proposal(" the sky is blue because air scatters red", ended=False)
+    chunks, cost = _run(engine, [first, earlier, longer])
+    assert _text(chunks) == _plain()
+    assert len(engine.checks) == 2 and cost.draft_tokens_accepted == 7
+
+
+def test_a_sampled_or_penalised_generation_is_the_engines_own():
+    for params in (GenParams(max_tokens=64, temperature=0.7), GenParams(max_tokens=64, presence_penalty=0.5)):
+        engine = GreedyWords(ANSWER)
+        chunks, cost = _run(engine, [Proposal(" " + ANSWER, ended=True)], params)
+        assert engine.checks == [] and cost.draft_tokens_offered == 0 and _text(chunks) == _plain()
+
+
+def test_the_token_budget_bounds_the_draft_tokens_taken_too():
+    engine = GreedyWords(ANSWER)
+    chunks, _ = _run(engine, [Proposal(" " + ANSWER, ended=True)], GenParams(max_tokens=4))
+    assert _text(chunks) == " the sky is blue" and chunks[-1].finish_reason == "length" and engine.decoded == 0
+
+
+def test_a_stop_string_in_the_taken_tokens_ends_the_text_before_it():
+    engine = GreedyWords(ANSWER)
+    chunks, _ = _run(engine, [Proposal(" " + ANSWER, ended=True)], GenParams(max_tokens=64, stop=(" because",)))
+    assert _text(chunks) == " the sky is blue" and chunks[-1].finish_reason == "stop"
+
+
+def test_another_round_of_drafts_continues_from_the_targets_text():
+    engine = GreedyWords(ANSWER)
+    asked: list[tuple[str, int]] = []
+
+    async def more(text: str, accepted: int):
+        asked.append((text, accepted))
+        return [Proposal(" scatters blue light", ended=True)] if len(asked) == 1 else []
+
+    chunks, cost = _run(engine, [Proposal(" the sky is blue because", ended=False)], more=more)
+    assert _text(chunks) == _plain()
+    # round 1 took 5 words and "air" came free; round 2 continued "... because air" to the end
+    assert asked == [(" the sky is blue because air", 5)] and engine.decoded == 0
+    assert cost.draft_tokens_accepted == 5 + 4
+
+
+WORDS = st.sampled_from(["a", "b", "c", "d"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    answer=st.lists(WORDS, min_size=1, max_size=12),
+    drafts=st.lists(st.tuples(st.lists(WORDS, max_size=14), st.booleans()), max_size=4),
+    budget=st.integers(1, 16),
+)
+def test_whatever_the_drafts_the_text_is_the_targets_own(answer, drafts, budget):
+    text = " ".join(answer)
+    engine = GreedyWords(text)
+    proposals = [Proposal(" " + " ".join(w) if w else "", ended) for w, ended in drafts]
+    plain, _ = _run(GreedyWords(text), [], GenParams(max_tokens=budget))
+    chunks, cost = _run(engine, proposals, GenParams(max_tokens=budget))
+    assert _text(chunks) == _text(plain)
+    assert [c.finish_reason for c in chunks][-1] == [c.finish_reason for c in plain][-1]
+    assert sum(c.tokens for c in chunks) == sum(c.tokens for c in plain)  # every token written once
+    assert cost.draft_tokens_accepted <= cost.draft_tokens_offered
