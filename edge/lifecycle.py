@@ -415,5 +415,4 @@ class RequestLifecycle:
         m.ttft.observe(first - self.t0)
         m.latency.observe(time.perf_counter() - self.t0)
         m.requests.labels(self.runs[-1].plan.value, result.source).inc()
-        m.circuit.set(1 if link.breaker.state is t.BreakerState.OPEN else 0)
         m.replicas(link.replicas.values())

@@ -47,6 +47,7 @@ class EdgeCore:
         self.cfg = cfg
         self.link = CloudLink(cfg)
         self.metrics = EdgeMetrics()
+        self.link.breaker.on_change = self._circuit_moved
         self.engine: OrtDraftEngine | None = None
         self.model_state = t.ModelState.COLD
         self.model_load_ms = 0.0
@@ -61,6 +62,10 @@ class EdgeCore:
         self._warming: asyncio.Task | None = None
         """The background load started by a cloud request on a cold edge (held: the loop keeps
         only weak references to tasks)."""
+
+    def _circuit_moved(self, state: t.BreakerState, why: str) -> None:
+        log.log(logging.INFO if state is t.BreakerState.CLOSED else logging.WARNING, "cloud circuit %s: %s", state, why)
+        self.metrics.circuit_moved(state)
 
     async def start(self) -> None:
         await self.link.start()

@@ -277,10 +277,12 @@ async def test_a_warm_edge_answers_a_mid_session_failure_from_the_drafts_written
     assert [e.text for e in events if isinstance(e, t.AnswerChunk)] == ["Blue light", "Blue light", ALONE]
     assert shown(events) == r.answer
     # the breaker counts it (the cloud's fault, not the request's); the planner learns the split's drafts
-    assert core.link.breaker.state is t.BreakerState.OPEN and core.link.breaker.transitions[-1][1] == r.fallback_reason
+    assert core.link.breaker.state is t.BreakerState.OPEN and core.link.breaker.why == r.fallback_reason
     assert [(plan, res.fallback_kind) for plan, res in seen] == [("split", FallbackKind.TRANSPORT)]
     assert [d.text for d in seen[0][1].drafts] == [ALONE] * 3
     assert core.metrics.registry.get_sample_value("coinfer_edge_fallbacks_total", {"reason": "TRANSPORT"}) == 1
+    changes = {"state": "open"}
+    assert core.metrics.registry.get_sample_value("coinfer_edge_cloud_circuit_changes_total", changes) == 1
 
 
 QUESTION_PROMPT = f"User: {QUESTION}\nAssistant:"
