@@ -351,3 +351,31 @@ async def test_the_pipeline_reports_a_failed_cloud_with_what_the_run_had(tmp_pat
     assert run.shown.text == "Blue light" and core.engine.prompts == [
         QUESTION_PROMPT.replace(QUESTION, request.req.prompt)
     ]
+
+
+class EndsWithoutASummary(pb_grpc.CoinferCloudServicer):
+    """A cloud plan's answer stream that ends cleanly (status OK) after a first, not final, chunk: no Summary."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def Generate(self, request, context):
+        self.calls += 1
+        yield convert.event_to_pb(t.AnswerChunk("Rayleigh"))
+
+
+async def test_a_cloud_plans_stream_that_ends_without_a_summary_is_a_failure_not_an_empty_answer(tmp_path):
+    """Like the split's session: a Generate stream that ends without its Summary is replayed, then answered
+    locally with the reason (it was an empty cloud answer: no text, no fallback reason, the breaker told
+    the cloud had succeeded)."""
+    cloud = EndsWithoutASummary()
+    core = _core(tmp_path)
+    core.cfg.replays, core.link.breaker.failures = 1, 1
+    events = await _events(core, cloud, SolveRequest(prompt=QUESTION, plan="cloud", deadline_ms=5000))
+    r = events[-1].result
+    assert cloud.calls == 2 and len(r.replays) == 1  # replayed once, then the local answer
+    assert r.answer == ALONE == shown(events) and r.source == "edge_only"
+    assert r.fallback_kind is FallbackKind.UNAVAILABLE and "ended without a summary" in r.fallback_reason
+    kinds = [type(e).__name__ for e in events]
+    assert kinds == ["AnswerChunk", "AnswerReset", "AnswerChunk", "AnswerReset", "AnswerChunk", "Done"]
+    assert core.link.breaker.state is t.BreakerState.OPEN  # the cloud's fault
