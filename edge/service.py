@@ -7,6 +7,7 @@ whose events it passes on. Transport-free: domain types in and out, ``coinfer.er
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -213,8 +214,10 @@ class EdgeCore:
         self.active += 1
         self.metrics.active.inc()
         try:
-            async for ev in RequestLifecycle(self, request).events():
-                yield ev
+            # closed with this generator, at once (a client gone): its run and cloud call end with it
+            async with contextlib.aclosing(RequestLifecycle(self, request).events()) as events:
+                async for ev in events:
+                    yield ev
         finally:
             self.active -= 1
             self.metrics.active.dec()

@@ -379,3 +379,44 @@ async def test_a_cloud_plans_stream_that_ends_without_a_summary_is_a_failure_not
     kinds = [type(e).__name__ for e in events]
     assert kinds == ["AnswerChunk", "AnswerReset", "AnswerChunk", "AnswerReset", "AnswerChunk", "Done"]
     assert core.link.breaker.state is t.BreakerState.OPEN  # the cloud's fault
+
+
+class AnswersSlowly(pb_grpc.CoinferCloudServicer):
+    """A cloud plan's answer: a first final chunk, then the rest much later."""
+
+    async def Generate(self, request, context):
+        yield convert.event_to_pb(t.AnswerChunk("Rayleigh", final=True))
+        await asyncio.sleep(3600)
+
+
+async def test_closing_a_requests_events_cancels_its_cloud_call_before_the_close_returns(tmp_path, monkeypatch):
+    """The front end closes a request's events when its client leaves (``edge/http.py``): the run is
+    cancelled, its cloud call with it, and waited for, before the close returns (the lifecycle's generator
+    was left running under EdgeCore.solve's, and its run was cancelled without being waited for)."""
+    from coinfer.edge.remote import Remote
+
+    log: list[str] = []
+    cloud_only = Remote._cloud_only
+
+    async def watched(self, deadline_s):
+        try:
+            return await cloud_only(self, deadline_s)
+        except asyncio.CancelledError:
+            log.append("cloud call cancelled")
+            raise
+
+    monkeypatch.setattr(Remote, "_cloud_only", watched)
+    core = _core(tmp_path)
+    server, target = await _cloud(AnswersSlowly())
+    try:
+        async with grpc.aio.insecure_channel(target) as ch:
+            core.link.channel = ch
+            events = core.solve(SolveRequest(prompt=QUESTION, plan="cloud", deadline_ms=30_000))
+            async for ev in events:
+                if isinstance(ev, t.AnswerChunk):
+                    break
+            await events.aclose()
+            log.append("events closed")
+    finally:
+        await server.stop(None)
+    assert log == ["cloud call cancelled", "events closed"] and core.active == 0
