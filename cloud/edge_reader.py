@@ -13,6 +13,11 @@ the edge is still writing the drafts after it. Two things follow, both from grpc
   drafts were accepted within a few ms). So after the Summary the reader drops what still comes until
   the edge half-closes (``half_closed``), for at most ``Limits.half_close_grace_s``; coinfer's edge
   half-closes as soon as it reads the Summary.
+
+The reader never ends the call: what the stream raises (an undecodable message, ``UndecodableRequest``)
+goes into the queue like a message, and the session's read raises it in the handler's task, which owns
+the call's writes and its end (an abort from this task raced the handler's write of SessionAccepted:
+``GRPC_CALL_ERROR_TOO_MANY_OPERATIONS``, no status sent, the call hung until the client's deadline).
 """
 
 from __future__ import annotations

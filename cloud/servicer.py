@@ -3,6 +3,10 @@
 Errors are mapped once, here: a ``CoinferError`` becomes its status code with the
 message naming the field; anything else is logged and becomes INTERNAL, and the
 server goes on serving other sessions.
+
+Each handler's task owns its call's writes (what it yields) and its end (``abort``): the tasks it
+starts hand their errors to it (``EdgeReader`` through its queue), never end the call themselves,
+since an abort racing a write on one call fails in gRPC's core and leaves the call hanging.
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ def field_of(message: str) -> str:
 async def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
     """End an RPC for ``exc``: its own status and message for a CoinferError, else INTERNAL with
     ``internal_error``'s message (the traceback goes to the log, not the client)."""
-    if isinstance(exc, grpc.aio.AbortError):  # already ended (an undecodable message): keep its status
+    if isinstance(exc, grpc.aio.AbortError):  # already ended by an abort in this task: keep its status
         raise exc
     if isinstance(exc, CoinferError):
         status = status_of(exc)

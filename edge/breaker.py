@@ -6,14 +6,16 @@ open      -> requests skip the cloud and are answered locally at once; after ``r
              one request is let through (half_open).
 half_open -> one trial request; success (or the health watch seeing SERVING) closes the
              circuit, failure opens it for another ``reset_s``.
-Pure logic with an injectable clock; no I/O.
+Pure logic with an injectable clock; no I/O. It keeps no history (a daemon's breaker flips for
+weeks): the last move's reason, and ``on_change`` for whoever counts or logs moves (the edge's
+metrics and log, ``edge/service.py``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from coinfer.types import BreakerState
 
@@ -28,12 +30,16 @@ class CircuitBreaker:
     _opened_at: float = 0.0
     _trial: bool = False
     _trial_at: float = 0.0
-    transitions: list[tuple[str, str]] = field(default_factory=list)
+    why: str = ""
+    """Why the breaker last changed state (status and tests; bounded: no history kept)."""
+    on_change: Callable[[BreakerState, str], None] | None = None
+    """Told each change of state, with its reason."""
 
     def _to(self, state: BreakerState, why: str) -> None:
         if state != self.state:
-            self.transitions.append((state, why))
-            self.state = state
+            self.state, self.why = state, why
+            if self.on_change is not None:
+                self.on_change(state, why)
         if state is BreakerState.OPEN:
             self._opened_at = self.clock()
             self._trial = False

@@ -38,6 +38,7 @@ body that does not arrive within ``http_body_timeout_s`` (a slow head is closed 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
@@ -48,6 +49,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.types import Receive, Scope, Send
 
 from coinfer import types as t
 from coinfer.chat import ChatMessage
@@ -325,11 +327,24 @@ async def _respond(
             core.metrics.bad_request(param or "request")
         return _error(status, message, param, kind)
     completion = _Completion(core, body, req, chat, first, events)
-    return (
-        await completion.whole()
-        if not body.stream
-        else StreamingResponse(completion.sse(), media_type="text/event-stream")
-    )
+    return await completion.whole() if not body.stream else _EventStream(completion)
+
+
+class _EventStream(StreamingResponse):
+    """A request's server-sent events. A client gone mid-stream ends the response inside a write (Starlette
+    cancels it, or it fails), with the generators suspended at a ``yield``: nothing resumes them, and
+    ``async for`` closes none. They are closed here before the response ends, the request's events with
+    them (``EdgeCore.solve``: its run and cloud call are cancelled), not when the garbage collector finds
+    them."""
+
+    def __init__(self, completion: _Completion) -> None:
+        super().__init__(completion.sse(), media_type="text/event-stream")
+        self.completion = completion
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # the request's events as well: a stream cut before sse() began its loop holds them unread
+        async with contextlib.aclosing(self.completion.events), contextlib.aclosing(self.body_iterator):
+            await super().__call__(scope, receive, send)
 
 
 class _Completion:
@@ -347,7 +362,8 @@ class _Completion:
 
     async def whole(self) -> JSONResponse:
         try:
-            done = [ev async for ev in self.all_events() if isinstance(ev, Done)][-1]
+            async with contextlib.aclosing(self.events), contextlib.aclosing(self.all_events()) as events:
+                done = [ev async for ev in events if isinstance(ev, Done)][-1]
         except Exception as exc:  # noqa: BLE001 - after validation: the server's (or the cloud's) failure
             status, message, param, kind = failure(exc)
             return _error(status, message, param, kind)
@@ -391,8 +407,9 @@ class _Completion:
         if self.chat:
             yield self.chunk(None, role=True)
         try:
-            async for ev in self._stream_events():
-                yield ev
+            async with contextlib.aclosing(self._stream_events()) as events:
+                async for ev in events:
+                    yield ev
         except Exception as exc:  # noqa: BLE001 - the stream has begun: end it with an error event, not a cut
             _, message, param, kind = failure(exc)
             yield f"data: {json.dumps({'error': {'message': message, 'type': kind, 'param': param, 'code': None}})}\n\n"
@@ -400,28 +417,29 @@ class _Completion:
 
     async def _stream_events(self):
         sent = AnswerView()  # what left over HTTP: final text at once, the rest with the answer
-        async for ev in self.all_events():
-            if isinstance(ev, t.Draft):
-                yield self.chunk(None, None, {"event": "draft", "draft": _draft_info(ev)})
-            elif isinstance(ev, t.Verdict):
-                yield self.chunk(None, None, {"event": "verdict", "verdict": _verdict_info(ev)})
-            elif isinstance(ev, (t.AnswerChunk, t.AnswerReset)):
-                # a reset: a rejected refinement, or a replay after a failure; its answer follows
-                if text := sent.see(ev):
-                    yield self.chunk(text)
-            elif isinstance(ev, Done):
-                answer = ev.result.answer
-                rest = sent.rest(answer)
-                if rest is None:  # sent text cannot be withdrawn: no answer rather than a wrong one
-                    raise Unavailable(
-                        f"answer: a cloud replica failed after {len(sent.final)} chars of its answer "
-                        f"were streamed, and its replay answered differently "
-                        f"({ev.result.fallback_reason or 'a replay'}): retry the request"
-                    )
-                if rest:
-                    yield self.chunk(rest)
-                info = _info(ev) | {"usage": self.core.usage(self.req, ev), "answer": answer}
-                yield self.chunk(None, ev.result.finish_reason, info)
+        async with contextlib.aclosing(self.all_events()) as events:
+            async for ev in events:
+                if isinstance(ev, t.Draft):
+                    yield self.chunk(None, None, {"event": "draft", "draft": _draft_info(ev)})
+                elif isinstance(ev, t.Verdict):
+                    yield self.chunk(None, None, {"event": "verdict", "verdict": _verdict_info(ev)})
+                elif isinstance(ev, (t.AnswerChunk, t.AnswerReset)):
+                    # a reset: a rejected refinement, or a replay after a failure; its answer follows
+                    if text := sent.see(ev):
+                        yield self.chunk(text)
+                elif isinstance(ev, Done):
+                    answer = ev.result.answer
+                    rest = sent.rest(answer)
+                    if rest is None:  # sent text cannot be withdrawn: no answer rather than a wrong one
+                        raise Unavailable(
+                            f"answer: a cloud replica failed after {len(sent.final)} chars of its answer "
+                            f"were streamed, and its replay answered differently "
+                            f"({ev.result.fallback_reason or 'a replay'}): retry the request"
+                        )
+                    if rest:
+                        yield self.chunk(rest)
+                    info = _info(ev) | {"usage": self.core.usage(self.req, ev), "answer": answer}
+                    yield self.chunk(None, ev.result.finish_reason, info)
 
 
 def create_app(core: EdgeCore) -> FastAPI:

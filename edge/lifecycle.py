@@ -81,6 +81,16 @@ async def answer_locally(pipe: EdgePipeline, request: ValidRequest, run: Run, fa
         await failed.release()
 
 
+async def _stop(job: asyncio.Task) -> None:
+    """Cancel a request's run whose events nobody reads any more, and wait for it to end: its cloud call is
+    cancelled before its events' close returns, not when the loop next runs the task. An error it ended
+    on instead is logged (nobody else will read it)."""
+    job.cancel()
+    await asyncio.wait([job])
+    if not job.cancelled() and job.exception() is not None:
+        log.warning("a request's run failed after its events were closed", exc_info=job.exception())
+
+
 class Edge(Protocol):
     """What a lifecycle uses of the daemon (``EdgeCore``): its parts, and its model's state."""
 
@@ -297,8 +307,8 @@ class RequestLifecycle:
                 cloud_tokens=CloudTokens.of([r.result for r in self.runs]),
             )
         finally:
-            if not job.done():
-                job.cancel()
+            if not job.done():  # closed early (its client left): the run and its cloud call end now
+                await _stop(job)
 
     def _run_spec(self, plan: Plan, deadline_s: float, on_event, **extra) -> Run:
         return Run(plan=plan, deadline_s=deadline_s, on_event=on_event, shown=self.shown, **extra)
@@ -415,5 +425,4 @@ class RequestLifecycle:
         m.ttft.observe(first - self.t0)
         m.latency.observe(time.perf_counter() - self.t0)
         m.requests.labels(self.runs[-1].plan.value, result.source).inc()
-        m.circuit.set(1 if link.breaker.state is t.BreakerState.OPEN else 0)
         m.replicas(link.replicas.values())

@@ -54,6 +54,8 @@ SERVICE_CONFIG = {
         }
     ],
 }
+RESOLVE_RETRY_S = 0.5
+"""The first wait before resolving again after a failed pass (doubled each failure, at most ``resolve_s``)."""
 
 
 @dataclass
@@ -148,20 +150,39 @@ class CloudLink:
         return sorted(set(out))
 
     async def _resolve_loop(self) -> None:
-        """Keep one monitor per address the cloud's name resolves to (replicas come and go)."""
+        """Keep one monitor per address the cloud's name resolves to (replicas come and go). A failed pass
+        (nothing resolved, or a replica's channel that could not be built: TLS files mid-rotation) is
+        logged and tried again with capped exponential backoff: the loop ends only at ``close()``."""
+        retry = min(RESOLVE_RETRY_S, self.resolve_s)
         while True:
-            addrs = await self._resolve()
-            for a in addrs:
-                if a not in self.replicas:
-                    r = self.replicas[a] = Replica(a)
-                    r._channel = self._channel_to(a)
-                    r._tasks = [asyncio.create_task(self._watch(r)), asyncio.create_task(self._poll(r))]
-            for a in [a for a in self.replicas if addrs and a not in addrs]:  # gone from DNS
-                before = self.serving
-                await self._drop(self.replicas.pop(a))
-                if self.serving != before:
-                    self.breaker.health(self.serving)
-            await asyncio.sleep(self.resolve_s)
+            try:
+                tracked = await self._track(await self._resolve())
+            except Exception as exc:  # the loop outlives any one pass; CancelledError (close) is no Exception
+                log.warning("cloud: tracking replicas failed, again in %.1f s: %r", retry, exc, exc_info=True)
+                tracked = False
+            if tracked:
+                retry = min(RESOLVE_RETRY_S, self.resolve_s)
+                await asyncio.sleep(self.resolve_s)
+            else:
+                await asyncio.sleep(retry)
+                retry = min(self.resolve_s, retry * 2)
+
+    async def _track(self, addrs: list[str]) -> bool:
+        """One monitor per address in ``addrs``; replicas gone from DNS dropped. False when nothing resolved
+        (every replica kept: a DNS hiccup is no replica's death)."""
+        for a in addrs:
+            if a not in self.replicas:
+                # the channel first: one that cannot be built leaves no replica registered without monitors
+                # (it would never be watched: the next pass sees it known)
+                r = Replica(a, _channel=self._channel_to(a))
+                r._tasks = [asyncio.create_task(self._watch(r)), asyncio.create_task(self._poll(r))]
+                self.replicas[a] = r
+        for a in [a for a in self.replicas if addrs and a not in addrs]:  # gone from DNS
+            before = self.serving
+            await self._drop(self.replicas.pop(a))
+            if self.serving != before:
+                self.breaker.health(self.serving)
+        return bool(addrs)
 
     async def _watch(self, r: Replica) -> None:
         backoff = 0.2

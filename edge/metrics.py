@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from coinfer.types import BreakerState
+
 _S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -35,6 +37,12 @@ class EdgeMetrics:
         self.errors = Counter("coinfer_edge_bad_requests", "Requests refused, by field", ["field"], registry=r)
         self.active = Gauge("coinfer_edge_active", "Requests in flight", registry=r)
         self.circuit = Gauge("coinfer_edge_cloud_circuit_open", "1 while the circuit to the cloud is open", registry=r)
+        self.circuit_changes = Counter(
+            "coinfer_edge_cloud_circuit_changes",
+            "Moves of the circuit breaker to the cloud, by the state it moved to",
+            ["state"],
+            registry=r,
+        )
         self.replays = Counter(
             "coinfer_edge_session_replays",
             "Cloud sessions replayed on another replica after failing before their summary (killed, draining, full)",
@@ -58,6 +66,12 @@ class EdgeMetrics:
         for r in replicas:
             self.replica_serving.labels(r.address).set(1 if r.serving else 0)
             self.replica_queue.labels(r.address).set(r.queue_depth)
+
+    def circuit_moved(self, state: BreakerState) -> None:
+        """The breaker moved (``CircuitBreaker.on_change``): the gauge follows at once, not at the next
+        request's end (the health watch moves it between requests)."""
+        self.circuit_changes.labels(state.value).inc()
+        self.circuit.set(1 if state is BreakerState.OPEN else 0)
 
     def bad_request(self, field: str) -> None:
         self.errors.labels(field[:40]).inc()

@@ -135,6 +135,8 @@ class Remote:
             if isinstance(ev, t.Summary):
                 result.take(ev)
                 result.source = t.ResultSource.CLOUD
+        if result.summary is None:  # a stream that ended early (status OK, no Summary) is no answer: replayed
+            raise ConnectionError("session ended without a summary")
         result.timings = {"total": (time.perf_counter() - self.t0) * 1e3}
         return result
 

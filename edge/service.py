@@ -7,6 +7,7 @@ whose events it passes on. Transport-free: domain types in and out, ``coinfer.er
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -47,6 +48,7 @@ class EdgeCore:
         self.cfg = cfg
         self.link = CloudLink(cfg)
         self.metrics = EdgeMetrics()
+        self.link.breaker.on_change = self._circuit_moved
         self.engine: OrtDraftEngine | None = None
         self.model_state = t.ModelState.COLD
         self.model_load_ms = 0.0
@@ -61,6 +63,10 @@ class EdgeCore:
         self._warming: asyncio.Task | None = None
         """The background load started by a cloud request on a cold edge (held: the loop keeps
         only weak references to tasks)."""
+
+    def _circuit_moved(self, state: t.BreakerState, why: str) -> None:
+        log.log(logging.INFO if state is t.BreakerState.CLOSED else logging.WARNING, "cloud circuit %s: %s", state, why)
+        self.metrics.circuit_moved(state)
 
     async def start(self) -> None:
         await self.link.start()
@@ -208,8 +214,10 @@ class EdgeCore:
         self.active += 1
         self.metrics.active.inc()
         try:
-            async for ev in RequestLifecycle(self, request).events():
-                yield ev
+            # closed with this generator, at once (a client gone): its run and cloud call end with it
+            async with contextlib.aclosing(RequestLifecycle(self, request).events()) as events:
+                async for ev in events:
+                    yield ev
         finally:
             self.active -= 1
             self.metrics.active.dec()

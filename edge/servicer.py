@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import grpc
@@ -50,17 +51,19 @@ class EdgeServicer(epb_grpc.CoinferEdgeServicer):
     ) -> AsyncIterator[epb.SolveEvent]:
         try:
             req = await asyncio.to_thread(solve_request, request)  # rule params: up to MiBs of Struct, off the loop
-            async for ev in self.core.solve(req):
-                if isinstance(ev, Done):
-                    yield epb.SolveEvent(result=result_to_pb(ev))
-                elif isinstance(ev, t.Draft):
-                    yield epb.SolveEvent(draft=convert.to_pb(ev, pb.Draft))
-                elif isinstance(ev, t.Verdict):
-                    yield epb.SolveEvent(verdict=convert.to_pb(ev, pb.Verdict))
-                elif isinstance(ev, t.AnswerChunk):
-                    yield epb.SolveEvent(chunk=pb.AnswerChunk(text=ev.text, final=ev.final))
-                elif isinstance(ev, t.AnswerReset):
-                    yield epb.SolveEvent(reset=pb.AnswerReset(reason=ev.reason))
+            # closed with this handler, at once (a client gone): the request's run and cloud call end with it
+            async with contextlib.aclosing(self.core.solve(req)) as events:
+                async for ev in events:
+                    if isinstance(ev, Done):
+                        yield epb.SolveEvent(result=result_to_pb(ev))
+                    elif isinstance(ev, t.Draft):
+                        yield epb.SolveEvent(draft=convert.to_pb(ev, pb.Draft))
+                    elif isinstance(ev, t.Verdict):
+                        yield epb.SolveEvent(verdict=convert.to_pb(ev, pb.Verdict))
+                    elif isinstance(ev, t.AnswerChunk):
+                        yield epb.SolveEvent(chunk=pb.AnswerChunk(text=ev.text, final=ev.final))
+                    elif isinstance(ev, t.AnswerReset):
+                        yield epb.SolveEvent(reset=pb.AnswerReset(reason=ev.reason))
         except Exception as exc:  # noqa: BLE001 - never crash the daemon
             if isinstance(exc, (InvalidArgument, ResourceExhausted)):  # the client's fault, by field
                 self.core.metrics.bad_request(exc.field)

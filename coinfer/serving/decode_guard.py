@@ -4,7 +4,9 @@ grpc.aio parses a unary request before any handler runs and answers a parse fail
 UNKNOWN "Unexpected <class 'DecodeError'>"; a streamed message fails inside the handler's
 loop. This interceptor gives every method (ours, health, reflection) a raw-bytes deserializer
 and parses in the handler instead, so corrupt wire data and invalid UTF-8 in a string field
-get INVALID_ARGUMENT naming the message type, with no Python class name.
+get INVALID_ARGUMENT naming the message type, with no Python class name. A streamed message that does
+not parse raises ``UndecodableRequest`` in whichever task reads it; the call is ended by the handler's
+task, which owns its writes (an abort from a reader task raced the handler's write: issue 51).
 
 Large messages are parsed in a worker thread, and a handler may return its reply already
 serialised (``bytes``, made in a worker thread): copying MiBs (a 16 MiB ``Probe`` answer) is tens of
@@ -20,6 +22,8 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 from google.protobuf.message import DecodeError
 
+from coinfer.errors import InvalidArgument, abort
+
 
 def _reason(exc: DecodeError) -> str:
     # upb: "Error parsing message with type 'coinfer.v1.X': Wire format was corrupt"
@@ -30,11 +34,23 @@ OFF_LOOP_BYTES = 1 << 16
 """Messages larger than this are parsed off the event loop."""
 
 
-async def _parse(parse: Callable[[bytes], object], raw: bytes, context: grpc.aio.ServicerContext, what: str):
+class UndecodableRequest(InvalidArgument):
+    """A request message that does not parse. Raised where it is read, never turned into the call's end
+    there: a streamed request may be read by a task of its own (``coinfer.cloud.edge_reader``) while the
+    handler writes, and an abort racing a write on the same call fails in gRPC's core
+    (``GRPC_CALL_ERROR_TOO_MANY_OPERATIONS``, then ``Abort already called!``) with no status sent: the call
+    hung until the client's deadline. The handler's task, which owns the call's writes, ends it: a coinfer
+    servicer maps it like any ``InvalidArgument``, and the guard's wrapper ends a call whose handler let it
+    through (health, reflection)."""
+
+
+async def _parsed(parse: Callable[[bytes], object], raw: bytes, what: str):
     try:
-        return parse(raw) if len(raw) <= OFF_LOOP_BYTES else await asyncio.to_thread(parse, raw)
+        if len(raw) <= OFF_LOOP_BYTES:
+            return parse(raw)
+        return await asyncio.to_thread(parse, raw)
     except DecodeError as exc:
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: undecodable {what} ({_reason(exc)})")
+        raise UndecodableRequest(f"request: undecodable {what} ({_reason(exc)})", field="request") from None
 
 
 def _name(parse: Callable[[bytes], object]) -> str:
@@ -46,36 +62,50 @@ def _unary(behavior, parse, what: str):
     if inspect.isasyncgenfunction(behavior):
 
         async def gen(raw: bytes, context):
-            request = await _parse(parse, raw, context, what)
+            try:
+                request = await _parsed(parse, raw, what)
+            except UndecodableRequest as exc:
+                await abort(context, exc)
             async for item in behavior(request, context):
                 yield item
 
         return gen
 
     async def call(raw: bytes, context):
-        return await behavior(await _parse(parse, raw, context, what), context)
+        try:
+            request = await _parsed(parse, raw, what)
+        except UndecodableRequest as exc:
+            await abort(context, exc)
+        return await behavior(request, context)
 
     return call
 
 
 def _stream(behavior, parse, what: str):
-    def requests(raw_iter: AsyncIterator[bytes], context) -> AsyncIterator:
-        async def gen():
-            async for raw in raw_iter:
-                yield await _parse(parse, raw, context, what)
+    """A streaming request's handler: its messages parsed as they are read (an undecodable one raises
+    ``UndecodableRequest`` in the reading task); a handler that does not end the call for it has it ended
+    here, in the handler's task, between its writes."""
 
-        return gen()
+    async def requests(raw_iter: AsyncIterator[bytes]) -> AsyncIterator:
+        async for raw in raw_iter:
+            yield await _parsed(parse, raw, what)
 
     if inspect.isasyncgenfunction(behavior):
 
         async def gen(raw_iter, context):
-            async for item in behavior(requests(raw_iter, context), context):
-                yield item
+            try:
+                async for item in behavior(requests(raw_iter), context):
+                    yield item
+            except UndecodableRequest as exc:
+                await abort(context, exc)
 
         return gen
 
     async def call(raw_iter, context):
-        return await behavior(requests(raw_iter, context), context)
+        try:
+            return await behavior(requests(raw_iter), context)
+        except UndecodableRequest as exc:
+            await abort(context, exc)
 
     return call
 

@@ -412,3 +412,13 @@ async def test_a_summary_reports_what_the_answer_cost_the_engine(stub):
     assert s.answer == GOOD and s.cost == t.CloudCost()  # arith's checkers decide: no scoring, no refinement
     assert a.cost.engine_requests >= 1 and a.cost.prompt_tokens >= a.prompt_tokens
     assert a.cost.decoded_tokens >= a.timings.decode_tokens >= 1
+
+
+async def test_a_corrupt_message_after_a_valid_open_is_invalid_argument_every_time(channel):
+    """Issue 51: a valid SessionOpen, then bytes that are no EdgeMessage, 20 times on the real engine: each
+    call ends with INVALID_ARGUMENT (its abort had raced the write of SessionAccepted and most calls hung
+    until their deadline; each call's 30 s deadline is a hang guard, and the scripted-engine twin of this
+    test is tests/coinfer/serving/test_decode_guard.py)."""
+    from tests.coinfer.serving.test_decode_guard import corrupt_after_open
+
+    await corrupt_after_open(channel)

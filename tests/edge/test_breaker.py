@@ -43,7 +43,30 @@ def test_health_watch_opens_and_closes_at_once():
     assert b.state == "open" and not b.allow()
     b.health(True)
     assert b.state == "closed" and b.allow()
-    assert [s for s, _ in b.transitions] == ["open", "closed"]
+    assert b.why == "health: SERVING"
+
+
+def test_each_move_is_told_once_with_its_reason():
+    moves = []
+    b = CircuitBreaker(failures=1, reset_s=10, clock=Clock(), on_change=lambda s, why: moves.append((s, why)))
+    b.health(True)  # already closed: no move
+    b.failure("cloud gone")
+    b.failure("again")  # already open: no move
+    b.health(True)
+    assert moves == [("open", "cloud gone"), ("closed", "health: SERVING")]
+
+
+def test_a_breaker_flipped_for_weeks_holds_no_history():
+    # it used to append every move to a list read by nothing but tests: a daemon's memory grew with
+    # each flap of the health watch
+    b = CircuitBreaker(failures=1, reset_s=10, clock=Clock())
+    b.health(False)
+    b.health(True)
+    once = repr(b)
+    for _ in range(10_000):
+        b.health(False)
+        b.health(True)
+    assert repr(b) == once
 
 
 def test_asking_whether_a_probe_would_pass_takes_no_trial():

@@ -1,6 +1,10 @@
 """The edge HTTP API's pure helpers (the API itself runs against real engines in tests/edge/test_daemon.py)."""
 
+import asyncio
+import contextlib
 import json
+
+import pytest
 
 from coinfer.edge.http import failure, lone_surrogate
 from coinfer.errors import CoinferError, DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
@@ -192,3 +196,73 @@ async def test_a_stream_whose_sent_text_the_answer_does_not_begin_ends_in_an_err
     assert _content(events) == ["Rayleigh"]
     error = events[-1]["error"]
     assert error["type"] == "server_error" and "replica gone" in error["message"]
+
+
+@pytest.mark.parametrize("spec", ["2.3", "2.4"])
+@pytest.mark.parametrize("stalled_write", [1, 3])
+async def test_a_client_gone_mid_stream_closes_the_requests_events_before_the_response_ends(
+    monkeypatch, tmp_path, spec, stalled_write
+):
+    """A client that disconnects while a write to it is under way (ASGI spec 2.3: the server says so on
+    ``receive`` and Starlette cancels the write; 2.4: the write fails) left the response's generators
+    suspended at a ``yield``, and the request's events with them: closed only when the garbage collector
+    found them, the cloud call running until then. They are closed before the response ends: the write
+    that stalls is the role chunk (nothing of the answer read yet) or a draft's progress chunk."""
+    from starlette.requests import ClientDisconnect
+
+    from coinfer import types as t
+    from coinfer.edge.config import EdgeConfig
+    from coinfer.edge.http import create_app
+    from coinfer.edge.service import EdgeCore
+
+    core = EdgeCore(EdgeConfig(model=str(tmp_path), warm=False))  # lazy: never loaded here
+    log: list[str] = []
+
+    async def solve(req):  # stands in for the request's run: drafts, then a cloud still answering
+        try:
+            for i in range(3):
+                yield t.Draft(index=i, text="3+5=8", num_tokens=3)
+            await asyncio.Event().wait()
+        finally:
+            log.append("events closed")
+
+    monkeypatch.setattr(core, "solve", solve)
+    body = json.dumps(
+        {"model": core.cfg.model_name, "messages": [{"role": "user", "content": "x+y?"}], "stream": True}
+    ).encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": spec},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("edge", 80),
+    }
+    gone, writes, received = asyncio.Event(), [], []
+
+    async def receive() -> dict:
+        if not received:
+            received.append(body)
+            return {"type": "http.request", "body": body, "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(msg: dict) -> None:
+        if msg["type"] == "http.response.body" and msg.get("body"):
+            writes.append(msg["body"])
+            if len(writes) == stalled_write:  # the client leaves while this write is under way
+                gone.set()
+                if spec == "2.4":
+                    raise OSError("connection reset by peer")
+                await asyncio.Event().wait()  # its socket never drains: the write ends only when cancelled
+
+    with contextlib.suppress(ClientDisconnect):  # 2.4: Starlette's word for the failed write, to the server
+        await create_app(core)(scope, receive, send)
+    log.append("response ended")
+    assert log == ["events closed", "response ended"] and len(writes) == stalled_write

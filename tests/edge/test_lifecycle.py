@@ -277,10 +277,12 @@ async def test_a_warm_edge_answers_a_mid_session_failure_from_the_drafts_written
     assert [e.text for e in events if isinstance(e, t.AnswerChunk)] == ["Blue light", "Blue light", ALONE]
     assert shown(events) == r.answer
     # the breaker counts it (the cloud's fault, not the request's); the planner learns the split's drafts
-    assert core.link.breaker.state is t.BreakerState.OPEN and core.link.breaker.transitions[-1][1] == r.fallback_reason
+    assert core.link.breaker.state is t.BreakerState.OPEN and core.link.breaker.why == r.fallback_reason
     assert [(plan, res.fallback_kind) for plan, res in seen] == [("split", FallbackKind.TRANSPORT)]
     assert [d.text for d in seen[0][1].drafts] == [ALONE] * 3
     assert core.metrics.registry.get_sample_value("coinfer_edge_fallbacks_total", {"reason": "TRANSPORT"}) == 1
+    changes = {"state": "open"}
+    assert core.metrics.registry.get_sample_value("coinfer_edge_cloud_circuit_changes_total", changes) == 1
 
 
 QUESTION_PROMPT = f"User: {QUESTION}\nAssistant:"
@@ -349,3 +351,72 @@ async def test_the_pipeline_reports_a_failed_cloud_with_what_the_run_had(tmp_pat
     assert run.shown.text == "Blue light" and core.engine.prompts == [
         QUESTION_PROMPT.replace(QUESTION, request.req.prompt)
     ]
+
+
+class EndsWithoutASummary(pb_grpc.CoinferCloudServicer):
+    """A cloud plan's answer stream that ends cleanly (status OK) after a first, not final, chunk: no Summary."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def Generate(self, request, context):
+        self.calls += 1
+        yield convert.event_to_pb(t.AnswerChunk("Rayleigh"))
+
+
+async def test_a_cloud_plans_stream_that_ends_without_a_summary_is_a_failure_not_an_empty_answer(tmp_path):
+    """Like the split's session: a Generate stream that ends without its Summary is replayed, then answered
+    locally with the reason (it was an empty cloud answer: no text, no fallback reason, the breaker told
+    the cloud had succeeded)."""
+    cloud = EndsWithoutASummary()
+    core = _core(tmp_path)
+    core.cfg.replays, core.link.breaker.failures = 1, 1
+    events = await _events(core, cloud, SolveRequest(prompt=QUESTION, plan="cloud", deadline_ms=5000))
+    r = events[-1].result
+    assert cloud.calls == 2 and len(r.replays) == 1  # replayed once, then the local answer
+    assert r.answer == ALONE == shown(events) and r.source == "edge_only"
+    assert r.fallback_kind is FallbackKind.UNAVAILABLE and "ended without a summary" in r.fallback_reason
+    kinds = [type(e).__name__ for e in events]
+    assert kinds == ["AnswerChunk", "AnswerReset", "AnswerChunk", "AnswerReset", "AnswerChunk", "Done"]
+    assert core.link.breaker.state is t.BreakerState.OPEN  # the cloud's fault
+
+
+class AnswersSlowly(pb_grpc.CoinferCloudServicer):
+    """A cloud plan's answer: a first final chunk, then the rest much later."""
+
+    async def Generate(self, request, context):
+        yield convert.event_to_pb(t.AnswerChunk("Rayleigh", final=True))
+        await asyncio.sleep(3600)
+
+
+async def test_closing_a_requests_events_cancels_its_cloud_call_before_the_close_returns(tmp_path, monkeypatch):
+    """The front end closes a request's events when its client leaves (``edge/http.py``): the run is
+    cancelled, its cloud call with it, and waited for, before the close returns (the lifecycle's generator
+    was left running under EdgeCore.solve's, and its run was cancelled without being waited for)."""
+    from coinfer.edge.remote import Remote
+
+    log: list[str] = []
+    cloud_only = Remote._cloud_only
+
+    async def watched(self, deadline_s):
+        try:
+            return await cloud_only(self, deadline_s)
+        except asyncio.CancelledError:
+            log.append("cloud call cancelled")
+            raise
+
+    monkeypatch.setattr(Remote, "_cloud_only", watched)
+    core = _core(tmp_path)
+    server, target = await _cloud(AnswersSlowly())
+    try:
+        async with grpc.aio.insecure_channel(target) as ch:
+            core.link.channel = ch
+            events = core.solve(SolveRequest(prompt=QUESTION, plan="cloud", deadline_ms=30_000))
+            async for ev in events:
+                if isinstance(ev, t.AnswerChunk):
+                    break
+            await events.aclose()
+            log.append("events closed")
+    finally:
+        await server.stop(None)
+    assert log == ["cloud call cancelled", "events closed"] and core.active == 0

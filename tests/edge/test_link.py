@@ -96,3 +96,37 @@ async def test_round_robin_skips_not_serving_and_stopped_replicas():
         assert set(await settles({"r0", "r1"})) == {"r0", "r1"}
     for s in servers[:2]:
         await s.stop(None)
+
+
+async def test_a_failed_pass_of_the_resolver_is_retried_and_leaves_no_replica_unwatched(caplog):
+    """A replica's channel that cannot be built once (its TLS files mid-rotation: FileNotFoundError) used to
+    end the resolve loop for good, with the replica left registered without a channel or monitors. The
+    pass is logged and tried again after a short backoff (not after ``resolve_s``), and the replica is then
+    watched. The 10 s wait is a hang guard only: the retry comes after 0.5 s (20x)."""
+    from coinfer.edge.config import EdgeConfig
+    from coinfer.edge.link import CloudLink
+
+    # the pool's channel dials the name, a replica's monitor the address it resolves to
+    link = CloudLink(EdgeConfig(model="m", cloud="dns:///127.0.0.1:1"), resolve_s=3600.0, status_s=3600.0)
+    built, dial = asyncio.Event(), link._channel_to
+    calls: list[str] = []
+
+    def channel_to(target: str) -> grpc.aio.Channel:
+        calls.append(target)
+        if target != link.target and len(calls) == 2:
+            raise FileNotFoundError("ca.pem")
+        ch = dial(target)
+        if target != link.target:
+            built.set()
+        return ch
+
+    link._channel_to = channel_to
+    await link.start()
+    try:
+        await asyncio.wait_for(built.wait(), 10)
+        r = link.replicas["127.0.0.1:1"]
+        assert calls == [link.target, "127.0.0.1:1", "127.0.0.1:1"]  # the pool's channel, the failure, the retry
+        assert r._channel is not None and len(r._tasks) == 2 and not link._resolver.done()
+        assert any("ca.pem" in m for m in caplog.messages)
+    finally:
+        await link.close()

@@ -236,3 +236,16 @@ async def test_a_cold_edge_withdraws_a_failed_clouds_streamed_text_before_answer
     assert done.result.fallback_reason.startswith("INTERNAL") and done.result.answer == "3+5=8; answer 8"
     assert [e.text for e in events if isinstance(e, t.AnswerChunk)][:2] == ["3+5=", "9"]  # the cloud's, then withdrawn
     assert _shown(events) == done.result.answer
+
+
+def test_the_circuit_gauge_follows_the_breaker_between_requests(core):
+    # the health watch moves the breaker between requests: /metrics says so at once (the gauge was set
+    # only at a request's end), and counts each move by the state it moved to
+    sample = core.metrics.registry.get_sample_value
+    core.link.breaker.health(False)
+    assert sample("coinfer_edge_cloud_circuit_open") == 1
+    core.link.breaker.health(True)
+    core.link.breaker.health(True)  # no move
+    assert sample("coinfer_edge_cloud_circuit_open") == 0
+    assert sample("coinfer_edge_cloud_circuit_changes_total", {"state": "open"}) == 1
+    assert sample("coinfer_edge_cloud_circuit_changes_total", {"state": "closed"}) == 1

@@ -1,6 +1,8 @@
 """Undecodable request bytes get INVALID_ARGUMENT on every method of a real server,
 and the guard leaves health (unary and streaming) and reflection working."""
 
+import asyncio
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -62,3 +64,56 @@ async def test_health_and_reflection_pass_the_guard(server):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await ch.unary_unary("/grpc.health.v1.Health/Check")(b"\xff", timeout=5)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+HANG_GUARD_S = 30
+"""Each call's deadline, a hang guard only: with the fix each of these calls ended in 2-35 ms (this 2-core
+machine, scripted engine); the hang it guards against lasted to the deadline (the client's 15 s)."""
+
+
+async def corrupt_after_open(ch: grpc.aio.Channel, runs: int = 20) -> None:
+    """``runs`` Session calls, one after another, each a valid SessionOpen then ``b"\\xff\\xff\\xff"`` as the next
+    EdgeMessage, the stream kept open (as the grpc-js client of issue 51 did). The garbage is read by the
+    session's reader task while the handler writes SessionAccepted: its abort raced that write
+    (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS, then "Abort already called!") and 9 calls in 10 hung until their
+    deadline. Each must end with INVALID_ARGUMENT naming the message."""
+    from coinfer import convert
+    from coinfer import types as t
+
+    req = t.OpenRequest("", "arith", "If x=3 and y=5, compute (x+y)^2-x*y.", [], None)
+    opening = pb.EdgeMessage(open=convert.open_to_pb(req)).SerializeToString()
+    session = ch.stream_stream(
+        "/coinfer.v1.CoinferCloud/Session",
+        request_serializer=lambda raw: raw,
+        response_deserializer=pb.CloudMessage.FromString,
+    )
+
+    async def requests():
+        yield opening
+        yield b"\xff\xff\xff"
+        await asyncio.Event().wait()  # never half-closed: the call ends when the server ends it
+
+    for run in range(runs):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in session(requests(), timeout=HANG_GUARD_S):
+                pass
+        details = err.value.details()
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (run, details)
+        assert details.startswith("request: undecodable coinfer.v1.EdgeMessage"), details
+
+
+async def test_a_corrupt_message_after_a_valid_open_ends_the_session_at_once():
+    from tests.cloud.engines import ScriptedEngine
+
+    engine = ScriptedEngine({}, reply="3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 49")
+    srv = await create_server(CloudConfig(engine=EngineConfig(model="/unused"), port=0), engine=engine)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as ch:
+            await corrupt_after_open(ch)
+            # the server still serves on the same channel, and no session is left counted
+            status = pb.StatusResponse.FromString(
+                await ch.unary_unary("/coinfer.v1.CoinferCloud/Status")(b"", timeout=5)
+            )
+            assert status.ready and status.active_sessions == 0
+    finally:
+        await srv.stop(grace=0.1, close_engine=False)
