@@ -157,7 +157,7 @@ def goals(report: dict) -> dict:
     }
 
 
-async def _vllm_rows(model: str, held_out: list[Case], max_len: int) -> list[dict]:
+async def _vllm_rows(model: str, held_out: list[Case], max_len: int, dtype: str = "auto") -> list[dict]:
     """Plain vLLM's OpenAI server on ``model`` answering ``held_out`` one at a time, streamed, greedy."""
     import tempfile
     from pathlib import Path
@@ -167,7 +167,7 @@ async def _vllm_rows(model: str, held_out: list[Case], max_len: int) -> list[dic
 
     rows = []
     with tempfile.TemporaryDirectory() as logs:
-        async with vllm_server(Path(model), Path(logs), max_len) as (_, client, name):
+        async with vllm_server(Path(model), Path(logs), max_len, dtype) as (_, client, name):
             for i, case in enumerate([held_out[0], *held_out]):  # the first once more: a warm server
                 t0, ttft, text = time.perf_counter(), 0.0, ""
                 stream = await client.chat.completions.create(
@@ -220,13 +220,13 @@ async def run(
     from coinfer.edge.daemon import EdgeDaemon
 
     if real:
-        from coinfer.quantize.real_model import edge_dir, imported_dir
+        from coinfer.quantize.real_model import CLOUD_DTYPE, edge_dir, imported_dir
 
-        target, draft, max_len, counts = str(imported_dir()), str(edge_dir()), 2048, {REAL: real}
+        target, draft, max_len, counts, dtype = str(imported_dir()), str(edge_dir()), 2048, {REAL: real}, CLOUD_DTYPE
     else:
         art = ensure_artifacts()
-        target, draft, max_len = str(art.target), str(art.draft_int8), 1024
-    cfg = CloudConfig(engine=EngineConfig(model=target, max_model_len=max_len))
+        target, draft, max_len, dtype = str(art.target), str(art.draft_int8), 1024, "auto"
+    cfg = CloudConfig(engine=EngineConfig(model=target, max_model_len=max_len, dtype=dtype))
     srv = await create_server(cfg)
     engine = await VllmEngine(cfg.engine).start()
     await srv.attach_engine(engine)
@@ -255,7 +255,7 @@ async def run(
         await daemon.stop()
         await srv.stop(grace=1.0)
     if vllm:
-        rows += await _vllm_rows(target, held_out, max_len)
+        rows += await _vllm_rows(target, held_out, max_len, dtype)
     plans = (*PLANS, VLLM) if vllm else PLANS
     report = {
         "requests_per_plan": len(held_out),

@@ -385,9 +385,18 @@ async def measure(
 
 
 async def _vllm_systems(
-    wls: list[str], reqs: dict, args, model: Path, log_dir: Path, slo: dict, out: dict, progress, max_len: int
+    wls: list[str],
+    reqs: dict,
+    args,
+    model: Path,
+    log_dir: Path,
+    slo: dict,
+    out: dict,
+    progress,
+    max_len: int,
+    dtype: str,
 ) -> None:
-    async with vllm_server(model, log_dir, max_len) as (srv, client, name):
+    async with vllm_server(model, log_dir, max_len, dtype) as (srv, client, name):
         for wl in wls:
             for system in [s for s in ("vllm-greedy", "vllm-best-of-5") if s in args.systems]:
 
@@ -416,9 +425,10 @@ async def _coinfer_systems(
     out: dict,
     progress,
     max_len: int,
+    dtype: str,
 ) -> None:
     deadline_ms = int(args.deadline_s * 1e3)
-    async with coinfer_stack(model, draft, log_dir, max_len) as (srv, core, drafts):
+    async with coinfer_stack(model, draft, log_dir, max_len, dtype) as (srv, core, drafts):
         for wl in wls:
             slo.setdefault(wl, args.slo_s)  # no vLLM greedy run to derive it from: the given SLO
             for system in [s for s in COINFER_SYSTEMS if s in args.systems]:
@@ -462,20 +472,20 @@ async def _run(args, progress: Callable[[str], None]) -> dict:
     stacks = []
     if demo:
         art = ensure_artifacts()
-        stacks.append((demo, Path(art.target), Path(art.draft_int8), 1024))
+        stacks.append((demo, Path(art.target), Path(art.draft_int8), 1024, "auto"))
     if REAL in args.workloads:
-        from coinfer.quantize.real_model import edge_dir, imported_dir
+        from coinfer.quantize.real_model import CLOUD_DTYPE, edge_dir, imported_dir
 
-        stacks.append(([REAL], Path(imported_dir()), Path(edge_dir()), REAL_MAX_MODEL_LEN))
-    for wls, model, draft, max_len in stacks:
+        stacks.append(([REAL], Path(imported_dir()), Path(edge_dir()), REAL_MAX_MODEL_LEN, CLOUD_DTYPE))
+    for wls, model, draft, max_len, dtype in stacks:
         reqs = {
             w: workload(w, args.requests if w != REAL else args.real_requests, args.seed, args.real_max_tokens)
             for w in wls
         }
         if any(s.startswith("vllm") for s in args.systems):
-            await _vllm_systems(wls, reqs, args, model, log_dir, slo, out, progress, max_len)
+            await _vllm_systems(wls, reqs, args, model, log_dir, slo, out, progress, max_len, dtype)
         if any(s in COINFER_SYSTEMS for s in args.systems):
-            await _coinfer_systems(wls, reqs, args, model, draft, log_dir, slo, out, progress, max_len)
+            await _coinfer_systems(wls, reqs, args, model, draft, log_dir, slo, out, progress, max_len, dtype)
     return {
         "slo_s": slo,
         "slo_rule": f"{args.slo_factor} x plain vLLM greedy's unloaded p50 on the workload",

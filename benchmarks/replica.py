@@ -146,7 +146,7 @@ class ReplayDrafts:
 
 
 @contextlib.asynccontextmanager
-async def vllm_server(model: Path, log_dir: Path, max_len: int):
+async def vllm_server(model: Path, log_dir: Path, max_len: int, dtype: str = "auto"):
     """vLLM's own OpenAI server on the target, pinned like coinfer's replica; yields (server, client, name)."""
     import httpx
     from openai import AsyncOpenAI
@@ -166,7 +166,7 @@ async def vllm_server(model: Path, log_dir: Path, max_len: int):
             "target",
             "--enforce-eager",
             "--dtype",
-            "auto",
+            dtype,
             "--max-num-seqs",
             "64",
             "--seed",
@@ -197,7 +197,7 @@ async def vllm_server(model: Path, log_dir: Path, max_len: int):
 
 
 @contextlib.asynccontextmanager
-async def coinfer_stack(model: Path, draft: Path, log_dir: Path, max_len: int):
+async def coinfer_stack(model: Path, draft: Path, log_dir: Path, max_len: int, dtype: str = "auto"):
     """coinfer's cloud service on the target (pinned) and an edge core here over it; yields (server, core, drafts)."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -209,6 +209,7 @@ async def coinfer_stack(model: Path, draft: Path, log_dir: Path, max_len: int):
     srv = Server(
         [
             *("-m", "coinfer.cloud.server", str(model), "--port", str(port), "--engine.max-model-len", str(max_len)),
+            *("--engine.dtype", dtype),
             # every simulated user's edge shares this process's one connection, and vLLM's own server admits
             # every request: the SLO, not the session slots, says what the replica holds
             *("--limits.max-sessions", str(MAX_SESSIONS), "--limits.max-sessions-per-edge", "0"),

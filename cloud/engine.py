@@ -154,11 +154,16 @@ class TargetEngine(ABC):
         one of this model's special tokens tokenized as the text it is (a draft never writes a marker)."""
         raise NotImplementedError
 
-    async def top_tokens(self, ids: list[int], start: int, request_id: str) -> list[int]:
-        """The target's argmax token at every position from ``start`` on, given the tokens before it: one
-        prefill of ``ids`` (prefix-cache hits where the engine has them). Returns ``len(ids) - start + 1``
-        tokens: the last is the target's next token after all of ``ids``."""
+    async def top_tokens(self, ids: list[int], start: int, request_id: str) -> tuple[list[int], list[float]]:
+        """The target's argmax token at every position from ``start`` on, given the tokens before it, and its
+        lead in nats over the runner-up: one prefill of ``ids`` (prefix-cache hits where the engine has them).
+        Returns ``len(ids) - start + 1`` of each: the last is the target's next token after all of ``ids``."""
         raise NotImplementedError
+
+    tie_nats: float = 0.0
+    """A lead of the argmax over the runner-up below this is a tie the engine's arithmetic may break either way:
+    a prefill and a decode step round differently (bfloat16 logits: two tokens 0.06 nats apart, one decode and
+    the other prefill; ``coinfer.cloud.speculation`` takes no token there)."""
 
     def generate_ids(self, ids: list[int], params: GenParams, request_id: str) -> AsyncIterator[Chunk]:
         """``generate`` from token ids: the continuation of exactly these tokens (no re-tokenizing)."""

@@ -88,7 +88,7 @@ class CoinferCloudServicer(pb_grpc.CoinferCloudServicer):
                     if kind == "draft":
                         yield convert.from_pb(msg.draft, t.Draft)
                     elif kind == "done":
-                        yield DraftsDone(msg.done.count)
+                        yield DraftsDone(msg.done.count, msg.done.continues)
                     else:
                         raise InvalidArgument(f"{kind or 'kind'}: only draft or done may follow open")
 

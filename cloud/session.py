@@ -54,9 +54,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class DraftsDone:
-    """End of a round of drafts (``count`` drafts were sent in it)."""
+    """End of a round of drafts (``count`` drafts were sent in it; ``continues``: the ``DraftFrom`` round it
+    ends, 0 for one of the session's own rounds)."""
 
     count: int
+    continues: int = 0
 
 
 EdgeItem = t.Draft | DraftsDone
@@ -276,14 +278,14 @@ class Session:
             self._held = []  # drafts of a round cut short: unread
 
     def _on(self, ev: _Event) -> None:
-        if isinstance(ev, (_EdgeSent, _EdgeClosed)) and self._phase is _Phase.CLOSING and self._more is None:
+        if isinstance(ev, (_EdgeSent, _EdgeClosed)) and self._phase is _Phase.CLOSING:
             self._held.append(ev)  # read after the round's decision, as the edge sent them
             return
         if isinstance(ev, _EdgeSent):
             if isinstance(ev.item, t.Draft):
                 self._on_draft(ev.item)
             else:
-                self._on_round_end(ev.item.count)
+                self._on_round_end(ev.item)
         elif isinstance(ev, _EdgeClosed):
             self._on_edge_closed()
         elif isinstance(ev, _Judged):
@@ -293,7 +295,7 @@ class Session:
 
     # ---- handlers -----------------------------------------------------------------------------------------
     def _on_draft(self, d: t.Draft) -> None:
-        if self._more is not None:
+        if d.continues:
             self._take_more(d)
             return
         if self._phase is not _Phase.COLLECTING:
@@ -321,13 +323,14 @@ class Session:
         if first is not None and first.draft.index == j.draft.index and self._phase is _Phase.COLLECTING:
             self._close(lambda: (self._observe(True), self._answer(self._ms(), accepted=j)))
 
-    def _on_round_end(self, count: int) -> None:
-        if self._more is not None:
-            self._end_more()
+    def _on_round_end(self, done: DraftsDone) -> None:
+        if done.continues:
+            if self._more is not None and done.continues == self._more_rounds:
+                self._end_more()
             return
         if self._phase is not _Phase.COLLECTING:
             return
-        self.rounds.close(count)
+        self.rounds.close(done.count)
         if self.hedge is not None:
             self._stop_scoring(self._hedge_reason())
         self._close(self._round_over)
@@ -526,6 +529,10 @@ class Session:
         return [Proposal(d.text, not d.truncated) for d in drafts]
 
     def _take_more(self, d: t.Draft) -> None:
+        """A draft of a continuation round: kept for the round asked now, dropped where it answers an earlier
+        one (it came after the answer stopped waiting for it)."""
+        if self._more is None or d.continues != self._more_rounds:
+            return
         lim = self.ctx.cfg.limits
         if len(d.text) > lim.max_draft_chars:
             raise InvalidArgument(f"draft.text: {len(d.text)} chars > limit {lim.max_draft_chars}")

@@ -62,12 +62,14 @@ def exact(engine: TargetEngine, params: GenParams) -> bool:
     )
 
 
-def accepted_length(draft: Sequence[int], top: Sequence[int]) -> int:
+def accepted_length(draft: Sequence[int], top: Sequence[int], leads: Sequence[float] = (), tie: float = 0.0) -> int:
     """How many of ``draft``'s tokens equal the target's argmax at their position (``top[i]``: the argmax
-    where ``draft[i]`` stands), counted from the first: the tokens the target would write itself."""
+    where ``draft[i]`` stands), counted from the first: the tokens the target would write itself. A position
+    whose argmax leads the runner-up by less than ``tie`` nats (``leads[i]``) ends the count: there a decode
+    step may round to the other token (``TargetEngine.tie_nats``)."""
     n = 0
-    for d, t in zip(draft, top):
-        if d != t:
+    for i, (d, t) in enumerate(zip(draft, top)):
+        if d != t or (i < len(leads) and leads[i] < tie):
             break
         n += 1
     return n
@@ -94,13 +96,15 @@ async def check_round(
             if n >= max_checks:
                 break
             k = best.accepted
-            if len(draft) <= k or draft[: k + 1] != best.tokens[: k + 1]:
+            if len(best.tokens) <= k or len(draft) <= k or draft[: k + 1] != best.tokens[: k + 1]:
                 continue  # differs where the best was taken, or at the target's next token: no further
-        top = await engine.top_tokens(ids + draft, len(ids), f"{request_id}-x{n}")
-        k = accepted_length(draft, top)
+        top, leads = await engine.top_tokens(ids + draft, len(ids), f"{request_id}-x{n}")
+        k = accepted_length(draft, top, leads, engine.tie_nats)
         offered = (best.offered if best else 0) + len(draft)
         if best is None or k > best.accepted:
-            best = Round(tokens=draft[:k] + [top[k]], offered=offered, accepted=k)
+            # the target's token where the draft's was refused comes free, unless it wins by a tie
+            free = [top[k]] if leads[k] >= engine.tie_nats else []
+            best = Round(tokens=draft[:k] + free, offered=offered, accepted=k)
         else:
             best.offered = offered
     return best or Round(tokens=[], offered=0, accepted=0)

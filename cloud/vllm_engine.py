@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import os
 import time
 from collections.abc import AsyncIterator
@@ -167,6 +168,7 @@ class VllmEngine(TargetEngine):
         self.scores_end = not self.cfg.chat_template or ChatFormat.from_dir(self.cfg.model).templated
         mc = getattr(self._llm, "model_config", None)
         self._max_len = int(getattr(mc, "max_model_len", 0) or self.cfg.max_model_len or 2048)
+        self.tie_nats = tie_nats(str(getattr(mc, "dtype", self.cfg.dtype)))
         # the first request pays for lazy kernel and allocator set-up (seconds on CPU):
         # pay it here, before health says SERVING, not in a user's session
         await self.continuation_logprobs("warm up", "warm up", "warmup-score")
@@ -305,7 +307,7 @@ class VllmEngine(TargetEngine):
     def _text_ids(self, text: str) -> list[int]:
         return self._tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
-    async def top_tokens(self, ids: list[int], start: int, request_id: str) -> list[int]:
+    async def top_tokens(self, ids: list[int], start: int, request_id: str) -> tuple[list[int], list[float]]:
         """One prefill with the top-1 token at every position (vLLM's prompt logprobs, 1), reading the prefix
         cache: positions the cache covered come without logprobs (vLLM leaves their rows unwritten), so a
         hit that reaches past ``start - 1`` is asked again without the cache (the positions before ``start``
@@ -313,17 +315,27 @@ class VllmEngine(TargetEngine):
         if not 0 < start <= len(ids) < self.max_model_len:
             raise ValueError(f"top_tokens: start {start} out of 1..{len(ids)} (or past the context)")
         for reuse in (True, False):
-            sp = self._params(GenParams(max_tokens=1), 1, prompt_logprobs=1, skip_reading_prefix_cache=not reuse)
-            plp, cached, nxt = None, 0, None
+            # detokenize off: rows the cache covered hold whatever memory vLLM left there, and decoding their
+            # "token ids" (negative ones) failed vLLM's output handler for every request in flight
+            sp = self._params(
+                GenParams(max_tokens=1),
+                1,
+                prompt_logprobs=2,
+                logprobs=2,
+                skip_reading_prefix_cache=not reuse,
+                detokenize=False,
+            )
+            plp, cached, last = None, 0, None
             async for out in self._run(ids, sp, request_id if reuse else f"{request_id}-full"):
                 plp = out.prompt_logprobs or plp  # delta outputs: they come with the first one
                 cached = max(cached, out.num_cached_tokens or 0)
-                if out.outputs and out.outputs[0].token_ids:
-                    nxt = out.outputs[0].token_ids[0]
-            if plp is None or nxt is None:
+                if out.outputs and out.outputs[0].logprobs:
+                    last = out.outputs[0].logprobs[0]
+            if plp is None or last is None:
                 raise Unavailable("engine returned no prompt logprobs")
             if cached < start:  # position p's row is p - 1: computed where p - 1 >= cached
-                return [_top1(plp[pos], ids[pos]) for pos in range(start, len(ids))] + [int(nxt)]
+                rows = [_top2(plp[pos]) for pos in range(start, len(ids))] + [_top2(last)]
+                return [r[0] for r in rows], [r[1] for r in rows]
         raise Unavailable("engine: prompt logprobs missing after a full prefill")
 
     def decoder(self, ids: list[int]) -> TokenDecoder:
@@ -426,11 +438,24 @@ class VllmEngine(TargetEngine):
             await asyncio.to_thread(llm.shutdown, wait_s)
 
 
-def _top1(row: dict, actual: int) -> int:
-    """The argmax token of one prompt-logprobs row (the actual token and the top-1, each with its rank)."""
-    if row[actual].rank == 1:
-        return actual
-    return next(tok for tok, lp in row.items() if lp.rank == 1)
+TIE_NATS = {"bfloat16": 0.25, "float16": 0.06, "float32": 1e-3}
+"""Leads of the argmax under which a prefill and a decode step may pick different tokens, by the engine's dtype:
+about two units in the last place of a logit of magnitude 10-30 (bfloat16 keeps 8 bits: SmolLM2-135M on this
+CPU, 12 prompts x 96 tokens, split 8 at leads of 0 to 0.125 nats; float32: none)."""
+
+
+def tie_nats(dtype: str) -> float:
+    """``TargetEngine.tie_nats`` for a model running in ``dtype`` ("torch.bfloat16" or "bfloat16")."""
+    return TIE_NATS.get(dtype.removeprefix("torch."), TIE_NATS["bfloat16"])
+
+
+def _top2(row: dict) -> tuple[int, float]:
+    """(argmax token, its lead in nats over the runner-up) of one logprobs row: the actual token and the top 2,
+    each with its rank (the lead is infinite where vLLM reports no runner-up: a vocabulary of one)."""
+    ranked = sorted(((lp.rank, tok, lp.logprob) for tok, lp in row.items() if lp.rank is not None), key=lambda r: r[0])
+    top = ranked[0]
+    second = next((r for r in ranked if r[0] == 2), None)
+    return int(top[1]), (top[2] - second[2]) if second is not None else math.inf
 
 
 class _StreamDecoder(TokenDecoder):

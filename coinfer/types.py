@@ -130,6 +130,11 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     """Stop strings: the text ends before the first one (EOS always stops)."""
 
+    @property
+    def argmax(self) -> bool:
+        """Greedy and unpenalised: the model's most likely token at every step."""
+        return self.temperature == 0 and self.presence_penalty == 0 and self.frequency_penalty == 0
+
     def validate(self, field: str, max_new_tokens: int = MAX_NEW_TOKENS) -> None:
         require(0.0 <= self.temperature <= 2.0, f"{field}.temperature", f"must be in [0, 2], got {self.temperature:g}")
         require(0.0 < self.top_p <= 1.0, f"{field}.top_p", f"must be in (0, 1], got {self.top_p:g}")
@@ -190,6 +195,8 @@ class Draft:
     greedy: bool = False
     """Written greedily, unpenalised: the draft model's argmax at every token (the draft an exact check of a
     greedy answer takes most of: ``coinfer.cloud.speculation``)."""
+    continues: int = 0
+    """The ``DraftFrom`` round it answers (its text begins with that text); 0: one of the session's own rounds."""
 
 
 @dataclass

@@ -53,12 +53,12 @@ async def real_stack(policy=None):
     from coinfer.cloud.vllm_engine import VllmEngine
     from coinfer.edge.config import EdgeConfig
     from coinfer.edge.daemon import EdgeDaemon
-    from coinfer.quantize.real_model import edge_dir, imported_dir
+    from coinfer.quantize.real_model import CLOUD_DTYPE, edge_dir, imported_dir
 
     t0 = time.perf_counter()
     hf, int8 = imported_dir(), edge_dir()
     print(f"model: {hf}\nedge INT8: {int8}  (ready in {time.perf_counter() - t0:.0f} s)")
-    cfg = CloudConfig(engine=EngineConfig(model=str(hf), max_model_len=2048))
+    cfg = CloudConfig(engine=EngineConfig(model=str(hf), max_model_len=2048, dtype=CLOUD_DTYPE))
     if policy is not None:
         cfg = dataclasses.replace(cfg, policy=policy)
     srv = await create_server(cfg)

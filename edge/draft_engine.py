@@ -9,6 +9,7 @@ its row is dropped from the batch, so later steps only pay for live drafts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -110,16 +111,35 @@ class OrtDraftEngine:
                 text = text[:cut]
         return DraftResult(i, text, ids, float(np.mean(lp)) if lp else 0.0, (time.perf_counter() - t0) * 1e3, reason)
 
+    @staticmethod
+    def _next(logits, live: list[int], tokens: list[list[int]], s: Sampling, rngs, greedy: int):
+        """One token per live row (``sample_next``), rows of drafts below ``greedy`` by argmax, unpenalised."""
+        if not greedy or all(i >= greedy for i in live):
+            return sample_next(logits, [tokens[i] for i in live], s, [rngs[i] for i in live])
+        argmax = dataclasses.replace(s, temperature=0.0, presence_penalty=0.0, frequency_penalty=0.0)
+        nxt, lp = np.empty(len(live), np.int64), np.empty(len(live), np.float64)
+        for rows, params in (
+            ([r for r, i in enumerate(live) if i < greedy], argmax),
+            ([r for r, i in enumerate(live) if i >= greedy], s),
+        ):
+            if rows:
+                n, p = sample_next(logits[rows], [tokens[live[r]] for r in rows], params, [rngs[live[r]] for r in rows])
+                nxt[rows], lp[rows] = n, p
+        return nxt, lp
+
     def generate(
         self,
         prompt: str,
         s: Sampling,
         on_draft: Callable[[DraftResult], None] | None = None,
         cancelled: Callable[[], bool] | None = None,
+        greedy: int = 0,
     ) -> list[DraftResult]:
         """Write ``s.n`` drafts for ``prompt``: model input text (``render`` of a conversation).
         ``cancelled()`` true stops drafting (the request's deadline, or its consumer gone): the drafts
-        still being written are finished there as "length" (truncated), not dropped."""
+        still being written are finished there as "length" (truncated), not dropped. The first ``greedy``
+        drafts are written greedily and unpenalised (the draft model's argmax: what an exact check of a
+        greedy answer takes most of), the others with ``s``."""
         t0 = time.perf_counter()
         prompt_ids = self.encode(prompt)
         budget = min(s.max_new_tokens, self.max_positions - len(prompt_ids))
@@ -149,7 +169,7 @@ class OrtDraftEngine:
                 for i in live:
                     finish(i, "length")
                 break
-            nxt, lp = sample_next(logits, [tokens[i] for i in live], s, [rngs[i] for i in live])
+            nxt, lp = self._next(logits, live, tokens, s, rngs, greedy)
             keep: list[int] = []
             for row, i in enumerate(live):
                 tok = int(nxt[row])

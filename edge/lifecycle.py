@@ -128,6 +128,16 @@ class CloudTokens:
         )
 
 
+def cloud_cost(results: list[EdgeResult]) -> t.CloudCost:
+    """The engine work the cloud reported for these runs (``Summary.cost``), summed."""
+    total = t.CloudCost()
+    for r in results:
+        if r.summary is not None and r.summary.cost is not None:
+            for f in dataclasses.fields(total):
+                setattr(total, f.name, getattr(total, f.name) + getattr(r.summary.cost, f.name))
+    return total
+
+
 @dataclass
 class Done:
     """The last event of a request."""
@@ -139,6 +149,8 @@ class Done:
     """The plans that ran, in order: the planner's choice first (["edge", "split"]: auto's edge
     answer failed the rules and a split refined its drafts)."""
     cloud_tokens: CloudTokens = field(default_factory=CloudTokens)
+    cloud_cost: t.CloudCost = field(default_factory=t.CloudCost)
+    """The engine work the cloud reported (``Summary.cost``), summed over the request's sessions that reached one."""
 
     def info(self) -> dict:
         """What both APIs report about a finished request besides its answer (gRPC SolveResult
@@ -161,6 +173,7 @@ class Done:
             "replica": r.summary.replica if r.summary is not None else "",
             "cloud_tokens": dataclasses.asdict(self.cloud_tokens),
             "finish_reason": r.finish_reason,
+            "cloud_cost": dataclasses.asdict(self.cloud_cost),
         }
 
 
@@ -305,6 +318,7 @@ class RequestLifecycle:
                 plan=self.runs[-1].plan,
                 plans=[r.plan for r in self.runs],
                 cloud_tokens=CloudTokens.of([r.result for r in self.runs]),
+                cloud_cost=cloud_cost([r.result for r in self.runs]),
             )
         finally:
             if not job.done():  # closed early (its client left): the run and its cloud call end now

@@ -138,11 +138,14 @@ class EdgePipeline:
         emit: Callable[[t.Draft], asyncio.Future | None],
         stop_at: float | None = None,
         prefix: str = "",
+        greedy: int = 0,
+        continues: int = 0,
     ) -> list[t.Draft]:
         """Write ``s.n`` drafts in a worker thread; ``emit`` each one on the loop as it finishes. At
         ``stop_at`` (``time.perf_counter()``) the drafts still being written end there, truncated: the
         request's deadline bounds drafting (192 tokens took 3.4 s here against a 3 s deadline).
-        ``prefix``: answer text the drafts continue (each draft's text begins with it)."""
+        ``prefix``: answer text the drafts continue (each draft's text begins with it); ``greedy``: the first
+        so many are written greedily (``Draft.greedy``); ``continues``: the ``DraftFrom`` round they answer."""
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[DraftResult | None] = asyncio.Queue()
         stop = False
@@ -157,6 +160,7 @@ class EdgePipeline:
                 s,
                 on_draft=lambda d: loop.call_soon_threadsafe(q.put_nowait, d),
                 cancelled=cancelled,
+                greedy=greedy,
             ),
         )
         job.add_done_callback(lambda _: q.put_nowait(None))  # done callbacks run on the loop: after every draft
@@ -170,6 +174,8 @@ class EdgePipeline:
                     mean_logprob=r.mean_logprob,
                     edge_ms=(time.perf_counter() - t0) * 1e3,
                     truncated=r.finish_reason == "length",
+                    greedy=r.index < greedy,
+                    continues=continues,
                 )
                 out.append(d)
                 res = emit(d)

@@ -119,7 +119,7 @@ class Remote:
             result=result,
             written=written,
         )
-        return await session.run(self.request.sampling)
+        return await session.run(self.request.sampling, greedy_first=self.request.greedy_first)
 
     async def _cloud_only(self, deadline_s: float) -> ResultBuilder:
         req = self.req
@@ -181,6 +181,14 @@ class SplitSession:
         self._writing = asyncio.ensure_future(self.call.write(msg))
         await asyncio.shield(self._writing)
 
+    async def stop_writing(self, writer: asyncio.Task) -> None:
+        """Stop a round still being drafted; a write under way finishes (a write cancelled half-way leaves its
+        operation pending in gRPC's core)."""
+        writer.cancel()
+        await asyncio.gather(writer, return_exceptions=True)
+        if self._writing is not None:
+            await asyncio.gather(self._writing, return_exceptions=True)
+
     async def half_close(self, writer: asyncio.Task) -> None:
         """The answer is in: stop drafting and writing, and half-close once the write under way is done, so
         that the cloud ends the call with no write of ours after it (``coinfer.cloud.edge_reader``)."""
@@ -200,7 +208,9 @@ class SplitSession:
         self.result.timings.setdefault("first_draft", d.edge_ms)
         return asyncio.ensure_future(self.write(pb.EdgeMessage(draft=convert.to_pb(d, pb.Draft))))
 
-    async def round(self, sampling: Sampling, start: int) -> None:
+    async def round(self, sampling: Sampling, start: int, greedy: int = 0) -> None:
+        """One round of drafts, each sent as it is written, then its end (``greedy``: the first so many written
+        greedily, ``Draft.greedy``)."""
         t_r = time.perf_counter()
         if self.written and start == 0:  # escalated or replayed: the drafts exist, send them as they are
             drafts = list(self.written)
@@ -209,17 +219,54 @@ class SplitSession:
                 await self.write(pb.EdgeMessage(draft=convert.to_pb(d, pb.Draft)))
         else:
             drafts = await self.pipe._draft_round(
-                self.task_prompt, sampling, start=start, t0=self.t0, emit=self._send, stop_at=self.stop_at
+                self.task_prompt,
+                sampling,
+                start=start,
+                t0=self.t0,
+                emit=self._send,
+                stop_at=self.stop_at,
+                greedy=greedy,
             )
             # drafted rounds only: sending drafts that exist waits for the session's acceptance (a
             # round trip the planner's transfer term holds), which is no drafting
             self.drafting_ms += (time.perf_counter() - t_r) * 1e3
         await self.write(pb.EdgeMessage(done=pb.DraftsDone(count=len(drafts))))
 
-    async def run(self, s: Sampling) -> ResultBuilder:
+    async def draft_from(self, ask: t.DraftFrom, sampling: Sampling) -> None:
+        """The cloud's answer took the drafts as far as they were its own: drafts that continue its text
+        ``ask.text`` (greedy, as the answer is), each sent as written, then the round's end."""
+        t_r = time.perf_counter()
+        s = dataclasses.replace(
+            sampling,
+            n=max(1, ask.num_drafts),
+            temperature=0.0,
+            presence_penalty=0.0,
+            frequency_penalty=0.0,
+            max_new_tokens=min(sampling.max_new_tokens, ask.max_new_tokens or sampling.max_new_tokens),
+        )
+        drafts = await self.pipe._draft_round(
+            self.task_prompt,
+            s,
+            start=self.next_index(),
+            t0=self.t0,
+            emit=self._send,
+            stop_at=self.stop_at,
+            prefix=ask.text,
+            greedy=s.n,
+            continues=ask.round,
+        )
+        self.drafting_ms += (time.perf_counter() - t_r) * 1e3
+        await self.write(pb.EdgeMessage(done=pb.DraftsDone(count=len(drafts), continues=ask.round)))
+
+    def next_index(self) -> int:
+        """The next index past every draft written (not their count: a replay's list need not be dense)."""
+        return max((d.index for d in self.result.drafts), default=-1) + 1
+
+    async def run(self, s: Sampling, greedy_first: bool = False) -> ResultBuilder:
+        """The session until its Summary (``greedy_first``: the first round's first draft is written greedily)."""
         result = self.result
         result.rounds = 1
-        writer = asyncio.create_task(self.round(s, 0))
+        writer = asyncio.create_task(self.round(s, 0, greedy=int(greedy_first)))
         try:
             async for msg in self.call:
                 ev = convert.event_from_pb(msg)
@@ -231,9 +278,11 @@ class SplitSession:
                 elif isinstance(ev, t.RetryAdvice):
                     await writer
                     result.rounds += 1
-                    # the next index past every draft written (not their count: a replay's list need not be dense)
-                    start = max((d.index for d in result.drafts), default=-1) + 1
-                    writer = asyncio.create_task(self.round(follow_advice(s, ev), start))
+                    writer = asyncio.create_task(self.round(follow_advice(s, ev), self.next_index()))
+                elif isinstance(ev, t.DraftFrom):
+                    # the cloud answers from here: what the round still drafts is read by no one
+                    await self.stop_writing(writer)
+                    writer = asyncio.create_task(self.draft_from(ev, s))
                 elif isinstance(ev, t.Summary):
                     result.take(ev)
                     await self.half_close(writer)

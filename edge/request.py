@@ -79,7 +79,15 @@ class ValidRequest:
             deadline_ms=deadline_ms,
             messages=list(r.messages),
             extraction=r.extraction,
+            drafts_on_request=True,
         )
+
+    @property
+    def greedy_first(self) -> bool:
+        """Whether the first draft is written greedily (``Draft.greedy``): an open request whose answer is greedy
+        (the cloud's default refinement, or the client's own temperature 0, unpenalised), which the cloud answers
+        by exact verification, taking most of such a draft."""
+        return not self.req.task and (self.refine is None or self.refine.argmax)
 
 
 def infer_task(prompt: str) -> str:

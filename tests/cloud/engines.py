@@ -153,6 +153,8 @@ class GreedyWords(ScriptedEngine):
         self.checks: list[tuple[list[int], int]] = []
         self.decoded = 0
         self.prompt_words = prompt_words
+        self.leads: dict[int, float] = {}
+        """The argmax's lead over the runner-up (nats) at answer positions that are near-ties (others: 10)."""
 
     def _id(self, word: str) -> int:
         return self.vocab.setdefault(word, len(self.vocab))
@@ -174,7 +176,8 @@ class GreedyWords(ScriptedEngine):
         self.checks.append((list(ids), start))
         self.request_ids.append(request_id)
         n = self.prompt_words
-        return [self.argmax(ids[n:p]) for p in range(start, len(ids) + 1)]
+        top = [self.argmax(ids[n:p]) for p in range(start, len(ids) + 1)]
+        return top, [self.leads.get(p - n, 10.0) for p in range(start, len(ids) + 1)]
 
     async def generate_ids(self, ids: list[int], params: GenParams, request_id: str):
         self.request_ids.append(request_id)

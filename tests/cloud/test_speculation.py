@@ -70,6 +70,18 @@ def test_only_a_draft_that_can_be_taken_further_is_checked_too():
     assert len(engine.checks) == 2 and cost.draft_tokens_accepted == 7
 
 
+def test_a_near_tie_ends_what_is_taken_and_the_target_decodes_from_there():
+    engine = GreedyWords(ANSWER)
+    engine.tie_nats, engine.leads = 0.25, {3: 0.1}  # "blue" leads its runner-up by 0.1 nats
+    chunks, cost = _run(engine, [Proposal(" " + ANSWER, ended=True)])
+    assert _text(chunks) == _plain() and cost.draft_tokens_accepted == 3  # "the sky is", then decoded
+    assert engine.decoded == len(ANSWER.split()) - 3 + 1
+    engine = GreedyWords(ANSWER)
+    engine.tie_nats, engine.leads = 0.25, {3: 0.1}
+    chunks, cost = _run(engine, [Proposal(" the sky is green", ended=False)])
+    assert cost.draft_tokens_accepted == 3 and engine.decoded == len(ANSWER.split()) - 3 + 1  # no free token
+
+
 def test_a_sampled_or_penalised_generation_is_the_engines_own():
     for params in (GenParams(max_tokens=64, temperature=0.7), GenParams(max_tokens=64, presence_penalty=0.5)):
         engine = GreedyWords(ANSWER)

@@ -18,10 +18,10 @@ async def real_daemon(smollm2_hf):
     from coinfer.cloud.vllm_engine import VllmEngine
     from coinfer.edge.config import EdgeConfig
     from coinfer.edge.daemon import EdgeDaemon
-    from coinfer.quantize.real_model import edge_dir
+    from coinfer.quantize.real_model import CLOUD_DTYPE, edge_dir
 
     int8 = edge_dir()  # export + default INT8 (gated); cached by the model and the build code
-    cfg = CloudConfig(engine=EngineConfig(model=str(smollm2_hf), max_model_len=2048))
+    cfg = CloudConfig(engine=EngineConfig(model=str(smollm2_hf), max_model_len=2048, dtype=CLOUD_DTYPE))
     srv = await create_server(cfg)
     await srv.attach_engine(await VllmEngine(cfg.engine).start())
     d = await EdgeDaemon(EdgeConfig(model=str(int8), cloud=f"127.0.0.1:{srv.port}", grpc_port=0, http_port=0)).start()
