@@ -154,6 +154,9 @@ class OpenRequest:
     messages: list[ChatMessage] = field(default_factory=list)
     """The conversation; empty = ``prompt`` as one user turn."""
     extraction: Extraction = field(default_factory=Extraction)
+    draft_model: str = ""
+    """The edge's draft model identity (its manifest's digest; "" from older edges and the cloud plan):
+    what the cloud's round odds are kept by (``coinfer.cloud.rounds.request_kind``)."""
 
     @property
     def conversation(self) -> list[ChatMessage]:

@@ -51,6 +51,7 @@ class Drafts:
     """Stands in for the warm draft engine: a prompt that ends with the streamed text is continued."""
 
     providers, runs = ["CPUExecutionProvider"], 1
+    identity = "sha256:stand-in"
 
     def __init__(self) -> None:
         self.prompts: list[str] = []

@@ -203,6 +203,7 @@ class LocalDrafts:
     """Stands in for the draft engine the cold edge loads once the cloud has failed."""
 
     providers, runs = ["CPUExecutionProvider"], 0
+    identity = "sha256:stand-in"
 
     def render(self, messages) -> str:
         return messages[-1].content
