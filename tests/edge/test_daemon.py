@@ -306,7 +306,7 @@ async def test_planner_edge_state_while_loading(int8_draft):
     # what is left of the load plus the first run once: never more than the whole cold start
     assert loading.fresh and cold_start_ms(core.planner.edge_profile(loading)) <= full
     engine = await core.ensure_engine()
-    assert core._edge_state() == EdgeState(core.model_bytes, "warm", 0.0, False, fresh=True)
+    assert core._edge_state() == EdgeState(model_bytes=core.model_bytes, state="warm", gpu=False, fresh=True)
     await asyncio.to_thread(
         engine.generate,
         engine.render([ChatMessage("user", "If x=1 and y=2, compute x+y.")]),
