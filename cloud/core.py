@@ -177,6 +177,7 @@ class CloudCore:
                 yield ev
             outcome = "ok"
             if s.outcome and self.learner.record(s.outcome):
+                await self.learner.update()  # the fit and the shared file: in a worker thread
                 self._publish_weights()
         except asyncio.CancelledError:
             outcome = "cancelled"
