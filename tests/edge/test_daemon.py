@@ -78,7 +78,9 @@ async def test_edge_and_cloud_plans(daemon):
 
 async def test_auto_plan_carries_its_prediction_and_the_measured_request(daemon):
     res = (await solve(daemon.grpc_port))[-1].result  # no plan: the planner's
-    assert res.plan == res.plans[-1] and res.plan_reason != "requested" and "fastest" in res.plan_reason
+    assert res.plan == res.plans[-1] and res.plan_reason != "requested"
+    # the plan fastest in the planner's draw, or one it runs to measure (a plan with no spread yet)
+    assert res.plan_reason.startswith((f"{res.plans[0]}: fastest in this draw", f"explore: {res.plans[0]}'s"))
     assert res.predicted_ms["total_ms"] > 0 and set(res.predicted_ms) >= {"cold_start_ms", "drafting_ms"}
     t = res.timings_ms
     assert t["request"] >= t["total"] > 0 and 0 <= t["cold_start"] <= t["request"]
