@@ -13,8 +13,8 @@ sends each held-out problem once per plan, one request at a time (latency, not t
 presets' prompts go as plain chat messages (the daemon infers their task); word problems as open
 requests with the demo's rules (``arithmetic`` + a numeric answer, extraction ``marker``). The
 planner is warmed first with ``--warmup`` train-side problems under auto (a daemon that has served
-a while: by default 12 per task, enough for auto's exploration of each cloud plan,
-``EXPLORE_RUNS`` runs each, to be behind it), then the plans run in the order auto, edge, split,
+a while: by default 12 per task, enough for auto to have run each plan a few times: a plan whose
+latency has no spread yet runs first, docs/planner.md), then the plans run in the order auto, edge, split,
 cloud on the same problems, each on a cold prefix cache.
 
 Printed per plan and task: accuracy, median and mean latency, the cloud's generated tokens per

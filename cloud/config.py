@@ -182,18 +182,18 @@ class PolicyConfig:
     refinement, no continuation). The verifier's prefill per draft and the refinement were most of what a
     split answer cost the cloud (benchmarks/capacity.py); off: every valid draft is scored as on open requests."""
     min_round_odds: float = bounded(0.3, ge=0, le=1)
-    """Advise another round of drafts only where rounds of the same kind of request (task and rules) held a
-    draft the rules pass at least this often lately, first rounds and retry rounds each
-    (``coinfer.cloud.policy.RoundOdds``, ``retry``; every tenth refusal retries anyway, to keep measuring);
-    0: retry up to ``max_retries`` always. A retry makes every such request wait a drafting round (on the
+    """Advise another round of drafts only where rounds of the same kind of request (draft model, task, rule
+    kinds) may hold a draft the rules pass this often, by the upper confidence bound of their odds, first
+    rounds and retry rounds each (``coinfer.cloud.policy.RoundOdds``, ``retry``; a refused kind's odds fade
+    until its rounds are tried again, to keep measuring); 0: retry up to ``max_retries`` always. A retry makes every such request wait a drafting round (on the
     demo words problems about as long as the cloud's own answer), so it pays only where it often finds a
     valid draft: there retries held one about 1 time in 6, and two retries took a failed request from
     0.3-0.47 s to 0.65-1.3 s (was 0.1, when first and retry rounds were counted together)."""
     max_retries: int = bounded(2, ge=0)
     """Retry rounds advised to the edge before the cloud drafts itself."""
     hedge_below_odds: float = bounded(0.25, ge=0, le=1)
-    """Where rounds of the same kind of request held a valid draft less often than this lately (after a few
-    rounds: ``RoundOdds.hopeless``), the cloud begins its own answer at session open and answers with it,
+    """Where rounds of the same kind of request hold a valid draft less often than this even by the upper
+    confidence bound of their odds (``RoundOdds.hopeless``), the cloud begins its own answer at session open and answers with it,
     unless the rules alone pass a draft first where they decide; drafts needing the LLM verifier are not
     scored, and no retry is advised (``coinfer.cloud.hedge``). SmolLM2 drafting for Gemma 3 270M: 6% of drafts
     accepted, split waited 3 rounds (13.2 s p50 against the cloud plan's 2.3 s). 0: always wait for the drafts."""

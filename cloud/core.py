@@ -25,7 +25,7 @@ from coinfer.errors import InvalidArgument, Reason, ResourceExhausted, Unavailab
 from coinfer.rules import RuleSet
 from coinfer.serving import logs
 from coinfer.tasks import get_task
-from coinfer.validate import MAX_NEW_TOKENS, check_deadline, check_question, check_request_id
+from coinfer.validate import MAX_NEW_TOKENS, check_deadline, check_draft_model, check_question, check_request_id
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +106,7 @@ class CloudCore:
         lim = self.cfg.limits
         task = get_task(req.task)
         check_request_id(req.request_id)
+        check_draft_model(req.draft_model)
         where = check_question(req.prompt, req.messages, lim.max_prompt_chars, "problem.")
         try:
             spec = task.parse_problem(req.question)
@@ -176,6 +177,7 @@ class CloudCore:
                 yield ev
             outcome = "ok"
             if s.outcome and self.learner.record(s.outcome):
+                await self.learner.update()  # the fit and the shared file: in a worker thread
                 self._publish_weights()
         except asyncio.CancelledError:
             outcome = "cancelled"

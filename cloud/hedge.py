@@ -14,8 +14,9 @@ hedge answers as it writes: what it wrote is relayed to the session's stream in 
 written as final, and the rest streams as it comes.
 
 Its cost is the cloud's own answer, which the session pays anyway when no draft is valid, less the drafts'
-scoring; it is wasted only where a draft wins. Every ``explore_every``-th session of a hopeless kind waits
-for its round as before (``RoundOdds.hopeless``), so that the odds keep being measured.
+scoring; it is wasted only where a draft wins. A hedged session's round is not counted, so a hopeless kind's
+odds fade until its rounds are waited for and counted again (``RoundOdds.hopeless``): the odds keep being
+measured.
 """
 
 from __future__ import annotations

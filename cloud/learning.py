@@ -6,7 +6,9 @@ latency, and a label — 1 if the draft is right (graded by the task where it ca
 grade, else: it agrees with the final answer). Every ``every`` sessions the
 weights are refitted on the rows since the last update (``policy.fit_weights``)
 and blended in with an EWMA, then written to ``path`` (atomically) so a restart
-continues where it stopped.
+continues where it stopped. ``record`` (on the event loop) only counts; the refit
+and the file (numpy, an ``flock`` that may wait for another replica, the disk) run
+in a worker thread (``update``), one at a time.
 
 Replicas may share one state file (a volume every pod mounts): the weights are then merged, not
 overwritten. Each update takes an exclusive lock on ``<path>.lock``, re-reads the file (the other
@@ -18,6 +20,8 @@ rolling update (new pod names) would start from scratch.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import fcntl
 import json
 import logging
@@ -90,6 +94,8 @@ class WeightLearner:
     """Sessions recorded here since this replica's last update."""
     _written_sessions: int = 0
     """``weights.sessions`` as last read from or written to the shared file."""
+    _updating: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    """One update at a time: each merges into what the last one wrote."""
 
     @classmethod
     def open(cls, a: float, b: float, g: float, *, every: int, alpha: float, path: str) -> WeightLearner:
@@ -102,8 +108,8 @@ class WeightLearner:
         return cls(weights=w, every=every, alpha=alpha, path=p, _written_sessions=w.sessions)
 
     def record(self, rows: list[Outcome]) -> bool:
-        """Add one session's outcome rows; returns True when this session triggered an update.
-        With learning off (``every`` 0) nothing is kept."""
+        """Add one session's outcome rows (on the event loop: no I/O, no fit); True when this session makes
+        an update due (``update``). With learning off (``every`` 0) nothing is kept."""
         if not self.every:
             return False
         self.rows.extend(rows)
@@ -112,15 +118,27 @@ class WeightLearner:
         if self._pending < self.every:  # this replica's sessions: the shared count moves with the others'
             return False
         self._pending = 0
-        self.update()
         return True
 
-    def update(self) -> None:
-        fit = fit_weights(self.rows, total=self.weights.a + self.weights.b + self.weights.g)
-        self.rows.clear()
+    async def update(self) -> None:
+        """Refit on the rows since the last update and merge into the shared file, in a worker thread: the fit
+        is numpy, and the file's lock may wait for another replica's update. The weights change on the loop,
+        at once, when it is done; sessions recorded meanwhile are kept on top."""
+        async with self._updating:
+            rows, self.rows = self.rows, []
+            base = dataclasses.replace(self.weights)
+            new = await asyncio.to_thread(self._updated, rows, base, self._written_sessions)
+            meanwhile = self.weights.sessions - base.sessions
+            self._written_sessions = new.sessions
+            new.sessions += meanwhile
+            self.weights = new
+
+    def _updated(self, rows: list[Outcome], mine: Weights, written: int) -> Weights:
+        """``mine`` (sessions counted here since ``written`` included) with a fit on ``rows`` blended into the
+        shared file's weights, and written back under the lock. Blocking: a worker thread's."""
+        fit = fit_weights(rows, total=mine.a + mine.b + mine.g)
         with self._locked():
-            self._merge()  # other replicas' updates since ours
-            w = self.weights
+            w = self._merged(mine, written)  # other replicas' updates since ours
             if fit is None:
                 log.info("scheduler weights kept: outcomes since the last update cannot separate the terms")
             else:
@@ -128,7 +146,8 @@ class WeightLearner:
                 w.a, w.b, w.g = ((1 - k) * old + k * new for old, new in zip((w.a, w.b, w.g), fit))
                 w.updates += 1
                 log.info("scheduler weights updated: a=%.3f b=%.3f g=%.3f", w.a, w.b, w.g)
-            self._write()
+            self._write(w)
+        return w
 
     @contextmanager
     def _locked(self):
@@ -140,25 +159,19 @@ class WeightLearner:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
             yield
 
-    def _merge(self) -> None:
-        """Adopt the shared file's weights; sessions counted here since our last write are added."""
+    def _merged(self, mine: Weights, written: int) -> Weights:
+        """The shared file's weights, with the sessions counted here since ``written`` (the file's count when
+        this replica last read or wrote it) added; ``mine`` where there is no valid file."""
         saved = statefile.load(self.path, StateFile)  # invalid: set aside, this replica's weights win
         if saved is None:
-            return
+            return dataclasses.replace(mine)
         shared = Weights(**saved.weights.model_dump())
-        mine = self.weights.sessions - self._written_sessions
-        shared.sessions += mine
-        self.weights = shared
+        shared.sessions += mine.sessions - written
+        return shared
 
-    def save(self) -> None:
-        with self._locked():
-            self._merge()
-            self._write()
-
-    def _write(self) -> None:
+    def _write(self, w: Weights) -> None:
         if self.path is None:
             return
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"weights": asdict(self.weights)}, indent=2))
+        tmp.write_text(json.dumps({"weights": asdict(w)}, indent=2))
         os.replace(tmp, self.path)
-        self._written_sessions = self.weights.sessions

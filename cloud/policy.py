@@ -1,14 +1,18 @@
-"""Pure scheduling maths: verifier scores, the scheduler's rank, consensus, token budgets.
+"""Pure scheduling maths: verifier scores, the scheduler's rank, consensus, token budgets, round odds.
 
-No I/O here; everything is a function of numbers and strings (docs/design.md §3.1, §4.4).
+No I/O here; everything is a function of numbers and strings (docs/design.md §3.1, §4.4), or of a clock
+passed in (``RoundOdds``).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
+
+from coinfer.estimator import Decayed, DecayedTable, beta_mean_sd
 
 
 def mean_logprob(logprobs: Sequence[float]) -> float:
@@ -141,83 +145,82 @@ def retry(kind: object) -> tuple:
     return ("retry", kind)
 
 
-class RoundOdds:
-    """How often a round of drafts held a draft the rules pass, per kind of request (task and rules): the
-    cloud advises another round only where rounds pay (``PolicyConfig.min_round_odds``). A retry round costs
-    the edge a drafting round and the user its wait; the demo draft's held-out select drafts failed the
-    exact checkers 16 times in 16 (3 rounds a request), and the cloud answered alone after each.
+ODDS_TAU_S = 1800.0
+"""Seconds in which a round's weight in ``RoundOdds`` falls to 1/e. The key names the draft model, so a new
+draft model starts afresh; what remains to drift is the mix of problems within a kind. A kind holds at most
+(its sessions a second) x tau rounds of evidence, and about a dozen straight misses make it hopeless: a kind
+seen less than every ~2 minutes is never hedged. A hedged kind is waited for again about once per
+(a dozen / tau), every ~2.5 minutes, to keep its odds measured. Status: to be measured (docs/planner.md)."""
+ODDS_Z = 2.0
+"""How many standard deviations above its posterior mean a kind's odds are taken at (``RoundOdds.upper``):
+the cloud refuses a round, or hedges, only where even that optimistic bound is below the policy's floor.
+About 98% one-sided under the normal approximation of the Beta posterior; status: to be measured."""
+MAX_KINDS = 1024
+"""Kinds ``RoundOdds`` remembers, least recently used dropped first. A kind is (draft model, task preset, the
+rules' kinds) for first rounds and retry rounds: a few draft models x 4 presets x a few rule sets x 2 is tens;
+an edge inventing draft model names costs at most this many entries (~200 bytes each)."""
 
-    Counts decay by ``decay`` per observation (recent traffic counts most), from a prior of ``prior_hits``
-    in ``prior_rounds``; a kind seen in fewer than ``min_rounds`` first rounds, or ``retry_rounds`` retry rounds,
-    retries as before (retry rounds come only after a failed round: fewer to wait for, and a wrong refusal
-    costs no accuracy, the cloud answering itself). Every ``explore_every``-th refusal retries
-    anyway, so that a kind whose drafts improve (a new draft model) is seen to. The same odds say where the
-    cloud should not wait for the first round either (``hopeless``)."""
+
+class RoundOdds:
+    """How often a round of drafts held a draft the rules pass, per kind of request (``rounds.request_kind``):
+    the cloud advises another round only where rounds pay (``PolicyConfig.min_round_odds``), and begins its
+    own answer at open where they are hopeless (``PolicyConfig.hedge_below_odds``, ``coinfer.cloud.hedge``).
+    A retry round costs the edge a drafting round and the user its wait; the demo draft's held-out select
+    drafts failed the exact checkers 16 times in 16 (3 rounds a request), and the cloud answered alone after
+    each.
+
+    One decayed estimate per kind (``coinfer.estimator``, ``ODDS_TAU_S``), read as a Beta posterior from a
+    uniform prior; a kind is judged by the upper bound of its odds (``upper``: ``ODDS_Z`` standard deviations
+    above the mean). A kind seen a few times has a wide posterior, so its rounds are waited for; one that
+    misses again and again gets a bound below the floor; a kind refused or hedged is no longer counted, its
+    evidence fades, its bound rises, and its rounds are waited for and counted again: the exploration is the
+    estimate's own uncertainty, with nothing counted besides. At most ``MAX_KINDS`` kinds are kept."""
 
     def __init__(
         self,
         *,
-        prior_hits: float = 1.0,
-        prior_rounds: float = 2.0,
-        decay: float = 0.98,
-        explore_every: int = 10,
-        min_rounds: int = 20,
-        hedge_min_rounds: int = 3,
-        retry_rounds: int = 6,
-        early_rounds: int = 8,
-        early_explore_every: int = 2,
+        tau_s: float = ODDS_TAU_S,
+        z: float = ODDS_Z,
+        max_kinds: int = MAX_KINDS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.prior = (prior_hits, prior_rounds)
-        self.decay, self.explore_every, self.min_rounds = decay, explore_every, min_rounds
-        self.hedge_min_rounds, self.retry_rounds = hedge_min_rounds, retry_rounds
-        self.early_rounds, self.early_explore_every = early_rounds, early_explore_every
-        self._counts: dict[object, tuple[float, float]] = {}
-        self._seen: dict[object, int] = {}
-        self._refused: dict[object, int] = {}
-        self._hedged: dict[object, int] = {}
+        self.z = z
+        self._table: DecayedTable[Hashable] = DecayedTable(tau_s=tau_s, clock=clock, max_keys=max_kinds)
 
-    def observe(self, kind: object, hit: bool) -> None:
-        hits, rounds = self._counts.get(kind, self.prior)
-        self._counts[kind] = (hits * self.decay + hit, rounds * self.decay + 1)
-        self._seen[kind] = self._seen.get(kind, 0) + 1
+    def __len__(self) -> int:
+        """Kinds remembered (at most ``max_kinds``)."""
+        return len(self._table)
 
-    def odds(self, kind: object) -> float:
-        hits, rounds = self._counts.get(kind, self.prior)
-        return hits / rounds
+    def observe(self, kind: Hashable, hit: bool) -> None:
+        self._table.add(kind, 1.0 if hit else 0.0)
 
-    def below(self, kind: object, floor: float, min_rounds: int) -> bool:
-        """Whether rounds of ``kind``, seen at least ``min_rounds`` times, held a valid draft less often
-        than ``floor`` lately (``floor`` <= 0: never)."""
-        return floor > 0 and self._seen.get(kind, 0) >= min_rounds and self.odds(kind) < floor
+    def _posterior(self, kind: Hashable) -> tuple[float, float]:
+        return beta_mean_sd(*(self._table.get(kind) or Decayed()).beta)
 
-    def pays(self, kind: object, min_odds: float) -> bool:
+    def odds(self, kind: Hashable) -> float:
+        """The posterior mean of the kind's odds (1/2 for a kind never seen: Laplace's rule)."""
+        return self._posterior(kind)[0]
+
+    def upper(self, kind: Hashable) -> float:
+        """The kind's odds taken optimistically: the posterior mean plus ``z`` standard deviations."""
+        mean, sd = self._posterior(kind)
+        return mean + self.z * sd
+
+    def pays(self, kind: Hashable, min_odds: float) -> bool:
         """Whether another round is worth asking for (``min_odds`` <= 0: always): neither the kind's first
-        rounds nor its retry rounds (``retry``) held a valid draft less often than ``min_odds`` lately."""
-        first, again = self.below(kind, min_odds, self.min_rounds), self.below(retry(kind), min_odds, self.retry_rounds)
-        if not (first or again):
-            return True  # off, too few rounds seen to judge (``min_rounds``), or rounds pay
-        n = self._refused[kind] = self._refused.get(kind, 0) + 1
-        return n % self.explore_every == 0
+        rounds nor its retry rounds (``retry``) have odds whose upper bound is below ``min_odds``."""
+        return min_odds <= 0 or (self.upper(kind) >= min_odds and self.upper(retry(kind)) >= min_odds)
 
-    def rare(self, kind: object, below: float) -> bool:
-        """Whether rounds of ``kind`` held a valid draft less often than ``below`` lately, judged after
-        ``hedge_min_rounds`` rounds (``below`` <= 0: never): too rarely to wait for one (``hopeless``) or
-        to ask for another."""
-        return self.below(kind, below, self.hedge_min_rounds)
+    def rare(self, kind: Hashable, below: float) -> bool:
+        """Whether rounds of ``kind`` hold a valid draft less often than ``below`` even by the upper bound of
+        their odds (``below`` <= 0: never): too rarely to wait for one (``hopeless``) or to ask for another."""
+        return below > 0 and self.upper(kind) < below
 
-    def hopeless(self, kind: object, below: float) -> bool:
+    def hopeless(self, kind: Hashable, below: float) -> bool:
         """Whether a round of this kind is so unlikely to hold a valid draft that the cloud should begin its
-        own answer at once rather than wait for the round (``coinfer.cloud.hedge``; ``below`` <= 0: never).
-        A wrong yes costs only cloud time (a valid draft still wins the race when it comes first), so it
-        is said after ``hedge_min_rounds`` rounds, not ``min_rounds``; every ``explore_every``-th yes is
-        a no, so that rounds of the kind are still waited for and counted (a hedge that wins ends the
-        session before its round closes: nothing is observed). While fewer than ``early_rounds`` rounds
-        of the kind were seen, every ``early_explore_every``-th is: a hedge stops the counting it rests
-        on, so a kind whose first three rounds missed by chance stayed hedged for good (the demo's word
-        problems, whose first rounds hold a valid draft 4-10 times in 16: after ``auto``'s requests split
-        answered 23-29 of 30 alone, in one run 1 of 30 from a draft, where a fresh cloud took 12-14 from drafts)."""
-        if not self.rare(kind, below):
-            return False
-        n = self._hedged[kind] = self._hedged.get(kind, 0) + 1
-        early = self._seen.get(kind, 0) < self.early_rounds
-        return n % (self.early_explore_every if early else self.explore_every) != 0
+        own answer at once rather than wait for the round (``coinfer.cloud.hedge``; ``below`` <= 0: never):
+        ``rare``. A hedged session's round is not counted (a hedge that wins ends the session first), so the
+        kind's evidence fades until its bound reaches ``below`` and its rounds are waited for again: a kind
+        whose first rounds missed by chance is not hedged for good (the demo's word problems, valid in 4-10
+        first rounds of 16, were hedged in 23-29 of 30 sessions by counting rules before)."""
+        return self.rare(kind, below)

@@ -23,9 +23,12 @@ MAX_PENALTY = 2.0
 EXTRA_DRAFTS_PER_ROUND = 2
 
 
-def request_kind(req: t.OpenRequest, rules: RuleSet) -> tuple:
-    """What rounds of drafts are counted by (``RoundOdds``): the task and the rules in force."""
-    return req.task, tuple(rules.labels)
+def request_kind(req: t.OpenRequest, rules: RuleSet) -> tuple[str, str, tuple[str, ...]]:
+    """What rounds of drafts are counted by (``RoundOdds``): the draft model that writes them (the edge's
+    ``draft_model``: one edge's weak draft model must not leave another's valid drafts unscored), the task
+    preset and the kinds of the rules in force (``RuleSet.kinds``, a closed set: never the names a client gives
+    its rules, which would make a kind per request)."""
+    return req.draft_model, req.task, rules.kinds
 
 
 @dataclass

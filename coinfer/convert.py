@@ -226,6 +226,7 @@ def open_from_pb(msg: pb.SessionOpen) -> t.OpenRequest:
         deadline_ms=msg.deadline_ms,
         messages=[ChatMessage(m.role, m.content) for m in p.messages],
         extraction=extraction_from_pb(p.extraction),
+        draft_model=msg.draft_model,
         drafts_on_request=msg.drafts_on_request,
     )
 
@@ -246,6 +247,7 @@ def open_to_pb(req: t.OpenRequest) -> pb.SessionOpen:
         expected_drafts=req.expected_drafts,
         deadline_ms=req.deadline_ms,
         problem=problem_to_pb(req),
+        draft_model=req.draft_model,
         drafts_on_request=req.drafts_on_request,
     )
     if req.refine is not None:

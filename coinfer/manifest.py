@@ -105,6 +105,16 @@ def verify_manifest(model_dir: Path, allow_unverified: bool = False) -> dict[str
     return manifest
 
 
+def identity(model_dir: Path, manifest: dict[str, Any] | None) -> str:
+    """A model artefact's identity for others to key by, never a path: the digest of its manifest's file list
+    (every file's sha256 and size: the same bytes give the same identity on every machine); an unverified
+    directory without a manifest, the digest of its resolved path (stable on this machine only)."""
+    if manifest is not None:
+        files = json.dumps(manifest.get("files", {}), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(files.encode()).hexdigest()
+    return "path-sha256:" + hashlib.sha256(str(model_dir.resolve()).encode()).hexdigest()
+
+
 def _first_failure(checks: dict[str, Any]) -> str:
     problems = (checks.get("structure") or {}).get("problems") or []
     if problems:

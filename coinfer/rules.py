@@ -417,6 +417,12 @@ class RuleSet:
         return [c.rule.label for c in self.rules]
 
     @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds of the rules in force, sorted, once each: a closed set (``RULE_KINDS``), unlike the names a
+        client may give its rules (what the cloud may key a table by)."""
+        return tuple(sorted({c.rule.kind for c in self.rules}))
+
+    @property
     def judges_prefix(self) -> bool:
         """Every check can judge a prefix that ends a step (the module docstring): an open request whose
         extraction (``none``) cannot fail, every rule one that ``judges_prefix``. The cloud's own answer

@@ -170,6 +170,9 @@ class OpenRequest:
     messages: list[ChatMessage] = field(default_factory=list)
     """The conversation; empty = ``prompt`` as one user turn."""
     extraction: Extraction = field(default_factory=Extraction)
+    draft_model: str = ""
+    """The edge's draft model identity (its manifest's digest; "" from older edges and the cloud plan):
+    what the cloud's round odds are kept by (``coinfer.cloud.rounds.request_kind``)."""
     drafts_on_request: bool = False
     """The edge drafts continuations of the answer when the cloud asks (``DraftFrom``); False from an older edge."""
 
@@ -262,9 +265,10 @@ class Timings:
 @dataclass
 class CloudCost:
     """What one session made the cloud's engine do, counted where every engine request passes
-    (``VllmEngine._run``): the cloud's own cost of an answer, which the edge's planner weighs plans by
-    (``cloud_thrift``). Counts, not seconds: the engine batches many sessions into each step, so a
-    session's wall time in it is not its share of the machine, while the tokens it computed are."""
+    (``VllmEngine._run``): the cloud's own cost of an answer, which the edge's planner estimates per plan
+    and task and ``--explain`` reports (``cloud_tokens``). Counts, not seconds: the engine batches many
+    sessions into each step, so a session's wall time in it is not its share of the machine, while the
+    tokens it computed are."""
 
     engine_requests: int = 0
     """vLLM requests: verification scoring, the judge, refinement, candidates (each a scheduling cost)."""

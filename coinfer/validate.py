@@ -10,6 +10,8 @@ from coinfer.chat import ChatMessage, validate_messages
 from coinfer.errors import InvalidArgument, ResourceExhausted, require
 
 MAX_REQUEST_ID = 128
+MAX_DRAFT_MODEL = 128
+"""The longest draft model identity an edge may send: a digest ("sha256:" and 64 hex digits) and room."""
 MAX_DEADLINE_MS = 600_000
 """The longest deadline a request may ask for (10 minutes): past it a client has gone."""
 MAX_NEW_TOKENS = 4096
@@ -42,3 +44,9 @@ def check_deadline(deadline_ms: int, max_ms: int = MAX_DEADLINE_MS) -> None:
     """0 = the server's default; otherwise at most ``max_ms``."""
     if not 0 <= deadline_ms <= max_ms:
         raise InvalidArgument(f"deadline_ms: must be in 0..{max_ms}, got {deadline_ms}")
+
+
+def check_draft_model(draft_model: str) -> None:
+    """The edge's draft model identity: a key of the cloud's round odds, so bounded in length."""
+    if len(draft_model) > MAX_DRAFT_MODEL:
+        raise InvalidArgument(f"draft_model: {len(draft_model)} chars > {MAX_DRAFT_MODEL}")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from coinfer.edge.kinds import RequestedPlan
+from coinfer.edge.planner.estimates import TAU_S
 from coinfer.edge.sampling import DEFAULT_MAX_DRAFTS, DEFAULT_MAX_NEW_TOKENS
 from coinfer.edge.targets import parse_targets
 from coinfer.serving.bounds import bounded, check_bounds
@@ -74,11 +75,11 @@ class EdgeConfig:
     planner_state: str = ""
     """JSON file where the planner's calibration persists; empty = in memory only."""
     quality_floor: float = bounded(0.0, ge=0, le=1)
-    """Plan "auto": the fastest plan whose expected quality (rule-valid answers) reaches this."""
-    cloud_thrift: float = bounded(0.25, ge=0, le=1)
-    """Plan "auto": of the plans predicted within this fraction of the fastest, the one that holds the
-    cloud least, where it saves at least a tenth of the fastest's cost (``planner.cost.THRIFT_MIN_SAVING``;
-    the cloud is shared: its busy time is every other user's queue). 0 = the fastest."""
+    """Plan "auto": the fastest plan whose quality (rule-valid answers, drawn from its estimate) reaches this."""
+    planner_tau_s: float = bounded(TAU_S, gt=0, le=86_400)
+    """Plan "auto": seconds in which a measurement's weight in the planner's estimates falls to 1/e
+    (``coinfer.estimator``). Shorter re-explores a plan measured under a burst sooner; longer explores less
+    on an edge that serves a request now and then (docs/planner.md, constants)."""
     probe_on_start: bool = True
     """Calibrate at start (disk, PCIe, decode steps, network, cloud queue)."""
     reprobe_s: float = bounded(300.0, gt=0)

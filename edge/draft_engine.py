@@ -24,7 +24,7 @@ from coinfer.chat import ChatFormat, ChatMessage
 from coinfer.edge.onnx_lm import OnnxLM
 from coinfer.edge.sampling import Sampling, sample_next
 from coinfer.errors import ResourceExhausted
-from coinfer.manifest import verify_manifest
+from coinfer.manifest import identity, verify_manifest
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,8 @@ class OrtDraftEngine:
         # refuse a tampered, truncated or mismatched artefact before ORT parses any of it
         # (reading every file: from disk when the page cache is cold)
         self.manifest = verify_manifest(self.model_dir, allow_unverified)
+        self.identity = identity(self.model_dir, self.manifest)
+        """What the cloud knows this draft model by (``OpenRequest.draft_model``): a digest, never a path."""
         t0 = time.perf_counter()
         self.lm = OnnxLM(self.model_dir / model_file, providers, threads, io_binding=io_binding)
         self.session_ms = (time.perf_counter() - t0) * 1e3

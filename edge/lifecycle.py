@@ -250,8 +250,10 @@ class RequestLifecycle:
         asked, choice = self.request.plan, None
         if asked is RequestedPlan.AUTO:
             cloud_ok = link.enabled and link.breaker.would_allow()
-            choice = edge.planner.choose(self.task, *self.size, self.request.sampling.n, state, cloud_ok)
-            plan, why = Plan(choice.plan), choice.reason
+            choice = edge.planner.choose(
+                task=self.task, size=self.size, n=self.request.sampling.n, edge=state, cloud_available=cloud_ok
+            )
+            plan, why = choice.plan, choice.reason
         else:
             plan, why = asked.plan, "requested"
         if plan is not Plan.EDGE and not link.enabled:
@@ -278,7 +280,7 @@ class RequestLifecycle:
         """How long before the deadline a cloud plan's local answer starts (0: no hedge)."""
         if d.plan is not Plan.CLOUD:
             return 0.0
-        predicted = self.edge.planner.local_ms(self.task, *self.size, self.request.sampling.n, d.edge)
+        predicted = self.edge.planner.local_ms(task=self.task, size=self.size, n=self.request.sampling.n, edge=d.edge)
         return LOCAL_RESERVE_FACTOR * predicted / 1e3 + LOCAL_RESERVE_MIN_S
 
     # ---- the run -----------------------------------------------------------------------------------
@@ -398,7 +400,7 @@ class RequestLifecycle:
         against the edge's own prediction, an escalation against the escalation's) and the planner's
         estimates (an escalation as a split observation of its own)."""
         edge, runs, n = self.edge, self.runs, self.request.sampling.n
-        first = runs[0].plan.value
+        first = runs[0].plan
         for i, ran in enumerate(runs):
             r = ran.result
             if d.choice is not None and first in d.choice.breakdowns and not r.fallback_reason and d.skipped is None:
@@ -410,7 +412,9 @@ class RequestLifecycle:
             # is still a clean measurement of the edge plan
             # the drafts as written (a continuation's text without what it continued: text and count agree)
             seen = dataclasses.replace(r, drafts=r.written_drafts()) if r.continued else r
-            edge.planner.observe(ran.plan.value, self.task, *self.size, n, seen, d.edge, escalated=i > 0)
+            edge.planner.observe(
+                plan=ran.plan, task=self.task, size=self.size, n=n, result=seen, edge_was=d.edge, escalated=i > 0
+            )
 
     def _result(self, d: Decision, waited_ms: float) -> EdgeResult:
         """The request's result as the user sees it: the runs' (``merged``), with the planner's reason
@@ -421,8 +425,8 @@ class RequestLifecycle:
             "plan_reason": d.why if not result.plan_reason else f"{d.why}; {result.plan_reason}",
             "timings": result.timings | {"request": (time.perf_counter() - self.t0) * 1e3, "cold_start": waited_ms},
         }
-        if d.choice is not None and d.plan.value in d.choice.breakdowns:
-            b = d.choice.breakdowns[d.plan.value]  # the choice's expectation (an escalation's share included)
+        if d.choice is not None and d.plan in d.choice.breakdowns:
+            b = d.choice.breakdowns[d.plan]  # the choice's expectation (an escalation's share included)
             add["predicted"] = {k: v for k, v in b.as_dict().items() if k.endswith("_ms")}
         if d.skipped is not None and not result.fallback_reason:
             add["fallback_reason"], add["fallback_kind"] = d.skip_reason, d.skipped

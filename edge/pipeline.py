@@ -292,7 +292,8 @@ class EdgePipeline:
         t0 = time.perf_counter()
         deadline_s, s = run.deadline_s, request.sampling
         cloud_deadline_ms = int(max(0.05, deadline_s - min(CLOUD_MARGIN_S, 0.1 * deadline_s)) * 1e3)
-        req = request.open_request(cloud_deadline_ms, len(run.drafts) if run.drafts else s.n)
+        identity = self.engine.identity if self.engine is not None else ""
+        req = request.open_request(cloud_deadline_ms, len(run.drafts) if run.drafts else s.n, identity)
         result = ResultBuilder(task=request.req.task)
         model_prompt = self.engine.render(request.conversation) if self.engine is not None else ""
         local_stop = t0 + deadline_s - LOCAL_FINISH_S  # local drafts end in time for the rules and the reply

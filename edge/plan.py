@@ -21,6 +21,7 @@ from coinfer.edge.config import EdgeConfig
 from coinfer.edge.planner.planner import EdgeState
 from coinfer.edge.service import EdgeCore, infer_task
 from coinfer.errors import CoinferError
+from coinfer.types import ModelState
 
 
 async def explain(args) -> dict:
@@ -39,16 +40,16 @@ async def explain(args) -> dict:
     core = EdgeCore(cfg)
     try:
         await core.start()
-        probed = list(core.planner.est.values)
+        probed = list(core.planner.est.means())
         task = args.task or infer_task(args.prompt) or "open"  # open requests: their own estimates
         state = core.edge_state()
         if args.edge_state != "auto":
-            state = EdgeState(model_bytes=state.model_bytes, state=args.edge_state, gpu=state.gpu)
+            state = EdgeState(model_bytes=state.model_bytes, state=ModelState(args.edge_state), gpu=state.gpu)
         n = args.num_drafts or core.link.recommended_drafts
         cloud_ok = core.link.enabled and core.link.serving
         size = core.planner.prompt_size(args.prompt)
-        choice = core.planner.choose(task, *size, n, state, cloud_ok)
-        shape = dataclasses.asdict(core.planner.shape(task, *size, n))
+        choice = core.planner.choose(task=task, size=size, n=n, edge=state, cloud_available=cloud_ok)
+        shape = dataclasses.asdict(core.planner.shape(task=task, size=size, n=n))
         return {
             "task": task,
             "shape": shape,
@@ -59,7 +60,7 @@ async def explain(args) -> dict:
             "chosen": choice.plan,
             "reason": choice.reason,
             "plans": {p: b.as_dict() for p, b in choice.breakdowns.items()},
-            "estimates": dict(sorted(core.planner.est.values.items())),
+            "estimates": dict(sorted(core.planner.est.means().items())),
             "measured_keys": sorted(probed),
             "notes": list(choice.notes),
         }

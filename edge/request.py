@@ -66,8 +66,9 @@ class ValidRequest:
         """The request as a conversation (what the draft model's prompt is rendered from)."""
         return conversation(self.req.prompt, self.req.messages)
 
-    def open_request(self, deadline_ms: int, expected_drafts: int) -> t.OpenRequest:
-        """The session's first message to the cloud."""
+    def open_request(self, deadline_ms: int, expected_drafts: int, draft_model: str = "") -> t.OpenRequest:
+        """The session's first message to the cloud (``draft_model``: the draft engine's identity, "" with
+        none loaded)."""
         r = self.req
         return t.OpenRequest(
             request_id=r.request_id,
@@ -79,6 +80,7 @@ class ValidRequest:
             deadline_ms=deadline_ms,
             messages=list(r.messages),
             extraction=r.extraction,
+            draft_model=draft_model,
             drafts_on_request=True,
         )
 

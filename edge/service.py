@@ -55,9 +55,13 @@ class EdgeCore:
         self.active = 0
         self._load_lock = asyncio.Lock()
         self._load_started = 0.0
-        self.planner = Planner(Estimates.open(cfg.planner_state), cfg.quality_floor, cfg.cloud_thrift)
+        self.planner = Planner(
+            Estimates.open(cfg.planner_state, tau_s=cfg.planner_tau_s), quality_floor=cfg.quality_floor
+        )
         self.model_bytes = sum(f.stat().st_size for f in model_files(cfg.model)) if Path(cfg.model).is_dir() else 0
         self._probe: asyncio.Task | None = None
+        self._probe_started = -float("inf")
+        """Monotonic seconds when the last background re-probe began (a failed one is not retried at once)."""
         # a cold model's PCIe term needs to know where it will run before any session exists
         self._planned_gpu = (cfg.provider_list or default_providers())[0] in ACCELERATORS
         self._warming: asyncio.Task | None = None
@@ -117,13 +121,17 @@ class EdgeCore:
     _edge_state = edge_state  # edge.plan's name for it
 
     def maybe_reprobe(self) -> None:
+        """Re-probe the network and the queue in the background once they are ``reprobe_s`` old (one probe at a
+        time, and one per ``reprobe_s`` however it went)."""
         est = self.planner.est
+        now = time.monotonic()
         if (
             self.link.enabled
             and (self._probe is None or self._probe.done())
-            and est.stale("rtt_ms", self.cfg.reprobe_s)
+            and est.age_s("rtt_ms") > self.cfg.reprobe_s
+            and now - self._probe_started > self.cfg.reprobe_s
         ):
-            est.updated["rtt_ms"] = time.time()  # one probe at a time
+            self._probe_started = now
             from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
 
             self._probe = asyncio.create_task(probes.calibrate(est, stub=pb_grpc.CoinferCloudStub(self.link.channel)))
@@ -225,4 +233,5 @@ class EdgeCore:
     async def close(self) -> None:
         if self._warming is not None and not self._warming.done():
             self._warming.cancel()
+        await self.planner.est.flush()  # the last estimates written before the daemon goes
         await self.link.close()

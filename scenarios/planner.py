@@ -172,7 +172,6 @@ class Runner:
                 http_port=-1,
                 quality_floor=self.quality_floor,
                 deadline_ms=60_000,
-                cloud_thrift=0.0,
             )
         )  # judged against the measured fastest
         core.planner.est = self.est
@@ -196,7 +195,7 @@ class Runner:
         p = p or self._next()
         n = min(core.cfg.max_drafts, core.link.recommended_drafts)  # what the service will draft
         choice = core.planner.choose(
-            p.task, *core.planner.prompt_size(p.prompt), n, core._edge_state(), cloud_available=True
+            task=p.task, size=core.planner.prompt_size(p.prompt), n=n, edge=core._edge_state(), cloud_available=True
         )
         if not choice.breakdowns:
             raise RuntimeError(f"the cost model failed: {choice.notes}")

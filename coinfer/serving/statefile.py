@@ -3,13 +3,16 @@
 A file that is unreadable, truncated or of the wrong shape (``{"values": []}``, a weight ``"x"``,
 ``NaN``) must never stop a service or poison it: it is validated with pydantic on load, and an
 invalid one is moved aside (``<name>.invalid-<unix time>``, kept for the operator) with one ERROR
-log line; the service starts from its defaults and writes a fresh file on its next save.
+log line; the service starts from its defaults and writes a fresh file on its next save. A file is
+written whole or not at all (``write_atomic``), and from the event loop only through ``OffLoopWriter``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import TypeVar
@@ -40,3 +43,51 @@ def load(path: Path | None, schema: type[M]) -> M | None:
             where = f"could not be moved aside ({err.strerror})"
         log.error("%s: invalid state file (%s); %s, starting from defaults", path, why, where)
         return None
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """``text`` into ``path`` through a temporary file and a rename: a reader sees the old file or the new one,
+    never half of one. Blocking: call it off the event loop (``OffLoopWriter``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class OffLoopWriter:
+    """Writes a file's latest text in a worker thread, one write at a time, so that a caller on the event loop
+    never waits for the disk (a per-request save held every request behind it). Texts handed in while a write
+    is under way coalesce: the next write takes the latest. Outside an event loop (a script) it writes at once:
+    there is no loop to hold."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._latest: str | None = None
+        self._task: asyncio.Task | None = None
+
+    def write(self, text: str) -> None:
+        self._latest = text
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._latest = None
+            self._write(text)
+            return
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._drain(), name=f"write {self.path.name}")
+
+    async def flush(self) -> None:
+        """Wait until every text handed in is written (a daemon's shutdown)."""
+        while self._task is not None and not self._task.done():
+            await asyncio.shield(self._task)
+
+    async def _drain(self) -> None:
+        while self._latest is not None:
+            text, self._latest = self._latest, None
+            await asyncio.to_thread(self._write, text)
+
+    def _write(self, text: str) -> None:
+        try:
+            write_atomic(self.path, text)
+        except OSError as exc:  # a full or read-only disk must not fail a request; the next save tries again
+            log.warning("%s: not written (%s)", self.path, exc)

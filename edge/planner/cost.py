@@ -41,23 +41,27 @@ Measured on 120 held-out requests before this term existed: auto chose the edge 
 All terms are expectations: rounds and decode steps average over a task's problems, so a
 prediction is the mean latency of a plan, not the latency of one hard or easy problem.
 Objective: the fastest plan whose expected quality (history of rule-valid answers per task and
-plan) reaches ``quality_floor``; if none does, the plan of highest expected quality. A floor
+plan) reaches ``quality_floor``; if none does, the plan of highest expected quality (``pick``). A floor
 rather than a weighted sum because the price of a wrong answer in milliseconds is not
-something an operator can state; "at least this good, then fastest" is.
+something an operator can state; "at least this good, then fastest" is. The planner applies the same
+rule to values drawn around these expectations (``coinfer.edge.planner.planner``: its one exploration
+rule); ``choose`` applies it to the expectations themselves.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from coinfer.types import ModelState, Plan
 
 PLANS = tuple(Plan)
+CLOUD_PLANS = (Plan.SPLIT, Plan.CLOUD)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EdgeProfile:
     model_bytes: int
     disk_read_bps: float
@@ -69,8 +73,7 @@ class EdgeProfile:
     prefill_ms_per_token: float
     step_ms: dict[int, float]
     """Decode step time at batch size n (measured at a few n; others interpolated)."""
-    state: str = ModelState.WARM  # a ModelState
-    """cold | loading | warm"""
+    state: ModelState = ModelState.WARM
     loading_remaining_ms: float = 0.0
     first_run_ms: float = 0.0
     """Extra drafting time of the first request on a fresh session (allocation, thread start)."""
@@ -97,7 +100,7 @@ class NetProfile:
     down_bps: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CloudProfile:
     queue_ms: float
     verify_ms: float
@@ -111,7 +114,7 @@ class CloudProfile:
         return self.refine_ttft_ms + steps * self.refine_ms_per_token
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RequestShape:
     prompt_tokens: int
     draft_tokens: int
@@ -144,9 +147,9 @@ class Escalation:
     """Expected rule-validity of an escalated answer (history of escalations)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Breakdown:
-    plan: str
+    plan: Plan
     cold_start_ms: float
     drafting_ms: float
     transfer_ms: float
@@ -157,8 +160,6 @@ class Breakdown:
     """Chance the plan escalates (auto's edge plan: its answer fails the rules); 0 otherwise."""
     escalation_cost_ms: float = 0.0
     """What an escalation adds when it happens (the split after the edge attempt)."""
-    escalation_cloud_ms: float = 0.0
-    """The cloud's share of an escalation's cost."""
     cloud_work: float | None = None
     """Expected engine tokens the plan costs the cloud (the cloud's own report, history; an
     escalation's share included); None while a plan it needs was never measured."""
@@ -177,11 +178,6 @@ class Breakdown:
     def total_ms(self) -> float:
         return self.attempt_ms + self.escalation_ms
 
-    @property
-    def cloud_load_ms(self) -> float:
-        """Expected time the request holds the cloud (its escalation's share included)."""
-        return self.cloud_ms + self.escalation_p * self.escalation_cloud_ms
-
     def as_dict(self) -> dict:
         return asdict(self) | {
             "attempt_ms": self.attempt_ms,
@@ -190,10 +186,11 @@ class Breakdown:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Choice:
-    plan: str
-    breakdowns: dict[str, Breakdown]
+    plan: Plan
+    breakdowns: dict[Plan, Breakdown]
+    """Every plan considered, at its expected values (what ``--explain`` prints and the result reports)."""
     reason: str
     notes: tuple[str, ...] = field(default=())
 
@@ -221,7 +218,7 @@ def _split(r: RequestShape, e: EdgeProfile, n: NetProfile, c: CloudProfile, qual
     transfer = (1 + extra) * n.rtt_ms + _ms(r.prompt_bytes + r.draft_bytes, n.up_bps) + _ms(r.answer_bytes, n.down_bps)
     cloud = c.queue_ms + (1 + extra) * c.verify_ms + c.generation_ms(r.split_steps)
     return Breakdown(
-        plan="split",
+        plan=Plan.SPLIT,
         cold_start_ms=cold_start_ms(e),
         drafting_ms=(1 + extra) * drafting_ms(e, r),
         transfer_ms=transfer,
@@ -243,7 +240,7 @@ def predict_escalation(r: RequestShape, e: EdgeProfile, n: NetProfile, c: CloudP
     )
     cloud = c.queue_ms + (1 + extra) * c.verify_ms + c.generation_ms(r.split_steps)
     return Breakdown(
-        plan="split",
+        plan=Plan.SPLIT,
         cold_start_ms=0.0,
         drafting_ms=extra * drafting_ms(warm, r),
         transfer_ms=transfer,
@@ -262,7 +259,7 @@ def _edge(
     escalation: Escalation | None,
 ) -> Breakdown:
     bd = Breakdown(
-        plan="edge",
+        plan=Plan.EDGE,
         cold_start_ms=cold_start_ms(e),
         drafting_ms=drafting_ms(e, r),
         transfer_ms=0.0,
@@ -279,13 +276,12 @@ def _edge(
         quality=quality + p * x.quality,
         escalation_p=p,
         escalation_cost_ms=x.total_ms,
-        escalation_cloud_ms=x.cloud_ms,
         cloud_work=None if x.cloud_work is None else p * x.cloud_work,
     )
 
 
 def predict(
-    plan: str,
+    plan: Plan,
     r: RequestShape,
     e: EdgeProfile,
     n: NetProfile | None,
@@ -295,16 +291,16 @@ def predict(
 ) -> Breakdown:
     """One plan's expected breakdown; ``escalation``: the edge plan runs under auto (a failed answer
     goes to a split), so its cost and quality include that."""
-    if plan == "edge":
+    if plan == Plan.EDGE:
         return _edge(r, e, n, c, quality, escalation)
     if n is None or c is None:
         raise ValueError(f"{plan}: needs network and cloud profiles")
-    if plan == "split":
+    if plan == Plan.SPLIT:
         return _split(r, e, n, c, quality)
-    if plan == "cloud":
+    if plan == Plan.CLOUD:
         transfer = n.rtt_ms + _ms(r.prompt_bytes, n.up_bps) + _ms(r.answer_bytes, n.down_bps)
         return Breakdown(
-            plan="cloud",
+            plan=Plan.CLOUD,
             cold_start_ms=0.0,
             drafting_ms=0.0,
             transfer_ms=transfer,
@@ -315,37 +311,31 @@ def predict(
     raise ValueError(f"plan: unknown {plan!r} (known: {', '.join(PLANS)})")
 
 
-def _reported(near: list[Breakdown]) -> bool:
-    """Every plan in the running has the cloud's own report of its cost: weigh by that."""
-    return all(b.cloud_work is not None for b in near)
+def predict_all(
+    r: RequestShape,
+    e: EdgeProfile,
+    n: NetProfile | None,
+    c: CloudProfile | None,
+    quality: Mapping[Plan, float],
+    escalation: Escalation | None = None,
+) -> dict[Plan, Breakdown]:
+    """Every plan's breakdown (the edge alone without a reachable cloud: ``n`` / ``c`` None); raises
+    ValueError for a non-finite or negative prediction (a broken estimate must not choose)."""
+    plans = PLANS if (n is not None and c is not None) else (Plan.EDGE,)
+    bd = {p: predict(p, r, e, n, c, quality.get(p, 0.0), escalation) for p in plans}
+    for b in bd.values():
+        if not math.isfinite(b.total_ms) or b.total_ms < 0:
+            raise ValueError(f"{b.plan}: non-finite or negative prediction {b.total_ms}")
+    return bd
 
 
-THRIFT_MIN_SAVING = 0.1
-"""The least share of the fastest plan's cloud cost a slower plan must save to be taken for thrift. Two
-costs within it are one cost measured twice: on the demo's word problems split and the cloud plan both
-reported 89.6 engine tokens per answer (capacity run U), and a plan taken for a fraction of a token's
-saving makes the user wait for the slower plan for nothing."""
-
-
-def _cost(near: list[Breakdown]):
-    """What "costs the cloud" means among ``near``: the engine tokens the cloud reports per answer where
-    every plan has them (what its CPU is spent on: scoring prefill, refinement, rounds), else the time
-    the request holds the cloud (the model's prediction, all there is before reports)."""
-    if _reported(near):
-        return lambda b: b.cloud_work
-    return lambda b: b.cloud_load_ms
-
-
-def _thriftiest(near: list[Breakdown], fastest: Breakdown) -> Breakdown:
-    """The plan of ``near`` that costs the cloud least, where it saves ``THRIFT_MIN_SAVING`` of the fastest's
-    cost; else the fastest."""
-    cost = _cost(near)
-    best = min(near, key=lambda b: (cost(b), b.total_ms))
-    return best if cost(best) < (1.0 - THRIFT_MIN_SAVING) * cost(fastest) else fastest
-
-
-def _load(b: Breakdown, near: list[Breakdown]) -> str:
-    return f"{b.cloud_work:.0f} engine tokens" if _reported(near) else f"{b.cloud_load_ms:.0f} ms"
+def pick(fastest_first: Sequence[Plan], quality: Mapping[Plan, float], quality_floor: float) -> tuple[Plan, bool]:
+    """The objective over plans ordered fastest first: the first whose ``quality`` reaches ``quality_floor``
+    (True), else the one of highest quality, the faster of equals (False)."""
+    for p in fastest_first:
+        if quality[p] >= quality_floor:
+            return p, True
+    return max(fastest_first, key=lambda p: (quality[p], -fastest_first.index(p))), False
 
 
 def choose(
@@ -353,48 +343,33 @@ def choose(
     e: EdgeProfile,
     n: NetProfile | None,
     c: CloudProfile | None,
-    quality: dict[str, float],
+    quality: Mapping[Plan, float],
+    *,
     quality_floor: float = 0.0,
     escalation: Escalation | None = None,
-    thrift: float = 0.0,
 ) -> Choice:
-    """Fastest plan meeting the quality floor. Without a reachable cloud (``n``/``c`` None): edge.
-    ``escalation``: the edge plan's answer escalates when it fails the rules (auto), so the edge is
-    judged by its expected cost and quality with that split included. ``thrift``: of the plans
-    predicted within this fraction of the fastest, the one that holds the cloud least where it saves
-    ``THRIFT_MIN_SAVING`` of the fastest's cost (the cloud is shared: its busy time is every other
-    user's queue)."""
-    plans = PLANS if (n is not None and c is not None) else ("edge",)
-    bd = {p: predict(p, r, e, n, c, quality.get(p, 0.0), escalation) for p in plans}
-    for b in bd.values():
-        if not math.isfinite(b.total_ms) or b.total_ms < 0:
-            raise ValueError(f"{b.plan}: non-finite or negative prediction {b.total_ms}")
-    ok = [b for b in bd.values() if b.quality >= quality_floor]
-    if ok:
-        fastest = min(ok, key=lambda b: b.total_ms)
-        near = [b for b in ok if b.total_ms <= fastest.total_ms * (1.0 + thrift)]
-        best = _thriftiest(near, fastest)
-        others = ", ".join(
-            f"{b.plan} {b.total_ms:.0f} ms"
-            for b in sorted(bd.values(), key=lambda b: b.total_ms)
-            if b.plan != best.plan
-        )
-        esc = (
-            f", {best.escalation_p:.0%} of answers escalated to split at {best.escalation_cost_ms:.0f} ms"
-            if best.escalation_p > 0
-            else ""
-        )
-        why = (
-            "fastest predicted"
-            if best is fastest
-            else f"within {thrift:.0%} of the fastest and costs the cloud least ({_load(best, near)} vs "
-            f"{_load(fastest, near)}): predicted"
-        )
-        reason = (
-            f"{best.plan}: {why} ({best.total_ms:.0f} ms{esc}) with expected quality "
-            f"{best.quality:.2f} >= floor {quality_floor:.2f}" + (f"; then {others}" if others else "")
-        )
-    else:
-        best = max(bd.values(), key=lambda b: (b.quality, -b.total_ms))
-        reason = f"{best.plan}: no plan reaches the quality floor {quality_floor:.2f}; highest expected quality"
-    return Choice(plan=best.plan, breakdowns=bd, reason=reason)
+    """The objective on the expected values: the fastest plan meeting the quality floor. Without a reachable
+    cloud (``n``/``c`` None): edge. ``escalation``: the edge plan's answer escalates when it fails the rules
+    (auto), so the edge is judged by its expected cost and quality with that split included."""
+    bd = predict_all(r, e, n, c, quality, escalation)
+    order = sorted(bd, key=lambda p: bd[p].total_ms)
+    best, met = pick(order, {p: b.quality for p, b in bd.items()}, quality_floor)
+    b = bd[best]
+    if not met:
+        reason = f"{best}: no plan reaches the quality floor {quality_floor:.2f}; highest expected quality"
+        return Choice(plan=best, breakdowns=bd, reason=reason)
+    others = ", ".join(
+        f"{o.plan} {o.total_ms:.0f} ms" for o in sorted(bd.values(), key=lambda o: o.total_ms) if o is not b
+    )
+    reason = (
+        f"{best}: fastest predicted ({b.total_ms:.0f} ms{escalation_note(b)}) with expected quality "
+        f"{b.quality:.2f} >= floor {quality_floor:.2f}" + (f"; then {others}" if others else "")
+    )
+    return Choice(plan=best, breakdowns=bd, reason=reason)
+
+
+def escalation_note(b: Breakdown) -> str:
+    """``--explain``'s words for a plan's escalation share ("" where it never escalates)."""
+    if b.escalation_p <= 0:
+        return ""
+    return f", {b.escalation_p:.0%} of answers escalated to split at {b.escalation_cost_ms:.0f} ms"

@@ -1,25 +1,37 @@
-"""The planner's measured quantities: probed, then updated online (EWMA) from every request,
-persisted across restarts, re-probed when stale. An absurd measurement (zero or negative
-bandwidth, a negative or non-finite time, a quality outside [0, 1]) is refused and noted;
-a quantity never measured uses a conservative default, also noted, so ``--explain`` can say
-which numbers are guesses."""
+"""The planner's measured quantities: probed, then updated from every request, persisted across restarts.
+
+Each quantity is one decayed estimate (``coinfer.estimator.Decayed``, ``TAU_S``): speeds, the network,
+the cloud's times, a task's outcomes (tokens, rounds, decode steps, rule-valid answers) and a plan's own
+latency per task, which carries the spread the planner's exploration draws on. An estimate not fed
+fades and grows uncertain; nothing is reset or replaced for its age. A probe's reading (disk, PCIe,
+decode steps, the network, the cloud's queue) restarts its estimate: it measures this moment on purpose.
+An absurd measurement (zero or negative bandwidth, a negative or non-finite time, a quality outside
+[0, 1]) is refused and noted; a quantity never measured uses a conservative default, also noted, so
+``--explain`` can say which numbers are guesses."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
-import os
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
+from coinfer.estimator import Decayed, DecayedTable, with_age
 from coinfer.serving import statefile
 from coinfer.validate import MAX_DEADLINE_MS
 
 log = logging.getLogger(__name__)
+
+TAU_S = 10.0
+"""Seconds in which a measurement's weight falls to 1/e (``coinfer.estimator``): the planner's memory.
+Its trade-off and status are in docs/planner.md (constants): shorter re-explores a plan measured under
+a burst sooner, longer explores less on a quiet edge. ``EdgeConfig.planner_tau_s`` sets it."""
+FORMAT_VERSION = 2
+"""The state file's format: decayed estimates (1, unversioned: EWMA means without spreads, ignored)."""
 
 # conservative: slow disk, slow link, slow cloud — a guess should not lure a request away
 DEFAULTS: dict[str, float] = {
@@ -52,18 +64,6 @@ DEFAULTS: dict[str, float] = {
     "decode_steps.escalated": 128.0,
     "quality.escalated": 0.6,
 }
-# Outcomes — how many tokens, rounds and decode steps a task's request takes, how often its
-# answer is valid, how much slower a fresh session's first request drafts — are draws from a distribution whose mean is what the cost model wants: a
-# running mean, then an EWMA over ~1/OUTCOME_ALPHA requests, so one hard problem does not
-# swing the next plan. Speeds, the network and the cloud's load track conditions: ``alpha``.
-OUTCOMES = ("draft_tokens", "answer_tokens", "decode_steps", "rounds", "quality", "first_run", "cloud_tokens")
-OUTCOME_ALPHA = 0.05
-STALE_AFTER_S = 10.0
-"""A speed last measured this long ago is replaced by the next measurement, not averaged with it: it describes
-conditions that have passed. The stages only split measures (the edge's decode step, the verification) were
-last measured at the end of the split ladder, overloaded, when auto began after the cloud plan's: auto
-re-explored split once in 10 s, each run moved the estimate by ``alpha``, and it ran the cloud plan for 274 of
-275 arith requests at 0.99x plain vLLM's capacity where split held 5.9x (``benchmarks.capacity``, run W)."""
 _BOUNDS = {
     "bps": (1e3, 1e12),
     "ms": (0.0, float(MAX_DEADLINE_MS)),  # no stage of a request outlasts the longest deadline
@@ -101,67 +101,104 @@ def _family(key: str) -> str:
     return key
 
 
+class EstimateState(BaseModel):
+    """One estimate in the state file: ``Decayed`` as of its newest sample, ``age_s`` before the save."""
+
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
+    mean: float
+    weight: float = Field(ge=0)
+    sq_weight: float = Field(ge=0)
+    m2: float = Field(ge=0)
+    age_s: float = Field(ge=0)
+
+
 class EstimatesFile(BaseModel):
-    """The calibration file's schema (``coinfer.serving.statefile``): measurements by key, finite."""
+    """The calibration file's schema (``coinfer.serving.statefile``). ``values`` is the format before
+    version 2 (EWMA means without spreads): still read, so that such a file is ignored with a note rather
+    than set aside as invalid."""
 
     model_config = ConfigDict(allow_inf_nan=False)
-    values: dict[str, float]
-    updated: dict[str, float] = {}
-    counts: dict[str, int] = {}
+    version: int = 1
+    saved_at: float = 0.0
+    """Wall-clock seconds of the save: the downtime until the next start ages the estimates."""
+    estimates: dict[str, EstimateState] | None = None
+    values: dict[str, float] | None = None
 
 
-@dataclass
 class Estimates:
-    values: dict[str, float] = field(default_factory=dict)
-    updated: dict[str, float] = field(default_factory=dict)
-    counts: dict[str, int] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    path: Path | None = None
-    alpha: float = 0.3
-    _logged: set[str] = field(default_factory=set, repr=False)
-    """Caveats already logged: ``choose`` re-derives its defaults per request, the log says each once."""
+    """Decayed estimates by key (``draft_tokens.arith``, ``verify_ms``, ``latency_ms.split.arith``), on a
+    monotonic ``clock``; ``path``: where they persist (written off the event loop)."""
 
-    def observe(self, key: str, value: float | None, replace: bool = False) -> bool:
-        """Fold one measurement in (EWMA; ``replace`` for a fresh probe, and for a speed last measured over
-        ``STALE_AFTER_S`` ago; an outcome last measured that long ago weighs as one request against this
-        one). False if refused."""
+    def __init__(
+        self,
+        *,
+        path: Path | None = None,
+        tau_s: float = TAU_S,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        """``wall``: the wall clock, read only to age a saved file by the downtime (a monotonic clock does
+        not survive a restart)."""
+        self.table: DecayedTable[str] = DecayedTable(tau_s=tau_s, clock=clock)
+        self.path = path
+        self.wall = wall
+        self.notes: list[str] = []
+        self._logged: set[str] = set()
+        """Caveats already logged: ``choose`` re-derives its defaults per request, the log says each once."""
+        self._writer = statefile.OffLoopWriter(path) if path is not None else None
+
+    @property
+    def tau_s(self) -> float:
+        return self.table.tau_s
+
+    def observe(self, key: str, value: float | None, *, replace: bool = False) -> bool:
+        """Fold one measurement in; ``replace``: a probe's reading, which restarts the estimate. False (and a
+        note) if refused as absurd."""
         lo, hi = _bounds(key)
         if value is None or not math.isfinite(value) or not lo <= value <= hi:
             self.note(f"{key}: refused absurd measurement {value!r} (valid {lo:g}..{hi:g})", key=f"{key}: refused")
             return False
-        old = self.values.get(key)
-        now, outcome = time.time(), key.startswith(OUTCOMES)
-        stale = now - self.updated.get(key, now) > STALE_AFTER_S
-        if outcome and stale:
-            # the mean so far was taken under the load of then (an overloaded split's hedge answers with the
-            # cloud's own decode steps): it counts as one request against this one, then the mean runs on
-            self.counts[key] = min(self.counts.get(key, 0), 1)
-        a = max(1.0 / (self.counts.get(key, 0) + 1), OUTCOME_ALPHA) if outcome else self.alpha
-        replace = replace or (not outcome and stale)
-        self.values[key] = value if (old is None or replace) else (1 - a) * old + a * value
-        self.updated[key] = now
-        self.counts[key] = self.counts.get(key, 0) + 1
+        if replace:
+            self.table.restart(key, float(value))
+        else:
+            self.table.add(key, float(value))
         return True
 
+    def estimate(self, key: str) -> Decayed | None:
+        """``key``'s estimate as it stands now, spread and weight included (None: never measured)."""
+        return self.table.get(key)
+
     def get(self, key: str) -> float:
-        if key in self.values:
-            return self.values[key]
+        """``key``'s mean; a per-task key never measured falls back to its family's measurement, else to the
+        family's default (noted)."""
+        if (d := self.table.get(key)) is not None:
+            return d.mean
         fam = _family(key)
-        if fam != key and fam in self.values:
-            return self.values[fam]
+        if fam != key and (d := self.table.get(fam)) is not None:
+            return d.mean
         self.note(f"{key}: not measured yet, default {DEFAULTS[fam]:g}")
         return DEFAULTS[fam]
 
+    def measured(self, key: str) -> float | None:
+        """``key``'s mean, None until measured (no default: for what must not be guessed)."""
+        d = self.table.get(key)
+        return None if d is None else d.mean
+
+    def means(self) -> dict[str, float]:
+        """Every measured key's mean."""
+        return {k: d.mean for k, d in self.table.stored().items()}
+
     def mean(self, family: str) -> float:
         """Mean of the measured per-task keys of ``family`` (``decode_steps.split.*``), else ``get``."""
-        vals = [v for k, v in self.values.items() if k.startswith(family + ".")]
+        vals = [v for k, v in self.means().items() if k.startswith(family + ".")]
         return sum(vals) / len(vals) if vals else self.get(family)
 
     def has(self, key: str) -> bool:
-        return key in self.values
+        return key in self.table
 
-    def stale(self, key: str, max_age_s: float) -> bool:
-        return time.time() - self.updated.get(key, 0.0) > max_age_s
+    def age_s(self, key: str) -> float:
+        """Seconds since ``key`` was last measured (inf: never)."""
+        return self.table.age_s(key)
 
     def note(self, text: str, key: str | None = None) -> None:
         """Add a caveat for ``--explain``; one with ``key`` replaces earlier ones that start with it
@@ -179,33 +216,66 @@ class Estimates:
         self.notes[:] = [n for n in self.notes if fragment not in n or n == keep]
 
     def step_ms(self) -> dict[int, float]:
-        out = {int(k.split(".")[1]): v for k, v in self.values.items() if k.startswith("step_ms.")}
+        out = {int(k.split(".")[1]): v for k, v in self.means().items() if k.startswith("step_ms.")}
         return out or {1: self.get("step_ms.1")}
 
     # ---- persistence ----------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | Path | None) -> Estimates:
-        est = cls(path=Path(path) if path else None)
+    def open(
+        cls,
+        path: str | Path | None,
+        *,
+        tau_s: float = TAU_S,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> Estimates:
+        """The estimates saved at ``path`` (aged by the downtime since), else empty. An invalid file is set
+        aside (``statefile.load``); one of the format before the decayed estimates is ignored, with a note."""
+        est = cls(path=Path(path) if path else None, tau_s=tau_s, clock=clock, wall=wall)
         data = statefile.load(est.path, EstimatesFile)  # invalid: set aside (logged), defaults
-        if (
-            data is None
-            and est.path is not None
-            and not est.path.exists()
-            and any(est.path.parent.glob(f"{est.path.name}.invalid-*"))
-        ):
-            est.note(f"{est.path}: invalid calibration file set aside; starting from defaults")
-        if data is not None:
-            for k, v in data.values.items():
-                if est.observe(k, v, replace=True):  # each value within its bounds, or refused with a note
-                    est.updated[k] = data.updated.get(k, 0.0)
-            # a file without counts (older format) still holds means: weigh each as one sample
-            est.counts = {k: data.counts.get(k, 1) for k in est.values}
+        if data is None:
+            if (
+                est.path is not None
+                and not est.path.exists()
+                and any(est.path.parent.glob(f"{est.path.name}.invalid-*"))
+            ):
+                est.note(f"{est.path}: invalid calibration file set aside; starting from defaults")
+            return est
+        if data.estimates is None or data.version < FORMAT_VERSION:
+            est.note(
+                f"{est.path}: calibration file of an older format (means without spreads) ignored; starting "
+                "from defaults (it is rewritten at the next save)"
+            )
+            return est
+        est._load(data)
         return est
 
+    def _load(self, data: EstimatesFile) -> None:
+        now, downtime = self.table.clock(), max(0.0, self.wall() - data.saved_at)
+        for key, s in (data.estimates or {}).items():
+            lo, hi = _bounds(key)
+            if not lo <= s.mean <= hi:
+                self.note(f"{key}: refused absurd saved value {s.mean!r} (valid {lo:g}..{hi:g})", key=f"{key}: refused")
+                continue
+            state = Decayed(mean=s.mean, weight=s.weight, sq_weight=s.sq_weight, m2=s.m2)
+            self.table.load(key, with_age(state, s.age_s + downtime, now))
+
+    def snapshot(self) -> str:
+        """The state file's text: every estimate as of its newest sample, with its age now."""
+        now = self.table.clock()
+        states = {
+            k: {"mean": d.mean, "weight": d.weight, "sq_weight": d.sq_weight, "m2": d.m2, "age_s": max(0.0, now - d.at)}
+            for k, d in self.table.stored().items()
+        }
+        return json.dumps({"version": FORMAT_VERSION, "saved_at": self.wall(), "estimates": states}, indent=1)
+
     def save(self) -> None:
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(json.dumps({"values": self.values, "updated": self.updated, "counts": self.counts}, indent=1))
-        os.replace(tmp, self.path)
+        """Persist (no path: nothing). From the event loop the write runs in a worker thread (``flush``
+        waits for it); outside one, at once."""
+        if self._writer is not None:
+            self._writer.write(self.snapshot())
+
+    async def flush(self) -> None:
+        """Wait for the writes ``save`` started."""
+        if self._writer is not None:
+            await self._writer.flush()

@@ -1,13 +1,25 @@
-"""The planner: estimates -> profiles -> the cost model's choice; measured requests -> estimates.
+"""The planner: estimates -> profiles -> the cost model's expectations -> one draw -> a plan; measured
+requests -> estimates.
+
+The one exploration rule (docs/planner.md): Thompson sampling on the estimates' uncertainty. Per request,
+each plan's latency is drawn from a normal around the cost model's expectation with the standard error of
+the plan's own measured latency for the task (``latency_ms.<plan>.<task>``), each plan's rule-valid rate
+from its Beta posterior (``quality.<plan>.<task>``; the edge plan's chance of escalating is one minus its
+draw); the plan fastest in the draw that meets ``quality_floor`` runs (``cost.pick``). A plan whose latency
+has no spread yet (fewer than two runs' worth) draws minus infinity: it runs first, the likeliest-fast of
+such first. An estimate not fed fades (``coinfer.estimator``), its standard error grows, and its draws
+reach further: a plan left alone is tried again as surely as it is uncertain, and a plan measured well
+and clearly slower almost never. Nothing counts runs or seconds besides.
 
 Online updates (each plan that ran, with its own result and times):
   drafting      step_ms.<n>           (drafting - prompt * prefill) / longest draft's tokens
+  every plan    latency_ms.<plan>.<task>: the run's own time (its cold start apart: the model adds it)
   split, cloud  refine_ttft_ms, refine_ms_per_token from the cloud's summary (its decode steps
                 and generation time); decode_steps.<plan>.<task>, the answer's length in steps
   split         verify_ms = what the split took beyond drafting, refinement and the transfer model
   cloud         setup_ms = what the request took beyond generation, the transfer model and queue
   split, cloud  cloud_tokens.<plan>.<task>: the engine tokens the cloud reports the answer cost it
-                (``Summary.cost``), what ``cloud_thrift`` weighs plans by once both are measured
+                (``Summary.cost``), reported by ``--explain``
   every plan    draft / answer sizes per task, quality.<plan>.<task> (rule-valid answers); a split
                 also measures quality.edge (was any first-round draft rule-valid)
   escalation    auto's edge answer failed the rules and a split refined its drafts: two runs,
@@ -23,46 +35,41 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
-from collections.abc import Callable
+import math
+import random
 from dataclasses import dataclass
 
 from coinfer.edge.planner.cost import (
+    CLOUD_PLANS,
     PLANS,
+    Breakdown,
     Choice,
     CloudProfile,
     EdgeProfile,
     Escalation,
     NetProfile,
     RequestShape,
-    choose,
     drafting_ms,
+    escalation_note,
+    pick,
     predict,
+    predict_all,
     predict_escalation,
 )
-from coinfer.edge.planner.estimates import STALE_AFTER_S, Estimates
+from coinfer.edge.planner.estimates import Estimates
+from coinfer.estimator import Decayed
 from coinfer.types import ModelState, Plan
 
 log = logging.getLogger(__name__)
 
-EXPLORE_RUNS = 5
-"""Runs of each cloud plan auto makes for a task before it chooses by their measured outcomes alone."""
-REEXPLORE_EVERY = 16
-"""A cloud plan that has not run for this many of auto's choices for a task runs once: its estimates are
-as old as its last run. Without it, a plan measured under a burst kept its burst-time prediction: split
-on select, measured while overloaded at 1.6 s, was never chosen again while it answered in about 0.1 s
-(``python -m benchmarks.capacity``: auto, after the split and cloud ladders, ran the cloud plan for every
-one of 209 requests at 0.9x plain vLLM's capacity where split held 5x)."""
-REEXPLORE_AFTER_S = STALE_AFTER_S
-"""...and for this long: at 90 requests a second, 16 choices alone sent 6% of them to the plan auto judged
-worse, 3 in 48 to the cloud plan on arith, each at 8x split's engine work. The age at which the estimates'
-speeds count as stale (``STALE_AFTER_S``): the re-explored run's measurement then replaces them whole."""
+ESCALATED = "escalated"
+"""The estimates' name for an escalated split's outcomes (``rounds.escalated.<task>``)."""
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class EdgeState:
     model_bytes: int
-    state: str  # a ModelState (plain strings from the plan CLI compare equal)
+    state: ModelState
     loading_remaining_ms: float = 0.0
     gpu: bool = False
     fresh: bool = False
@@ -73,33 +80,45 @@ class EdgeState:
         return self.fresh or self.state != ModelState.WARM
 
 
+@dataclass(frozen=True)
+class PromptSize:
+    """A request's prompt: tokens (estimated from the measured bytes per token) and bytes."""
+
+    tokens: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One plan's values in this choice's draw: its latency (-inf: no spread yet) and rule-valid rate."""
+
+    ms: float
+    quality: float
+
+
+def latency_draw(center_ms: float, measured: Decayed | None, rng: random.Random) -> float:
+    """The exploration rule's draw of one plan's latency: ``center_ms`` (the cost model's expectation) plus a
+    normal draw of the standard error of the plan's ``measured`` latency; -inf while that has no spread
+    (fewer than two runs' worth: run it)."""
+    se = None if measured is None else measured.stderr
+    return -math.inf if se is None else center_ms + se * rng.gauss(0.0, 1.0)
+
+
 class Planner:
-    def __init__(
-        self,
-        est: Estimates,
-        quality_floor: float = 0.0,
-        cloud_thrift: float = 0.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        """``clock``: seconds, for how long a plan has not run (``REEXPLORE_AFTER_S``)."""
+    def __init__(self, est: Estimates, *, quality_floor: float = 0.0, rng: random.Random | None = None) -> None:
+        """``rng``: the draws' source (seeded in tests)."""
         self.est = est
-        self.clock = clock
         self.quality_floor = quality_floor
-        self.cloud_thrift = cloud_thrift
-        self._choices: dict[str, int] = {}
-        """Auto's choices so far, per task (this process's: the estimates persist, this does not)."""
-        self._last_run: dict[tuple[str, str], tuple[int, float]] = {}
-        """(task, plan) -> the task's choice count and the clock when the plan last ran (chosen or asked for)."""
+        self.rng = rng or random.Random()
 
     @property
     def bytes_per_token(self) -> float:
         """Measured from drafts; 1 until then (no caveat: it only converts between the two sizes)."""
-        return self.est.values.get("bytes_per_token", 1.0)
+        return self.est.measured("bytes_per_token") or 1.0
 
-    def prompt_size(self, prompt: str) -> tuple[int, int]:
-        """(tokens, bytes) of a prompt, tokens estimated from the measured bytes per token."""
+    def prompt_size(self, prompt: str) -> PromptSize:
         nbytes = len(prompt.encode())
-        return max(1, round(nbytes / self.bytes_per_token)), nbytes
+        return PromptSize(max(1, round(nbytes / self.bytes_per_token)), nbytes)
 
     # ---- profiles ------------------------------------------------------------------
     def edge_profile(self, s: EdgeState) -> EdgeProfile:
@@ -131,29 +150,25 @@ class Planner:
             setup_ms=e.get("setup_ms"),
         )
 
-    def shape(self, task: str, prompt_tokens: int, prompt_bytes: int, n: int) -> RequestShape:
+    def shape(self, *, task: str, size: PromptSize, n: int) -> RequestShape:
         e = self.est
         dt, at = e.get(f"draft_tokens.{task}"), e.get(f"answer_tokens.{task}")
         bpt = self.bytes_per_token
         return RequestShape(
-            prompt_tokens=prompt_tokens,
+            prompt_tokens=size.tokens,
             draft_tokens=round(dt),
             n_drafts=n,
             answer_tokens=round(at),
-            prompt_bytes=prompt_bytes,
+            prompt_bytes=size.bytes,
             draft_bytes=round(dt * bpt),
             answer_bytes=round(at * bpt),
             rounds=e.get(f"rounds.{task}"),
             split_steps=e.get(f"decode_steps.split.{task}"),
             cloud_steps=self._cloud_steps(task),
-            split_work=self._work(f"cloud_tokens.split.{task}"),
-            cloud_work=self._work(f"cloud_tokens.cloud.{task}"),
+            # the cloud's reported engine tokens per answer; None until reported (never guessed)
+            split_work=e.measured(f"cloud_tokens.split.{task}"),
+            cloud_work=e.measured(f"cloud_tokens.cloud.{task}"),
         )
-
-    def _work(self, key: str) -> float | None:
-        """The cloud's reported engine tokens per answer (``Summary.cost``) for a plan and task; None
-        until measured (no default: a guessed cost would decide ``cloud_thrift`` on nothing)."""
-        return self.est.values.get(key)
 
     def _cloud_steps(self, task: str) -> float:
         """The cloud plan's decode steps for ``task``: measured, else as long as the answers the
@@ -166,145 +181,142 @@ class Planner:
             return e.get(f"answer_tokens.{task}")
         return e.get(key)
 
-    def escalation(self, task: str, shape: RequestShape) -> Escalation:
+    def escalation(self, task: str, shape: RequestShape, quality: float | None = None) -> Escalation:
         """Auto's edge plan escalating a rule-failing answer: the split's shape and quality from
-        escalations' own history."""
+        escalations' own history (``quality``: a draw in its place)."""
         e = self.est
+        work = e.measured(f"cloud_tokens.escalated.{task}")
         x = dataclasses.replace(
             shape,
             rounds=e.get(f"rounds.escalated.{task}"),
             split_steps=e.get(f"decode_steps.escalated.{task}"),
             # an escalation's own reports, else a split's: the same session, its first round known bad
-            split_work=w if (w := self._work(f"cloud_tokens.escalated.{task}")) is not None else shape.split_work,
+            split_work=work if work is not None else shape.split_work,
         )
-        return Escalation(shape=x, quality=e.get(f"quality.escalated.{task}"))
+        q = e.get(f"quality.escalated.{task}") if quality is None else quality
+        return Escalation(shape=x, quality=q)
 
-    def local_ms(self, task: str, prompt_tokens: int, prompt_bytes: int, n: int, edge: EdgeState) -> float:
+    def local_ms(self, *, task: str, size: PromptSize, n: int, edge: EdgeState) -> float:
         """Predicted time to draft this request locally on a warm edge model: how long before a
         cloud plan's deadline the edge starts its local answer (``EdgePipeline``'s hedge)."""
         try:
             warm = self.edge_profile(dataclasses.replace(edge, state=ModelState.WARM))
-            return drafting_ms(warm, self.shape(task, prompt_tokens, prompt_bytes, n))
+            return drafting_ms(warm, self.shape(task=task, size=size, n=n))
         except (ValueError, ZeroDivisionError):
             return 0.0
 
-    def quality(self, task: str) -> dict[str, float]:
+    def quality(self, task: str) -> dict[Plan, float]:
         return {p: self.est.get(f"quality.{p}.{task}") for p in PLANS}
 
-    def choose(
-        self, task: str, prompt_tokens: int, prompt_bytes: int, n: int, edge: EdgeState, cloud_available: bool
-    ) -> Choice:
-        """Auto's choice. With a cloud, the edge plan is predicted with its escalation (the service
-        sends a rule-failing edge answer to a split while the cloud is healthy)."""
+    # ---- the choice ----------------------------------------------------------------
+    def choose(self, *, task: str, size: PromptSize, n: int, edge: EdgeState, cloud_available: bool) -> Choice:
+        """Auto's choice (the module docstring's rule). With a cloud, the edge plan is predicted with its
+        escalation (the service sends a rule-failing edge answer to a split while the cloud is healthy)."""
         # "default used" caveats are re-derived per choice; probe / refusal caveats stay
         self.est.forget("not measured yet")
         try:
-            shape = self.shape(task, prompt_tokens, prompt_bytes, n)
-            net, cloud = (self.net_profile(), self.cloud_profile()) if cloud_available else (None, None)
-            esc = self.escalation(task, shape) if cloud_available else None
-            c = choose(
-                shape,
-                self.edge_profile(edge),
-                net,
-                cloud,
-                self.quality(task),
-                self.quality_floor,
-                esc,
-                self.cloud_thrift,
-            )
+            means, draws = self._predicted(task=task, size=size, n=n, edge=edge, cloud_available=cloud_available)
         except (ValueError, ZeroDivisionError) as exc:  # never let the planner fail a request
             self.est.note(f"cost model failed ({exc}); falling back to split", key="cost model failed")
             return Choice(
-                plan="split" if cloud_available else "edge",
+                plan=Plan.SPLIT if cloud_available else Plan.EDGE,
                 breakdowns={},
                 reason="fallback: cost model failed",
                 notes=tuple(self.est.notes),
             )
-        plan, reason = c.plan, c.reason
-        choice = self._choices[task] = self._choices.get(task, 0) + 1
-        if (p := self._unexplored(task, c)) is not None:
-            runs = self.est.counts.get(f"decode_steps.{p}.{task}", 0)
-            plan, reason = (
-                p,
-                (
-                    f"explore: {p} was run {runs} of {EXPLORE_RUNS} times for {task!r} (its "
-                    f"{c.breakdowns[p].total_ms:.0f} ms is not yet a measurement); else {c.reason}"
-                ),
-            )
-        elif (p := self._stale(task, c, choice)) is not None:
-            plan, reason = (
-                p,
-                f"re-explore: {p} has not run for {REEXPLORE_EVERY} choices and {REEXPLORE_AFTER_S:.0f} s for "
-                f"{task!r} (its {c.breakdowns[p].total_ms:.0f} ms is as old as that); else {c.reason}",
-            )
-        self._last_run[(task, str(plan))] = (choice, self.clock())
-        return Choice(plan=plan, breakdowns=c.breakdowns, reason=reason, notes=tuple(self.est.notes))
+        order = sorted(draws, key=lambda p: (draws[p].ms, means[p].total_ms))
+        best, met = pick(order, {p: d.quality for p, d in draws.items()}, self.quality_floor)
+        return Choice(
+            plan=best, breakdowns=means, reason=self._reason(task, best, met, means, draws), notes=tuple(self.est.notes)
+        )
 
-    def _unexplored(self, task: str, c: Choice) -> str | None:
-        """A cloud plan auto has run fewer than ``EXPLORE_RUNS`` times for ``task`` and that meets the
-        quality floor: run it. A prediction from defaults is never corrected otherwise (with the drafts
-        accepted as is more often, split answered word problems at a median 104 ms against 428 ms
-        predicted, and auto, never running it, kept choosing the cloud plan), and one run is not an
-        estimate of a two-valued outcome: of 60 word-problem splits 42 decoded 0 steps (a verified
-        draft taken as is) and 18 decoded 35-251; auto, having run split once, predicted it at
-        478-547 ms against a measured mean of 269 and never ran it again."""
-        for p in (Plan.SPLIT, Plan.CLOUD):
-            b = c.breakdowns.get(p)
-            if (
-                b is not None
-                and self.est.counts.get(f"decode_steps.{p}.{task}", 0) < EXPLORE_RUNS
-                and b.quality >= self.quality_floor
-            ):
-                return p
-        return None
+    def _predicted(
+        self, *, task: str, size: PromptSize, n: int, edge: EdgeState, cloud_available: bool
+    ) -> tuple[dict[Plan, Breakdown], dict[Plan, Draw]]:
+        """Every plan's expected breakdown, and its draw: the breakdown again at the rule-valid rates drawn
+        (the edge's escalation with them), its latency drawn around that."""
+        shape = self.shape(task=task, size=size, n=n)
+        profile = self.edge_profile(edge)
+        net, cloud = (self.net_profile(), self.cloud_profile()) if cloud_available else (None, None)
+        esc = self.escalation(task, shape) if cloud_available else None
+        means = predict_all(shape, profile, net, cloud, self.quality(task), esc)
+        q = {p: self._quality_draw(f"quality.{p}.{task}") for p in means}
+        esc_q = self.escalation(task, shape, self._quality_draw(f"quality.{ESCALATED}.{task}")) if esc else None
+        drawn = predict_all(shape, profile, net, cloud, q, esc_q)
+        return means, {p: Draw(self._latency_draw(p, task, drawn[p].total_ms), drawn[p].quality) for p in means}
 
-    def _stale(self, task: str, c: Choice, choice: int) -> str | None:
-        """A cloud plan not chosen by auto ``c`` that has not run for ``REEXPLORE_EVERY`` of the task's
-        choices nor for ``REEXPLORE_AFTER_S``, and meets the quality floor: run it."""
-        now = self.clock()
-        for p in (Plan.SPLIT, Plan.CLOUD):
-            b = c.breakdowns.get(p)
-            last_choice, last_s = self._last_run.get((task, str(p)), (0, -float("inf")))
-            if (
-                p != c.plan
-                and b is not None
-                and b.quality >= self.quality_floor
-                and choice - last_choice >= REEXPLORE_EVERY
-                and now - last_s >= REEXPLORE_AFTER_S
-            ):
-                return p
-        return None
+    def _latency_draw(self, plan: Plan, task: str, center_ms: float) -> float:
+        return latency_draw(center_ms, self.est.estimate(f"latency_ms.{plan}.{task}"), self.rng)
+
+    def _quality_draw(self, key: str) -> float:
+        """A draw of a rule-valid rate from its Beta posterior (uniform before any answer)."""
+        a, b = (self.est.estimate(key) or Decayed()).beta
+        return self.rng.betavariate(a, b)
+
+    def _reason(self, task: str, best: Plan, met: bool, means: dict[Plan, Breakdown], draws: dict[Plan, Draw]) -> str:
+        """``--explain``'s why: the plan, its draw against its expectation and the estimate behind it."""
+        b, d = means[best], draws[best]
+        if len(means) == 1:
+            return f"{best}: the only plan without a reachable cloud; predicted {b.total_ms:.0f} ms"
+        others = "; then " + ", ".join(self._said(task, p, means[p], draws[p]) for p in means if p != best)
+        if not met:
+            return (
+                f"{best}: no plan reaches the quality floor {self.quality_floor:.2f} in this draw; highest "
+                f"quality ({d.quality:.2f}, expected {b.quality:.2f})" + others
+            )
+        if d.ms == -math.inf:
+            return (
+                f"explore: {best}'s latency for {task!r} has no spread yet ({self._latency(best, task)}); "
+                f"predicted {b.total_ms:.0f} ms{escalation_note(b)}" + others
+            )
+        return (
+            f"{best}: fastest in this draw, {self._said(task, best, b, d)}{escalation_note(b)}, quality "
+            f"{d.quality:.2f} (expected {b.quality:.2f}) >= floor {self.quality_floor:.2f}" + others
+        )
+
+    def _said(self, task: str, plan: Plan, b: Breakdown, d: Draw) -> str:
+        if d.ms == -math.inf:
+            return f"{plan} {b.total_ms:.0f} ms predicted (no spread yet)"
+        return f"{plan} drew {d.ms:.0f} ms (predicted {b.total_ms:.0f}, {self._latency(plan, task)})"
+
+    def _latency(self, plan: Plan, task: str) -> str:
+        """The latency estimate behind a draw, in words: its standard error and the weight it rests on."""
+        d = self.est.estimate(f"latency_ms.{plan}.{task}")
+        if d is None:
+            return "never run"
+        se = d.stderr
+        spread = "no spread" if se is None else f"+-{se:.0f} ms"
+        return f"{spread} over {d.weight:.2g} runs' weight, measured mean {d.mean:.0f} ms"
 
     # ---- online updates ------------------------------------------------------------
     def observe(
         self,
-        plan: str,
+        *,
+        plan: Plan,
         task: str,
-        prompt_tokens: int,
-        prompt_bytes: int,
+        size: PromptSize,
         n: int,
         result,
         edge_was: EdgeState,
         escalated: bool = False,
     ) -> None:
-        """Fold one plan's run (its own result and stage times) into the estimates. ``escalated``:
-        the split that followed auto's rule-failing edge answer, whose drafts the edge attempt's
-        own observation already measured."""
+        """Fold one plan's run (its own result and stage times) into the estimates, and persist them (off the
+        event loop). ``escalated``: the split that followed auto's rule-failing edge answer, whose drafts the
+        edge attempt's own observation already measured."""
         e = self.est
-        self._last_run[(task, str(plan))] = (self._choices.get(task, 0), self.clock())  # a plan asked for runs too
         if not escalated:
-            self._observe_drafts(task, prompt_tokens, prompt_bytes, n, result, edge_was)
+            self._observe_drafts(task, size, n, result, edge_was)
         if result.answer and not result.fallback_reason:  # a fallback's answer is a local draft
             e.observe(f"answer_tokens.{task}", max(1.0, len(result.answer.encode()) / self.bytes_per_token))
         if not result.fallback_reason:
             self._observe_quality(plan, task, n, result, escalated)
-        if result.summary is not None and not result.fallback_reason and plan in ("split", "cloud"):
-            self._observe_cloud(plan, task, prompt_tokens, prompt_bytes, n, result, edge_was, escalated)
+            if not escalated and "total" in result.timings:  # the plan's own time: what its draws spread around
+                e.observe(f"latency_ms.{plan}.{task}", result.timings["total"])
+        if result.summary is not None and not result.fallback_reason and plan in CLOUD_PLANS:
+            self._observe_cloud(plan, task, size, n, result, edge_was, escalated)
         e.save()
 
-    def _observe_drafts(
-        self, task: str, prompt_tokens: int, prompt_bytes: int, n: int, result, edge_was: EdgeState
-    ) -> None:
+    def _observe_drafts(self, task: str, size: PromptSize, n: int, result, edge_was: EdgeState) -> None:
         e = self.est
         t = result.timings
         drafts = result.drafts
@@ -322,20 +334,21 @@ class Planner:
         if "drafting" not in t or result.rounds > 1:
             return
         if not edge_was.first_run:
-            step = (t["drafting"] - prompt_tokens * e.get("prefill_ms_per_token")) / longest
+            step = (t["drafting"] - size.tokens * e.get("prefill_ms_per_token")) / longest
             if step > 0:
                 e.observe(f"step_ms.{n}", step)
         else:  # the first request on a fresh session: what it drafted beyond a warm one
+            warm_state = EdgeState(model_bytes=edge_was.model_bytes, state=ModelState.WARM, gpu=edge_was.gpu)
             warm = drafting_ms(
-                self.edge_profile(EdgeState(edge_was.model_bytes, ModelState.WARM, gpu=edge_was.gpu)),
-                dataclasses.replace(self.shape(task, prompt_tokens, prompt_bytes, n), draft_tokens=longest),
+                self.edge_profile(warm_state),
+                dataclasses.replace(self.shape(task=task, size=size, n=n), draft_tokens=longest),
             )
             e.observe("first_run_ms", max(0.0, t["drafting"] - warm))
 
-    def _observe_quality(self, plan: str, task: str, n: int, result, escalated: bool) -> None:
+    def _observe_quality(self, plan: Plan, task: str, n: int, result, escalated: bool) -> None:
         e = self.est
-        e.observe(f"quality.{'escalated' if escalated else plan}.{task}", 1.0 if result.valid else 0.0)
-        if plan == "split" and not escalated:
+        e.observe(f"quality.{ESCALATED if escalated else plan}.{task}", 1.0 if result.valid else 0.0)
+        if plan == Plan.SPLIT and not escalated:
             # what edge-only would have answered: valid iff a first-round draft passed the rules
             # (the cloud checks the same rule set; the judge verifier may also reject) — so a
             # floor that keeps requests off the edge plan does not freeze its quality estimate.
@@ -345,46 +358,32 @@ class Planner:
                 e.observe(f"quality.edge.{task}", 1.0 if any(v.valid for v in first) else 0.0)
 
     def _observe_cloud(
-        self,
-        plan: str,
-        task: str,
-        prompt_tokens: int,
-        prompt_bytes: int,
-        n: int,
-        result,
-        edge_was: EdgeState,
-        escalated: bool,
+        self, plan: Plan, task: str, size: PromptSize, n: int, result, edge_was: EdgeState, escalated: bool
     ) -> None:
         e = self.est
         t, tm = result.timings, result.summary.timings
-        kind = "escalated" if escalated else plan
-        # the cloud's generation: its speed (fast-tracked) apart from this answer's length (averaged)
+        kind = ESCALATED if escalated else plan
+        # the cloud's generation: its speed apart from this answer's length
         # 0 steps is an answer too: the cloud accepted a verified draft as it stands
         e.observe(f"decode_steps.{kind}.{task}", float(tm.decode_steps))
         if result.summary.cost is not None:  # what the answer cost the cloud, as the cloud counts it
             e.observe(f"cloud_tokens.{kind}.{task}", float(result.summary.cost.work_tokens))
-        if tm.decode_steps > 0:
-            if tm.refine_ttft_ms > 0:
-                # net of the queue wait the Status RPC reported: the cost model adds that itself
-                e.observe("refine_ttft_ms", max(0.0, tm.refine_ttft_ms - e.get("queue_ms")))
-                if tm.refine_ms > tm.refine_ttft_ms:
-                    e.observe("refine_ms_per_token", (tm.refine_ms - tm.refine_ttft_ms) / tm.decode_steps)
+        if tm.decode_steps > 0 and tm.refine_ttft_ms > 0:
+            # net of the queue wait the Status RPC reported: the cost model adds that itself
+            e.observe("refine_ttft_ms", max(0.0, tm.refine_ttft_ms - e.get("queue_ms")))
+            if tm.refine_ms > tm.refine_ttft_ms:
+                e.observe("refine_ms_per_token", (tm.refine_ms - tm.refine_ttft_ms) / tm.decode_steps)
         # the cost model's own transfer term, with the rounds this request really took
-        shape = dataclasses.replace(
-            self.shape(task, prompt_tokens, prompt_bytes, n), rounds=float(max(1, result.rounds))
-        )
+        shape = dataclasses.replace(self.shape(task=task, size=size, n=n), rounds=float(max(1, result.rounds)))
+        profiles = (self.edge_profile(edge_was), self.net_profile(), self.cloud_profile())
         if escalated:
-            transfer = predict_escalation(
-                shape, self.edge_profile(edge_was), self.net_profile(), self.cloud_profile(), 0.0
-            ).transfer_ms
+            transfer = predict_escalation(shape, *profiles, 0.0).transfer_ms
         else:
-            transfer = predict(
-                plan, shape, self.edge_profile(edge_was), self.net_profile(), self.cloud_profile(), 0.0
-            ).transfer_ms
+            transfer = predict(plan, shape, *profiles, 0.0).transfer_ms
         rest = t.get("total", 0.0) - tm.refine_ms - transfer - e.get("queue_ms")
-        if plan == "cloud":
+        if plan == Plan.CLOUD:
             e.observe("setup_ms", max(0.0, rest))
             return
-        e.observe(f"rounds.{task}" if not escalated else f"rounds.escalated.{task}", shape.rounds)
+        e.observe(f"rounds.{ESCALATED}.{task}" if escalated else f"rounds.{task}", shape.rounds)
         if edge_was.state == ModelState.WARM or escalated:  # an escalation's edge is warm: it just drafted
             e.observe("verify_ms", max(0.0, (rest - t.get("drafting", 0.0)) / shape.rounds))

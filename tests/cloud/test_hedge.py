@@ -11,7 +11,7 @@ import pytest
 
 from coinfer import types as t
 from coinfer.cloud.config import CloudConfig, PolicyConfig
-from coinfer.cloud.policy import RoundOdds
+from coinfer.cloud.policy import ODDS_TAU_S, RoundOdds
 from coinfer.cloud.rounds import request_kind
 from coinfer.cloud.session import DraftsDone, Session
 from coinfer.rules import RuleSet
@@ -39,9 +39,9 @@ def _rules(req: t.OpenRequest, task=OPEN, spec=None) -> RuleSet:
 
 
 def hopeless_odds(req: t.OpenRequest | None = None, task=OPEN, spec=None) -> RoundOdds:
-    """Odds that saw rounds of ``req``'s kind (``apples()``) hold no valid draft many times (no exploring)."""
+    """Odds that saw rounds of ``req``'s kind (``apples()``) hold no valid draft many times, lately."""
     req = req or apples()
-    odds = RoundOdds(explore_every=1000)
+    odds = RoundOdds()
     for _ in range(30):
         odds.observe(request_kind(req, _rules(req, task, spec)), False)
     return odds
@@ -186,20 +186,25 @@ def test_no_hedge_for_the_cloud_plan_under_heavy_load_or_while_rounds_pay():
     assert s.hedge is None
 
 
-def test_hopeless_needs_a_few_rounds_and_still_explores():
-    odds = RoundOdds(explore_every=3, hedge_min_rounds=3, early_rounds=0)
-    kind = ("", ())
-    assert not odds.hopeless(kind, 0.25)  # never seen
-    for _ in range(2):
+def test_hopeless_needs_enough_misses_and_a_hedged_kind_is_waited_for_again_as_its_evidence_fades():
+    now = [0.0]
+    odds = RoundOdds(clock=lambda: now[0])
+    kind = ("sha256:draft", "", ())
+    assert not odds.hopeless(kind, 0.25)  # never seen: every rate equally likely
+    for _ in range(3):
         odds.observe(kind, False)
-    assert not odds.hopeless(kind, 0.25)  # 2 rounds < 3
-    odds.observe(kind, False)
-    assert odds.odds(kind) < 0.25
-    assert [odds.hopeless(kind, 0.25) for _ in range(6)] == [True, True, False, True, True, False]
-    assert not odds.hopeless(kind, 0.0)  # off
+    assert not odds.hopeless(kind, 0.25) and odds.odds(kind) < 0.25  # 3 misses: poor, but could be bad luck
+    misses = 3
+    while not odds.hopeless(kind, 0.25):
+        odds.observe(kind, False)
+        misses += 1
+    assert 5 < misses < 20 and not odds.hopeless(kind, 0.0)  # 0: off
+    # hedged, its rounds are not counted: the evidence fades until the kind is waited for (and counted) again
+    now[0] += ODDS_TAU_S
+    assert not odds.hopeless(kind, 0.25)
     for _ in range(20):
         odds.observe(kind, True)
-    assert not odds.hopeless(kind, 0.25)  # the drafts got better
+    assert not odds.hopeless(kind, 0.25) and odds.odds(kind) > 0.5  # the drafts got better
 
 
 async def _none():
@@ -211,9 +216,14 @@ async def _collect(events) -> list:
     return [ev async for ev in events]
 
 
-def test_a_round_waited_for_to_explore_a_hopeless_kind_advises_no_retry():
-    odds = hopeless_odds()
-    odds.explore_every = 1  # every session of the kind explores: none hedges
+def test_a_hopeless_kind_whose_evidence_faded_waits_for_its_round_and_counts_it():
+    now = [0.0]
+    odds = RoundOdds(clock=lambda: now[0])
+    req = apples()
+    kind = request_kind(req, _rules(req))
+    for _ in range(30):
+        odds.observe(kind, False)
+    now[0] += 2 * ODDS_TAU_S  # no session of the kind was waited for since: too uncertain to hedge now
     engine = ScriptedEngine({}, reply=RIGHT)
     s = session(engine, odds)
 
@@ -221,9 +231,10 @@ def test_a_round_waited_for_to_explore_a_hopeless_kind_advises_no_retry():
         yield t.Draft(0, BAD, 12, -0.1, 1.0)
         yield DraftsDone(1)
 
+    before = odds.odds(kind)
     events = asyncio.run(_collect(s.run(inbox())))
-    assert s.hedge is None and not any(isinstance(e, t.RetryAdvice) for e in events)
-    assert events[-1].answer == RIGHT
+    assert s.hedge is None and events[-1].answer == RIGHT
+    assert odds.odds(kind) < before  # the round was counted: a miss, the kind is known poor again
 
 
 class _FailsOnce(ScriptedEngine):
@@ -251,25 +262,26 @@ def test_a_hedge_that_failed_on_an_error_leaves_the_session_to_answer_without_it
     assert "racing the drafts" not in events[-1].trace and "the hedge failed" in caplog.text
 
 
-def _hedged_share(hits: str, sessions: int = 60, **kw) -> float:
-    """Sessions of a kind whose rounds, when waited for, hold a valid draft as ``hits`` says in turn
-    ("x": one did), the first three missing by chance: the share the cloud hedged (a hedged session's
-    round is not observed)."""
-    odds, kind, hedged, seen = RoundOdds(**kw), ("", ()), 0, 0
+def _hedged_share(hits: str, sessions: int = 600, every_s: float = 1.0) -> tuple[float, float]:
+    """Sessions of a kind, one every ``every_s`` seconds, whose rounds, when waited for, hold a valid draft as
+    ``hits`` says in turn ("x": one did), the first three missing by chance: the share the cloud hedged over
+    all sessions, and over the last half (a hedged session's round is not observed)."""
+    now = [0.0]
+    odds, kind, hedged, seen = RoundOdds(clock=lambda: now[0]), ("sha256:draft", "", ()), [], 0
     for _ in range(3):
         odds.observe(kind, False)
     for _ in range(sessions):
-        if odds.hopeless(kind, 0.25):
-            hedged += 1
-        else:
+        now[0] += every_s
+        hedged.append(odds.hopeless(kind, 0.25))
+        if not hedged[-1]:
             odds.observe(kind, hits[seen % len(hits)] == "x")
             seen += 1
-    return hedged / sessions
+    return sum(hedged) / sessions, sum(hedged[sessions // 2 :]) / (sessions - sessions // 2)
 
 
-def test_a_kind_hedged_after_unlucky_first_rounds_explores_early_until_its_odds_are_known():
-    # the words problems' drafts: valid in ~40% of first rounds; three misses made them hopeless
-    words = "..x.x"  # 2 in 5, the next two rounds missing too
-    assert _hedged_share(words) < 0.15
-    assert _hedged_share(words, early_rounds=0) > 0.5  # exploring every 10th only: hedged for good
-    assert _hedged_share("." * 19 + "x") > 0.6  # a hopeless pair (1 in 20) stays hedged once its odds are known
+def test_a_kind_whose_first_rounds_missed_by_chance_is_not_hedged_and_a_hopeless_one_mostly_is():
+    # the words problems' drafts: valid in ~40% of first rounds; three misses made them hopeless for good
+    # under counting rules (23-29 of 30 sessions hedged)
+    assert _hedged_share("..x.x")[0] == 0.0
+    every, late = _hedged_share("." * 19 + "x")  # a hopeless pair (1 in 20), a session a second
+    assert every > 0.8 and 0.0 < 1.0 - late < 0.1  # hedged, bar a few sessions that keep its odds measured

@@ -1,5 +1,7 @@
-"""Online learning of the scheduler weights: the fit, the EWMA, persistence across restarts."""
+"""Online learning of the scheduler weights: the fit, the EWMA, persistence across restarts, the refit and the
+shared file off the event loop."""
 
+import asyncio
 import json
 import random
 
@@ -38,7 +40,8 @@ def test_learner_updates_every_n_sessions_and_persists(tmp_path):
     for i in range(9):
         assert learner.record(rows[i * 10 : (i + 1) * 10]) is False
     assert not path.exists()
-    assert learner.record(rows[90:]) is True
+    assert learner.record(rows[90:]) is True  # an update is due: the caller runs it (off the loop)
+    asyncio.run(learner.update())
     w = learner.weights
     assert w.updates == 1 and w.sessions == 10 and w.a > 1.0 and w.b < 0.3  # moved halfway to the fit
     saved = json.loads(path.read_text())["weights"]
@@ -74,7 +77,8 @@ def test_replicas_sharing_one_state_file_lose_no_update(tmp_path):
     good = rows_where(lambda s, a_, lat, r: s > 0.5)  # the verifier score predicts the label
     for learner in (a, b, a, b):
         learner.record(good)
-        learner.record(good)
+        assert learner.record(good)
+        asyncio.run(learner.update())
     saved = json.loads(path.read_text())["weights"]
     assert saved["updates"] == 4 and saved["sessions"] == 8
     assert saved["a"] > 0.9  # the merged fits moved the weight onto the score term (one alone: ~0.7)
@@ -126,3 +130,34 @@ def test_outcome_rows_label_drafts_by_the_tasks_grade_else_by_agreement_with_the
     rules = RuleSet([], arith, spec)
     right = judged(0, arith.solve(spec), rules)
     assert [r[3] for r in outcome_rows([(right, 1.0, 1.0)], "answer 48", arith, spec, rules)] == [1.0]
+
+
+async def test_the_refit_and_the_shared_files_lock_run_off_the_event_loop(tmp_path, monkeypatch):
+    """Issue 51: the cloud took the state file's ``flock`` and fitted numpy on the event loop. The lock is held
+    until the loop has run something else: on the loop, that never happens. Sessions recorded meanwhile count."""
+    import fcntl
+    import threading
+
+    order: list[str] = []
+    ticked = threading.Event()
+    real_flock = fcntl.flock
+
+    def held_flock(f, op):
+        order.append("lock")
+        ticked.wait(timeout=30)  # a hang guard only: released at once when the loop runs
+        order.append("locked")
+        real_flock(f, op)
+
+    monkeypatch.setattr(fcntl, "flock", held_flock)
+    learner = WeightLearner.open(1.0, 0.3, 0.02, every=1, alpha=0.5, path=str(tmp_path / "w.json"))
+    assert learner.record(rows_where(lambda s, a, lat, r: s > 0.5, n=40))
+    update = asyncio.create_task(learner.update())
+    while "lock" not in order:
+        await asyncio.sleep(0.001)
+    order.append("the loop ran")
+    learner.record(rows_where(lambda s, a, lat, r: s > 0.5, n=4))  # a session ending meanwhile
+    ticked.set()
+    await update
+    assert order == ["lock", "the loop ran", "locked"]
+    assert learner.weights.updates == 1 and learner.weights.sessions == 2
+    assert json.loads((tmp_path / "w.json").read_text())["weights"]["sessions"] == 1  # the one written then

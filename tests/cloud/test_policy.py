@@ -65,25 +65,33 @@ def test_answer_agreement_is_the_support_share_of_each_drafts_answer():
     )
 
 
-def test_round_odds_stop_retries_where_rounds_never_hold_a_valid_draft_and_still_explore():
-    from coinfer.cloud.policy import RoundOdds
+def test_round_odds_stop_retries_where_rounds_never_hold_a_valid_draft_and_explore_as_they_fade():
+    from coinfer.cloud.policy import ODDS_TAU_S, RoundOdds
 
-    odds = RoundOdds(explore_every=4)
+    now = [0.0]
+    odds = RoundOdds(clock=lambda: now[0])
     with pytest.raises(TypeError):
-        RoundOdds(1.0, 2.0)  # keyword-only: five numbers in a row are easy to swap
-    assert odds.pays("select", 0.1)  # unseen: the prior (1 in 2) retries as before
-    for _ in range(40):
+        RoundOdds(600.0, 2.0)  # keyword-only: numbers in a row are easy to swap
+    assert odds.pays("select", 0.3) and odds.odds("select") == 0.5  # unseen: Laplace's 1 in 2, rounds pay
+    for _ in range(3):
+        odds.observe("select", False)
+    assert odds.pays("select", 0.3)  # three misses may be bad luck: the bound is still above the floor
+    for _ in range(37):
         odds.observe("select", False)
         odds.observe("arith", True)
-    assert odds.odds("select") < 0.1 < odds.odds("arith")
-    assert [odds.pays("select", 0.1) for _ in range(8)] == [False, False, False, True] * 2  # every 4th explores
-    assert odds.pays("arith", 0.1) and odds.pays("select", 0.0)  # 0: always
+    assert odds.upper("select") < 0.1 < 0.3 < odds.odds("arith")
+    assert not odds.pays("select", 0.3) and odds.pays("arith", 0.3) and odds.pays("select", 0.0)  # 0: always
+    # refused, the kind is no longer counted: its evidence fades until its rounds are worth a try again
+    now[0] += ODDS_TAU_S
+    assert not odds.pays("select", 0.3)
+    now[0] += 2 * ODDS_TAU_S
+    assert odds.pays("select", 0.3) and odds.odds("select") < 0.3  # still poor, but too uncertain to refuse
 
 
 def test_retry_rounds_are_counted_apart_from_first_rounds():
     from coinfer.cloud.policy import RoundOdds, retry
 
-    odds = RoundOdds(explore_every=1000)
+    odds = RoundOdds(clock=lambda: 0.0)
     for _ in range(40):  # first rounds of words mostly hold a valid draft; the retries of the rest never do
         odds.observe("words", True)
         odds.observe(retry("words"), False)
@@ -91,3 +99,15 @@ def test_retry_rounds_are_counted_apart_from_first_rounds():
     assert not odds.pays("words", 0.1)  # another round after a failed one is not worth its wait
     assert not odds.rare("words", 0.25)  # while the first round is still waited for (no hedge at open)
     assert odds.pays("arith", 0.1)  # another kind: unseen, the prior retries
+
+
+def test_the_odds_table_stays_bounded_however_many_kinds_arrive():
+    """Issue 51: ``RoundOdds`` grew by one entry per client-chosen rule name, forever."""
+    from coinfer.cloud.policy import RoundOdds
+
+    odds = RoundOdds(clock=lambda: 0.0, max_kinds=256)
+    odds.observe("arith", False)
+    for i in range(10_000):
+        odds.observe((f"edge-{i}", "", ()), False)
+        odds.odds("arith")  # in use: kept
+    assert len(odds) == 256 and odds.odds("arith") == pytest.approx(1 / 3)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from coinfer import types as t
 from coinfer.cloud.config import Limits
+from coinfer.cloud.policy import RoundOdds
 from coinfer.cloud.rounds import MAX_PENALTY, MAX_TEMPERATURE, Rounds, request_kind, retry_advice
 from coinfer.errors import InvalidArgument, ResourceExhausted
 from coinfer.rules import Rule, RuleSet
@@ -55,8 +58,30 @@ def test_retry_advice_explores_more_each_round_and_says_why():
     late.sampling.validate("sampling")  # capped within what a request may ask
 
 
-def test_rounds_are_counted_by_task_and_rules():
-    req = t.OpenRequest(request_id="r", task="", prompt="p", rules=[Rule("arithmetic")])
+def test_rounds_are_counted_by_draft_model_task_and_the_kinds_of_the_rules():
+    req = t.OpenRequest(request_id="r", task="", prompt="p", rules=[Rule("arithmetic")], draft_model="sha256:a")
     kind = request_kind(req, RuleSet(req.rules, OPEN, {}))
-    assert kind[0] == "" and "arithmetic" in kind[1]
+    assert kind == ("sha256:a", "", ("arithmetic",))
     assert kind != request_kind(req, RuleSet([], OPEN, {}))
+    other = dataclasses.replace(req, draft_model="sha256:b")
+    assert request_kind(other, RuleSet(req.rules, OPEN, {})) != kind
+
+
+def test_the_names_a_client_gives_its_rules_make_no_kind_of_their_own():
+    """Issue 51: rounds were counted by the rules' labels, a client's names among them: a kind per request,
+    a table that never shrinks. 10,000 differently named rules of one kind are one kind."""
+    odds = RoundOdds(clock=lambda: 0.0)
+    for i in range(10_000):
+        req = t.OpenRequest(request_id="r", task="", prompt="p", rules=[Rule("length", {"max": 900}, name=f"r{i}")])
+        odds.observe(request_kind(req, RuleSet(req.rules, OPEN, {})), False)
+    assert len(odds) == 1
+
+
+def test_one_draft_models_misses_leave_anothers_rounds_waited_for():
+    """Issue 51: the odds were shared across edges and draft models: one edge's weak draft model made the
+    cloud hedge, leaving another edge's valid drafts unscored."""
+    odds = RoundOdds(clock=lambda: 0.0)
+    weak, good = ("sha256:weak", "words", ("arithmetic",)), ("sha256:good", "words", ("arithmetic",))
+    for _ in range(40):
+        odds.observe(weak, False)
+    assert odds.hopeless(weak, 0.25) and not odds.hopeless(good, 0.25) and odds.pays(good, 0.3)

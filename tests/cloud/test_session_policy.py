@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from coinfer import types as t
 from coinfer.cloud.config import CloudConfig, PolicyConfig
 from coinfer.cloud.engine import Chunk, GenParams, TargetEngine
@@ -491,7 +493,7 @@ def test_a_retry_round_is_counted_apart_and_none_is_advised_where_retries_never_
     from coinfer.cloud.policy import RoundOdds, retry
 
     wrong = WRONG.replace("4 + 12 = 16", "4 + 12 = 15")
-    odds = RoundOdds(explore_every=1000)
+    odds = RoundOdds()
     engine = ScriptedEngine({}, reply=RIGHT)
     session = _session(engine, round_odds=odds)
 
@@ -503,7 +505,9 @@ def test_a_retry_round_is_counted_apart_and_none_is_advised_where_retries_never_
 
     events = asyncio.run(_collect(session.run(two_rounds())))
     assert sum(isinstance(e, t.RetryAdvice) for e in events) == 2  # after each round: no odds known yet
-    assert odds._seen == {session.kind: 1, retry(session.kind): 1}  # the first round and its retry, apart
+    # the first round and its retry, each a miss of its own kind (Laplace: 1 in 3 after one miss)
+    assert len(odds) == 2
+    assert odds.odds(session.kind) == pytest.approx(1 / 3, abs=1e-3) == odds.odds(retry(session.kind))
     for _ in range(30):  # first rounds of this kind pass; the retries after a failed one never did
         odds.observe(session.kind, True)
         odds.observe(retry(session.kind), False)
@@ -516,7 +520,7 @@ def test_a_retry_round_is_counted_apart_and_none_is_advised_where_retries_never_
 def test_no_retry_is_advised_where_rounds_of_this_kind_never_held_a_valid_draft():
     from coinfer.cloud.policy import RoundOdds
 
-    odds = RoundOdds(explore_every=1000)
+    odds = RoundOdds()
     for retried in (True, False):
         engine = ScriptedEngine({}, reply=RIGHT)
         session = _session(engine, round_odds=odds)

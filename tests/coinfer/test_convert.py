@@ -18,6 +18,9 @@ def test_open_round_trip_keeps_rules_and_defaults():
     assert back.rules == [Rule("count", {"field": "ids", "min": 2.0, "max": 2.0, "unique": True}, "two")]
     assert back.refine == t.SamplingParams(temperature=0.5, seed=7)
     assert (back.request_id, back.expected_drafts, back.deadline_ms) == ("r1", 5, 1500)
+    assert back.draft_model == ""  # an older edge sends none
+    req.draft_model = "sha256:abc"
+    assert convert.open_from_pb(convert.open_to_pb(req)).draft_model == "sha256:abc"
     # an unset refine means "server defaults", not zeros
     req.refine = None
     assert convert.open_from_pb(convert.open_to_pb(req)).refine is None

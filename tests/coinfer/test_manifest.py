@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from coinfer.manifest import ManifestError, verify_manifest, write_manifest
+from coinfer.manifest import ManifestError, identity, verify_manifest, write_manifest
 
 
 @pytest.fixture
@@ -79,3 +79,17 @@ def test_a_manifest_of_the_wrong_shape_is_refused_naming_the_field(model_dir, ch
     (model_dir / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(ManifestError, match=rf"invalid manifest: {field}"):
         verify_manifest(model_dir)
+
+
+def test_an_artefacts_identity_is_its_contents_digest_never_its_path(model_dir, tmp_path):
+    import shutil
+
+    copy = tmp_path / "elsewhere" / "m"
+    shutil.copytree(model_dir, copy)
+    a, b = identity(model_dir, verify_manifest(model_dir)), identity(copy, verify_manifest(copy))
+    assert a == b and a.startswith("sha256:") and str(tmp_path) not in a and len(a) <= 128
+    (copy / "model.onnx").write_bytes(b"another graph")
+    write_manifest(copy, {})
+    assert identity(copy, verify_manifest(copy)) != a
+    bare = identity(tmp_path, None)  # an unverified directory: its path's digest, not the path
+    assert bare.startswith("path-sha256:") and str(tmp_path) not in bare and len(bare) <= 128

@@ -6,7 +6,15 @@ import pytest
 
 from coinfer.chat import ChatMessage
 from coinfer.errors import InvalidArgument, ResourceExhausted
-from coinfer.validate import MAX_DEADLINE_MS, MAX_REQUEST_ID, check_deadline, check_question, check_request_id
+from coinfer.validate import (
+    MAX_DEADLINE_MS,
+    MAX_DRAFT_MODEL,
+    MAX_REQUEST_ID,
+    check_deadline,
+    check_draft_model,
+    check_question,
+    check_request_id,
+)
 
 
 def test_a_question_is_a_prompt_or_a_conversation_within_the_limit():
@@ -38,3 +46,11 @@ def test_request_ids_and_deadlines_have_their_bounds():
             check_deadline(bad)
     with pytest.raises(InvalidArgument, match=r"0\.\.1000, got 1001"):
         check_deadline(1001, max_ms=1000)
+
+
+def test_a_draft_model_identity_has_its_bound():
+    check_draft_model("")  # an older edge
+    check_draft_model("sha256:" + "0" * 64)
+    with pytest.raises(InvalidArgument) as err:
+        check_draft_model("x" * (MAX_DRAFT_MODEL + 1))
+    assert err.value.field == "draft_model"

@@ -46,7 +46,7 @@ def test_every_declared_bound_refuses_a_value_past_it_at_load_naming_the_field()
     from coinfer.serving.bounds import Bound
 
     bounded = [(f.name, f.metadata["bound"]) for f in dataclasses.fields(EdgeConfig) if "bound" in f.metadata]
-    assert {"deadline_ms", "replays", "breaker_failures", "grpc_port", "cloud_thrift"} <= {n for n, _ in bounded}
+    assert {"deadline_ms", "replays", "breaker_failures", "grpc_port", "planner_tau_s"} <= {n for n, _ in bounded}
     for name, b in bounded:
         assert isinstance(b, Bound)
         below = b.ge - 1 if b.ge is not None else b.gt

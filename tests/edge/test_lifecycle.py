@@ -51,6 +51,7 @@ class Drafts:
     """Stands in for the warm draft engine: a prompt that ends with the streamed text is continued."""
 
     providers, runs = ["CPUExecutionProvider"], 1
+    identity = "sha256:stand-in"
 
     def __init__(self) -> None:
         self.prompts: list[str] = []
@@ -243,9 +244,9 @@ def _observed(core: EdgeCore, monkeypatch) -> list[tuple[str, EdgeResult]]:
     seen: list[tuple[str, EdgeResult]] = []
     observe = core.planner.observe
 
-    def spy(plan, task, prompt_tokens, prompt_bytes, n, result, edge_was, escalated=False):
+    def spy(*, plan, result, **kw):
         seen.append((plan, result))
-        observe(plan, task, prompt_tokens, prompt_bytes, n, result, edge_was, escalated)
+        observe(plan=plan, result=result, **kw)
 
     monkeypatch.setattr(core.planner, "observe", spy)
     return seen

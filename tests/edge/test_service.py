@@ -5,7 +5,11 @@ and a tiny gRPC cloud on 127.0.0.1: a cold edge withdraws what a failed cloud st
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import os
+import random
+import threading
 from types import SimpleNamespace
 
 import grpc
@@ -16,7 +20,7 @@ from coinfer import types as t
 from coinfer.edge.config import EdgeConfig
 from coinfer.edge.draft_engine import DraftResult
 from coinfer.edge.pipeline import EdgePipeline, Plan
-from coinfer.edge.planner.planner import EXPLORE_RUNS
+from coinfer.edge.planner.estimates import Estimates
 from coinfer.edge.result import EdgeResult, ResultBuilder
 from coinfer.edge.service import CloudTokens, Done, EdgeCore, SolveRequest
 from coinfer.edge.servicer import result_to_pb
@@ -84,16 +88,24 @@ class FakePipeline:
 def core(tmp_path, monkeypatch) -> EdgeCore:
     monkeypatch.setattr("coinfer.edge.lifecycle.EdgePipeline", FakePipeline)
     FakePipeline.calls = []
-    c = EdgeCore(EdgeConfig(model=str(tmp_path), warm=False, cloud="127.0.0.1:1", probe_on_start=False))
+    cfg = EdgeConfig(
+        model=str(tmp_path),
+        warm=False,
+        cloud="127.0.0.1:1",
+        probe_on_start=False,
+        planner_state=str(tmp_path / "p.json"),
+    )
+    c = EdgeCore(cfg)
     c.engine, c.model_state = SimpleNamespace(providers=["CPUExecutionProvider"], runs=1), "warm"  # no model here
-    est = c.planner.est
+    c.planner.rng = random.Random(0)
+    c.planner.est = est = Estimates.open(cfg.planner_state, clock=lambda: 0.0)  # no aging within a test
     est.observe("rtt_ms", 5.0)  # fresh: no background re-probe of a cloud that is not there
     for _ in range(9):  # the edge's answers have passed so far: auto picks it
         est.observe("quality.edge.arith", 1.0)
     est.observe("step_ms.5", 1.0)
-    for plan in ("split", "cloud"):  # run before: nothing to explore
-        for _ in range(EXPLORE_RUNS):
-            est.observe(f"decode_steps.{plan}.arith", 64.0)
+    for plan, ms in (("edge", 60.0), ("split", 1_700.0), ("cloud", 1_800.0)):  # run before: spreads known
+        for jitter in (0.0, 5.0):
+            est.observe(f"latency_ms.{plan}.arith", ms + jitter)
     return c
 
 
@@ -120,7 +132,7 @@ async def test_auto_reports_the_plans_that_ran_and_learns_each_with_its_own_outc
     assert info["predicted_ms"]["total_ms"] == pytest.approx(info["predicted_ms"]["attempt_ms"])  # p was 0
     est = core.planner.est
     # the edge plan learnt from the edge's own verdict (9 passes, 1 failure), not from the cloud's answer
-    assert est.get("quality.edge.arith") == pytest.approx(0.9) and est.counts["quality.edge.arith"] == 10
+    assert est.get("quality.edge.arith") == pytest.approx(0.9) and est.estimate("quality.edge.arith").weight == 10
     assert est.get("quality.escalated.arith") == 1.0 and not est.has("quality.split.arith")
     assert _ratio_count(core, "edge") == 1 and _ratio_count(core, "split") == 1  # each against its own prediction
     assert (
@@ -128,7 +140,9 @@ async def test_auto_reports_the_plans_that_ran_and_learns_each_with_its_own_outc
         == 1
     )
     # the next choice sees the escalation coming
-    nxt = core.planner.choose("arith", 10, 30, 3, core._edge_state(), cloud_available=True).breakdowns["edge"]
+    size = core.planner.prompt_size(ARITH)
+    nxt = core.planner.choose(task="arith", size=size, n=3, edge=core.edge_state(), cloud_available=True)
+    nxt = nxt.breakdowns["edge"]
     assert nxt.escalation_p == pytest.approx(0.1) and nxt.escalation_cost_ms > 0
 
 
@@ -184,10 +198,42 @@ async def test_auto_probes_an_open_circuit_once_it_has_cooled_down(core, monkeyp
     now[0] = breaker.reset_s
     _, done = await _done(core, req)  # offered, but auto still prefers the edge (its answers pass)
     assert done.plans == ["edge"] and breaker.state is t.BreakerState.OPEN  # the half-open trial is not taken
-    core.planner.est.observe("quality.edge.arith", 0.0, replace=True)  # now they fail: auto wants the cloud
+    for _ in range(20):  # now they fail: auto wants the cloud
+        core.planner.est.observe("quality.edge.arith", 0.0)
     _, done = await _done(core, req)
     assert done.plans[0] in ("split", "cloud")  # the trial request, the only way back to the cloud
     assert FakePipeline.calls[-1][0] is not Plan.EDGE and breaker.state is t.BreakerState.CLOSED
+
+
+async def test_the_planners_estimates_are_written_off_the_event_loop(core, monkeypatch):
+    """Issue 51: the edge wrote its estimates file on the event loop after every request it learnt from. The
+    write is held until the loop has run something else: on the loop, that never happens, and every other
+    request waits for the disk."""
+    order: list[str] = []
+    ticked = threading.Event()
+    real_replace = os.replace
+
+    def held_replace(src, dst):
+        if str(dst) != core.cfg.planner_state:  # another test's core, writing late
+            return real_replace(src, dst)
+        order.append("write")
+        ticked.wait(timeout=30)  # a hang guard only: released at once when the loop runs
+        order.append("written")
+        real_replace(src, dst)
+
+    async def other_request() -> None:
+        while "write" not in order:
+            await asyncio.sleep(0.001)
+        order.append("the loop ran")
+        ticked.set()
+
+    monkeypatch.setattr(os, "replace", held_replace)
+    other = asyncio.create_task(other_request())
+    await _done(core, SolveRequest(prompt=ARITH, num_drafts=3))
+    await asyncio.wait_for(other, 30)
+    await core.planner.est.flush()
+    assert order[:3] == ["write", "the loop ran", "written"]
+    assert core.cfg.planner_state and os.path.exists(core.cfg.planner_state)
 
 
 class FailsMidAnswer(pb_grpc.CoinferCloudServicer):
@@ -203,6 +249,7 @@ class LocalDrafts:
     """Stands in for the draft engine the cold edge loads once the cloud has failed."""
 
     providers, runs = ["CPUExecutionProvider"], 0
+    identity = "sha256:stand-in"
 
     def render(self, messages) -> str:
         return messages[-1].content

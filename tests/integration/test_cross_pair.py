@@ -77,14 +77,18 @@ async def test_every_plan_answers_the_real_prompts_through_the_openai_sdk(cross_
             assert row.source in ("draft", "refined", "cloud"), row
 
 
-async def test_where_gemma_rarely_takes_a_draft_split_answers_as_the_cloud_plan_does(cross_daemon):
+async def test_where_gemma_rarely_takes_a_draft_split_answers_as_the_cloud_plan_does(cross_daemon, smollm2_int8):
+    from pathlib import Path
+
     from coinfer.cloud.policy import RoundOdds
+    from coinfer.manifest import identity, verify_manifest
 
     core = cross_daemon.pair_cloud.core
-    before, core.round_odds = core.round_odds, RoundOdds(explore_every=1000)
+    before, core.round_odds = core.round_odds, RoundOdds()
+    draft_model = identity(Path(smollm2_int8), verify_manifest(Path(smollm2_int8)))  # what the edge sends
     try:
-        for _ in range(30):  # rounds of open chat requests (no task, no rules) held no valid draft lately
-            core.round_odds.observe(("", ()), False)
+        for _ in range(30):  # rounds of open chat requests (SmolLM2's drafts, no task, no rules) held no valid draft
+            core.round_odds.observe((draft_model, "", ()), False)
         prompt = REAL_PROMPTS[0]
         cloud = await ask(cross_daemon, "smollm2-gemma3", prompt, "cloud", stream=False, max_tokens=MAX_TOKENS)
         for stream in (False, True):

@@ -7,7 +7,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coinfer.edge.planner.cost import (
-    THRIFT_MIN_SAVING,
     CloudProfile,
     EdgeProfile,
     Escalation,
@@ -15,8 +14,10 @@ from coinfer.edge.planner.cost import (
     RequestShape,
     choose,
     cold_start_ms,
+    pick,
     predict,
 )
+from coinfer.types import Plan
 
 EDGE = EdgeProfile(
     model_bytes=200_000_000,
@@ -164,53 +165,26 @@ def test_the_issue_20_measurement_is_predicted_within_its_bounds():
     assert b.total_ms / b.attempt_ms > 5  # the old prediction (the attempt alone) was off by that much
 
 
-def test_thrift_takes_a_near_tie_that_holds_the_cloud_less():
-    """A split whose drafts are mostly taken as is (few decode steps) against a cloud plan a little
-    faster: within the thrift the split wins, beyond it the fastest; thrift 0 is the fastest plan.
-    (The floor keeps the edge plan, which holds the cloud not at all, out of it.)"""
-    req = dataclasses.replace(REQ, split_steps=10, cloud_steps=50)
-    edge = dataclasses.replace(EDGE, step_ms={1: 5.0, 5: 4.0})
-    plain = choose(req, edge, NET, CLOUD, Q, 0.5)
-    bd = plain.breakdowns
-    ratio = bd["split"].total_ms / bd["cloud"].total_ms
-    assert plain.plan == "cloud" and 1.0 < ratio < 1.5 and bd["split"].cloud_load_ms < bd["cloud"].cloud_load_ms
-    thrifty = choose(req, edge, NET, CLOUD, Q, 0.5, thrift=ratio - 1.0 + 0.01)
-    assert thrifty.plan == "split" and "costs the cloud least" in thrifty.reason and " ms vs " in thrifty.reason
-    assert choose(req, edge, NET, CLOUD, Q, 0.5, thrift=ratio - 1.0 - 0.01).plan == "cloud"
-    # the quality floor still rules: a thrifty plan below it is never taken
-    assert choose(req, edge, NET, CLOUD, Q | {"split": 0.1}, 0.5, thrift=1.0).plan == "cloud"
-    assert choose(req, edge, NET, CLOUD, Q, 0.0, thrift=1.0).plan == "edge"  # no cloud at all
+def test_pick_takes_the_fastest_plan_meeting_the_floor_else_the_best_quality():
+    q = {Plan.EDGE: 0.4, Plan.SPLIT: 0.7, Plan.CLOUD: 0.7}
+    order = [Plan.EDGE, Plan.CLOUD, Plan.SPLIT]  # fastest first
+    assert pick(order, q, 0.0) == (Plan.EDGE, True)
+    assert pick(order, q, 0.5) == (Plan.CLOUD, True)
+    assert pick(order, q, 0.9) == (Plan.CLOUD, False)  # none reaches it: the best quality, the faster of equals
 
 
-def test_thrift_weighs_plans_by_the_clouds_reported_cost_once_every_plan_has_one():
-    """Issue 34: the time a request holds the cloud is not what it costs the cloud (a split that scores
-    five drafts holds it less than the cloud plan and costs it more). Once the cloud has reported both
-    plans' engine tokens per answer, the thrift takes the one the cloud says is cheaper; with one
-    plan unmeasured the prediction still decides (a guess must not)."""
-    req = dataclasses.replace(REQ, split_steps=10, cloud_steps=50)
+def test_the_expected_cloud_cost_is_reported_not_weighed():
+    """The cloud's reported engine tokens per answer ride in the breakdown for ``--explain``; the choice is the
+    fastest plan (the thrift tie-break is gone: issue 51)."""
+    req = dataclasses.replace(REQ, split_steps=10, cloud_steps=50, split_work=100.0, cloud_work=300.0)
     edge = dataclasses.replace(EDGE, step_ms={1: 5.0, 5: 4.0})
-    bd = choose(req, edge, NET, CLOUD, Q, 0.5).breakdowns
-    thrift = bd["split"].total_ms / bd["cloud"].total_ms - 1.0 + 0.01  # both plans near the fastest
-    assert choose(req, edge, NET, CLOUD, Q, 0.5, thrift=thrift).plan == "split"  # holds the cloud less
-    costly_split = dataclasses.replace(req, split_work=900.0, cloud_work=300.0)
-    c = choose(costly_split, edge, NET, CLOUD, Q, 0.5, thrift=thrift)
-    assert c.plan == "cloud" and "300 engine tokens vs" not in c.reason  # the fastest: no thrift reason
-    cheap_split = dataclasses.replace(req, split_work=100.0, cloud_work=300.0)
-    c = choose(cheap_split, edge, NET, CLOUD, Q, 0.5, thrift=thrift)
-    assert c.plan == "split" and "100 engine tokens vs 300 engine tokens" in c.reason
-    # a saving within THRIFT_MIN_SAVING is one cost measured twice: the faster plan wins the tie
-    tie = dataclasses.replace(req, split_work=89.0, cloud_work=90.0)
-    c = choose(tie, edge, NET, CLOUD, Q, 0.5, thrift=thrift)
-    assert c.plan == "cloud" and c.reason.startswith("cloud: fastest predicted")
-    saving = dataclasses.replace(req, split_work=(1 - THRIFT_MIN_SAVING) * 90.0 - 1.0, cloud_work=90.0)
-    assert choose(saving, edge, NET, CLOUD, Q, 0.5, thrift=thrift).plan == "split"
-    half = dataclasses.replace(req, split_work=900.0, cloud_work=None)  # the cloud plan never reported
-    assert choose(half, edge, NET, CLOUD, Q, 0.5, thrift=thrift).plan == "split"
+    c = choose(req, edge, NET, CLOUD, Q, quality_floor=0.5)
+    assert c.plan == min((Plan.SPLIT, Plan.CLOUD), key=lambda p: c.breakdowns[p].total_ms)
+    assert c.breakdowns[Plan.SPLIT].cloud_work == 100.0 and c.breakdowns[Plan.CLOUD].cloud_work == 300.0
     # the edge plan costs the cloud its escalations' share of a split: p * the split's reported work
-    esc = Escalation(shape=costly_split, quality=0.9)
-    b = predict("edge", costly_split, edge, NET, CLOUD, 0.25, esc)
-    assert b.cloud_work == pytest.approx(0.75 * 900.0)
-    assert predict("edge", costly_split, edge, None, None, 0.25).cloud_work == 0.0  # no cloud: no cost
+    esc = Escalation(shape=dataclasses.replace(req, split_work=900.0), quality=0.9)
+    assert predict("edge", req, edge, NET, CLOUD, 0.25, esc).cloud_work == pytest.approx(0.75 * 900.0)
+    assert predict("edge", req, edge, None, None, 0.25).cloud_work == 0.0  # no cloud: no cost
 
 
 def test_choose_weighs_the_edge_by_its_escalation():
@@ -218,15 +192,15 @@ def test_choose_weighs_the_edge_by_its_escalation():
     # a fast edge whose answers nearly always fail: auto's edge is an edge attempt plus a split nearly
     # every time, slower than splitting at once
     fast = dataclasses.replace(EDGE, step_ms={5: 2.0})
-    c = choose(REQ, fast, NET, CLOUD, q, 0.0, ESC)
+    c = choose(REQ, fast, NET, CLOUD, q, escalation=ESC)
     assert c.plan != "edge" and c.breakdowns["edge"].total_ms > c.breakdowns["split"].total_ms
-    assert choose(REQ, fast, NET, CLOUD, q, 0.0).plan == "edge"  # without the term it looked fastest
+    assert choose(REQ, fast, NET, CLOUD, q).plan == "edge"  # without the term it looked fastest
     # an edge whose answers usually pass: fastest, and its escalations lift it over the quality floor
-    good = choose(REQ, fast, NET, CLOUD, q | {"edge": 0.9}, 0.95, ESC)
+    good = choose(REQ, fast, NET, CLOUD, q | {"edge": 0.9}, quality_floor=0.95, escalation=ESC)
     assert good.plan == "edge" and good.breakdowns["edge"].quality == pytest.approx(0.9 + 0.1 * 0.8)
     assert "fastest" in good.reason and good.breakdowns["edge"].total_ms < good.breakdowns["split"].total_ms
     assert "10% of answers escalated to split" in good.reason
-    assert choose(REQ, EDGE, None, None, q, 0.0, ESC).plan == "edge"
+    assert choose(REQ, EDGE, None, None, q, escalation=ESC).plan == "edge"
 
 
 @given(p_q=st.floats(min_value=0.0, max_value=1.0), extra=pos)
