@@ -193,7 +193,7 @@ class PolicyConfig:
     """Retry rounds advised to the edge before the cloud drafts itself."""
     hedge_below_odds: float = bounded(0.25, ge=0, le=1)
     """Where rounds of the same kind of request hold a valid draft less often than this even by the upper
-    confidence bound of their odds (``RoundOdds.hopeless``), the cloud begins its own answer at session open and answers with it,
+    confidence bound of their odds (``RoundOdds.rare``), the cloud begins its own answer at session open and answers with it,
     unless the rules alone pass a draft first where they decide; drafts needing the LLM verifier are not
     scored, and no retry is advised (``coinfer.cloud.hedge``). SmolLM2 drafting for Gemma 3 270M: 6% of drafts
     accepted, split waited 3 rounds (13.2 s p50 against the cloud plan's 2.3 s). 0: always wait for the drafts."""

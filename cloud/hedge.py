@@ -15,7 +15,7 @@ written as final, and the rest streams as it comes.
 
 Its cost is the cloud's own answer, which the session pays anyway when no draft is valid, less the drafts'
 scoring; it is wasted only where a draft wins. A hedged session's round is not counted, so a hopeless kind's
-odds fade until its rounds are waited for and counted again (``RoundOdds.hopeless``): the odds keep being
+odds fade until its rounds are waited for and counted again (``RoundOdds.rare``): the odds keep being
 measured.
 """
 

@@ -213,14 +213,10 @@ class RoundOdds:
 
     def rare(self, kind: Hashable, below: float) -> bool:
         """Whether rounds of ``kind`` hold a valid draft less often than ``below`` even by the upper bound of
-        their odds (``below`` <= 0: never): too rarely to wait for one (``hopeless``) or to ask for another."""
+        their odds (``below`` <= 0: never): too rarely to ask for another round, or to wait for the first (the
+        cloud then begins its own answer at open: ``coinfer.cloud.hedge``). A hedged session's round is not
+        counted (a hedge that wins ends the session first), so the kind's evidence fades until its bound
+        reaches ``below`` and its rounds are waited for again: a kind whose first rounds missed by chance is not
+        hedged for good (the demo's word problems, valid in 4-10 first rounds of 16, were hedged in 23-29 of 30
+        sessions by counting rules before)."""
         return below > 0 and self.upper(kind) < below
-
-    def hopeless(self, kind: Hashable, below: float) -> bool:
-        """Whether a round of this kind is so unlikely to hold a valid draft that the cloud should begin its
-        own answer at once rather than wait for the round (``coinfer.cloud.hedge``; ``below`` <= 0: never):
-        ``rare``. A hedged session's round is not counted (a hedge that wins ends the session first), so the
-        kind's evidence fades until its bound reaches ``below`` and its rounds are waited for again: a kind
-        whose first rounds missed by chance is not hedged for good (the demo's word problems, valid in 4-10
-        first rounds of 16, were hedged in 23-29 of 30 sessions by counting rules before)."""
-        return self.rare(kind, below)

@@ -489,7 +489,7 @@ class Session:
             not self.ctx.exact
             and self.round_odds is not None
             and self.load < p.hedge_max_load
-            and self.round_odds.hopeless(self.kind, p.hedge_below_odds)
+            and self.round_odds.rare(self.kind, p.hedge_below_odds)
         )
 
     def _another_round_pays(self) -> bool:

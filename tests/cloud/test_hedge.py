@@ -190,21 +190,21 @@ def test_hopeless_needs_enough_misses_and_a_hedged_kind_is_waited_for_again_as_i
     now = [0.0]
     odds = RoundOdds(clock=lambda: now[0])
     kind = ("sha256:draft", "", ())
-    assert not odds.hopeless(kind, 0.25)  # never seen: every rate equally likely
+    assert not odds.rare(kind, 0.25)  # never seen: every rate equally likely
     for _ in range(3):
         odds.observe(kind, False)
-    assert not odds.hopeless(kind, 0.25) and odds.odds(kind) < 0.25  # 3 misses: poor, but could be bad luck
+    assert not odds.rare(kind, 0.25) and odds.odds(kind) < 0.25  # 3 misses: poor, but could be bad luck
     misses = 3
-    while not odds.hopeless(kind, 0.25):
+    while not odds.rare(kind, 0.25):
         odds.observe(kind, False)
         misses += 1
-    assert 5 < misses < 20 and not odds.hopeless(kind, 0.0)  # 0: off
+    assert 5 < misses < 20 and not odds.rare(kind, 0.0)  # 0: off
     # hedged, its rounds are not counted: the evidence fades until the kind is waited for (and counted) again
     now[0] += ODDS_TAU_S
-    assert not odds.hopeless(kind, 0.25)
+    assert not odds.rare(kind, 0.25)
     for _ in range(20):
         odds.observe(kind, True)
-    assert not odds.hopeless(kind, 0.25) and odds.odds(kind) > 0.5  # the drafts got better
+    assert not odds.rare(kind, 0.25) and odds.odds(kind) > 0.5  # the drafts got better
 
 
 async def _none():
@@ -272,7 +272,7 @@ def _hedged_share(hits: str, sessions: int = 600, every_s: float = 1.0) -> tuple
         odds.observe(kind, False)
     for _ in range(sessions):
         now[0] += every_s
-        hedged.append(odds.hopeless(kind, 0.25))
+        hedged.append(odds.rare(kind, 0.25))
         if not hedged[-1]:
             odds.observe(kind, hits[seen % len(hits)] == "x")
             seen += 1

@@ -84,4 +84,4 @@ def test_one_draft_models_misses_leave_anothers_rounds_waited_for():
     weak, good = ("sha256:weak", "words", ("arithmetic",)), ("sha256:good", "words", ("arithmetic",))
     for _ in range(40):
         odds.observe(weak, False)
-    assert odds.hopeless(weak, 0.25) and not odds.hopeless(good, 0.25) and odds.pays(good, 0.3)
+    assert odds.rare(weak, 0.25) and not odds.rare(good, 0.25) and odds.pays(good, 0.3)
