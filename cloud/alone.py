@@ -55,6 +55,9 @@ class CloudAlone:
         self.no_drafts = no_drafts
         self.proposals: Sequence[Proposal] = ()
         self.more: More | None = None
+        self.draft_valid = False
+        """A valid draft answers where this answer fails (``PolicyConfig.own_over_candidates``): no unchecked
+        text of its own is streamed then."""
 
     def _write(self, *args, **kwargs) -> Awaitable[Written]:
         """``Writer.write`` offered the drafts' tokens (exact verification; none otherwise): a greedy generation
@@ -75,6 +78,7 @@ class CloudAlone:
         the same (exact verification: then no draft's steps are continued, the answer being the target's own)."""
         ctx, p = self.ctx, self.ctx.policy
         self.proposals, self.more = proposals, more
+        self.draft_valid = bool(not_as_is)  # a valid draft is the caller's answer where this one fails
         drafts = [j.draft.text for j in self.judge.judged.values()]
         verified = [] if proposals else await asyncio.to_thread(lambda: [self._prefix_steps(text) for text in drafts])
         prefix_steps = consensus_prefix([v for v in verified if v], ONE_DRAFT)
@@ -180,10 +184,10 @@ class CloudAlone:
                 break
             tokens += w.tokens - w.accepted
             accepted += w.accepted
-        unverified = not self.stream.shown.strip() and bool(w.text.strip())
+        unverified = not self.stream.shown.strip() and bool(w.text.strip()) and not self.draft_valid
         if unverified:
-            # not one step passed: the last try, through the step that failed, rather than no text at all
-            # (what the cloud answered before it streamed steps: its own answer, marked invalid)
+            # not one step passed and no draft is valid: the last try, through the step that failed, rather
+            # than no text at all (what the cloud answered before it streamed steps: its own answer, invalid)
             notes.append("no step passed: its last try, unverified")
             self.stream.chunk(w.text, final=True)
         text = self.stream.shown

@@ -76,8 +76,18 @@ class Answerer:
         if not why:
             return self._as_is(ranked)
         if self.ctx.own_over_candidates:
-            return await self.alone.answer(why)
+            return self._own_or_best(await self.alone.answer(why), ranked[0][0])
         return await self._refined(ranked, why, attempt)
+
+    def _own_or_best(self, own: Answer, best: Judged) -> Answer:
+        """The cloud's own answer where it passes the rules, else the best valid draft (never worse than it),
+        where that draft keeps what was streamed as final; the own answer otherwise."""
+        if own.valid or not best.draft.text.startswith(self.stream.final):
+            return own
+        a = draft_answer(best, t.RefineMode.ACCEPTED, f"{own.note}; the cloud's own answer failed: best draft returned")
+        self.stream.replace(a.text, "the cloud's own answer failed: the best verified draft")
+        a.ttft_ms, a.steps, a.generated = own.ttft_ms, own.steps, own.generated
+        return a
 
     async def exact(self, proposals: Sequence[Proposal], more: More | None) -> Answer:
         """Exact verification: the answer the cloud plan writes (``CloudAlone``), taking the drafts' tokens where
@@ -86,10 +96,7 @@ class Answerer:
         a = await self.alone.answer(proposals=proposals, more=more)
         if proposals:
             a.mode, a.source = t.RefineMode.EXACT, t.AnswerSource.REFINED
-            a.note = (
-                f"exact: the target's own answer, {a.accepted} draft tokens taken where it writes the same, "
-                f"{a.generated} decoded" + ("" if a.valid else " (its answer failed verification)")
-            )
+            a.note = f"exact: the target's own answer, {a.accepted} draft tokens taken where it writes the same, {a.generated} decoded; {a.note}"
         return a
 
     def not_as_is(self, ranked: Ranked) -> str:

@@ -225,9 +225,9 @@ class Session:
             for tk in parts:
                 tk.cancel()
             results = await asyncio.gather(*parts, return_exceptions=True)
-            for r in results:
+            for r in results:  # a part's failure the session did not end on: said, not swallowed
                 if isinstance(r, Exception):
-                    log.debug("session part ended on %r after the session's end", r)
+                    log.warning("a session part failed after the session's end: %r", r)
             if self.hedge is not None:
                 await self.hedge.cancel()
 
@@ -405,10 +405,30 @@ class Session:
             proposals = [Proposal(d.text, not d.truncated) for d in sorted(self._first, key=lambda d: not d.greedy)]
             return await self.answerer.exact(proposals, self._ask_more if self._asks_more() else None)
         if self.hedge is not None and (hedged or not ranked) and not self.hedge.failed():
-            return await self.hedge.answer(self.stream)
+            try:
+                return await self.hedge.answer(self.stream)
+            except Exception:  # noqa: BLE001 - the session answers without it
+                log.warning("the hedge failed while it answered; the session answers without it", exc_info=True)
+                if self.stream.final:  # what it streamed as final stays the answer's beginning
+                    return self._as_streamed("the cloud's own answer failed after streaming")
+                self.stream.withdraw("the cloud's own answer failed")
         if self.hedge is not None:
             await self.hedge.cancel()
         return await self.answerer.answer(ranked, self.rounds.attempt)
+
+    def _as_streamed(self, why: str) -> Answer:
+        """The answer as far as it was streamed as final (finish "length": it did not end there)."""
+        final = self.stream.final
+        self.stream.replace(final, why)
+        return Answer(
+            text=final,
+            source=t.AnswerSource.CLOUD,
+            valid=False,
+            parsed=None,
+            mode=t.RefineMode.ALONE,
+            finish=t.FinishReason.LENGTH,
+            note=f"{why}: the answer as far as it was streamed as final",
+        )
 
     async def _summarize(self, ev: _Answered) -> None:
         a, ranked = ev.answer, ev.ranked
@@ -454,16 +474,8 @@ class Session:
             a = draft_answer(best, t.RefineMode.DEADLINE, "deadline reached: the best verified draft returned as is")
             self.stream.replace(a.text, "deadline: the best verified draft, as is")
         elif final:
-            a = Answer(
-                text=final,
-                source=t.AnswerSource.CLOUD,
-                valid=False,
-                parsed=None,
-                mode=t.RefineMode.DEADLINE,
-                finish=t.FinishReason.LENGTH,
-                note="deadline reached: the answer as far as it was streamed as final",
-            )
-            self.stream.replace(final, "deadline: the answer as far as it was final")
+            a = self._as_streamed("deadline reached")
+            a.mode = t.RefineMode.DEADLINE
         else:
             ms = self.deadline_s * MS_PER_S
             self.stream.fail(

@@ -54,6 +54,19 @@ def test_a_good_draft_cut_short_is_continued_and_a_failed_continuation_dropped()
     assert "continuation failed" in a.note
 
 
+def test_the_clouds_own_answer_that_fails_gives_way_to_the_best_valid_draft():
+    # issue 51, defect 2: under the arithmetic rule a doubted but valid draft was traded for the cloud's own
+    # answer even where no step of it passed (its unchecked last try streamed as final): worse than the draft
+    bad = "Answer: 5 * 3 = 16"  # every try fails, and none has a step that could stream before its end
+    engine = Replies([bad] * 20)
+    engine.logprobs = {RIGHT: [-0.1] * 12}  # valid, but never as is (accept_min_score 2)
+    ctx = context(engine, apples(), accept_min_score=2.0, calculator_fixes=0, cloud_candidates=2)
+    a, events, _ = _answer(ctx, [draft(0, RIGHT)])
+    assert a.valid and a.text == RIGHT == shown(events) and a.source == t.AnswerSource.DRAFT
+    assert "the cloud's own answer failed: best draft returned" in a.note
+    assert not any(isinstance(e, t.AnswerReset) for e in events)  # nothing of the failed answer was shown
+
+
 def test_a_refinement_that_contradicts_agreeing_drafts_is_withdrawn_for_the_best_draft():
     engine = ScriptedEngine({RIGHT: [-0.1] * 12, RIGHT2: [-0.09] * 12, WRONG: [-0.3] * 12}, reply=WRONG)
     ctx = context(engine, apples(), accept_min_score=2.0, own_over_candidates=False)  # never as is: refine
