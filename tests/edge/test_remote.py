@@ -28,9 +28,11 @@ class _Call:
 
     def __init__(self) -> None:
         self.log: list[str] = []
+        self.begun = asyncio.Event()
 
     async def write(self, msg) -> None:
         self.log.append("write begun")
+        self.begun.set()
         await asyncio.sleep(0.05)
         self.log.append("write done")
 
@@ -58,7 +60,7 @@ async def test_the_summary_half_closes_after_the_write_under_way_which_is_never_
             await s.write(pb.EdgeMessage())
 
     writer = asyncio.create_task(round_of_drafts())
-    await asyncio.sleep(0.01)  # the first write is under way when the Summary is read
+    await call.begun.wait()  # the first write is under way when the Summary is read
     await s.half_close(writer)
     assert call.log == ["write begun", "write done", "half-closed"] and writer.cancelled()
     await s.write(pb.EdgeMessage())  # closed: nothing more goes out
