@@ -85,17 +85,14 @@ def smollm2_hf():
 async def daemon(int8_draft, cloud):
     """An edge daemon on the INT8 demo draft over the session's cloud, its ports free ones, once the health
     watch sees the cloud SERVING (a module that needs another daemon defines its own ``daemon``)."""
-    import asyncio
-
     from coinfer.edge.config import EdgeConfig
     from coinfer.edge.daemon import EdgeDaemon
+    from tests.waiting import until
 
     d = await EdgeDaemon(
         EdgeConfig(model=str(int8_draft), cloud=f"127.0.0.1:{cloud.port}", grpc_port=0, http_port=0)
     ).start()
-    for _ in range(100):
-        if d.core.link.serving:
-            break
-        await asyncio.sleep(0.05)
+    # measured: at once (the cloud is SERVING before the daemon starts); 5 s before, with no failure at its end
+    await until(lambda: d.core.link.serving, guard_s=10, what="the edge's health watch sees the cloud")
     yield d
     await d.stop()

@@ -29,7 +29,7 @@ async def test_the_engine_load_is_start_up_and_serving_stalls_are_warned(caplog)
             await srv.attach_engine(StandIn())
             assert srv.loopwatch.armed and srv.loopwatch.startup_stalls >= 1
             _check_on_the_loop()
-            # the next beat reports it (measured: at once, the beat being overdue)
+            # the next beat reports it (measured 0.01 s: at once, the beat being overdue)
             await until(lambda: srv.loopwatch.stalls, guard_s=5, what="the serving stall counted", poll_s=0.01)
         finally:
             await srv.stop(grace=0.1)
