@@ -130,19 +130,24 @@ async def test_a_hung_engine_is_restarted_and_the_replica_serves_again():
         return fresh
 
     srv.engine_factory = factory
-    first = StandIn(hung=True)
-    await srv.attach_engine(first)
-    assert await _status(srv.port) == health_pb2.HealthCheckResponse.SERVING
+    first = StandIn()  # answers until the test has seen the replica SERVING, then hangs: under load the first
+    # health check once came after the heartbeat had already found a hung-from-the-start engine (0.4 s)
+    try:
+        await srv.attach_engine(first)
+        assert await _status(srv.port) == health_pb2.HealthCheckResponse.SERVING
+        first.hung = True
 
-    async def not_serving() -> bool:
-        return await _status(srv.port) == health_pb2.HealthCheckResponse.NOT_SERVING
+        async def not_serving() -> bool:
+            return await _status(srv.port) == health_pb2.HealthCheckResponse.NOT_SERVING
 
-    # the heartbeat's period and timeout: 0.4 s (measured 0.40 s)
-    await until(not_serving, guard_s=10, what="a hung engine's replica NOT_SERVING")
-    assert first.closed and srv.core.engine is None  # new sessions: UNAVAILABLE "restarting"
-    assert first.close_wait_s == 0  # its processes killed at once: a hung engine is not waited for
-    started.set()
-    await until(lambda: srv.core.engine is fresh, guard_s=10, what="the fresh engine attached")  # measured 0.05 s
-    assert srv.core.engine is fresh and await _status(srv.port) == health_pb2.HealthCheckResponse.SERVING
-    assert srv.core.metrics.restarts.labels("hung")._value.get() == 1
-    await srv.stop(grace=0.1)
+        # the heartbeat's period and timeout: 0.4 s (measured 0.40 s)
+        await until(not_serving, guard_s=10, what="a hung engine's replica NOT_SERVING")
+        assert first.closed and srv.core.engine is None  # new sessions: UNAVAILABLE "restarting"
+        assert first.close_wait_s == 0  # its processes killed at once: a hung engine is not waited for
+        started.set()
+        await until(lambda: srv.core.engine is fresh, guard_s=10, what="the fresh engine attached")  # 0.05-0.1 s
+        assert srv.core.engine is fresh and await _status(srv.port) == health_pb2.HealthCheckResponse.SERVING
+        assert srv.core.metrics.restarts.labels("hung")._value.get() == 1
+    finally:
+        started.set()
+        await srv.stop(grace=0.1)
