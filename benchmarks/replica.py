@@ -117,14 +117,14 @@ class ReplayDrafts:
     def __getattr__(self, name: str):  # render, encode, runs, providers, lm, ...: the real engine's
         return getattr(self.real, name)
 
-    def generate(self, prompt: str, s, on_draft=None, cancelled=None) -> list:
-        key = (prompt, tuple(sorted(dataclasses.asdict(s).items(), key=lambda kv: kv[0])).__repr__())
+    def generate(self, prompt: str, s, on_draft=None, cancelled=None, greedy: int = 0) -> list:
+        key = (prompt, tuple(sorted(dataclasses.asdict(s).items(), key=lambda kv: kv[0])).__repr__(), greedy)
         with self._lock:
             drafts = self.recorded.get(key)
         if drafts is None:
             if not self.recording:
                 self.misses += 1
-            drafts = self.real.generate(prompt, s, on_draft, cancelled)
+            drafts = self.real.generate(prompt, s, on_draft, cancelled, greedy)
             with self._lock:
                 self.recorded[key] = drafts
             return drafts

@@ -170,6 +170,8 @@ class SplitSession:
         self.stop_at = t0 + cloud_s - min(SPLIT_VERIFY_RESERVE_S, 0.15 * cloud_s)
         self.closed = False
         """The edge half-closed its side (the Summary is in): nothing more is written."""
+        self._half_closing: asyncio.Future | None = None
+        """The half-close after a round whose drafting failed (``_writer``)."""
         self._writing: asyncio.Future | None = None
         """The write under way. Shielded from the writer's cancellation: a write cancelled half-way leaves
         its operation pending in gRPC's core, and the half-close after it fails as INTERNAL."""
@@ -180,6 +182,31 @@ class SplitSession:
             return
         self._writing = asyncio.ensure_future(self.call.write(msg))
         await asyncio.shield(self._writing)
+
+    def _writer(self, coro) -> asyncio.Task:
+        """A round's writer task. One whose drafting fails (not its write: the read side reports the stream's
+        own failure) half-closes the call: the cloud answers from what it has, at once, rather than wait for
+        the round's end until its deadline."""
+        task = asyncio.create_task(coro)
+
+        def done(tk: asyncio.Task) -> None:
+            exc = None if tk.cancelled() else tk.exception()
+            if exc is not None and not isinstance(exc, (grpc.aio.AioRpcError, grpc.aio.UsageError)):
+                log.warning("drafting failed; the cloud answers from what it has: %r", exc)
+                self._half_closing = asyncio.ensure_future(self._end_writes())
+
+        task.add_done_callback(done)
+        return task
+
+    async def _end_writes(self) -> None:
+        if self._writing is not None:
+            await asyncio.gather(self._writing, return_exceptions=True)
+        if not self.closed:
+            self.closed = True
+            try:
+                await self.call.done_writing()
+            except (grpc.aio.AioRpcError, grpc.aio.UsageError) as exc:
+                log.debug("half-close after a failed round: %s", exc)
 
     async def stop_writing(self, writer: asyncio.Task) -> None:
         """Stop a round still being drafted; a write under way finishes (a write cancelled half-way leaves its
@@ -266,7 +293,7 @@ class SplitSession:
         """The session until its Summary (``greedy_first``: the first round's first draft is written greedily)."""
         result = self.result
         result.rounds = 1
-        writer = asyncio.create_task(self.round(s, 0, greedy=int(greedy_first)))
+        writer = self._writer(self.round(s, 0, greedy=int(greedy_first)))
         try:
             async for msg in self.call:
                 ev = convert.event_from_pb(msg)
@@ -278,17 +305,18 @@ class SplitSession:
                 elif isinstance(ev, t.RetryAdvice):
                     await writer
                     result.rounds += 1
-                    writer = asyncio.create_task(self.round(follow_advice(s, ev), self.next_index()))
+                    writer = self._writer(self.round(follow_advice(s, ev), self.next_index()))
                 elif isinstance(ev, t.DraftFrom):
                     # the cloud answers from here: what the round still drafts is read by no one
                     await self.stop_writing(writer)
-                    writer = asyncio.create_task(self.draft_from(ev, s))
+                    writer = self._writer(self.draft_from(ev, s))
                 elif isinstance(ev, t.Summary):
                     result.take(ev)
                     await self.half_close(writer)
             if result.summary is None:
                 await writer
-                await self.call.done_writing()
+                if not self.closed:
+                    await self.call.done_writing()
         except grpc.aio.AioRpcError as exc:
             if result.summary is None:
                 raise

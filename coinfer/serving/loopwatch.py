@@ -56,14 +56,16 @@ class LoopWatch:
         observe: Callable[[float], None] | None = None,
         frames: int = 12,
         armed: bool = True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.threshold_s, self.period_s, self.observe, self.frames = threshold_s, period_s, observe, frames
+        self.clock = clock  # what beats and stalls are measured on (tests pass a clock they move by hand)
         self.armed = armed  # False: the daemon is starting; stalls are start-up's until ``arm()``
         self.stalls = 0  # beats later than threshold_s while armed
         self.worst_s = 0.0
         self.startup_stalls = 0  # the same before ``arm()``
         self.startup_worst_s = 0.0
-        self._beat = time.monotonic()
+        self._beat = self.clock()
         self._cpu = 0.0  # the loop thread's CPU time at the last beat
         self._wait = 0.0  # its time runnable but waiting for a core, at the last beat
         self._schedstat: int | None = None  # /proc/thread-self/schedstat of the loop thread
@@ -85,7 +87,7 @@ class LoopWatch:
             self._schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
         except OSError:  # not Linux: the warning leaves the split out
             self._schedstat = None
-        self._beat, self._cpu, self._wait = time.monotonic(), time.thread_time(), self._runqueue()
+        self._beat, self._cpu, self._wait = self.clock(), time.thread_time(), self._runqueue()
         gc.callbacks.append(self._on_gc)
         self._handle = self._loop.call_later(self.period_s, self._tick)
         self._thread = threading.Thread(target=self._watch, name="loopwatch", daemon=True)
@@ -138,7 +140,7 @@ class LoopWatch:
     def _next_beat(self) -> tuple[float, float, float, float, str | None]:
         """Stamp a beat; (lag, seconds on CPU, queued for a core, collecting garbage, the stack taken
         while it was overdue) since the last one."""
-        now, cpu, wait = time.monotonic(), time.thread_time(), self._runqueue()
+        now, cpu, wait = self.clock(), time.thread_time(), self._runqueue()
         lag = max(0.0, now - self._beat - self.period_s)
         busy, queued, collecting = cpu - self._cpu, wait - self._wait, self._gc_s - self._gc_at_beat
         stack, self._stack = self._stack, None
@@ -192,7 +194,7 @@ class LoopWatch:
 
     def _watch(self) -> None:
         while not self._stop.wait(self.period_s):
-            overdue = time.monotonic() - self._beat - self.period_s
+            overdue = self.clock() - self._beat - self.period_s
             # start-up's stalls are expected and logged without a stack: take none
             if overdue > self.threshold_s and self._stack is None and self.armed:
                 frame = sys._current_frames().get(self._loop_thread)

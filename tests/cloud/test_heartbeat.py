@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -15,6 +16,8 @@ from coinfer.cloud.config import CloudConfig, EngineConfig
 from coinfer.cloud.engine import Chunk, EngineStats, TargetEngine
 from coinfer.cloud.server import create_server
 from coinfer.errors import Unavailable
+from tests.virtual_time import now, run
+from tests.waiting import until
 
 
 class StandIn(TargetEngine):
@@ -56,39 +59,57 @@ class StandIn(TargetEngine):
     max_model_len = 64
 
 
-async def test_hung_is_told_from_busy():
-    await StandIn().heartbeat(1.0)
-    hung = StandIn(hung=True)
-    with pytest.raises(Unavailable, match="hung"):
+@pytest.fixture
+def engine_clock(monkeypatch):
+    """The heartbeat's ``time.monotonic`` is the running loop's clock: these tests run on virtual time
+    (tests/virtual_time.py), where a busy engine's outputs every 20 ms, the 0.2 s timeout and a stalled loop
+    happen exactly as written (on the wall clock a busy machine made the timeout fire late or the outputs
+    come late, and the heartbeat's verdict with it)."""
+    from coinfer.cloud import engine
+
+    monkeypatch.setattr(engine, "time", SimpleNamespace(monotonic=now, monotonic_ns=time.monotonic_ns))
+
+
+def test_hung_is_told_from_busy(engine_clock):
+    async def main() -> None:
+        await StandIn().heartbeat(1.0)
+        hung = StandIn(hung=True)
+        with pytest.raises(Unavailable, match="hung"):
+            await hung.heartbeat(0.2)
+
+        async def others_get_output() -> None:  # busy, not hung: the heartbeat waits in line, others progress
+            while True:
+                hung.last_output = now()
+                await asyncio.sleep(0.02)
+
+        busy = asyncio.create_task(others_get_output())
         await hung.heartbeat(0.2)
+        busy.cancel()
 
-    async def others_get_output() -> None:  # busy, not hung: the heartbeat waits in line, others progress
-        while True:
-            hung.last_output = time.monotonic()
-            await asyncio.sleep(0.02)
-
-    busy = asyncio.create_task(others_get_output())
-    await hung.heartbeat(0.2)
-    busy.cancel()
+    run(main())
 
 
-async def test_a_loop_that_stood_still_is_not_an_engine_that_hung(monkeypatch):
+def test_a_loop_that_stood_still_is_not_an_engine_that_hung(engine_clock, monkeypatch):
     # the event loop blocked past the timeout (a sync test building a model for minutes, with this
     # server in the same process): the timeout fires late, and the engine's outputs went unread
     from coinfer.cloud import engine
 
     monkeypatch.setattr(engine, "LOOP_STALL_S", 0.1)
-    hung = StandIn(hung=True)
 
-    async def stand_still() -> None:
-        await asyncio.sleep(0.05)
-        time.sleep(0.5)  # the loop blocked: nothing runs, the timeout cannot fire
+    async def main() -> None:
+        hung = StandIn(hung=True)
 
-    blocker = asyncio.create_task(stand_still())
-    await hung.heartbeat(0.2)  # fired ~0.35 s late: asks again next time
-    await blocker
-    with pytest.raises(Unavailable, match="hung"):  # on time, no output: hung
-        await hung.heartbeat(0.2)
+        async def stand_still() -> None:
+            await asyncio.sleep(0.05)
+            asyncio.get_running_loop().stall(0.5)  # the loop blocked: nothing runs, the timeout cannot fire
+
+        blocker = asyncio.create_task(stand_still())
+        await hung.heartbeat(0.2)  # fired 0.35 s late: asks again next time
+        await blocker
+        with pytest.raises(Unavailable, match="hung"):  # on time, no output: hung
+            await hung.heartbeat(0.2)
+
+    run(main())
 
 
 async def _status(port: int) -> int:
@@ -109,21 +130,24 @@ async def test_a_hung_engine_is_restarted_and_the_replica_serves_again():
         return fresh
 
     srv.engine_factory = factory
-    first = StandIn(hung=True)
-    await srv.attach_engine(first)
-    assert await _status(srv.port) == health_pb2.HealthCheckResponse.SERVING
-    for _ in range(50):
-        if await _status(srv.port) == health_pb2.HealthCheckResponse.NOT_SERVING:
-            break
-        await asyncio.sleep(0.05)
-    assert await _status(srv.port) == health_pb2.HealthCheckResponse.NOT_SERVING
-    assert first.closed and srv.core.engine is None  # new sessions: UNAVAILABLE "restarting"
-    assert first.close_wait_s == 0  # its processes killed at once: a hung engine is not waited for
-    started.set()
-    for _ in range(50):
-        if srv.core.engine is fresh:
-            break
-        await asyncio.sleep(0.05)
-    assert srv.core.engine is fresh and await _status(srv.port) == health_pb2.HealthCheckResponse.SERVING
-    assert srv.core.metrics.restarts.labels("hung")._value.get() == 1
-    await srv.stop(grace=0.1)
+    first = StandIn()  # answers until the test has seen the replica SERVING, then hangs: under load the first
+    # health check once came after the heartbeat had already found a hung-from-the-start engine (0.4 s)
+    try:
+        await srv.attach_engine(first)
+        assert await _status(srv.port) == health_pb2.HealthCheckResponse.SERVING
+        first.hung = True
+
+        async def not_serving() -> bool:
+            return await _status(srv.port) == health_pb2.HealthCheckResponse.NOT_SERVING
+
+        # the heartbeat's period and timeout: 0.4 s (measured 0.40 s)
+        await until(not_serving, guard_s=10, what="a hung engine's replica NOT_SERVING")
+        assert first.closed and srv.core.engine is None  # new sessions: UNAVAILABLE "restarting"
+        assert first.close_wait_s == 0  # its processes killed at once: a hung engine is not waited for
+        started.set()
+        await until(lambda: srv.core.engine is fresh, guard_s=10, what="the fresh engine attached")  # 0.05-0.1 s
+        assert srv.core.engine is fresh and await _status(srv.port) == health_pb2.HealthCheckResponse.SERVING
+        assert srv.core.metrics.restarts.labels("hung")._value.get() == 1
+    finally:
+        started.set()
+        await srv.stop(grace=0.1)

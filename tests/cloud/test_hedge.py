@@ -1,7 +1,10 @@
 """The cloud's own answer racing the drafts (coinfer.cloud.hedge) around a scripted engine: begun where rounds
 of the kind rarely hold a valid draft, it answers before a round still being drafted; a round with a valid
 draft that closes first wins and the hedge's engine request stops; no hedge for the cloud plan, under heavy
-load, or while the kind's rounds pay."""
+load, or while the kind's rounds pay.
+
+Sessions run on virtual time (tests/virtual_time.py): the engine's scripted delays, the rounds and the deadline
+race exactly as written, however busy the machine."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from coinfer.rules import RuleSet
 from coinfer.tasks import OPEN, get_task
 from tests.cloud.engines import LIKELIHOOD, RIGHT, WRONG, ScriptedEngine, apples
 from tests.streams import shown
+from tests.virtual_time import now, run
 
 BAD = WRONG.replace("4 + 12 = 16", "4 + 12 / 7 = 16")
 """A draft the arithmetic rule refuses and no calculator repairs (its true value has no exact decimal)."""
@@ -88,9 +92,9 @@ def test_the_hopeless_kinds_hedge_answers_while_the_edge_is_still_drafting():
         yield DraftsDone(1)
 
     async def main():
-        return await asyncio.wait_for(_collect(s.run(inbox())), 5.0)
+        return await asyncio.wait_for(_collect(s.run(inbox())), 5.0)  # virtual: a session that waits fails at once
 
-    events = asyncio.run(main())
+    events = run(main())
     summary = events[-1]
     assert isinstance(summary, t.Summary) and summary.answer == RIGHT and summary.source == t.AnswerSource.CLOUD
     assert "racing the drafts" in summary.trace
@@ -111,7 +115,7 @@ def test_a_draft_the_rules_pass_where_they_decide_wins_and_stops_the_hedge():
         yield t.Draft(0, ARITH_RIGHT, 12, -0.1, 1.0)
         yield DraftsDone(1)
 
-    events = asyncio.run(_collect(s.run(inbox())))
+    events = run(_collect(s.run(inbox())))
     summary = events[-1]
     assert isinstance(summary, t.Summary) and summary.answer == ARITH_RIGHT
     assert summary.source == t.AnswerSource.DRAFT and shown(events) == ARITH_RIGHT  # nothing of the hedge shown
@@ -128,7 +132,7 @@ def test_drafts_that_need_the_llm_verifier_are_not_scored_while_the_hedge_answer
         yield t.Draft(1, BAD, 12, -0.1, 1.0)
         yield DraftsDone(2)
 
-    events = asyncio.run(_collect(s.run(inbox())))
+    events = run(_collect(s.run(inbox())))
     verdicts = {v.draft_index: v for v in events if isinstance(v, t.Verdict)}
     assert verdicts[0].error.startswith("not_scored: the cloud answered itself") and not verdicts[0].valid
     assert verdicts[1].failed_rule == "arithmetic"  # the rules still run, at once
@@ -140,7 +144,8 @@ def test_drafts_that_need_the_llm_verifier_are_not_scored_while_the_hedge_answer
 @pytest.mark.parametrize(("drafts_first", "answer"), [(True, ARITH_RIGHT), (False, ARITH_BAD.split(" ")[0])])
 def test_a_hedge_that_fails_its_checks_waits_only_for_a_round_already_holding_a_valid_draft(drafts_first, answer):
     # a preset (the rules decide: a draft is valid once they pass it); the cloud's own answer fails them
-    # (no fix, no candidate) and is written by 0.3 s
+    # (no fix, no candidate) and is written by 0.3 s. On virtual time (tests/virtual_time.py): the draft
+    # arrives at 0 s or at 0.6 s and the round closes 1 s after it, whatever the machine's load
     engine = ScriptedEngine({}, reply=ARITH_BAD, delay_s=0.3 / len(ARITH_BAD.split(" ")))
     # (accept_first off: on, a draft the rules pass answers at once, round or no round)
     s = session(
@@ -155,14 +160,15 @@ def test_a_hedge_that_fails_its_checks_waits_only_for_a_round_already_holding_a_
         yield DraftsDone(1)
 
     async def main():
-        t0 = asyncio.get_running_loop().time()
+        t0 = now()
         events = await _collect(s.run(inbox()))
-        return events, asyncio.get_running_loop().time() - t0
+        return events, now() - t0
 
-    events, took = asyncio.run(main())
+    events, took = run(main())
     assert events[-1].answer == answer
-    # a valid draft judged: the round's end answers; none yet: the hedge's answer at once
-    assert (took > 1.0) is drafts_first
+    # a valid draft judged: the round's end answers (at 1 s); none yet: the hedge's answer at once, as soon as
+    # its check failed (0.15 s: half its words), before the draft arrives (0.6 s)
+    assert took == pytest.approx(1.0) if drafts_first else took < 0.6, took
 
 
 def test_no_hedge_for_the_cloud_plan_under_heavy_load_or_while_rounds_pay():
@@ -179,10 +185,10 @@ def test_no_hedge_for_the_cloud_plan_under_heavy_load_or_while_rounds_pay():
             yield t.Draft(0, BAD, 12, -0.1, 1.0)
             yield DraftsDone(1)
 
-        asyncio.run(_collect(s.run(inbox()) if drafting else s.run(_none())))
+        run(_collect(s.run(inbox()) if drafting else s.run(_none())))
         assert s.hedge is None, (load, drafting)
     s = session(ScriptedEngine({}, reply=RIGHT), hopeless_odds(), hedge_below_odds=0.0)
-    asyncio.run(_collect(s.run(_none())))
+    run(_collect(s.run(_none())))
     assert s.hedge is None
 
 
@@ -232,7 +238,7 @@ def test_a_hopeless_kind_whose_evidence_faded_waits_for_its_round_and_counts_it(
         yield DraftsDone(1)
 
     before = odds.odds(kind)
-    events = asyncio.run(_collect(s.run(inbox())))
+    events = run(_collect(s.run(inbox())))
     assert s.hedge is None and events[-1].answer == RIGHT
     assert odds.odds(kind) < before  # the round was counted: a miss, the kind is known poor again
 
@@ -257,7 +263,7 @@ def test_a_hedge_that_failed_on_an_error_leaves_the_session_to_answer_without_it
         yield t.Draft(0, BAD, 12, -0.1, 1.0)
         yield DraftsDone(1)
 
-    events = asyncio.run(_collect(s.run(inbox())))
+    events = run(_collect(s.run(inbox())))
     assert isinstance(events[-1], t.Summary) and events[-1].answer == RIGHT and shown(events) == RIGHT
     assert "racing the drafts" not in events[-1].trace and "the hedge failed" in caplog.text
 

@@ -8,6 +8,7 @@ import pytest
 
 from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
 from tests.cloud.test_service import WRONG, draft, open_msg
+from tests.waiting import until
 
 
 @pytest.fixture
@@ -62,11 +63,8 @@ async def test_one_edge_gets_its_share_of_the_slots_not_all(small):
     for call in held:
         call.cancel()
     gate.set()
-    for _ in range(100):
-        if srv.core.active == 0:
-            break
-        await asyncio.sleep(0.02)
-    assert srv.core.active == 0 and not srv.core.per_edge
+    await until(lambda: srv.core.active == 0, guard_s=10, what="the cancelled sessions' slots freed")  # measured 0.02 s
+    assert not srv.core.per_edge
 
 
 async def test_a_full_cloud_does_not_open_the_edges_breaker(small, int8_draft):

@@ -1,5 +1,8 @@
 """The session as a coordinator, around a stand-in engine: the order of its events, the rounds' limits,
-the deadline, the learner's rows (the answer policy itself: test_session_policy.py)."""
+the deadline, the learner's rows (the answer policy itself: test_session_policy.py).
+
+Sessions run on virtual time (tests/virtual_time.py): the engine's scripted delays, the rounds and the deadline
+race exactly as written, however busy the machine."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from coinfer.errors import DeadlineExceeded, InvalidArgument
 from coinfer.rules import RuleSet
 from coinfer.tasks import OPEN
 from tests.cloud.engines import LIKELIHOOD, RIGHT, ScriptedEngine, apples, draft
+from tests.virtual_time import run
 
 PROSE = "The sky is blue because air molecules scatter blue sunlight more than red."
 
@@ -41,7 +45,7 @@ def _run(session: Session, items: list) -> list:
     async def go() -> list:
         return [ev async for ev in session.run(inbox())]
 
-    return asyncio.run(go())
+    return run(go())
 
 
 def test_events_come_accepted_then_verdicts_then_the_answer_and_its_summary():

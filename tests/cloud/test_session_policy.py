@@ -1,11 +1,12 @@
 """The session's answer policy around a scripted engine (logic only; the real vLLM path is tested in
 test_service.py): a verified draft accepted as is, refinement when the target doubts a token, the
 cloud's own answer never refused by the likelihood threshold, a refinement that never makes an
-agreed answer worse, and the finish reason of whichever text is the answer."""
+agreed answer worse, and the finish reason of whichever text is the answer.
+
+Sessions run on virtual time (tests/virtual_time.py): the engine's scripted delays, the rounds and the deadline
+race exactly as written, however busy the machine."""
 
 from __future__ import annotations
-
-import asyncio
 
 import pytest
 
@@ -18,6 +19,7 @@ from coinfer.rules import Rule, RuleSet
 from coinfer.tasks import OPEN
 from tests.cloud.engines import LIKELIHOOD, RIGHT, WRONG, Replies, ScriptedEngine, apples
 from tests.streams import shown as _shown
+from tests.virtual_time import now, run
 
 UNREPAIRABLE = "Tom buys 3 * 4 / 7 = 13 apples.\nAnswer: 13"
 """A draft the arithmetic rule refuses and no calculator repairs (12 / 7 has no exact decimal)."""
@@ -68,7 +70,7 @@ async def _collect(events) -> list:
 
 def test_a_likely_draft_the_drafts_agree_on_is_accepted_as_is():
     engine = ScriptedEngine({RIGHT: [-0.05] * 12, WRONG: [-0.05] * 11 + [-6.0]}, reply="unused")
-    events = asyncio.run(_run(_session(engine), [RIGHT, RIGHT + " ", WRONG]))
+    events = run(_run(_session(engine), [RIGHT, RIGHT + " ", WRONG]))
     summary = events[-1]
     assert isinstance(summary, t.Summary) and summary.refine_mode == "accepted"
     assert summary.answer == RIGHT and summary.source == t.AnswerSource.DRAFT
@@ -81,11 +83,11 @@ def test_a_draft_with_one_token_the_target_doubts_is_not_the_answer():
     # scores it 0.68:
     # under the arithmetic rule the cloud writes its own checked answer; policy off, it refines from candidates
     engine = ScriptedEngine({WRONG: [-0.05] * 11 + [-4.0]}, reply=RIGHT)
-    summary = asyncio.run(_run(_session(engine), [WRONG]))[-1]
+    summary = run(_run(_session(engine), [WRONG]))[-1]
     assert summary.refine_mode == "alone" and summary.answer == RIGHT and engine.generated > 0
     assert "best draft not as is (score 0.68 < 0.90)" in summary.trace
     engine = ScriptedEngine({WRONG: [-0.05] * 11 + [-4.0]}, reply=RIGHT)
-    summary = asyncio.run(_run(_session(engine, own_over_candidates=False), [WRONG]))[-1]
+    summary = run(_run(_session(engine, own_over_candidates=False), [WRONG]))[-1]
     assert summary.refine_mode == "candidates" and engine.generated > 0
 
 
@@ -93,7 +95,7 @@ def test_the_clouds_own_answer_is_not_refused_by_the_likelihood_threshold():
     # every draft fails the rules; the target's greedy answer scores low (free prose would), yet it is its own
     engine = ScriptedEngine({RIGHT: [-2.0] * 12}, reply=RIGHT)
     session = _session(engine, max_retries=0)
-    summary = asyncio.run(_run(session, [UNREPAIRABLE]))[-1]
+    summary = run(_run(session, [UNREPAIRABLE]))[-1]
     assert summary.refine_mode == "alone" and summary.answer_valid
     assert engine.generated == len(RIGHT.split(" "))  # greedy only: no candidates were sampled
 
@@ -107,7 +109,7 @@ def test_a_refinement_that_contradicts_agreeing_drafts_is_refused():
     # two drafts agree on 17; the refinement says 16 and the target finds it less likely than them
     right2 = RIGHT.replace("Tom", "Tom then")
     engine = ScriptedEngine({RIGHT: [-0.1] * 12, right2: [-0.1] * 12, WRONG: [-0.3] * 12}, reply=WRONG)
-    summary = asyncio.run(_run(_refining(engine), [RIGHT, right2]))[-1]
+    summary = run(_run(_refining(engine), [RIGHT, right2]))[-1]
     assert summary.answer in (RIGHT, right2)
     assert summary.source == t.AnswerSource.DRAFT and summary.fields["answer"] == 17
     assert "contradicts" in summary.trace
@@ -116,51 +118,51 @@ def test_a_refinement_that_contradicts_agreeing_drafts_is_refused():
 def test_a_rejected_refinement_withdraws_what_it_streamed():
     right2 = RIGHT.replace("Tom", "Tom then")
     engine = ScriptedEngine({RIGHT: [-0.1] * 12, right2: [-0.1] * 12, WRONG: [-0.3] * 12}, reply=WRONG)
-    events = asyncio.run(_run(_refining(engine), [RIGHT, right2]))
+    events = run(_run(_refining(engine), [RIGHT, right2]))
     resets = [e for e in events if isinstance(e, t.AnswerReset)]
     assert len(resets) == 1 and resets[0].reason.startswith("refinement rejected: contradicts")
     assert "".join(e.text for e in events[: events.index(resets[0])] if isinstance(e, t.AnswerChunk)) == WRONG
     assert _shown(events) == events[-1].answer != WRONG
     # an accepted refinement streams once, no reset
-    events = asyncio.run(_run(_refining(ScriptedEngine({RIGHT: [-0.1] * 12}, reply=RIGHT)), [RIGHT]))
+    events = run(_run(_refining(ScriptedEngine({RIGHT: [-0.1] * 12}, reply=RIGHT)), [RIGHT]))
     assert not any(isinstance(e, t.AnswerReset) for e in events) and _shown(events) == events[-1].answer
 
 
 def test_a_refinement_the_target_clearly_prefers_overrides_agreeing_drafts():
     wrong2 = WRONG.replace("Tom", "Tom then")
     engine = ScriptedEngine({WRONG: [-0.45] * 12, wrong2: [-0.45] * 12, RIGHT: [-0.05] * 12}, reply=RIGHT)
-    summary = asyncio.run(_run(_refining(engine), [WRONG, wrong2]))[-1]
+    summary = run(_run(_refining(engine), [WRONG, wrong2]))[-1]
     assert summary.source == t.AnswerSource.REFINED and summary.fields["answer"] == 17
 
 
 def test_a_refinement_agreeing_with_the_drafts_needs_no_override():
     right2, refined = RIGHT.replace("Tom", "Tom then"), RIGHT.replace("Tom", "So Tom")
     engine = ScriptedEngine({RIGHT: [-0.1] * 12, right2: [-0.1] * 12, refined: [-0.2] * 12}, reply=refined)
-    summary = asyncio.run(_run(_refining(engine), [RIGHT, right2]))[-1]
+    summary = run(_run(_refining(engine), [RIGHT, right2]))[-1]
     assert summary.source == t.AnswerSource.REFINED
 
 
 def test_the_refinement_drops_a_copied_candidate_label_and_refuses_copied_scaffolding():
     engine = ScriptedEngine({RIGHT: [-0.1] * 12}, reply="(1) " + RIGHT)
-    summary = asyncio.run(_run(_refining(engine), [RIGHT]))[-1]
+    summary = run(_run(_refining(engine), [RIGHT]))[-1]
     assert summary.source == t.AnswerSource.REFINED and summary.answer == RIGHT
 
     leak = "Candidate solutions (they may contain mistakes):\n" + RIGHT
     engine = ScriptedEngine({RIGHT: [-0.1] * 12}, reply=leak)
-    summary = asyncio.run(_run(_refining(engine), [RIGHT]))[-1]
+    summary = run(_run(_refining(engine), [RIGHT]))[-1]
     assert summary.source == t.AnswerSource.DRAFT and "scaffolding" in summary.trace
 
 
 def test_finish_reason_is_that_of_the_text_returned():
     # a refinement cut at its budget: "length"
     engine = ScriptedEngine({RIGHT: [-0.1] * 12}, reply=RIGHT, finish="length")
-    assert asyncio.run(_run(_refining(engine), [RIGHT]))[-1].finish_reason == "length"
+    assert run(_run(_refining(engine), [RIGHT]))[-1].finish_reason == "length"
     # a truncated draft accepted as is where the request's answer budget is the draft's own: "length";
     # a finished one: "stop"
     engine = ScriptedEngine({RIGHT: [-0.05] * 12}, reply="unused")
     same_budget = _session(engine, refine=t.SamplingParams(max_new_tokens=12))
-    assert asyncio.run(_run(same_budget, [RIGHT, RIGHT + " "], truncated=True))[-1].finish_reason == "length"
-    assert asyncio.run(_run(_session(engine), [RIGHT, RIGHT + " "]))[-1].finish_reason == "stop"
+    assert run(_run(same_budget, [RIGHT, RIGHT + " "], truncated=True))[-1].finish_reason == "length"
+    assert run(_run(_session(engine), [RIGHT, RIGHT + " "]))[-1].finish_reason == "stop"
 
 
 def test_a_finished_draft_is_chosen_over_a_truncated_one_of_any_score():
@@ -173,7 +175,7 @@ def test_a_finished_draft_is_chosen_over_a_truncated_one_of_any_score():
         yield t.Draft(1, RIGHT, 12, -0.2, 1.0)
         yield DraftsDone(2)
 
-    summary = asyncio.run(_collect(session.run(inbox())))[-1]
+    summary = run(_collect(session.run(inbox())))[-1]
     assert summary.answer == RIGHT and summary.finish_reason == "stop"
 
 
@@ -181,26 +183,28 @@ def test_a_draft_cut_at_the_draft_budget_is_continued_to_the_answers_own():
     """Drafts get 256 tokens, the cloud's answer 512: a good draft cut at its budget is continued by the
     target (only the rest decoded), not returned cut where the target's own answer would go on."""
     engine = ScriptedEngine({RIGHT: [-0.05] * 12}, reply=" That is all.")
-    events = asyncio.run(_run(_session(engine), [RIGHT, RIGHT + " "], truncated=True))
+    events = run(_run(_session(engine), [RIGHT, RIGHT + " "], truncated=True))
     summary = events[-1]
     assert summary.answer == RIGHT + " That is all." and summary.finish_reason == "stop"
     assert summary.refine_mode == "prefix" and "continued by the target" in summary.trace
     assert engine.generated == len(" That is all.".split(" ")) and _shown(events) == summary.answer  # the rest only
     # a continuation that fails the rules is dropped: the draft as it stands, cut ("length")
     engine = ScriptedEngine({RIGHT: [-0.05] * 12}, reply=" and 2 + 2 = 5")
-    summary = asyncio.run(_run(_session(engine), [RIGHT, RIGHT + " "], truncated=True))[-1]
+    summary = run(_run(_session(engine), [RIGHT, RIGHT + " "], truncated=True))[-1]
     assert summary.answer == RIGHT and summary.finish_reason == "length" and "continuation failed" in summary.trace
 
 
 def test_the_deadline_returns_the_best_verified_draft_instead_of_an_error():
-    import time
-
     engine = ScriptedEngine({RIGHT: [-0.1] * 12}, reply=RIGHT, delay_s=1.0)  # a refinement of ~12 s
     session = _refining(engine, deadline_s=0.8)
-    t0 = time.perf_counter()
-    events = asyncio.run(_run(session, [RIGHT]))
+
+    async def timed() -> tuple[list, float]:
+        t0 = now()
+        return await _run(session, [RIGHT]), now() - t0
+
+    events, took = run(timed())  # virtual time (tests/virtual_time.py): exact, whatever the machine's load
     summary = events[-1]
-    assert time.perf_counter() - t0 < 3.0  # bounded by the deadline, not by the refinement
+    assert took == pytest.approx(0.8)  # bounded by the deadline, not by the refinement
     assert summary.refine_mode == "deadline" and summary.answer == RIGHT and summary.source == t.AnswerSource.DRAFT
     assert _shown(events) == RIGHT  # the unfinished refinement's words are withdrawn
 
@@ -219,8 +223,8 @@ def test_the_likelihood_threshold_is_relative_to_the_draft_models_own_confidence
         s = _session(engine, max_retries=0)
         return [ev async for ev in s.run(inbox()) if isinstance(ev, t.Verdict)][0]
 
-    assert asyncio.run(one(-0.9)).valid  # the draft model was about as sure: natural text
-    bad = asyncio.run(one(-0.1))  # the draft model was sure, the target is not
+    assert run(one(-0.9)).valid  # the draft model was about as sure: natural text
+    bad = run(one(-0.1))  # the draft model was sure, the target is not
     assert not bad.valid and bad.error.startswith("low_likelihood")
 
 
@@ -243,7 +247,7 @@ def test_cloud_candidates_continue_the_greedy_answers_own_right_steps():
     # (the preset's own rules alone stream it step by step: tests/cloud/test_alone.py)
     rules = RuleSet([*arith.default_rules(spec), Rule("regex", {"pattern": "answer"})], arith, spec)
     session = _make(engine, req, arith, spec, rules, max_retries=0, calculator_fixes=0)
-    events = asyncio.run(_run(session, ["3+5=9; answer 9"]))
+    events = run(_run(session, ["3+5=9; answer 9"]))
     summary = events[-1]
     assert _shown(events) == summary.answer  # the greedy answer streamed first is withdrawn
     assert len(engine.prompts) == 2 and engine.prompts[1].endswith("3+5=8; 8^2=64; 3*5=15;")  # greedy, then sampled
@@ -255,7 +259,7 @@ def test_a_wrong_computed_value_in_the_clouds_answer_is_corrected_and_the_target
     slip = "Tom buys 3 * 4 = 12 apples.\nNow he has 5 + 12 = 16 apples.\nAnswer: 16"
     engine = Replies([slip, ".\nAnswer: 17"])
     session = _session(engine, max_retries=0)
-    events = asyncio.run(_run(session, [UNREPAIRABLE]))
+    events = run(_run(session, [UNREPAIRABLE]))
     summary = events[-1]
     # the true value and the target's next word, then the target goes on
     assert engine.prompts[1].endswith("Now he has 5 + 12 = 17 apples")
@@ -276,7 +280,7 @@ def test_a_drafts_slip_on_a_sum_is_corrected_into_the_prefix_the_target_continue
     req = t.OpenRequest(request_id="r", task="select", prompt=prompt)
     session = _make(engine, req, select, spec, RuleSet(select.default_rules(spec), select, spec), max_retries=0)
     # the draft's first step has the wrong cost (7 is right): the cloud starts after its steps, repaired
-    summary = asyncio.run(_run(session, ["AB 8:15; AC 12>8; answer A,B"]))[-1]
+    summary = run(_run(session, ["AB 8:15; AC 12>8; answer A,B"]))[-1]
     assert engine.prompts[0].endswith("AB 7:15; AC 12>8;")
     assert summary.answer == "AB 7:15; AC 12>8;" + rest and summary.answer_valid and summary.refine_mode == "prefix"
     # no repair: its first step corrected, the rest the target's
@@ -284,13 +288,13 @@ def test_a_drafts_slip_on_a_sum_is_corrected_into_the_prefix_the_target_continue
     session = _make(
         engine, req, select, spec, RuleSet(select.default_rules(spec), select, spec), max_retries=0, repair_drafts=False
     )
-    summary = asyncio.run(_run(session, ["AB 8:15; AC 12>8; answer A,B"]))[-1]
+    summary = run(_run(session, ["AB 8:15; AC 12>8; answer A,B"]))[-1]
     assert engine.prompts[0].endswith("AB 7:15;") and summary.answer == "AB 7:15; AC 12>8;" + rest
 
     no_fix = Replies(["AB 7:15; AC 12>8;" + rest])
     rules = RuleSet(select.default_rules(spec), select, spec)
     session = _make(no_fix, req, select, spec, rules, max_retries=0, calculator_fixes=0)
-    assert asyncio.run(_run(session, ["AB 8:15; AC 12>8; answer A,B"]))[-1].refine_mode == "alone"
+    assert run(_run(session, ["AB 8:15; AC 12>8; answer A,B"]))[-1].refine_mode == "alone"
 
 
 def test_free_text_is_accepted_as_is_when_the_target_is_about_as_confident_as_the_draft_model():
@@ -306,22 +310,22 @@ def test_free_text_is_accepted_as_is_when_the_target_is_about_as_confident_as_th
         req = t.OpenRequest(request_id="r", task="", prompt="Explain why the sky is blue.")
         return _make(engine, req, rules=RuleSet([], OPEN, {}), max_retries=0)
 
-    async def run(text: str) -> list:
+    async def alone(text: str) -> list:
         async def inbox():
             yield t.Draft(0, text, 12, -0.63, 1.0)
             yield DraftsDone(1)
 
         return [ev async for ev in session().run(inbox())]
 
-    summary = asyncio.run(run(prose))[-1]
+    summary = run(alone(prose))[-1]
     assert summary.refine_mode == "accepted" and summary.answer == prose and engine.generated == 0
-    events = asyncio.run(run(corrupted))
+    events = run(alone(corrupted))
     (verdict,) = [e for e in events if isinstance(e, t.Verdict)]
     assert not verdict.valid and verdict.failed_rule == "likelihood"
     assert events[-1].refine_mode == "alone"
     # a draft the target finds much less likely than the draft model did is refined, not taken as is
     engine.logprobs[prose] = [-1.0] * 12  # valid (within relative_margin 0.5 of -0.63), but 0.37 below own
-    summary = asyncio.run(run(prose))[-1]
+    summary = run(alone(prose))[-1]
     assert summary.refine_mode == "candidates" and "not as is: free text: target mean logprob" in summary.trace
 
 
@@ -329,7 +333,7 @@ def test_the_clouds_own_generation_stops_when_it_falls_into_a_loop():
     loop = " ".join(["a leaf falls"] * 60)  # 180 tokens here (one per word)
     engine = ScriptedEngine({}, reply=loop)
     session = _session(engine, max_retries=0)
-    summary = asyncio.run(_run(session, [UNREPAIRABLE]))[-1]
+    summary = run(_run(session, [UNREPAIRABLE]))[-1]
     from coinfer.cloud.writer import LOOP_CHECK_TOKENS
     from coinfer.repetition import repetition_error
 
@@ -362,35 +366,35 @@ def _final(events: list) -> str:
 def test_text_streamed_as_final_begins_every_answer_the_session_can_end_on():
     # a draft accepted as is: final at once
     engine = ScriptedEngine({RIGHT: [-0.05] * 12}, reply="unused")
-    assert _final(asyncio.run(_run(_session(engine), [RIGHT, RIGHT + " "]))) == RIGHT
+    assert _final(run(_run(_session(engine), [RIGHT, RIGHT + " "]))) == RIGHT
     # a draft continued: the draft is final, the continuation held until the summary
     engine = ScriptedEngine({RIGHT: [-0.05] * 12}, reply=" That is all.")
-    assert _final(asyncio.run(_run(_session(engine), [RIGHT, RIGHT + " "], truncated=True))) == RIGHT
+    assert _final(run(_run(_session(engine), [RIGHT, RIGHT + " "], truncated=True))) == RIGHT
     # ... and a continuation that fails the rules leaves the draft, already sent
     engine = ScriptedEngine({RIGHT: [-0.05] * 12}, reply=" and 2 + 2 = 5")
-    assert _final(asyncio.run(_run(_session(engine), [RIGHT, RIGHT + " "], truncated=True))) == RIGHT
+    assert _final(run(_run(_session(engine), [RIGHT, RIGHT + " "], truncated=True))) == RIGHT
     # a refinement from candidates: nothing final until it is decided; rejected, the draft is
     right2 = RIGHT.replace("Tom", "Tom then")
     # right2 the target's best by a little (equal scores were ranked by verification time: flaky under load)
     engine = ScriptedEngine({RIGHT: [-0.1] * 12, right2: [-0.09] * 12, WRONG: [-0.3] * 12}, reply=WRONG)
-    events = asyncio.run(_run(_refining(engine), [RIGHT, right2]))
+    events = run(_run(_refining(engine), [RIGHT, right2]))
     reset = next(i for i, e in enumerate(events) if isinstance(e, t.AnswerReset))
     assert not any(e.final for e in events[:reset] if isinstance(e, t.AnswerChunk))
     assert _final(events) == events[-1].answer == right2
     # the deadline during a refinement: the best draft, final
     engine = ScriptedEngine({RIGHT: [-0.1] * 12}, reply=RIGHT, delay_s=1.0)
     session = _refining(engine, deadline_s=0.5)
-    assert _final(asyncio.run(_run(session, [RIGHT]))) == RIGHT
+    assert _final(run(_run(session, [RIGHT]))) == RIGHT
     # the cloud's own answer with a marker: its steps final as they pass, its end once the whole does
     engine = ScriptedEngine({}, reply=WRONG)
     session = _session(engine, max_retries=0)
-    events = asyncio.run(_run(session, [UNREPAIRABLE]))
+    events = run(_run(session, [UNREPAIRABLE]))
     assert not any(isinstance(e, t.AnswerReset) for e in events) and _final(events) == events[-1].answer == WRONG
     # ... and with a rule only the whole answer can satisfy: held, then corrected or replaced as before
     must = RuleSet(
         [Rule("arithmetic"), Rule("regex", {"pattern": "Answer"})], OPEN, {}, extraction=Extraction("marker")
     )
-    events = asyncio.run(_run(_session(ScriptedEngine({}, reply=WRONG), rules=must, max_retries=0), ["x"]))
+    events = run(_run(_session(ScriptedEngine({}, reply=WRONG), rules=must, max_retries=0), ["x"]))
     first = next((i for i, e in enumerate(events) if isinstance(e, t.AnswerReset)), len(events))
     assert not any(e.final for e in events[:first] if isinstance(e, t.AnswerChunk))
     _final(events)
@@ -404,14 +408,14 @@ def _open_alone(engine: ScriptedEngine) -> Session:
 
 def test_an_open_requests_own_answer_streams_as_final_and_a_loop_is_cut_not_replaced():
     engine = ScriptedEngine({}, reply=RIGHT)
-    events = asyncio.run(_collect(_open_alone(engine).run(_no_drafts())))
+    events = run(_collect(_open_alone(engine).run(_no_drafts())))
     chunks = [e for e in events if isinstance(e, t.AnswerChunk)]
     assert len(chunks) > 1 and all(c.final for c in chunks) and _final(events) == events[-1].answer == RIGHT
     assert events[-1].finish_reason == "stop" and events[-1].answer_valid
     # a loop: cut where the watch sees it, kept as streamed (no candidates would withdraw it), and said so
     loop = " ".join(["a leaf falls"] * 60)
     engine = ScriptedEngine({}, reply=loop)
-    events = asyncio.run(_collect(_open_alone(engine).run(_no_drafts())))
+    events = run(_collect(_open_alone(engine).run(_no_drafts())))
     summary = events[-1]
     assert summary.finish_reason == "repetition" and not summary.answer_valid and "a loop cut" in summary.trace
     assert _final(events) == summary.answer and engine.generated == len(summary.answer.split())
@@ -436,7 +440,7 @@ def test_a_prefix_refinement_is_final_while_it_writes_what_the_best_draft_says()
         # accept_min_score 2: refine, the consensus steps "3+5=8; 8^2=64;" continued; rules_decide off:
         # the preset's checkers would accept the draft as is
         session = _make(engine, req, arith, spec, RuleSet([], arith, spec), accept_min_score=2.0, rules_decide=False)
-        return asyncio.run(_run(session, [best, other]))
+        return run(_run(session, [best, other]))
 
     # the target writes the best draft's own steps: every chunk final, the prefix the first
     events = refined(" 3*5=15; 64-15=49; answer 49")
@@ -469,7 +473,7 @@ def test_where_a_presets_own_checkers_pass_a_draft_no_model_is_asked_and_it_is_t
     session, right = _preset(engine)
     engine.logprobs = {right: [-0.05] * 10 + [-6.0]}
     wrong = right.replace("9+10=19; answer 19", "9-10=-1; answer -1")  # the wrong operation: no repair passes it
-    events = asyncio.run(_run(session, [wrong, right], truncated=True))  # cut at the draft budget: not continued
+    events = run(_run(session, [wrong, right], truncated=True))  # cut at the draft budget: not continued
     summary = events[-1]
     assert summary.answer == right and summary.refine_mode == "accepted" and summary.source == t.AnswerSource.DRAFT
     assert engine.scored == 0 and engine.generated == 0
@@ -485,7 +489,7 @@ def test_a_preset_with_rules_of_its_own_or_the_switch_off_is_verified_by_the_mod
         engine = ScriptedEngine({}, reply="unused")
         session, right = _preset(engine, rules, rules_decide=decide)
         engine.logprobs = {right: [-0.05] * 10 + [-6.0]}
-        summary = asyncio.run(_run(session, [right]))[-1]
+        summary = run(_run(session, [right]))[-1]
         assert engine.scored >= 1 and summary.refine_mode != "accepted"
 
 
@@ -503,7 +507,7 @@ def test_a_retry_round_is_counted_apart_and_none_is_advised_where_retries_never_
         yield t.Draft(1, wrong, 12, -0.1, 1.0)
         yield DraftsDone(1)
 
-    events = asyncio.run(_collect(session.run(two_rounds())))
+    events = run(_collect(session.run(two_rounds())))
     assert sum(isinstance(e, t.RetryAdvice) for e in events) == 2  # after each round: no odds known yet
     # the first round and its retry, each a miss of its own kind (Laplace: 1 in 3 after one miss)
     assert len(odds) == 2
@@ -512,7 +516,7 @@ def test_a_retry_round_is_counted_apart_and_none_is_advised_where_retries_never_
         odds.observe(session.kind, True)
         odds.observe(retry(session.kind), False)
     session = _session(ScriptedEngine({}, reply=RIGHT), round_odds=odds)
-    events = asyncio.run(_run(session, [wrong]))
+    events = run(_run(session, [wrong]))
     assert not any(isinstance(e, t.RetryAdvice) for e in events)
     assert isinstance(events[-1], t.Summary) and events[-1].answer == RIGHT  # the cloud answered at once
 
@@ -527,7 +531,7 @@ def test_no_retry_is_advised_where_rounds_of_this_kind_never_held_a_valid_draft(
         if not retried:  # the same kind of request found nothing in its rounds many times
             for _ in range(30):
                 odds.observe(session.kind, False)
-        events = asyncio.run(_run(session, [WRONG.replace("4 + 12 = 16", "4 + 12 = 15")]))
+        events = run(_run(session, [WRONG.replace("4 + 12 = 16", "4 + 12 = 15")]))
         assert any(isinstance(e, t.RetryAdvice) for e in events) is retried
         if not retried:
             assert isinstance(events[-1], t.Summary) and events[-1].answer == RIGHT  # the cloud answered at once

@@ -31,13 +31,15 @@ def test_any_true_equation_passes(a, b, op):
 def test_hostile_length_is_linear():
     from coinfer.arithmetic import repaired
 
-    t0 = time.perf_counter()
+    # hang guards in this thread's CPU time (a busy machine does not stretch it), 20x and 10x what each took
+    # (measured 0.125 s and 0.24 s): backtracking on these inputs runs for minutes
+    t0 = time.thread_time()
     first_wrong_equation("1 + " * 20000 + "= 3 " + "9" * 5000 + " = 1")
-    assert time.perf_counter() - t0 < 1.0
+    assert time.thread_time() - t0 < 2.5
     many = "1 + 1 = 3; 3 + 1 = 5. " * 4000  # 8,000 wrong results, each carried to the next step: one pass
-    t0 = time.perf_counter()
+    t0 = time.thread_time()
     fixed = repaired(many)
-    assert time.perf_counter() - t0 < 2.0 and fixed is not None and first_wrong_equation(fixed) == ""
+    assert time.thread_time() - t0 < 2.5 and fixed is not None and first_wrong_equation(fixed) == ""
 
 
 def test_corrected_prefix_writes_the_true_value_of_the_first_wrong_equation_and_stops_there():

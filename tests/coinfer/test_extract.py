@@ -86,10 +86,10 @@ def test_bad_extraction_names_the_field(extraction, field):
 
 def test_linear_time_on_hostile_text():
     text = "{" * 20000 + "\\boxed{" * 2000 + "Answer:" * 2000
-    t0 = time.perf_counter()
+    t0 = time.thread_time()
     for kind in ("marker", "boxed", "json", "last_line"):
         Extraction(kind)(text)
-    assert time.perf_counter() - t0 < 2.0
+    assert time.thread_time() - t0 < 2.0  # a hang guard in CPU time, 68x what the four took (measured 29 ms)
 
 
 def test_agreement_key_compares_numbers_as_numbers():

@@ -28,9 +28,11 @@ class _Call:
 
     def __init__(self) -> None:
         self.log: list[str] = []
+        self.begun = asyncio.Event()
 
     async def write(self, msg) -> None:
         self.log.append("write begun")
+        self.begun.set()
         await asyncio.sleep(0.05)
         self.log.append("write done")
 
@@ -58,8 +60,23 @@ async def test_the_summary_half_closes_after_the_write_under_way_which_is_never_
             await s.write(pb.EdgeMessage())
 
     writer = asyncio.create_task(round_of_drafts())
-    await asyncio.sleep(0.01)  # the first write is under way when the Summary is read
+    await call.begun.wait()  # the first write is under way when the Summary is read
     await s.half_close(writer)
     assert call.log == ["write begun", "write done", "half-closed"] and writer.cancelled()
     await s.write(pb.EdgeMessage())  # closed: nothing more goes out
     assert call.log[-1] == "half-closed"
+
+
+async def test_a_round_whose_drafting_fails_half_closes_at_once_so_the_cloud_answers_from_what_it_has():
+    # before: the round never sent DraftsDone and the cloud waited for it until its deadline (60 s)
+    call = _Call()
+    s = _session(call)
+
+    async def failing_round() -> None:
+        await s.write(pb.EdgeMessage())
+        raise RuntimeError("the draft engine failed")
+
+    writer = s._writer(failing_round())
+    await asyncio.gather(writer, return_exceptions=True)
+    await s._half_closing
+    assert call.log == ["write begun", "write done", "half-closed"] and s.closed

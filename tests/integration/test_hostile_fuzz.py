@@ -6,13 +6,12 @@ Timing (the 50 ms liveness budget) is measured by the benchmark, not here."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from coinfer.edge.config import EdgeConfig
 from coinfer.edge.daemon import EdgeDaemon
 from scenarios.hostile import Clients, Endpoints, Tally, alive, run_target, targets
+from tests.waiting import until
 
 pytestmark = pytest.mark.slow
 EXAMPLES = 150
@@ -27,10 +26,7 @@ async def endpoints(int8_draft, cloud):
             model=str(int8_draft), cloud=f"127.0.0.1:{cloud.port}", grpc_port=0, http_port=0, probe_on_start=False
         )
     ).start()
-    for _ in range(100):  # the health watch sees SERVING
-        if d.core.link.serving:
-            break
-        await asyncio.sleep(0.05)
+    await until(lambda: d.core.link.serving, guard_s=10, what="the edge's health watch sees the cloud")
     yield Endpoints(f"127.0.0.1:{cloud.port}", f"127.0.0.1:{d.grpc_port}", f"http://127.0.0.1:{d.http_port}")
     await d.stop()
 

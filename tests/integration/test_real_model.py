@@ -79,19 +79,16 @@ PROMPTS = [
 @pytest.mark.parametrize("plan", ["split", "cloud"])
 async def test_natural_prompts_are_answered_by_the_plan_asked_within_the_deadline(real_daemon, plan):
     # free prose once failed the verifier and ran into the 30 s deadline: each answer now comes from
-    # the plan asked for (no DEADLINE_EXCEEDED fallback to the edge's own draft), valid, in time
-    import time
-
+    # the plan asked for (no DEADLINE_EXCEEDED fallback to the edge's own draft), valid, in time (an answer
+    # past the deadline is the edge's fallback, with its reason: no clock needed to tell)
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{real_daemon.http_port}/v1", api_key="unused", max_retries=0)
     for messages in PROMPTS:
-        t0 = time.perf_counter()
         r = await client.chat.completions.create(
             model="coinfer-edge", messages=messages, max_tokens=128, extra_body={"coinfer": {"plan": plan}}
         )
         info = r.model_extra["coinfer"]
-        assert time.perf_counter() - t0 < 30.0, info
         # the cloud's own answer streams as it is written (docs/api.md, Streaming): a loop is cut there and
         # said so, not replaced by a candidate, which would withdraw what was streamed
         # so is split's: it answers what the cloud plan writes (exact verification)

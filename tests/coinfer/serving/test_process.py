@@ -7,7 +7,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import psutil
 import pytest
@@ -18,6 +17,7 @@ PARENT = textwrap.dedent("""
     process.watch_parent_if_spawned()  # top level of the main module, as in cloud/server.py
 
     def sleep():
+        print("ready", flush=True)  # its watchers are armed by now: spawn's at import, fork's in the fork hook
         time.sleep(600)
 
     if __name__ == "__main__":
@@ -36,13 +36,16 @@ def test_a_child_ends_when_its_parent_is_killed(tmp_path, method):
     script.write_text(PARENT)
     env = dict(os.environ, PYTHONPATH=os.getcwd())
     parent = subprocess.Popen([sys.executable, str(script), method], stdout=subprocess.PIPE, text=True, env=env)
-    child = psutil.Process(int(parent.stdout.readline()))
+    # the parent's line (the child's pid) and the child's "ready", in either order: the child is killed
+    # only once it says its watchers are armed (a fixed 1 s sleep before was a race with a slow spawn)
+    lines = {parent.stdout.readline().strip() for _ in range(2)}
+    assert "ready" in lines, lines
+    child = psutil.Process(int(next(line for line in lines if line != "ready")))
     try:
-        time.sleep(1.0)
         assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE  # alive while the parent is
         parent.send_signal(signal.SIGKILL)
         parent.wait()
-        child.wait(timeout=5)  # raises TimeoutExpired if it outlives its parent
+        child.wait(timeout=5)  # raises TimeoutExpired if it outlives its parent (a hang guard: 25x the 0.2 s poll)
     finally:
         if child.is_running():
             child.kill()
