@@ -133,6 +133,7 @@ async def pair(
     max_model_len: int = 2048,
     *,
     pin: bool = False,
+    dtype: str = "float32",
     **policy,
 ) -> AsyncIterator[object]:
     """An edge daemon on ``edge_dir`` over a cloud serving ``cloud_dir`` (with ``chat_template``: vLLM's
@@ -145,7 +146,10 @@ async def pair(
     from coinfer.cloud.server import create_server
     from coinfer.cloud.vllm_engine import VllmEngine
 
-    engine = EngineConfig(model=str(cloud_dir), max_model_len=max_model_len, chat_template=str(chat_template or ""))
+    # float32: the target's answer under exact split is its own greedy text token for token (quantize.real_model.CLOUD_DTYPE)
+    engine = EngineConfig(
+        model=str(cloud_dir), max_model_len=max_model_len, chat_template=str(chat_template or ""), dtype=dtype
+    )
     srv = await create_server(CloudConfig(engine=engine, policy=PolicyConfig(**policy)))
     before = None
     try:
@@ -204,6 +208,10 @@ class Row:
     unscored: int = 0
     """Drafts the rules passed and no verifier judged: the cloud answered itself (``coinfer.cloud.hedge``)."""
     refine_mode: str = ""
+    taken: int = 0
+    """Draft tokens (the target's tokens) the target took under exact verification (``cloud_cost``)."""
+    offered: int = 0
+    """...of those it checked."""
     trace: str = ""
     """The cloud's account of its choice (``Summary.trace``)."""
     error: str = ""
@@ -256,6 +264,8 @@ async def ask(daemon, direction: str, prompt: str, plan: str, *, stream: bool, m
     row.latency_s = time.perf_counter() - t0
     row.source, row.plans, row.fallback = info.get("source", ""), info.get("plans", []), info.get("fallback_reason", "")
     row.refine_mode, row.trace = info.get("refine_mode", ""), info.get("trace", "")
+    cost = info.get("cloud_cost", {})
+    row.taken, row.offered = cost.get("draft_tokens_accepted", 0), cost.get("draft_tokens_offered", 0)
     verdicts = info.get("verdicts", [])
     row.unscored = sum(1 for v in verdicts if v["error"].startswith(NOT_SCORED))
     row.accepted = sum(1 for v in verdicts if v["valid"])
@@ -291,6 +301,8 @@ def summarise(rows: list[Row]) -> list[dict]:
                 "accept_share": round(sum(r.accepted for r in rs) / judged, 2) if judged else None,
                 "reject_share": round(sum(r.rejected for r in rs) / judged, 2) if judged else None,
                 "refine_modes": dict(Counter(r.refine_mode or "-" for r in rs)),
+                "draft_tokens_taken": sum(r.taken for r in rs),
+                "draft_tokens_offered": sum(r.offered for r in rs),
             }
         )
     return out

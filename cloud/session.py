@@ -170,6 +170,8 @@ class Session:
         """A continuation round asked of the edge (``DraftFrom``), resolved with its drafts at its end."""
         self._more_drafts: list[t.Draft] = []
         self._more_rounds = 0
+        self._failed: BaseException | None = None
+        """The part's error the session failed on (reported once, by the session)."""
 
     def _ms(self) -> float:
         return (time.perf_counter() - self.t0) * MS_PER_S
@@ -213,6 +215,7 @@ class Session:
             while answered is None or self._judging:  # every draft read has its verdict before the Summary
                 ev = await self._events.get()
                 if isinstance(ev, _Failed):
+                    self._failed = ev.error
                     raise ev.error
                 if isinstance(ev, _Answered):
                     answered = ev
@@ -226,7 +229,7 @@ class Session:
                 tk.cancel()
             results = await asyncio.gather(*parts, return_exceptions=True)
             for r in results:  # a part's failure the session did not end on: said, not swallowed
-                if isinstance(r, Exception):
+                if isinstance(r, Exception) and r is not self._failed:
                     log.warning("a session part failed after the session's end: %r", r)
             if self.hedge is not None:
                 await self.hedge.cancel()
@@ -298,14 +301,17 @@ class Session:
         if d.continues:
             self._take_more(d)
             return
-        if self._phase is not _Phase.COLLECTING:
-            return  # the round was cut short (the session answers): drafts read after it go unread
-        self.rounds.take(d)  # within the limits before it is tokenized
+        self.rounds.take(d)  # every draft read is within the limits (an index sent twice is refused)
+        answering_exactly = self.ctx.exact and self._phase is _Phase.ANSWERING
+        if self._phase is not _Phase.COLLECTING and not answering_exactly:
+            return  # the round was cut short (the session answers): drafts read after it are not judged
+        # (an exact answer began at the round's greedy draft: its other drafts still get their verdicts, the
+        # rules' alone, which cost no engine time)
         d = self.ctx.engine.in_target_tokens(d)  # counted in the target's tokens from here on
         if self.rounds.attempt == 0:
             self._first.append(d)
         self._judging.add(self._spawn(self.judge.verdict(d), f"d{d.index}", lambda tk, i=d.index: self._judged(tk, i)))
-        if self.ctx.exact and d.greedy and self.rounds.attempt == 0:
+        if self.ctx.exact and d.greedy and self.rounds.attempt == 0 and self._phase is _Phase.COLLECTING:
             self._answer(self._ms())  # the greedy draft is the one the target takes most of: begin at once
 
     def _judged(self, tk: asyncio.Task, index: int) -> _Event:

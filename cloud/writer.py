@@ -108,6 +108,8 @@ class Writer:
             return Written(text=text[: steps.failed], ttft_ms=ttft, tokens=0, finish=finish, error=error)
         error = ""
         params = params or self.ctx.params(max_tokens)
+        if params.max_tokens < 1:  # the answer's budget is spent (a step corrected at its end): nothing to write
+            return Written(text=text, ttft_ms=ttft, tokens=0, finish=t.FinishReason.LENGTH)
         stream = speculate(
             self.ctx.engine,
             prompt + prefix,

@@ -192,6 +192,8 @@ def _draft_info(d: t.Draft) -> dict:
         "mean_logprob": round(d.mean_logprob, 4),
         "edge_ms": round(d.edge_ms, 1),
         "truncated": d.truncated,
+        "greedy": d.greedy,
+        "continues": d.continues,
     }
 
 

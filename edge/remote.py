@@ -229,7 +229,9 @@ class SplitSession:
         except (grpc.aio.AioRpcError, grpc.aio.UsageError) as exc:  # the call ended first: nothing was lost
             log.debug("half-close after the summary: %s", exc)
 
-    def _send(self, d: t.Draft) -> asyncio.Future:
+    def _send(self, d: t.Draft) -> asyncio.Future | None:
+        if self.closed:  # the Summary is in: a draft finished after it is no part of the session
+            return None
         self.result.drafts.append(d)
         self.emit(d)
         self.result.timings.setdefault("first_draft", d.edge_ms)

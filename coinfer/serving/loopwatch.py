@@ -183,6 +183,7 @@ class LoopWatch:
                 *args,
                 "  (idle in select: no code on the loop held it; the process was not scheduled "
                 "or a native call in another thread held the GIL)",
+                extra={"watch": id(self)},
             )
             return
         where = (
@@ -190,7 +191,8 @@ class LoopWatch:
             or "  (no Python frame was seen: the watchdog did not run either, so the process was not "
             "scheduled or a native call held the GIL)\n"
         )
-        log.warning(head, *args, where.rstrip())
+        # ``watch``: which watch warned (several servers' watches may share one loop: a test process)
+        log.warning(head, *args, where.rstrip(), extra={"watch": id(self)})
 
     def _watch(self) -> None:
         while not self._stop.wait(self.period_s):

@@ -1,0 +1,144 @@
+"""Exact split on the real model: is split's greedy answer the cloud plan's, word for word, and what did it cost?
+
+    .venv/bin/python -m benchmarks.exact_split [--prompts 64] [--max-tokens 96] [--json]
+
+SmolLM2-135M-Instruct on both sides (``coinfer.demo.real.real_stack``: the float model on the cloud's vLLM in
+``CLOUD_DTYPE``, its INT8 export drafting on the edge), each of ``--prompts`` open prompts
+(``benchmarks.open_prompts``) asked through the edge's OpenAI API with the official SDK, greedy, one request at a
+time, under the cloud plan and under split, plain and streamed. Printed: how many of split's answers equal the
+cloud plan's (plain and streamed), each mismatch with the target's lead of its argmax where the two first differ
+(a near-tie that prefill and decode arithmetic break differently explains it), and per answer, from the cloud's
+own counts (``cloud_cost``): sequential engine steps, tokens decoded, positions scored by prefill, draft tokens
+offered and taken, engine requests; latency p50 (plain) and time to first content p50 (streamed) per plan, and
+the edge's first draft. The cloud plan is plain greedy decoding on the same engine (no drafts): its counts are
+greedy's. One run, one machine: ratios side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+
+from benchmarks.open_prompts import OPEN_PROMPTS
+
+PLANS = ("cloud", "split")
+COSTS = ("steps", "decoded_tokens", "scored_tokens", "draft_tokens_offered", "draft_tokens_accepted", "engine_requests")
+
+
+async def _ask(client, prompt: str, plan: str, max_tokens: int, stream: bool) -> dict:
+    kw = dict(
+        model="coinfer-edge",
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        temperature=0,
+        extra_body={"coinfer": {"plan": plan}},
+    )
+    t0 = time.perf_counter()
+    if not stream:
+        r = await client.chat.completions.create(**kw)
+        info = r.model_extra["coinfer"]
+        return {"text": r.choices[0].message.content, "ms": (time.perf_counter() - t0) * 1e3, "info": info}
+    parts, first = [], None
+    async for chunk in await client.chat.completions.create(stream=True, **kw):
+        if chunk.choices and chunk.choices[0].delta.content:
+            first = first if first is not None else (time.perf_counter() - t0) * 1e3
+            parts.append(chunk.choices[0].delta.content)
+    return {"text": "".join(parts), "ms": (time.perf_counter() - t0) * 1e3, "first_ms": first}
+
+
+async def _lead(engine, prompt: str, a: str, b: str) -> float:
+    """The target's lead of its argmax over the runner-up where ``a`` and ``b`` first differ."""
+    from coinfer.chat import ChatMessage
+
+    common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    ids = await engine.prompt_ids(engine.render([ChatMessage("user", prompt)]))
+    head = await engine.text_ids(a[:common])
+    _, leads = await engine.top_tokens(ids + head, len(ids + head), f"lead-{time.monotonic_ns()}")
+    return leads[-1]
+
+
+def _mean(rows: list[dict], plan: str, key: str) -> float:
+    return statistics.fmean(r[plan]["info"]["cloud_cost"][key] for r in rows)
+
+
+async def run(prompts: int, max_tokens: int) -> dict:
+    from openai import AsyncOpenAI
+
+    from coinfer.demo.real import real_stack
+
+    rows = []
+    async with real_stack() as (engine, daemon):
+        client = AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
+        await _ask(client, "Hello!", "split", 8, False)  # lazy set-up out of the measurement
+        for i, prompt in enumerate(OPEN_PROMPTS[:prompts]):
+            row = {"prompt": prompt}
+            for plan in PLANS:
+                row[plan] = await _ask(client, prompt, plan, max_tokens, False)
+                row[f"{plan}_stream"] = await _ask(client, prompt, plan, max_tokens, True)
+            for kind in ("", "_stream"):
+                a, b = row[f"cloud{kind}"]["text"], row[f"split{kind}"]["text"]
+                row[f"equal{kind}"] = a == b
+                if a != b:
+                    row[f"lead{kind}"] = await _lead(engine, prompt, a, b)
+            rows.append(row)
+            s = row["split"]["info"]["cloud_cost"]
+            print(
+                f"[{i + 1}/{prompts}] equal {row['equal']}/{row['equal_stream']}  split took "
+                f"{s['draft_tokens_accepted']}/{s['draft_tokens_offered']} draft tokens, {s['steps']} steps "
+                f"(cloud plan {row['cloud']['info']['cloud_cost']['steps']})  {prompt!r}",
+                file=sys.stderr,
+            )
+    return report(rows)
+
+
+def report(rows: list[dict]) -> dict:
+    """The run's table from its rows (pure)."""
+    n = len(rows)
+    per_answer = {plan: {k: round(_mean(rows, plan, k), 2) for k in COSTS} for plan in PLANS}
+    c, s = per_answer["cloud"], per_answer["split"]
+    greedy_tokens = c["decoded_tokens"]
+    return {
+        "prompts": n,
+        "equal_plain": sum(r["equal"] for r in rows),
+        "equal_streamed": sum(r["equal_stream"] for r in rows),
+        "mismatches": [
+            {"prompt": r["prompt"], "streamed": bool(k), "lead_nats": round(r[f"lead{k}"], 5)}
+            for r in rows
+            for k in ("", "_stream")
+            if not r[f"equal{k}"]
+        ],
+        "per_answer": per_answer,
+        "split_steps_over_greedy": round(s["steps"] / c["steps"], 3),
+        "split_scored_plus_decoded_over_greedy_tokens": round(
+            (s["scored_tokens"] + s["decoded_tokens"]) / greedy_tokens, 3
+        ),
+        "draft_tokens_taken_share": round(s["draft_tokens_accepted"] / max(1e-9, s["draft_tokens_offered"]), 3),
+        "answer_tokens_from_drafts": round(s["draft_tokens_accepted"] / greedy_tokens, 3),
+        "latency_p50_ms": {p: round(statistics.median(r[p]["ms"] for r in rows)) for p in PLANS},
+        "first_content_p50_ms": {
+            p: round(statistics.median(r[f"{p}_stream"]["first_ms"] or r[f"{p}_stream"]["ms"] for r in rows))
+            for p in PLANS
+        },
+        "edge_first_draft_p50_ms": round(
+            statistics.median(r["split"]["info"]["timings_ms"].get("first_draft", 0.0) for r in rows)
+        ),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", type=int, default=64, help="open prompts (at most %(default)s... 128)")
+    ap.add_argument("--max-tokens", type=int, default=96, help="each answer's budget")
+    ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    args = ap.parse_args(argv)
+    out = asyncio.run(run(min(args.prompts, len(OPEN_PROMPTS)), args.max_tokens))
+    print(json.dumps(out, indent=None if args.json else 1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
