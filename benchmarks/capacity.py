@@ -62,9 +62,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.load_stats import Step, arrivals, pct, summary
-from benchmarks.replica import CLOUD_CORE, Server, coinfer_stack, vllm_server
+from benchmarks.replica import CLOUD_CORE, NGRAM_SPECULATION, Server, coinfer_stack, vllm_server
 
-SYSTEMS = ("split", "cloud", "auto", "vllm-greedy", "vllm-best-of-5")
+SYSTEMS = ("split", "cloud", "auto", "vllm-greedy", "vllm-ngram", "vllm-best-of-5")
 COINFER_SYSTEMS = ("split", "cloud", "auto")
 DEMO_KINDS = ("arith", "select", "words")
 REAL = "real-open"
@@ -396,22 +396,41 @@ async def _vllm_systems(
     max_len: int,
     dtype: str,
 ) -> None:
-    async with vllm_server(model, log_dir, max_len, dtype) as (srv, client, name):
+    for system in [s for s in ("vllm-greedy", "vllm-best-of-5", "vllm-ngram") if s in args.systems]:
+        await _vllm_system(system, wls, reqs, args, model, log_dir, slo, out, progress, max_len, dtype)
+
+
+async def _vllm_system(
+    system: str,
+    wls: list[str],
+    reqs: dict,
+    args,
+    model: Path,
+    log_dir: Path,
+    slo: dict,
+    out: dict,
+    progress,
+    max_len: int,
+    dtype: str,
+) -> None:
+    """One vLLM system on a server of its own (``vllm-ngram``: with vLLM's n-gram speculative decoding)."""
+    speculative = NGRAM_SPECULATION if system == "vllm-ngram" else None
+    async with vllm_server(model, log_dir, max_len, dtype, speculative) as (srv, client, name):
         for wl in wls:
-            for system in [s for s in ("vllm-greedy", "vllm-best-of-5") if s in args.systems]:
 
-                async def ask(r: Request, rid: str, best=system == "vllm-best-of-5") -> Result:
-                    return await ask_vllm(client, name, r, best)
+            async def ask(r: Request, rid: str, best=system == "vllm-best-of-5") -> Result:
+                return await ask_vllm(client, name, r, best)
 
-                await ask(reqs[wl][0], "warm")  # lazy set-up out of the measurement
-                base = None
-                if system == "vllm-greedy":  # every request alone: the SLO's base (open prompts' lengths vary)
-                    base = await unloaded(ask, reqs[wl], srv, f"{wl}/{system}")
-                    slo[wl] = round(args.slo_factor * base.p50_s, 3)
-                    progress(f"{wl}/{system}: unloaded p50 {base.p50_s:.3f} s -> SLO {slo[wl]:.3f} s")
-                out.setdefault(wl, {})[system] = await measure(
-                    ask, reqs[wl], base, slo[wl], args, srv, f"{wl}/{system}", progress
-                )
+            await ask(reqs[wl][0], "warm")  # lazy set-up out of the measurement
+            base = None
+            if system == "vllm-greedy":  # every request alone: the SLO's base (open prompts' lengths vary)
+                base = await unloaded(ask, reqs[wl], srv, f"{wl}/{system}")
+                slo[wl] = round(args.slo_factor * base.p50_s, 3)
+                progress(f"{wl}/{system}: unloaded p50 {base.p50_s:.3f} s -> SLO {slo[wl]:.3f} s")
+            slo.setdefault(wl, args.slo_s)  # no vLLM greedy run to derive it from: the given SLO
+            out.setdefault(wl, {})[system] = await measure(
+                ask, reqs[wl], base, slo[wl], args, srv, f"{wl}/{system}", progress
+            )
 
 
 async def _coinfer_systems(

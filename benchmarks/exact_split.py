@@ -65,13 +65,15 @@ def _mean(rows: list[dict], plan: str, key: str) -> float:
     return statistics.fmean(r[plan]["info"]["cloud_cost"][key] for r in rows)
 
 
-async def run(prompts: int, max_tokens: int) -> dict:
+async def run(prompts: int, max_tokens: int, draft_from_rounds: int | None = None) -> dict:
     from openai import AsyncOpenAI
 
+    from coinfer.cloud.config import PolicyConfig
     from coinfer.demo.real import real_stack
 
     rows = []
-    async with real_stack() as (engine, daemon):
+    policy = PolicyConfig(draft_from_rounds=draft_from_rounds) if draft_from_rounds is not None else None
+    async with real_stack(policy) as (engine, daemon):
         client = AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
         await _ask(client, "Hello!", "split", 8, False)  # lazy set-up out of the measurement
         for i, prompt in enumerate(OPEN_PROMPTS[:prompts]):
@@ -131,11 +133,14 @@ def report(rows: list[dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--prompts", type=int, default=64, help="open prompts (at most %(default)s... 128)")
+    ap.add_argument("--prompts", type=int, default=64, help="open prompts, at most 128 (default %(default)s)")
     ap.add_argument("--max-tokens", type=int, default=96, help="each answer's budget")
+    ap.add_argument(
+        "--draft-from-rounds", type=int, default=None, help="PolicyConfig.draft_from_rounds (default: the policy's)"
+    )
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
     args = ap.parse_args(argv)
-    out = asyncio.run(run(min(args.prompts, len(OPEN_PROMPTS)), args.max_tokens))
+    out = asyncio.run(run(min(args.prompts, len(OPEN_PROMPTS)), args.max_tokens, args.draft_from_rounds))
     print(json.dumps(out, indent=None if args.json else 1))
     return 0
 

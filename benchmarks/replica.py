@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -145,9 +146,15 @@ class ReplayDrafts:
 # ---- the two stacks ------------------------------------------------------------------------------------
 
 
+NGRAM_SPECULATION = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+"""vLLM's own n-gram (prompt-lookup) speculative decoding, as ``EngineConfig.ngram_speculative_tokens`` configures
+it: the baseline that speculates with no draft model (``benchmarks.capacity``'s ``vllm-ngram``)."""
+
+
 @contextlib.asynccontextmanager
-async def vllm_server(model: Path, log_dir: Path, max_len: int, dtype: str = "auto"):
-    """vLLM's own OpenAI server on the target, pinned like coinfer's replica; yields (server, client, name)."""
+async def vllm_server(model: Path, log_dir: Path, max_len: int, dtype: str = "auto", speculative: dict | None = None):
+    """vLLM's own OpenAI server on the target, pinned like coinfer's replica (``speculative``: its
+    ``--speculative-config``); yields (server, client, name)."""
     import httpx
     from openai import AsyncOpenAI
 
@@ -173,9 +180,10 @@ async def vllm_server(model: Path, log_dir: Path, max_len: int, dtype: str = "au
             "0",
             "--max-model-len",
             str(max_len),
+            *(("--speculative-config", json.dumps(speculative)) if speculative else ()),
         ],
         log_dir,
-        f"vllm-{model.name}",
+        f"vllm-{model.name}" + ("-spec" if speculative else ""),
     )
     try:
         async with httpx.AsyncClient() as http:

@@ -82,7 +82,7 @@ def replayable(exc: BaseException) -> bool:
 class CloudFailed(ConnectionError):
     """The cloud failed a run of the split or cloud plan (not the request's own fault: that is raised as
     the error it is), with what the run had when it did: every fallback is decided by the lifecycle
-    (``edge/lifecycle.py``), which answers locally from it. Whoever catches it owns ``hedged``:
+    (``edge/lifecycle.py``), which answers locally from it. Whoever catches it owns ``standby``:
     ``release`` cancels drafts it did not use."""
 
     def __init__(
@@ -91,7 +91,7 @@ class CloudFailed(ConnectionError):
         *,
         partial: ResultBuilder | None = None,
         written: list[t.Draft] | None = None,
-        hedged: asyncio.Task | None = None,
+        standby: asyncio.Task | None = None,
         t0: float = 0.0,
     ) -> None:
         super().__init__(failure_reason(exc))
@@ -106,13 +106,13 @@ class CloudFailed(ConnectionError):
         self.written = list(written or [])
         """Drafts that existed before the last session (an escalation's, or those written before a
         replay), each index once."""
-        self.hedged = hedged
-        """The cloud plan's local drafts under way (the hedge had started), else None."""
+        self.standby = standby
+        """The cloud plan's local drafts under way (the standby had started), else None."""
         self.t0 = t0
         """The run's clock (``time.perf_counter()`` at its start): its deadline counts from it."""
 
     async def release(self) -> None:
-        """Cancel the hedge's drafts if they are still being written (unused: no engine time for them)."""
-        if self.hedged is not None and not self.hedged.done():
-            self.hedged.cancel()
-            await asyncio.gather(self.hedged, return_exceptions=True)
+        """Cancel the standby's drafts if they are still being written (unused: no engine time for them)."""
+        if self.standby is not None and not self.standby.done():
+            self.standby.cancel()
+            await asyncio.gather(self.standby, return_exceptions=True)

@@ -52,9 +52,9 @@ def withdraw(run: Run, reason: str) -> None:
 async def answer_locally(pipe: EdgePipeline, request: ValidRequest, run: Run, failed: CloudFailed) -> EdgeResult:
     """The warm edge's answer to a cloud that failed mid-run (``failed``: what the run had), after the
     withdrawal: the best of the drafts written already (escalated, or before a replay), else of the
-    hedge's when they had started, else of a short round (past the deadline already: an answer, late
+    standby's when they had started, else of a short round (past the deadline already: an answer, late
     by at most ``LATE_DRAFT_S``). After streamed final text, only drafts that begin with it; when none
-    does, a round that continues it. The hedge's drafts unused are cancelled. A pipeline with no
+    does, a round that continues it. The standby's drafts unused are cancelled. A pipeline with no
     engine raises ``failed`` again after the withdrawal (the daemon's lifecycle loads one first)."""
     try:
         withdraw(run, failed.reason)
@@ -63,8 +63,8 @@ async def answer_locally(pipe: EdgePipeline, request: ValidRequest, run: Run, fa
         log.warning("cloud failed (%s): answering from local drafts", failed.reason)
         result, prefix = failed.partial, run.shown.final
         if not result.drafts:
-            hedged = failed.hedged if not prefix and not failed.written else None
-            result.drafts = list(failed.written) if failed.written else await hedged if hedged is not None else []
+            standby = failed.standby if not prefix and not failed.written else None
+            result.drafts = list(failed.written) if failed.written else await standby if standby is not None else []
         usable = [d for d in result.drafts if d.text.startswith(prefix)]
         if not usable:
             await failed.release()  # the engine drafts the continuation alone
@@ -277,7 +277,7 @@ class RequestLifecycle:
         return Decision(plan=plan, why=why, edge=state, choice=choice)
 
     def _local_reserve_s(self, d: Decision) -> float:
-        """How long before the deadline a cloud plan's local answer starts (0: no hedge)."""
+        """How long before the deadline a cloud plan's local answer starts (0: no standby)."""
         if d.plan is not Plan.CLOUD:
             return 0.0
         predicted = self.edge.planner.local_ms(task=self.task, size=self.size, n=self.request.sampling.n, edge=d.edge)

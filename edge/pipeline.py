@@ -1,6 +1,6 @@
 """The edge's request pipeline: draft locally, stream drafts over a cloud session, follow retry
 advice, replay a failed session on another replica; a cloud that still fails is reported as
-``CloudFailed`` with what the run had (its partial result, the drafts already written, the hedge's
+``CloudFailed`` with what the run had (its partial result, the drafts already written, the standby's
 drafts under way), and the lifecycle (``edge/lifecycle.py``) decides the local answer.
 
 Plans: ``split`` (drafts -> cloud verify + refine), ``edge`` (drafts + local
@@ -75,7 +75,7 @@ class Run:
         self.on_event(ev)
 
 
-class Hedge:
+class LocalStandby:
     """The cloud plan's local answer, drafted from ``reserve_s`` before the deadline on (the cloud that
     answers in time cancels it; one that does not leaves an answer ready at the deadline)."""
 
@@ -90,8 +90,8 @@ class Hedge:
         return await self._draft()
 
     def hand_over(self) -> asyncio.Task | None:
-        """The drafts under way, if they started, for the fallback to use or cancel (``CloudFailed.hedged``);
-        a hedge that has not started is cancelled by ``cancel`` now."""
+        """The drafts under way, if they started, for the fallback to use or cancel (``CloudFailed.standby``);
+        a standby that has not started is cancelled by ``cancel`` now."""
         self.handed = self.started
         return self.task if self.started else None
 
@@ -111,7 +111,7 @@ class EdgePipeline:
         self.stub = pb_grpc.CoinferCloudStub(channel) if channel is not None else None
         self.replays = replays
 
-    async def _replica_ready(self, wait_s: float = 2.0) -> bool:
+    async def replica_ready(self, wait_s: float = 2.0) -> bool:
         """Whether the balanced channel has a serving replica to replay on: READY (some subchannel is
         connected and healthy) or TRANSIENT_FAILURE (none is: answer locally now, do not wait for the
         deadline), waiting up to ``wait_s`` while it settles after the failure."""
@@ -128,7 +128,7 @@ class EdgePipeline:
                 break
         return False
 
-    async def _draft_round(
+    async def draft_round(
         self,
         task_prompt: str,
         s: Sampling,
@@ -226,7 +226,7 @@ class EdgePipeline:
         """One round of the request's drafts, not emitted (a fallback's: the local answer is sent whole),
         indexed from ``start``, continuing ``prefix``, ending by ``stop_at``."""
         prompt = self.engine.render(request.conversation)
-        return await self._draft_round(
+        return await self.draft_round(
             prompt, request.sampling, start=start, t0=t0, emit=_ignore, stop_at=stop_at, prefix=prefix
         )
 
@@ -298,7 +298,7 @@ class EdgePipeline:
         model_prompt = self.engine.render(request.conversation) if self.engine is not None else ""
         local_stop = t0 + deadline_s - LOCAL_FINISH_S  # local drafts end in time for the rules and the reply
         if run.plan is Plan.EDGE or self.stub is None:
-            result.drafts = await self._draft_round(
+            result.drafts = await self.draft_round(
                 model_prompt, s, start=0, t0=t0, emit=run.emit, stop_at=local_stop, prefix=run.shown.final
             )
             result.continue_with(result.drafts, run.shown.final)
@@ -306,15 +306,17 @@ class EdgePipeline:
             result.rounds = 1
             result.timings = {"drafting": (time.perf_counter() - t0) * 1e3, "total": (time.perf_counter() - t0) * 1e3}
             return result.freeze()
-        hedge = None
+        standby = None
         if run.plan is Plan.CLOUD and self.engine is not None and not run.drafts and run.local_reserve_s > 0:
-            hedge = Hedge(
-                lambda: self._draft_round(model_prompt, s, start=0, t0=t0, emit=_ignore, stop_at=local_stop),
+            standby = LocalStandby(
+                lambda: self.draft_round(model_prompt, s, start=0, t0=t0, emit=_ignore, stop_at=local_stop),
                 max(0.0, deadline_s - run.local_reserve_s),
             )
         try:
-            remote = Remote(pipe=self, request=request, req=req, run=run, model_prompt=model_prompt, t0=t0, hedge=hedge)
+            remote = Remote(
+                pipe=self, request=request, req=req, run=run, model_prompt=model_prompt, t0=t0, standby=standby
+            )
             return (await remote.solve(result)).freeze()
         finally:
-            if hedge is not None:
-                await hedge.cancel()  # unless CloudFailed carries its drafts: the fallback's to use or cancel
+            if standby is not None:
+                await standby.cancel()  # unless CloudFailed carries its drafts: the fallback's to use or cancel

@@ -23,7 +23,7 @@ from coinfer.types import Plan
 from coinfer.v1 import coinfer_pb2 as pb
 
 if TYPE_CHECKING:
-    from coinfer.edge.pipeline import EdgePipeline, Hedge, OnEvent, Run
+    from coinfer.edge.pipeline import EdgePipeline, LocalStandby, OnEvent, Run
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +74,10 @@ class Remote:
         run: Run,
         model_prompt: str,
         t0: float,
-        hedge: Hedge | None,
+        standby: LocalStandby | None,
     ) -> None:
         self.pipe, self.request, self.req, self.run, self.model_prompt = pipe, request, req, run, model_prompt
-        self.t0, self.hedge = t0, hedge
+        self.t0, self.standby = t0, standby
 
     async def solve(self, result: ResultBuilder) -> ResultBuilder:
         run, drafts = self.run, self.run.drafts
@@ -85,7 +85,7 @@ class Remote:
             async with asyncio.timeout(run.deadline_s):
                 while True:
                     left = max(0.1, run.deadline_s - (time.perf_counter() - self.t0))
-                    # no wait_for_ready on a replay: _replica_ready saw a READY replica; if it is gone by
+                    # no wait_for_ready on a replay: replica_ready saw a READY replica; if it is gone by
                     # now the call fails fast (and may replay again) instead of waiting out the deadline
                     try:
                         if run.plan is Plan.CLOUD:
@@ -95,7 +95,7 @@ class Remote:
                         if (
                             len(result.replays) >= self.pipe.replays
                             or not replayable(exc)
-                            or not await self.pipe._replica_ready()
+                            or not await self.pipe.replica_ready()
                         ):
                             raise
                         drafts = prepare_replay(failure_reason(exc), result, run) or drafts
@@ -103,8 +103,8 @@ class Remote:
             if isinstance(exc, grpc.aio.AioRpcError) and request_fault(exc):
                 # the request itself is wrong: falling back would hide it; the cloud's ErrorInfo names the field
                 raise from_rpc(exc) from None
-            hedged = self.hedge.hand_over() if self.hedge is not None else None
-            raise CloudFailed(exc, partial=result, written=drafts, hedged=hedged, t0=self.t0) from exc
+            standby = self.standby.hand_over() if self.standby is not None else None
+            raise CloudFailed(exc, partial=result, written=drafts, standby=standby, t0=self.t0) from exc
 
     async def _split(self, deadline_s: float, result: ResultBuilder, written: list[t.Draft] | None) -> ResultBuilder:
         call = self.pipe.stub.Session(timeout=deadline_s)
@@ -247,7 +247,7 @@ class SplitSession:
             for d in drafts:
                 await self.write(pb.EdgeMessage(draft=convert.to_pb(d, pb.Draft)))
         else:
-            drafts = await self.pipe._draft_round(
+            drafts = await self.pipe.draft_round(
                 self.task_prompt,
                 sampling,
                 start=start,
@@ -273,7 +273,7 @@ class SplitSession:
             frequency_penalty=0.0,
             max_new_tokens=min(sampling.max_new_tokens, ask.max_new_tokens or sampling.max_new_tokens),
         )
-        drafts = await self.pipe._draft_round(
+        drafts = await self.pipe.draft_round(
             self.task_prompt,
             s,
             start=self.next_index(),

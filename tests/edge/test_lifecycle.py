@@ -346,7 +346,7 @@ async def test_the_pipeline_reports_a_failed_cloud_with_what_the_run_had(tmp_pat
     finally:
         await server.stop(None)
     failed = err.value
-    assert (failed.kind, failed.status, failed.hedged) == (FallbackKind.TRANSPORT, "INTERNAL", None)
+    assert (failed.kind, failed.status, failed.standby) == (FallbackKind.TRANSPORT, "INTERNAL", None)
     assert [d.index for d in failed.written] == [0, 1, 2] and len(failed.partial.replays) == 1
     assert [d.index for d in failed.partial.drafts] == [0, 1, 2] and failed.partial.answer == ""
     assert run.shown.text == "Blue light" and core.engine.prompts == [
