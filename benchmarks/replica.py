@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from coinfer.cloud.config import EngineConfig
 from scenarios.replicas import free_ports
 
 CLOUD_CORE = 0
@@ -118,14 +119,19 @@ class ReplayDrafts:
     def __getattr__(self, name: str):  # render, encode, runs, providers, lm, ...: the real engine's
         return getattr(self.real, name)
 
-    def generate(self, prompt: str, s, on_draft=None, cancelled=None, greedy: int = 0) -> list:
-        key = (prompt, tuple(sorted(dataclasses.asdict(s).items(), key=lambda kv: kv[0])).__repr__(), greedy)
+    def generate(self, prompt: str, s, on_draft=None, cancelled=None, greedy: int = 0, greedy_tokens: int = 0) -> list:
+        key = (
+            prompt,
+            tuple(sorted(dataclasses.asdict(s).items(), key=lambda kv: kv[0])).__repr__(),
+            greedy,
+            greedy_tokens,
+        )
         with self._lock:
             drafts = self.recorded.get(key)
         if drafts is None:
             if not self.recording:
                 self.misses += 1
-            drafts = self.real.generate(prompt, s, on_draft, cancelled, greedy)
+            drafts = self.real.generate(prompt, s, on_draft, cancelled, greedy, greedy_tokens)
             with self._lock:
                 self.recorded[key] = drafts
             return drafts
@@ -180,6 +186,9 @@ async def vllm_server(model: Path, log_dir: Path, max_len: int, dtype: str = "au
             "0",
             "--max-model-len",
             str(max_len),
+            # the prefix cache's granularity as coinfer's engine has it (EngineConfig.block_size): the same cache
+            "--block-size",
+            str(EngineConfig().block_size),
             *(("--speculative-config", json.dumps(speculative)) if speculative else ()),
         ],
         log_dir,

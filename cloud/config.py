@@ -33,6 +33,12 @@ class EngineConfig:
     (never the path: a client must not learn the server's filesystem)."""
     max_num_seqs: int = bounded(64, ge=1)
     """Most sequences one engine step batches (continuous batching across sessions)."""
+    block_size: int = bounded(32, ge=16, le=256)
+    """Tokens per KV-cache block: the prefix cache's granularity (a block is reused only when full). Exact split
+    re-reads the prompt and the answer so far at every check of a draft and at the target's own continuation: in
+    vLLM-CPU's default 128-token blocks a short chat's prompt and answer never fill one, and every check
+    recomputed them (SmolLM2, 64 open prompts: 296 positions scored per answer, docs/measurements.md, "Exact
+    split"). vLLM-CPU prefers multiples of 32; GPUs take 16 or 32."""
     kv_cache_gib: float = bounded(1.0, gt=0)
     """CPU KV cache size (VLLM_CPU_KVCACHE_SPACE); ignored on GPU."""
     gpu_memory_utilization: float = bounded(0.85, gt=0, le=1)

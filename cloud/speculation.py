@@ -191,9 +191,10 @@ async def speculate(
         checked = await check_round(engine, w.ids, drafts, f"{request_id}-s{n}")
         if cost is not None:
             cost.draft_tokens_offered += checked.offered
-            cost.draft_tokens_accepted += checked.accepted
         chunks = w.run(checked.tokens, checked.accepted)
         for c in chunks:
+            if cost is not None:  # counted as the answer takes them (a caller may stop reading: a loop cut)
+                cost.draft_tokens_accepted += c.accepted
             yield c
         n += 1
         if w.finish is not None or more is None or not chunks:

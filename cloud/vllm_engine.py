@@ -61,6 +61,7 @@ def engine_args(cfg: EngineConfig) -> dict:
         seed=cfg.seed,
         disable_log_stats=True,
         enable_prefix_caching=True,
+        block_size=cfg.block_size,
         tensor_parallel_size=cfg.tensor_parallel_size,
         data_parallel_size=cfg.data_parallel_size,
         speculative_config=(

@@ -136,12 +136,14 @@ class OrtDraftEngine:
         on_draft: Callable[[DraftResult], None] | None = None,
         cancelled: Callable[[], bool] | None = None,
         greedy: int = 0,
+        greedy_tokens: int = 0,
     ) -> list[DraftResult]:
         """Write ``s.n`` drafts for ``prompt``: model input text (``render`` of a conversation).
         ``cancelled()`` true stops drafting (the request's deadline, or its consumer gone): the drafts
         still being written are finished there as "length" (truncated), not dropped. The first ``greedy``
         drafts are written greedily and unpenalised (the draft model's argmax: what an exact check of a
-        greedy answer takes most of), the others with ``s``."""
+        greedy answer takes most of), the others with ``s``; ``greedy_tokens`` (0: ``s``'s budget) ends those
+        greedy drafts sooner, so that they reach the cloud's check while the others are still being written."""
         t0 = time.perf_counter()
         prompt_ids = self.encode(prompt)
         budget = min(s.max_new_tokens, self.max_positions - len(prompt_ids))
@@ -180,7 +182,8 @@ class OrtDraftEngine:
                 stopped = tok in self.eos_ids or (
                     s.stop and any(st in self.tokenizer.decode(tokens[i][-16:]) for st in s.stop)
                 )
-                if stopped or step == budget - 1:
+                short = i < greedy and 0 < greedy_tokens == step + 1
+                if stopped or step == budget - 1 or short:
                     finish(i, "stop" if stopped else "length")
                 else:
                     keep.append(row)

@@ -140,12 +140,14 @@ class EdgePipeline:
         prefix: str = "",
         greedy: int = 0,
         continues: int = 0,
+        greedy_tokens: int = 0,
     ) -> list[t.Draft]:
         """Write ``s.n`` drafts in a worker thread; ``emit`` each one on the loop as it finishes. At
         ``stop_at`` (``time.perf_counter()``) the drafts still being written end there, truncated: the
         request's deadline bounds drafting (192 tokens took 3.4 s here against a 3 s deadline).
         ``prefix``: answer text the drafts continue (each draft's text begins with it); ``greedy``: the first
-        so many are written greedily (``Draft.greedy``); ``continues``: the ``DraftFrom`` round they answer."""
+        so many are written greedily (``Draft.greedy``), ending after ``greedy_tokens`` (0: the round's budget);
+        ``continues``: the ``DraftFrom`` round they answer."""
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[DraftResult | None] = asyncio.Queue()
         stop = False
@@ -161,6 +163,7 @@ class EdgePipeline:
                 on_draft=lambda d: loop.call_soon_threadsafe(q.put_nowait, d),
                 cancelled=cancelled,
                 greedy=greedy,
+                greedy_tokens=greedy_tokens,
             ),
         )
         job.add_done_callback(lambda _: q.put_nowait(None))  # done callbacks run on the loop: after every draft

@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+GREEDY_DRAFT_TOKENS = 32
+"""The first round's greedy draft ends after this many tokens (``Draft.greedy``): the cloud checks it while the
+round's other drafts are still being written, and asks for its continuation (``DraftFrom``) where it takes it.
+About what a check takes of SmolLM2's INT8 greedy drafts for its float model (docs/measurements.md, "Exact
+split": a 96-token draft was taken 33% on average, its rejected tail scored for nothing)."""
 SPLIT_VERIFY_RESERVE_S = 0.5
 """Split drafting stops this long (at most 15% of it) before the cloud's deadline: its verification."""
 
@@ -239,7 +244,7 @@ class SplitSession:
 
     async def round(self, sampling: Sampling, start: int, greedy: int = 0) -> None:
         """One round of drafts, each sent as it is written, then its end (``greedy``: the first so many written
-        greedily, ``Draft.greedy``)."""
+        greedily, ``Draft.greedy``, and short: ``GREEDY_DRAFT_TOKENS``)."""
         t_r = time.perf_counter()
         if self.written and start == 0:  # escalated or replayed: the drafts exist, send them as they are
             drafts = list(self.written)
@@ -255,6 +260,7 @@ class SplitSession:
                 emit=self._send,
                 stop_at=self.stop_at,
                 greedy=greedy,
+                greedy_tokens=GREEDY_DRAFT_TOKENS if greedy else 0,
             )
             # drafted rounds only: sending drafts that exist waits for the session's acceptance (a
             # round trip the planner's transfer term holds), which is no drafting

@@ -59,7 +59,7 @@ class Drafts:
     def render(self, messages) -> str:
         return f"User: {messages[-1].content}\nAssistant:"
 
-    def generate(self, prompt, s, on_draft=None, cancelled=None, greedy=0) -> list[DraftResult]:
+    def generate(self, prompt, s, on_draft=None, cancelled=None, greedy=0, greedy_tokens=0) -> list[DraftResult]:
         self.prompts.append(prompt)
         text = CONTINUED if prompt.endswith("".join(STREAMED)) else ALONE
         out = [DraftResult(i, text, [1] * 5, -0.1 * (i + 1), 1.0, "stop") for i in range(s.n)]

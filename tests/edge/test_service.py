@@ -254,7 +254,7 @@ class LocalDrafts:
     def render(self, messages) -> str:
         return messages[-1].content
 
-    def generate(self, prompt, s, on_draft=None, cancelled=None, greedy=0) -> list[DraftResult]:
+    def generate(self, prompt, s, on_draft=None, cancelled=None, greedy=0, greedy_tokens=0) -> list[DraftResult]:
         out = [DraftResult(i, "3+5=8; answer 8", [1] * 10, -0.1, 1.0, "stop") for i in range(s.n)]
         for d in out:
             on_draft(d)
