@@ -26,6 +26,33 @@ CONV = [
 ]
 
 
+@pytest.fixture(scope="module")
+async def likelihood_cloud(cloud):
+    """A cloud whose open requests are judged by the likelihood threshold (``PolicyConfig.verifier`` "likelihood":
+    it may change the answer), over the session's one vLLM engine."""
+    import dataclasses
+
+    from coinfer.cloud.server import create_server
+
+    cfg = dataclasses.replace(cloud.cfg, policy=dataclasses.replace(cloud.cfg.policy, verifier="likelihood"))
+    srv = await create_server(cfg, cloud.core.engine)
+    yield srv
+    await srv.stop(grace=1.0, close_engine=False)
+
+
+@pytest.fixture
+async def likelihood_channel(likelihood_cloud):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{likelihood_cloud.port}") as ch:
+        yield ch
+
+
+@pytest.fixture
+def likelihood_stub(likelihood_channel):
+    from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
+
+    return pb_grpc.CoinferCloudStub(likelihood_channel)
+
+
 def _problem(seed: int = 3) -> wordprob.WordProblem:
     return next(wordprob.problems(random.Random(seed), held_out=True))
 
@@ -40,7 +67,8 @@ async def _session(stub, req: t.OpenRequest, drafts: list[str]) -> list:
     return [convert.event_from_pb(m) async for m in stub.Session(gen(), timeout=120)]
 
 
-async def test_open_session_verifies_extracts_and_answers(stub):
+async def test_open_session_verifies_extracts_and_answers(likelihood_stub):
+    stub = likelihood_stub
     p = _problem()
     wrong = wordprob.corrupt(p.solution, random.Random(1))
     req = t.OpenRequest(
@@ -69,7 +97,22 @@ async def test_open_session_verifies_extracts_and_answers(stub):
     assert any(k in summary.trace for k in keys)
 
 
-async def test_likelihood_threshold_can_say_no(stub):
+async def test_exact_verification_answers_what_the_cloud_plan_writes_and_counts_the_draft_tokens_it_took(stub):
+    p = _problem()
+    req = t.OpenRequest("open-x", "", p.prompt, [Rule("arithmetic")], extraction=Extraction("marker"))
+    alone = [
+        convert.event_from_pb(m) async for m in stub.Generate(pb.GenerateRequest(problem=convert.problem_to_pb(req)))
+    ]
+    events = await _session(stub, req, [alone[-1].answer])  # a draft that is the target's own answer
+    summary = events[-1]
+    assert summary.refine_mode == "exact" and summary.answer == alone[-1].answer
+    assert summary.cost.draft_tokens_accepted == summary.cost.draft_tokens_offered > 0
+    # the check's own next token, and the end of turn where the draft's was not taken: nothing more decoded
+    assert summary.cost.decoded_tokens <= 2 and summary.cost.decoded_tokens < len(summary.answer.split())
+
+
+async def test_likelihood_threshold_can_say_no(likelihood_stub):
+    stub = likelihood_stub
     p = _problem(5)
     req = t.OpenRequest("open-2", "", p.prompt, extraction=Extraction("marker"))
     gibberish = "zebra quantum " * 6 + "\nAnswer: 3"
@@ -134,12 +177,12 @@ async def test_status_names_the_model_not_its_path(stub, cloud):
     assert st.model == "target" and "/" not in st.model
 
 
-async def test_split_over_int8_edge_for_a_word_problem(int8_draft, channel):
+async def test_split_over_int8_edge_for_a_word_problem(int8_draft, likelihood_channel):
     """Draft tokenizer (edge) and target tokenizer (cloud) are separate models' own; drafts travel as text."""
     from coinfer.edge.draft_engine import OrtDraftEngine
 
     edge = OrtDraftEngine(int8_draft)
-    pipe = EdgePipeline(edge, channel)
+    pipe = EdgePipeline(edge, likelihood_channel)
     p = _problem(7)
     res = await pipe.solve(
         "",
