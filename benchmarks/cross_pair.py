@@ -1,7 +1,7 @@
 """A draft and a target that share no tokenizer (issue 37 item 3): SmolLM2-135M-Instruct INT8 drafting on
 the edge and Gemma 3 270M (base, with ``deploy/chat_templates/gemma.jinja``) verifying and refining on the
 cloud's vLLM, and the reverse where the Gemma 3 INT8 edge build is asked for, each plan asked through the
-openai SDK on the real-model request set (``benchmarks.capacity.REAL_PROMPTS``).
+openai SDK on open prompts (``benchmarks.open_prompts``).
 
 Usage::
 
@@ -37,7 +37,8 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.capacity import REAL_MAX_TOKENS, REAL_PROMPTS
+from benchmarks.capacity import REAL_MAX_TOKENS
+from benchmarks.open_prompts import OPEN_PROMPTS
 from benchmarks.replica import CLOUD_CORE
 from coinfer.cloud.judging import NOT_SCORED
 
@@ -324,6 +325,24 @@ def goals(lines: list[dict]) -> dict[str, dict]:
     return res
 
 
+def exactness(rows: list[Row]) -> dict[str, dict]:
+    """Per direction: of the prompts both split and the cloud plan answered (greedy), how many split answered word
+    for word as the cloud plan did (exact verification), and the share of the draft tokens it checked that it took."""
+    out = {}
+    for direction in dict.fromkeys(r.direction for r in rows):
+        cloud = {(r.prompt, r.stream): r.text for r in rows if r.direction == direction and r.plan == "cloud"}
+        split = [r for r in rows if r.direction == direction and r.plan == "split" and (r.prompt, r.stream) in cloud]
+        offered = sum(r.offered for r in split)
+        out[direction] = {
+            "compared": len(split),
+            "split_equals_cloud": sum(r.text == cloud[(r.prompt, r.stream)] for r in split),
+            "draft_tokens_offered": offered,
+            "draft_tokens_taken": sum(r.taken for r in split),
+            "taken_share": round(sum(r.taken for r in split) / offered, 3) if offered else None,
+        }
+    return out
+
+
 def table(lines: list[dict]) -> str:
     head = (
         f"{'direction':16} {'plan':6} {'n':>3} {'ok':>3} {'fb':>3} {'p50 s':>7} {'p90 s':>7} {'accept':>7} "
@@ -362,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.cross_pair", description=__doc__.split("\n\n")[0])
     ap.add_argument("--directions", nargs="+", choices=list(DIRECTIONS), default=["smollm2-gemma3"])
     ap.add_argument("--plans", nargs="+", choices=PLANS, default=list(PLANS))
-    ap.add_argument("--prompts", type=int, default=4, help="requests per plan (the real-model set, in order)")
+    ap.add_argument("--prompts", type=int, default=4, help="requests per plan (benchmarks.open_prompts, in order)")
     ap.add_argument("--max-tokens", type=int, default=REAL_MAX_TOKENS)
     ap.add_argument(
         "--max-retries",
@@ -381,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in ("vllm", "coinfer"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    prompts = (REAL_PROMPTS * (args.prompts // len(REAL_PROMPTS) + 1))[: args.prompts]
+    prompts = (OPEN_PROMPTS * (args.prompts // len(OPEN_PROMPTS) + 1))[: args.prompts]
     rows: list[Row] = []
     for direction in args.directions:
         policy = {} if args.max_retries is None else {"max_retries": args.max_retries}
@@ -395,8 +414,20 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{direction}: every request answered: {g['all_answered']}; split p50 / cloud p50 = {g['split_over_cloud_p50']} (goal <= {SPLIT_GOAL})"
         )
+    exact = exactness(rows)
+    for direction, e in exact.items():
+        print(
+            f"{direction}: split = cloud plan word for word on {e['split_equals_cloud']} of {e['compared']}; "
+            f"draft tokens taken {e['draft_tokens_taken']} of {e['draft_tokens_offered']} checked"
+        )
     if args.json:
-        out = {"pinned": args.pin, "table": lines, "goals": met, "rows": [asdict(r) for r in rows]}
+        out = {
+            "pinned": args.pin,
+            "table": lines,
+            "goals": met,
+            "exactness": exact,
+            "rows": [asdict(r) for r in rows],
+        }
         args.json.write_text(json.dumps(out, indent=2))
     return 0 if all(g["all_answered"] for g in met.values()) else 1
 
