@@ -3,7 +3,8 @@
 The server is probed every ``EngineConfig.probe_period_s``: its ``/health`` (vLLM's: 503 once its engine core
 died), then its ``/metrics`` (its scheduler's load: ``ServerLoad``). A probe refused or failed turns the watch
 down at once; one not answered within ``probe_timeout_s`` too, unless a request of this replica's got output
-from the server meanwhile (busy, not hung: a loaded API server answers its probe late). A server that answers
+from the server while the probe waited (busy, not hung: a loaded API server answers its probe late; output
+from before the probe proves nothing of now: a server frozen just after it was taken for busy once, 5.7 s). A server that answers
 again is checked to be the same model (``identify``: it may have come back serving another) before the watch
 turns up. Each turn wakes ``changed``'s waiter: the cloud server's heartbeat, which sets the replica's health.
 A request that lost its connection asks for a probe at once (``poke``) rather than turning the watch down
@@ -84,8 +85,8 @@ class ServerWatch:
                 async with asyncio.timeout(self.cfg.probe_timeout_s * 10):
                     await self.identify()
         except TimeoutError:
-            if self.last_output() > t0 - self.cfg.probe_timeout_s:
-                return  # answering this replica's requests: busy, not hung
+            if self.last_output() >= t0:
+                return  # answered this replica's requests while the probe waited: busy, not hung
             self._turn(False, f"engine: the vLLM server did not answer within {self.cfg.probe_timeout_s:g} s")
         except (Unavailable, WrongServer) as exc:
             self._turn(False, str(exc))

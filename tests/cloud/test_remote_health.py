@@ -25,12 +25,15 @@ class Scripted:
         self.mode = "up"
         self.identified = 0
         self.wrong = False
+        self.busy = False
         self.last_output = 0.0
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
         if self.mode == "down":
             raise httpx.ConnectError("All connection attempts failed")
         if self.mode == "hung":
+            if self.busy:  # the server's answers to this replica's requests go on while the probe waits
+                self.last_output = time.monotonic()
             await asyncio.Event().wait()
         if self.mode == "503":
             return httpx.Response(503)
@@ -83,8 +86,8 @@ def test_a_late_probe_is_busy_where_requests_get_output_and_hung_where_none_do(b
     async def main() -> bool:
         w = server.watch()
         w.up = True
-        server.mode = "hung"
-        server.last_output = time.monotonic() if busy else 0.0
+        server.last_output = time.monotonic()  # output just before the probe: proves nothing of now
+        server.mode, server.busy = "hung", busy
         await w.probe()  # virtual time: the 0.5 s timeout fires at once, whatever the machine's load
         return w.up
 
