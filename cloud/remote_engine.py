@@ -45,13 +45,17 @@ from coinfer.cloud import remote_http
 from coinfer.cloud.config import EngineConfig
 from coinfer.cloud.engine import Chunk, EngineStats, GenParams, current_cost
 from coinfer.cloud.remote_health import ServerWatch
-from coinfer.cloud.remote_http import ServerGone, ServerLoad, WrongServer
+from coinfer.cloud.remote_http import KeyRefused, ServerLoad, WrongServer
 from coinfer.cloud.vllm_common import TokenizingEngine, tie_nats, top2, vllm_temperature
 from coinfer.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
 COMPLETIONS = "/v1/completions"
+SESSION_HEADER = "x-coinfer-session"
+"""Sent with every request of one session, the same value for all of them: a router in front of a fleet that
+routes by it (vLLM production-stack's ``routerSpec.sessionKey``) sends a session's requests to one server, whose
+prefix cache then holds its prompt for the next (scoring, the exact checks and the answer share it)."""
 PROBE_TEXT = "coinfer probe: 12+34=46; naïve café, 東京 🙂\n\tdef f(x): return x**2\n\n  Done."
 """Tokenized by the server and here at start: digits, accents, CJK, an emoji, tabs and runs of spaces, where
 tokenizers of different models part (and the tokenizer's eos text after it: special tokens read alike)."""
@@ -157,6 +161,11 @@ class RemoteEngine(TokenizingEngine):
     def max_model_len(self) -> int:
         return self._max_len
 
+    @property
+    def watch(self) -> ServerWatch | None:
+        """The server's health watch (None before ``start``)."""
+        return self._watch
+
     # ---- requests ------------------------------------------------------------------------------------
     def _sampling(self, p: GenParams, room: int) -> dict:
         """A completion request's sampling, every field given: the server's defaults (its model's generation
@@ -182,13 +191,15 @@ class RemoteEngine(TokenizingEngine):
         if self._watch is None or not self._watch.up:
             raise Unavailable(self._watch.why if self._watch else "engine: not started")
         body = {"model": self._model, "prompt": ids, "return_token_ids": True, **body}
+        cost, cached, seen = current_cost(), 0, False
+        # the session's one cost counter names it (``metered``: one per session, shared by its parts' tasks)
+        headers = {SESSION_HEADER: f"{id(cost):x}"} if cost is not None else None
         if body.get("stream"):
             body["stream_options"] = {"include_usage": True}
-            events = remote_http.stream(self._http, COMPLETIONS, body)
+            events = remote_http.stream(self._http, COMPLETIONS, body, headers)
         else:
-            events = _once(lambda: remote_http.post(self._http, COMPLETIONS, body))
+            events = _once(lambda: remote_http.post(self._http, COMPLETIONS, body, headers))
         self._running += 1
-        cost, cached, seen = current_cost(), 0, False
         per_sample: dict[int, int] = {}
         try:
             async with contextlib.aclosing(events) as outs:
@@ -199,7 +210,10 @@ class RemoteEngine(TokenizingEngine):
                         per_sample[c["index"]] = per_sample.get(c["index"], 0) + len(c.get("token_ids") or ())
                     cached = max(cached, _cached(out.get("usage")))
                     yield out
-        except (ServerGone, Unavailable):
+        except KeyRefused as exc:
+            self._watch.fail(exc.message)
+            raise
+        except Unavailable:  # a lost connection (ServerGone), a server's failure: is it still there?
             self._watch.poke()
             raise
         finally:

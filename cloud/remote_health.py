@@ -62,6 +62,11 @@ class ServerWatch:
         """Probe now (a request lost its connection, or failed on the server)."""
         self._poke.set()
 
+    def fail(self, why: str) -> None:
+        """Down now, whatever ``/health`` says (the server refused this replica's key: ``/health`` asks for none);
+        up again once a probe finds the server checked as at start (``identify``, which sends the key)."""
+        self._turn(False, why)
+
     async def changed(self) -> None:
         """Returns once ``up`` has turned since the last call returned."""
         await self._changed.wait()

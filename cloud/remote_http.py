@@ -37,6 +37,10 @@ class WrongServer(Exception):
     never used, whatever it answers."""
 
 
+class KeyRefused(Unavailable):
+    """The server refuses this replica's API key: every request would fail alike until the key is fixed."""
+
+
 class ServerGone(Unavailable):
     """The connection to the server failed (refused, reset, timed out): the server is down, restarting or
     unreachable, not one request's problem."""
@@ -89,7 +93,7 @@ def refused(status: int, body: bytes) -> Exception:
     """The error for a server's answer ``status`` (not 2xx)."""
     msg = _message(body)
     if status in (401, 403):  # the whole replica's problem, not the request's
-        return Unavailable(f"engine: the vLLM server refused this replica's API key ({status}): {msg}")
+        return KeyRefused(f"engine: the vLLM server refused this replica's API key ({status}): {msg}")
     if status == 404:  # another model (or none) behind the URL now: the health watch checks it again
         return ServerGone(f"engine: the vLLM server does not serve the target ({status}): {msg}")
     if status in (400, 422):
@@ -101,10 +105,10 @@ def gone(exc: httpx.TransportError) -> ServerGone:
     return ServerGone(f"engine: the vLLM server is unreachable ({type(exc).__name__}: {str(exc)[:ERROR_CHARS]})")
 
 
-async def post(http: httpx.AsyncClient, path: str, body: dict) -> dict:
+async def post(http: httpx.AsyncClient, path: str, body: dict, headers: dict | None = None) -> dict:
     """A non-streamed request's JSON answer."""
     try:
-        r = await http.post(path, json=body)
+        r = await http.post(path, json=body, headers=headers)
     except httpx.TransportError as exc:
         raise gone(exc) from None
     if r.status_code != 200:
@@ -112,11 +116,11 @@ async def post(http: httpx.AsyncClient, path: str, body: dict) -> dict:
     return r.json()
 
 
-async def stream(http: httpx.AsyncClient, path: str, body: dict) -> AsyncIterator[dict]:
+async def stream(http: httpx.AsyncClient, path: str, body: dict, headers: dict | None = None) -> AsyncIterator[dict]:
     """A streamed request's server-sent events, each parsed; the response (and so the request on the server)
     closed when the caller stops reading."""
     try:
-        async with http.stream("POST", path, json=body) as r:
+        async with http.stream("POST", path, json=body, headers=headers) as r:
             if r.status_code != 200:
                 raise refused(r.status_code, await r.aread())
             async for line in r.aiter_lines():

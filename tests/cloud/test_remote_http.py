@@ -11,7 +11,7 @@ import pytest
 
 from coinfer.cloud import remote_http
 from coinfer.cloud.config import EngineConfig
-from coinfer.cloud.remote_http import ServerGone, ServerLoad, refused, server_load
+from coinfer.cloud.remote_http import KeyRefused, ServerGone, ServerLoad, refused, server_load
 from coinfer.errors import InvalidArgument, Unavailable
 
 METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -36,7 +36,7 @@ def test_the_load_is_summed_over_the_servers_engines_and_the_cache_is_the_fulles
     "status, kind, said",
     [
         (400, InvalidArgument, "refused the request (400): bad"),  # the request's own fault
-        (401, Unavailable, "API key"),  # the replica's: every request would fail alike
+        (401, KeyRefused, "API key"),  # the replica's: every request would fail alike
         (404, ServerGone, "does not serve the target"),  # another model behind the URL now
         (500, Unavailable, "failed the request (500): bad"),
         (503, Unavailable, "(503)"),
