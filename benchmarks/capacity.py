@@ -11,7 +11,10 @@ prefix caching on, eager mode, 64 sequences a step:
 - ``split``, ``cloud``, ``auto``: coinfer's cloud service (``python -m coinfer.cloud.server``) behind an
   edge core in this process (``coinfer.edge.service.EdgeCore``: planner, breaker, pipeline, rules);
 - ``vllm-greedy``: vLLM's own OpenAI server on the target, greedy, streamed, the cloud's answer budget;
-- ``vllm-best-of-5``: the same server, ``n=5`` at temperature 0.7, majority vote on the extracted answer.
+- ``vllm-best-of-5``: the same server, ``n=5`` at temperature 0.7, majority vote on the extracted answer;
+- ``split-remote``, ``cloud-remote`` (only when named in ``--systems``): coinfer's plans with the cloud service in
+  front of vLLM's own OpenAI server (``--engine.url``: ``coinfer.cloud.remote_engine``), both on the replica's
+  core; its CPU is both servers' processes, each under its server's name (``coinfer/python``: the session layer).
 
 The edges' drafts are the real INT8 draft model's (ONNX Runtime), written once per request in a
 recording pass before the load (``benchmarks.replica.ReplayDrafts``) and replayed under load at the times the draft model
@@ -62,10 +65,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.load_stats import Step, arrivals, pct, summary
-from benchmarks.replica import CLOUD_CORE, NGRAM_SPECULATION, Server, coinfer_stack, vllm_server
+from benchmarks.replica import CLOUD_CORE, NGRAM_SPECULATION, Server, ServerGroup, coinfer_stack, vllm_server
 
 SYSTEMS = ("split", "cloud", "auto", "vllm-greedy", "vllm-ngram", "vllm-best-of-5")
+"""What a run measures unless ``--systems`` says otherwise."""
 COINFER_SYSTEMS = ("split", "cloud", "auto")
+REMOTE_SYSTEMS = ("split-remote", "cloud-remote")
+"""coinfer's plans over the remote engine (``coinfer.cloud.remote_engine``): the cloud service with ``--engine.url``,
+the target on vLLM's own OpenAI server, both on the replica's core (asked for by name)."""
+REMOTE = "-remote"
 DEMO_KINDS = ("arith", "select", "words")
 REAL = "real-open"
 WORKLOADS = (*DEMO_KINDS, REAL)
@@ -446,26 +454,58 @@ async def _coinfer_systems(
     max_len: int,
     dtype: str,
 ) -> None:
-    deadline_ms = int(args.deadline_s * 1e3)
     async with coinfer_stack(model, draft, log_dir, max_len, dtype) as (srv, core, drafts):
-        for wl in wls:
-            slo.setdefault(wl, args.slo_s)  # no vLLM greedy run to derive it from: the given SLO
-            for system in [s for s in COINFER_SYSTEMS if s in args.systems]:
+        systems = [s for s in COINFER_SYSTEMS if s in args.systems]
+        await _coinfer_plans(systems, wls, reqs, args, srv, core, drafts, slo, out, progress)
 
-                async def ask(r: Request, rid: str, plan=system) -> Result:
-                    return await ask_coinfer(core, r, plan, rid, deadline_ms)
 
-                drafts.recording = True  # every request once, alone: its drafts recorded, the planner warmed
-                base = await unloaded(ask, reqs[wl], srv, f"{wl}/{system}")
-                drafts.recording = False
-                progress(
-                    f"{wl}/{system}: unloaded (recording) p50 {base.p50_s:.3f} s, "
-                    f"{base.cpu_per_answer:.3f} CPU-s/answer, accuracy {base.accuracy}"
-                )
-                misses = drafts.misses
-                out.setdefault(wl, {})[system] = await measure(
-                    ask, reqs[wl], base, slo[wl], args, srv, f"{wl}/{system}", progress
-                ) | {"draft_misses": drafts.misses - misses}
+async def _remote_systems(
+    wls: list[str],
+    reqs: dict,
+    args,
+    model: Path,
+    draft: Path,
+    log_dir: Path,
+    slo: dict,
+    out: dict,
+    progress,
+    max_len: int,
+    dtype: str,
+) -> None:
+    """coinfer's plans over the remote engine: vLLM's OpenAI server (its prefix-cache hits in its usage, which the
+    cost counts read) and the cloud service in front of it, measured together."""
+    details = ("--enable-prompt-tokens-details",)
+    async with vllm_server(model, log_dir, max_len, dtype, extra=details) as (vllm, _, _):
+        async with coinfer_stack(model, draft, log_dir, max_len, dtype, engine_url=vllm.url) as (srv, core, drafts):
+            systems = [s for s in REMOTE_SYSTEMS if s in args.systems]
+            replica = ServerGroup(coinfer=srv, vllm=vllm)
+            await _coinfer_plans(systems, wls, reqs, args, replica, core, drafts, slo, out, progress)
+
+
+async def _coinfer_plans(
+    systems: list[str], wls: list[str], reqs: dict, args, srv, core, drafts, slo: dict, out: dict, progress
+) -> None:
+    """Each of coinfer's ``systems`` (a plan, over the remote engine where it ends in ``REMOTE``) on each workload:
+    an unloaded pass that records the drafts, then the measurement."""
+    deadline_ms = int(args.deadline_s * 1e3)
+    for wl in wls:
+        slo.setdefault(wl, args.slo_s)  # no vLLM greedy run to derive it from: the given SLO
+        for system in systems:
+
+            async def ask(r: Request, rid: str, plan=system.removesuffix(REMOTE)) -> Result:
+                return await ask_coinfer(core, r, plan, rid, deadline_ms)
+
+            drafts.recording = True  # every request once, alone: its drafts recorded, the planner warmed
+            base = await unloaded(ask, reqs[wl], srv, f"{wl}/{system}")
+            drafts.recording = False
+            progress(
+                f"{wl}/{system}: unloaded (recording) p50 {base.p50_s:.3f} s, "
+                f"{base.cpu_per_answer:.3f} CPU-s/answer, accuracy {base.accuracy}"
+            )
+            misses = drafts.misses
+            out.setdefault(wl, {})[system] = await measure(
+                ask, reqs[wl], base, slo[wl], args, srv, f"{wl}/{system}", progress
+            ) | {"draft_misses": drafts.misses - misses}
 
 
 async def run(args, progress: Callable[[str], None]) -> dict:
@@ -505,6 +545,8 @@ async def _run(args, progress: Callable[[str], None]) -> dict:
             await _vllm_systems(wls, reqs, args, model, log_dir, slo, out, progress, max_len, dtype)
         if any(s in COINFER_SYSTEMS for s in args.systems):
             await _coinfer_systems(wls, reqs, args, model, draft, log_dir, slo, out, progress, max_len, dtype)
+        if any(s in REMOTE_SYSTEMS for s in args.systems):
+            await _remote_systems(wls, reqs, args, model, draft, log_dir, slo, out, progress, max_len, dtype)
     return {
         "slo_s": slo,
         "slo_rule": f"{args.slo_factor} x plain vLLM greedy's unloaded p50 on the workload",
@@ -551,7 +593,7 @@ def table(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
-    ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS + REMOTE_SYSTEMS)
     ap.add_argument("--requests", type=int, default=16, help="distinct held-out problems per demo workload")
     ap.add_argument("--real-requests", type=int, default=6, help="distinct open prompts for the real model")
     ap.add_argument(

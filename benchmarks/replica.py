@@ -59,6 +59,8 @@ class Server:
 
     def __init__(self, argv: list[str], log_dir: Path, name: str) -> None:
         self.log = log_dir / f"{name}.log"
+        self.url = ""
+        """Where an HTTP server among them answers (vLLM's OpenAI server: ``vllm_server``)."""
         self.proc = subprocess.Popen(
             ["taskset", "-c", str(CLOUD_CORE), sys.executable, *argv],
             stdout=self.log.open("w"),
@@ -88,6 +90,25 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+
+
+class ServerGroup:
+    """Several process groups measured as one replica: the remote engine's (coinfer's cloud service and the vLLM
+    server it sends the target's work to, both on ``CLOUD_CORE``), with each process's CPU time under its server's
+    name (``coinfer/python``, ``vllm/VLLM::EngineCore``)."""
+
+    def __init__(self, **servers: Server) -> None:
+        self.servers = servers
+
+    def cpu_s(self) -> float:
+        return sum(s.cpu_s() for s in self.servers.values())
+
+    def cpu_by_process(self) -> dict[str, float]:
+        return {f"{k}/{name}": c for k, s in self.servers.items() for name, c in s.cpu_by_process().items()}
+
+    def check(self) -> None:
+        for s in self.servers.values():
+            s.check()
 
 
 async def _wait(ready: Callable[[], object], server: Server, what: str, timeout_s: float = 300.0) -> None:
@@ -158,9 +179,17 @@ it: the baseline that speculates with no draft model (``benchmarks.capacity``'s 
 
 
 @contextlib.asynccontextmanager
-async def vllm_server(model: Path, log_dir: Path, max_len: int, dtype: str = "auto", speculative: dict | None = None):
+async def vllm_server(
+    model: Path,
+    log_dir: Path,
+    max_len: int,
+    dtype: str = "auto",
+    speculative: dict | None = None,
+    extra: tuple[str, ...] = (),
+):
     """vLLM's own OpenAI server on the target, pinned like coinfer's replica (``speculative``: its
-    ``--speculative-config``); yields (server, client, name)."""
+    ``--speculative-config``; ``extra``: more of its arguments); yields (server, client, name), the server's
+    ``url`` set."""
     import httpx
     from openai import AsyncOpenAI
 
@@ -190,10 +219,12 @@ async def vllm_server(model: Path, log_dir: Path, max_len: int, dtype: str = "au
             "--block-size",
             str(EngineConfig().block_size),
             *(("--speculative-config", json.dumps(speculative)) if speculative else ()),
+            *extra,
         ],
         log_dir,
         f"vllm-{model.name}" + ("-spec" if speculative else ""),
     )
+    srv.url = f"http://127.0.0.1:{port}"
     try:
         async with httpx.AsyncClient() as http:
 
@@ -214,8 +245,11 @@ async def vllm_server(model: Path, log_dir: Path, max_len: int, dtype: str = "au
 
 
 @contextlib.asynccontextmanager
-async def coinfer_stack(model: Path, draft: Path, log_dir: Path, max_len: int, dtype: str = "auto"):
-    """coinfer's cloud service on the target (pinned) and an edge core here over it; yields (server, core, drafts)."""
+async def coinfer_stack(
+    model: Path, draft: Path, log_dir: Path, max_len: int, dtype: str = "auto", engine_url: str = ""
+):
+    """coinfer's cloud service on the target (pinned) and an edge core here over it; yields (server, core, drafts).
+    ``engine_url``: the target on that vLLM server (``--engine.url``: the remote engine), not in the service."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -230,9 +264,10 @@ async def coinfer_stack(model: Path, draft: Path, log_dir: Path, max_len: int, d
             # every simulated user's edge shares this process's one connection, and vLLM's own server admits
             # every request: the SLO, not the session slots, says what the replica holds
             *("--limits.max-sessions", str(MAX_SESSIONS), "--limits.max-sessions-per-edge", "0"),
+            *(("--engine.url", engine_url) if engine_url else ()),
         ],
         log_dir,
-        f"coinfer-{model.name}",
+        f"coinfer-{model.name}" + ("-remote" if engine_url else ""),
     )
     core = None
     try:

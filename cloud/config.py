@@ -32,7 +32,8 @@ class EngineConfig:
     """The model name reported in Status and metrics; empty = the model directory's name
     (never the path: a client must not learn the server's filesystem)."""
     max_num_seqs: int = bounded(64, ge=1)
-    """Most sequences one engine step batches (continuous batching across sessions)."""
+    """Most sequences one engine step batches (continuous batching across sessions); with ``url``, the server's
+    ``--max-num-seqs`` (what the engine's load is read against)."""
     block_size: int = bounded(32, ge=16, le=256)
     """Tokens per KV-cache block: the prefix cache's granularity (a block is reused only when full). Exact split
     re-reads the prompt and the answer so far at every check of a draft and at the target's own continuation: in
@@ -66,9 +67,46 @@ class EngineConfig:
     ``deploy/chat_templates/gemma.jinja``). Empty: the directory's; a model with none then takes plain prompts
     only and a request in chat form is refused when its session opens (INVALID_ARGUMENT)."""
 
+    url: str = ""
+    """A vLLM OpenAI-compatible server to use as the target engine instead of vLLM in this process
+    (``http://HOST:PORT`` or ``https://``: ``vllm serve``, a production-stack router, a KServe or llm-d endpoint;
+    ``coinfer.cloud.remote_engine``). ``model`` stays the target's directory here: its tokenizer and chat
+    template, which must tokenize as the server's model does (checked at start: refused if not). The settings
+    of vLLM in this process (``dtype`` but for ``auto``, the cache, the GPUs, n-gram speculation) are then the
+    server's own. Empty: vLLM in this process."""
+    remote_model: str = ""
+    """With ``url``: the name the server serves the target under (its ``--served-model-name``); empty: the one
+    model it lists."""
+    api_key: str = field(default="", repr=False, metadata={"cli": False})
+    """With ``url``: the server's API key (vLLM's ``--api-key``), sent as a bearer token. A secret: from
+    ``key_file``, the TOML config or ``COINFER_CLOUD_ENGINE__API_KEY``, never a flag (a process list shows
+    flags), never logged."""
+    key_file: str = ""
+    """With ``url``: a file holding the server's API key (surrounding whitespace dropped)."""
+    ca_file: str = ""
+    """With an ``https://`` ``url``: the PEM CA bundle the server's certificate is checked against (empty: the
+    system's)."""
+    connect_retries: int = bounded(2, ge=0, le=10)
+    """With ``url``: tries again after a connection that did not open (the request never sent), never after a
+    request that started (it may have run)."""
+    probe_period_s: float = bounded(1.0, gt=0, le=60)
+    """With ``url``: how often the server's ``/health`` (and ``/metrics``, its load) is read. A server that stops
+    answering it turns this replica's health NOT_SERVING within about this long plus ``probe_timeout_s``, and a
+    server that is back SERVING again as soon."""
+    probe_timeout_s: float = bounded(2.0, gt=0, le=60)
+    """With ``url``: a probe not answered within this means the server is down (or stopped: a process
+    frozen, a partition)."""
+
+    @property
+    def remote(self) -> bool:
+        """Whether the target runs on a vLLM server elsewhere (``url``), not in this process."""
+        return bool(self.url)
+
     def validate(self) -> None:
         if not self.model:
             raise ValueError("engine.model: a target model directory is required")
+        if self.remote:
+            self._check_remote()
         if self.chat_template:
             self._check_template()
         if self.max_model_len and not 16 <= self.max_model_len <= 1 << 20:
@@ -76,6 +114,22 @@ class EngineConfig:
         check_bounds(self, "engine")
         if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
             raise ValueError(f"engine.dtype: must be float32|bfloat16|float16|auto, got {self.dtype!r}")
+
+    def _check_remote(self) -> None:
+        """The server's address and the files that reach it, said at start."""
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.username:
+            raise ValueError(f"engine.url: must be http(s)://HOST[:PORT][/PATH], got {self.url!r}")
+        if self.ca_file and parts.scheme != "https":
+            raise ValueError("engine.ca_file: needs an https:// engine.url")
+        for name in ("ca_file", "key_file"):
+            path = getattr(self, name)
+            if path and not Path(path).is_file():
+                raise ValueError(f"engine.{name}: {path} is not a file")
+        if self.api_key and self.key_file:
+            raise ValueError("engine.api_key / engine.key_file: give one")
 
     def _check_template(self) -> None:
         """The template file reads and renders a conversation: said at start, not on the first request."""

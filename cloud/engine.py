@@ -234,6 +234,16 @@ class TargetEngine(ABC):
                 return
             raise Unavailable(f"engine: hung (no output for {timeout_s:g} s)", reason=Reason.ENGINE_HUNG) from None
 
+    recovers: bool = False
+    """Whether this engine comes back by itself after it failed (a vLLM server elsewhere that restarts:
+    ``coinfer.cloud.remote_engine``): the cloud server then keeps asking its heartbeat and turns SERVING
+    when it answers, instead of replacing the engine with a new one."""
+
+    async def health_changed(self) -> None:
+        """Returns when this engine has seen its health change (a remote server gone or back), so that the
+        heartbeat asks now rather than at its next period. The default: never."""
+        await asyncio.Event().wait()
+
     @abstractmethod
     def stats(self) -> EngineStats: ...
 

@@ -4,6 +4,7 @@ Usage::
 
     coinfer-cloud ~/.cache/coinfer/models/<key>/target --port 50051
     coinfer-cloud GEMMA3_DIR --chat-template deploy/chat_templates/gemma.jinja   # a base model: its template
+    coinfer-cloud MODEL_DIR --engine.url http://vllm:8000 --port 50051   # the target on a vLLM server elsewhere
 
 (``python -m coinfer.cloud.server`` alike.) The target model is the positional ``MODEL``, as in ``vllm
 serve MODEL``; ``--engine.model`` (the setting's own name: ``[cloud.engine] model`` in TOML,
@@ -15,12 +16,20 @@ sessions, give in-flight ones ``--grace`` seconds) or the engine dies or hangs
 (a heartbeat every ``--heartbeat-period`` s); a failed engine is restarted, its
 processes killed, and health turns SERVING again once the new one answers. The
 engine's processes die with the server, even when it is SIGKILLed.
+
+With ``--engine.url`` the target runs on a vLLM OpenAI-compatible server elsewhere
+(``coinfer.cloud.remote_engine``; ``MODEL`` is then a local copy of the model it
+serves, for its tokenizer and chat template): health is NOT_SERVING while that
+server is not reached or refuses, SERVING again as soon as it answers; the engine
+is never replaced (nothing here to restart). A server that serves another model is
+refused at start (exit status 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
@@ -33,9 +42,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from coinfer.cloud.auth import BearerAuthInterceptor, load_tokens
-from coinfer.cloud.config import ENV_PREFIX, CloudConfig
+from coinfer.cloud.config import ENV_PREFIX, CloudConfig, EngineConfig
 from coinfer.cloud.core import CloudCore
 from coinfer.cloud.engine import TargetEngine
+from coinfer.cloud.remote_http import WrongServer
 from coinfer.cloud.servicer import CoinferCloudServicer
 from coinfer.cloud.vllm_engine import VllmEngine
 from coinfer.errors import Reason, Unavailable
@@ -69,8 +79,11 @@ class CloudServer:
         self.loopwatch = LoopWatch(observe=lag_histogram(core.metrics.registry), armed=False).start()
         self.engine_factory: Callable[[], Awaitable[TargetEngine]] | None = None
         """Starts a replacement engine when the heartbeat fails (None: stay NOT_SERVING)."""
+        self.serving = False
+        """What health says now."""
 
     async def set_serving(self, serving: bool) -> None:
+        self.serving = serving
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", SERVICE):
             await self.health.set(name, status)
@@ -92,16 +105,28 @@ class CloudServer:
     async def _watch_engine(self) -> None:
         """Heartbeat (docs/design.md §5.2): a dead or hung engine turns health NOT_SERVING (gRPC balancers and
         edges move to other replicas; new sessions here get UNAVAILABLE) and, given an
-        ``engine_factory``, is replaced by a fresh one, after which health is SERVING again."""
+        ``engine_factory``, is replaced by a fresh one, after which health is SERVING again. An engine that
+        ``recovers`` by itself (a remote server restarting) is asked again instead, SERVING once it answers;
+        its health changes wake the heartbeat at once (``TargetEngine.health_changed``)."""
         while True:
-            await asyncio.sleep(self.cfg.heartbeat_period_s)
+            engine = self.core.engine
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.cfg.heartbeat_period_s):
+                    await engine.health_changed()
             try:
-                await self.core.engine.heartbeat(self.cfg.heartbeat_timeout_s)
-                continue
+                await engine.heartbeat(self.cfg.heartbeat_timeout_s)
             except Unavailable as exc:
-                log.error("engine unhealthy: %s", exc.message)
+                if self.serving or not engine.recovers:
+                    log.error("engine unhealthy: %s", exc.message)
                 reason = "hung" if exc.reason is Reason.ENGINE_HUNG else "dead"
+            else:
+                if not self.serving and not self.core.draining:
+                    log.info("engine: answering again: SERVING")
+                    await self.set_serving(True)
+                continue
             await self.set_serving(False)
+            if engine.recovers:
+                continue
             if self.engine_factory is None:
                 return
             self.core.metrics.restarts.labels(reason).inc()
@@ -188,8 +213,13 @@ async def serve(cfg: CloudConfig, ready: asyncio.Event | None = None) -> None:
     srv = await create_server(cfg)
     log.info("listening on %s:%d (NOT_SERVING while the engine loads)", cfg.host, srv.port)
     print(f"PORT {srv.port}", flush=True)  # for wrappers that started us with port 0
-    srv.engine_factory = lambda: VllmEngine(cfg.engine).start()
-    engine = await srv.engine_factory()
+    srv.engine_factory = lambda: start_engine(cfg.engine)
+    try:
+        engine = await srv.engine_factory()
+    except WrongServer as exc:
+        log.error("%s", exc)
+        await srv.stop(grace=0)
+        raise SystemExit(2) from None
     frozen = process.freeze_heap()  # before SERVING: the engine's objects out of the garbage collector's walks
     await srv.attach_engine(engine)
     log.info("engine ready: SERVING (%d objects frozen out of the garbage collector's walks)", frozen)
@@ -202,6 +232,15 @@ async def serve(cfg: CloudConfig, ready: asyncio.Event | None = None) -> None:
     await stop.wait()
     log.info("draining (grace %.0f s)", cfg.grace_s)
     await srv.stop()
+
+
+async def start_engine(cfg: EngineConfig) -> TargetEngine:
+    """The target engine ``cfg`` configures, started: vLLM in this process, or the server at ``cfg.url``."""
+    if cfg.remote:
+        from coinfer.cloud.remote_engine import RemoteEngine
+
+        return await RemoteEngine(cfg).start()
+    return await VllmEngine(cfg).start()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -258,7 +297,10 @@ def load_config(ap: argparse.ArgumentParser, args: argparse.Namespace, env=None,
         engine={k: v for k, v in (("model", model), ("chat_template", args.chat_template_alias)) if v} or None,
     )
     if not cfg.engine.model:
-        raise ValueError("MODEL: the target model directory is required, positional or --engine.model")
+        raise ValueError(
+            "MODEL: the target model directory is required, positional or --engine.model (with --engine.url: a "
+            "local copy of the model the server serves, for its tokenizer and chat template)"
+        )
     cfg.validate()
     return cfg
 

@@ -9,41 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-import math
 import os
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 
-from coinfer.chat import ChatFormat, ChatMessage
 from coinfer.cloud.config import EngineConfig
-from coinfer.cloud.engine import (
-    Chunk,
-    EngineStats,
-    GenParams,
-    TargetEngine,
-    TokenDecoder,
-    current_cost,
-    restated,
-)
+from coinfer.cloud.engine import Chunk, EngineStats, GenParams, current_cost
+from coinfer.cloud.vllm_common import TokenizingEngine, tie_nats, top2, vllm_temperature
 from coinfer.errors import Unavailable
 from coinfer.serving import logs
-from coinfer.types import Draft
 
 log = logging.getLogger(__name__)
-
-OFF_LOOP_CHARS = 4096
-"""Texts longer than this are tokenized off the event loop."""
-
-VLLM_MIN_TEMPERATURE = 0.01
-"""vLLM raises a temperature in (0, 0.01) to 0.01 (smaller ones overflow) and logs a warning for each
-request; a client sending 1e-45 would fill the log. We raise it ourselves, silently."""
-
-
-def vllm_temperature(t: float) -> float:
-    return t if t == 0 or t >= VLLM_MIN_TEMPERATURE else VLLM_MIN_TEMPERATURE
 
 
 def engine_args(cfg: EngineConfig) -> dict:
@@ -77,42 +54,7 @@ def engine_args(cfg: EngineConfig) -> dict:
     )
 
 
-def chat_format(cfg: EngineConfig) -> ChatFormat:
-    """How the target reads a conversation: its directory's template, or the file ``cfg.chat_template`` names
-    (vLLM's ``--chat-template``: a base model without one, e.g. Gemma 3 270M)."""
-    fmt = ChatFormat.from_dir(cfg.model)
-    if cfg.chat_template:
-        fmt = fmt.with_template(Path(cfg.chat_template).read_text(encoding="utf-8"), f"{cfg.chat_template}")
-    return fmt
-
-
-@functools.lru_cache(maxsize=8)
-def _special_ids(tok) -> frozenset[int]:
-    """Ids of ``tok``'s special tokens (its added tokens marked special and the named ones)."""
-    added = getattr(tok, "added_tokens_decoder", {}) or {}
-    return frozenset([i for i, t in added.items() if getattr(t, "special", False)] + list(tok.all_special_ids))
-
-
-def template_ids(chat: ChatFormat, tok) -> tuple[int, frozenset[int]]:
-    """(end-of-turn id, stop ids) of chat format ``chat`` in tokenizer ``tok``. The end of turn is the special
-    token the template writes after an answer (``<end_of_turn>`` for Gemma's template, whose tokenizer's eos
-    is ``<eos>``); without a template, or when it ends a turn with ordinary text, the tokenizer's eos. The
-    stop ids: the template's turn markers other than the BOS (an answer that opens another turn has ended:
-    a base model given a template can write ``<start_of_turn>user``), with the end of turn; the model's own
-    eos stays one too (vLLM's)."""
-    end = tok.eos_token_id
-    if not chat.templated:
-        return end, frozenset()
-    specials = _special_ids(tok)
-    after = tok(chat.after_answer(), add_special_tokens=False)["input_ids"]
-    if after and after[0] in specials:
-        end = after[0]
-    turns = chat.render([ChatMessage("user", "u"), ChatMessage("assistant", "a"), ChatMessage("user", "v")])
-    marks = {i for i in tok(turns, add_special_tokens=False)["input_ids"] if i in specials}
-    return end, frozenset((marks | {end}) - {tok.bos_token_id, None})
-
-
-class VllmEngine(TargetEngine):
+class VllmEngine(TokenizingEngine):
     """vLLM AsyncLLM (v1 engine). Create inside a running event loop via ``start``."""
 
     def __init__(self, cfg: EngineConfig) -> None:
@@ -122,15 +64,6 @@ class VllmEngine(TargetEngine):
         self._tok = None
         self._running = 0
         self._sched = None  # last vLLM SchedulerStats, written by the stat logger below
-        self.end_id: int | None = None
-        """The token scored after a finished draft: the template's end of turn (``template_ids``)."""
-        self.stop_ids: frozenset[int] = frozenset()
-        """Tokens that end every generation besides the model's eos: the template's turn markers."""
-        self.scores_end = True
-        """Whether a finished draft's end of turn is scored. Not for a base model given a template it was never
-        trained on (``EngineConfig.chat_template`` over a directory without one): its end-of-turn token says
-        nothing of the answer (Gemma 3 270M base: -25 nats after "The capital of France is Paris.", which
-        failed every finished draft)."""
 
     def _stat_logger_factory(self):
         """vLLM calls the factory once per engine; its logger gets SchedulerStats every step."""
@@ -161,12 +94,7 @@ class VllmEngine(TargetEngine):
         # engine start is blocking (spawns the engine-core process, loads weights)
         self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[self._stat_logger_factory()])
         logs.limit_handlers("vllm")  # its own stdout handler: per-request warnings are client-driven
-        from transformers import AutoTokenizer
-
-        self._tok = AutoTokenizer.from_pretrained(self.cfg.model)
-        self.chat = chat_format(self.cfg)
-        self._templated()
-        self.scores_end = not self.cfg.chat_template or ChatFormat.from_dir(self.cfg.model).templated
+        self.load_tokenizer(self.cfg)
         mc = getattr(self._llm, "model_config", None)
         self._max_len = int(getattr(mc, "max_model_len", 0) or self.cfg.max_model_len or 2048)
         self.tie_nats = tie_nats(str(getattr(mc, "dtype", self.cfg.dtype)))
@@ -180,44 +108,6 @@ class VllmEngine(TargetEngine):
     @property
     def max_model_len(self) -> int:
         return self._max_len
-
-    @staticmethod
-    async def _off_loop(chars: int, fn, *args):
-        """``fn(*args)``, in a worker thread when it tokenizes over ``OFF_LOOP_CHARS`` characters (the
-        tokenizer releases the GIL): ~1 ms per KiB, and a prompt, its drafts and a continuation reach tens
-        of KiB (66 ms on the loop was seen)."""
-        return fn(*args) if chars <= OFF_LOOP_CHARS else await asyncio.to_thread(fn, *args)
-
-    def _ids(self, text: str) -> list[int]:
-        # a chat template writes the BOS itself: adding special tokens would double it
-        return self._tok(text, add_special_tokens=not self.chat.templated)["input_ids"]
-
-    def count_tokens(self, text: str) -> int:
-        return len(self._tok(text, add_special_tokens=False)["input_ids"])
-
-    def in_target_tokens(self, d: Draft) -> Draft:
-        # the text as the verifier scores it (a special token's text split: ``span_ids``), then its end of turn
-        n = len(self._tok(d.text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
-        return restated(d, n + (not d.truncated and self.scores_end))
-
-    def _templated(self) -> None:
-        """The end-of-turn and turn-marker ids of the chat format in force (``template_ids``)."""
-        self.end_id, self.stop_ids = template_ids(self.chat, self._tok)
-
-    def span_ids(self, prompt: str, continuation: str) -> tuple[list[int], int]:
-        """(ids of prompt + continuation tokenized together, index of the continuation's first token). A
-        continuation holding the text of one of this model's special tokens (a draft model's ``<end_of_turn>``
-        written out, another model's ``<|im_end|>`` that is special here too) is scored as the text it is, not
-        as a turn marker the draft never wrote: then the two are tokenized apart, the continuation's specials
-        split."""
-        enc = self._tok(prompt + continuation, add_special_tokens=not self.chat.templated, return_offsets_mapping=True)
-        ids, offsets = enc["input_ids"], enc["offset_mapping"]
-        start = next((i for i, (_, end) in enumerate(offsets) if end > len(prompt)), len(ids))
-        if not _special_ids(self._tok).isdisjoint(ids[start:]):
-            head = self._ids(prompt)
-            tail = self._tok(continuation, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-            return list(head) + list(tail), len(head)
-        return list(ids), start
 
     def _params(self, p: GenParams, room: int, delta: bool = True, **extra):
         from vllm import SamplingParams
@@ -274,17 +164,6 @@ class VllmEngine(TargetEngine):
                     scored=sp.prompt_logprobs is not None,
                 )
 
-    async def _prompt(self, prompt: str) -> tuple[list[int], int]:
-        """(token ids of ``prompt``, tokens of context left after it): tokenized off the loop."""
-        ids = await self._off_loop(len(prompt), self._ids, prompt)
-        return ids, self.max_model_len - len(ids)
-
-    async def generate(self, prompt: str, params: GenParams, request_id: str) -> AsyncIterator[Chunk]:
-        ids, _ = await self._prompt(prompt)
-        async with contextlib.aclosing(self.generate_ids(ids, params, request_id)) as chunks:
-            async for c in chunks:
-                yield c
-
     async def generate_ids(self, ids: list[int], params: GenParams, request_id: str) -> AsyncIterator[Chunk]:
         room = self.max_model_len - len(ids)
         if room < 1:
@@ -297,16 +176,6 @@ class VllmEngine(TargetEngine):
 
     # ---- token level (``coinfer.cloud.speculation``) --------------------------------------------------
     speculative = True
-
-    async def prompt_ids(self, prompt: str) -> list[int]:
-        ids, _ = await self._prompt(prompt)
-        return ids
-
-    async def text_ids(self, text: str) -> list[int]:
-        return await self._off_loop(len(text), self._text_ids, text)
-
-    def _text_ids(self, text: str) -> list[int]:
-        return self._tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
     async def top_tokens(self, ids: list[int], start: int, request_id: str) -> tuple[list[int], list[float]]:
         """One prefill with the top-1 token at every position (vLLM's prompt logprobs, 1), reading the prefix
@@ -335,12 +204,9 @@ class VllmEngine(TargetEngine):
             if plp is None or last is None:
                 raise Unavailable("engine returned no prompt logprobs")
             if cached < start:  # position p's row is p - 1: computed where p - 1 >= cached
-                rows = [_top2(plp[pos]) for pos in range(start, len(ids))] + [_top2(last)]
+                rows = [_row_top2(plp[pos]) for pos in range(start, len(ids))] + [_row_top2(last)]
                 return [r[0] for r in rows], [r[1] for r in rows]
         raise Unavailable("engine: prompt logprobs missing after a full prefill")
-
-    def decoder(self, ids: list[int]) -> TokenDecoder:
-        return _StreamDecoder(self._tok, ids)
 
     async def sample(self, prompt: str, params: GenParams, n: int, request_id: str, **extra) -> list[Chunk]:
         """``extra``: more vLLM SamplingParams (structured outputs for the judge)."""
@@ -367,8 +233,7 @@ class VllmEngine(TargetEngine):
     async def continuation_logprobs(
         self, prompt: str, continuation: str, request_id: str, end: bool = True
     ) -> list[float]:
-        ids, start = await self._off_loop(len(prompt) + len(continuation), self.span_ids, prompt, continuation)
-        ids = (ids + [self.end_id] * (end and self.scores_end))[: self.max_model_len - 1]
+        ids, start = await self._scored_span(prompt, continuation, end)
         if len(ids) <= start or start == 0:
             return []
         plp = None
@@ -439,36 +304,6 @@ class VllmEngine(TargetEngine):
             await asyncio.to_thread(llm.shutdown, wait_s)
 
 
-TIE_NATS = {"bfloat16": 0.25, "float16": 0.06, "float32": 1e-3}
-"""Leads of the argmax under which a prefill and a decode step may pick different tokens, by the engine's dtype:
-about two units in the last place of a logit of magnitude 10-30 (bfloat16 keeps 8 bits: SmolLM2-135M on this
-CPU, 12 prompts x 96 tokens, split 8 at leads of 0 to 0.125 nats; float32: none)."""
-
-
-def tie_nats(dtype: str) -> float:
-    """``TargetEngine.tie_nats`` for a model running in ``dtype`` ("torch.bfloat16" or "bfloat16")."""
-    return TIE_NATS.get(dtype.removeprefix("torch."), TIE_NATS["bfloat16"])
-
-
-def _top2(row: dict) -> tuple[int, float]:
-    """(argmax token, its lead in nats over the runner-up) of one logprobs row: the actual token and the top 2,
-    each with its rank (the lead is infinite where vLLM reports no runner-up: a vocabulary of one)."""
-    ranked = sorted(((lp.rank, tok, lp.logprob) for tok, lp in row.items() if lp.rank is not None), key=lambda r: r[0])
-    top = ranked[0]
-    second = next((r for r in ranked if r[0] == 2), None)
-    return int(top[1]), (top[2] - second[2]) if second is not None else math.inf
-
-
-class _StreamDecoder(TokenDecoder):
-    """vLLM's own detokenization of a generation (its ``FastIncrementalDetokenizer``: the tokenizers library's
-    ``DecodeStream`` primed with the prompt, special tokens skipped), so that tokens taken from a draft read
-    as the same text the engine would have streamed for them."""
-
-    def __init__(self, tok, ids: list[int]) -> None:
-        from tokenizers.decoders import DecodeStream
-
-        self._tok = tok.backend_tokenizer
-        self._stream = DecodeStream(ids=list(ids), skip_special_tokens=True)
-
-    def step(self, token: int) -> str | None:
-        return self._stream.step(self._tok, token)
+def _row_top2(row: dict) -> tuple[int, float]:
+    """``top2`` of one of vLLM's logprobs rows (token -> Logprob)."""
+    return top2([(lp.rank, tok, lp.logprob) for tok, lp in row.items() if lp.rank is not None])

@@ -135,3 +135,25 @@ def test_the_benchmark_at_a_tiny_size_prints_the_contract(capsys):
     # the passes together, long enough to register: plain vLLM decodes every answer (best-of-5 five of them),
     # its worker busy-polling throughout, so the run's replica CPU is never 0 where the readings work
     assert sum(e["cloud_cpu_s_per_answer"] * e["saturated"]["answers"] for e in systems.values()) > 0, systems
+
+
+def test_the_remote_engines_replica_is_both_servers_each_process_under_its_servers_name():
+    from benchmarks.replica import ServerGroup
+
+    class Fixed:
+        def __init__(self, by: dict[str, float]) -> None:
+            self.by = by
+
+        def cpu_s(self) -> float:
+            return sum(self.by.values())
+
+        def cpu_by_process(self) -> dict[str, float]:
+            return self.by
+
+        def check(self) -> None:
+            pass
+
+    group = ServerGroup(coinfer=Fixed({"python": 0.5}), vllm=Fixed({"python": 2.0, "VLLM::EngineCore": 1.0}))
+    assert group.cpu_by_process() == {"coinfer/python": 0.5, "vllm/python": 2.0, "vllm/VLLM::EngineCore": 1.0}
+    assert group.cpu_s() == 3.5
+    assert not set(cap.REMOTE_SYSTEMS) & set(cap.SYSTEMS)  # asked for by name: not in every run

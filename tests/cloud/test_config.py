@@ -50,3 +50,30 @@ def test_the_defaults_and_no_per_edge_limit_are_accepted():
 def test_each_engine_bound_is_declared_on_its_field_and_named(field, value, msg):
     with pytest.raises(ValueError, match=rf"^engine\.{field}: {msg}"):
         CloudConfig(engine=EngineConfig(model="m", **{field: value})).validate()
+
+
+@pytest.mark.parametrize(
+    "engine, msg",
+    [
+        ({"url": "vllm:8000"}, r"^engine\.url: must be http\(s\)://"),
+        ({"url": "http://user:pw@vllm:8000"}, r"^engine\.url: must be"),  # credentials in a URL get logged
+        ({"url": "http://vllm:8000", "ca_file": "/etc/ca.pem"}, r"^engine\.ca_file: needs an https://"),
+        ({"url": "https://vllm:8000", "ca_file": "/nonexistent/ca.pem"}, r"^engine\.ca_file: .* is not a file"),
+        ({"url": "http://vllm:8000", "probe_period_s": 0.0}, r"^engine\.probe_period_s: must be in \(0, 60\]"),
+        ({"url": "http://vllm:8000", "connect_retries": 11}, r"^engine\.connect_retries: must be in \[0, 10\]"),
+    ],
+)
+def test_a_remote_engine_that_could_not_be_reached_is_refused_at_load_naming_the_field(engine, msg):
+    with pytest.raises(ValueError, match=msg):
+        CloudConfig(engine=EngineConfig(model="m", **engine)).validate()
+
+
+def test_the_servers_url_is_a_flag_and_its_key_is_not(tmp_path):
+    ap = build_parser()
+    cfg = load_config(ap, ap.parse_args(["/m", "--engine.url", "https://vllm:8000"]), env={})
+    assert cfg.engine.remote and cfg.engine.url == "https://vllm:8000" and cfg.engine.model == "/m"
+    with pytest.raises(SystemExit):  # a secret on the command line is in every process list
+        ap.parse_args(["/m", "--engine.api-key", "s3cret-key-0123456789"])
+    env = {"COINFER_CLOUD_ENGINE__API_KEY": "s3cret-key-0123456789"}
+    cfg = load_config(ap, ap.parse_args(["/m", "--engine.url", "http://vllm:8000"]), env=env)
+    assert cfg.engine.api_key == "s3cret-key-0123456789"

@@ -16,7 +16,7 @@ from coinfer.cloud.config import CloudConfig, EngineConfig, Limits
 from coinfer.cloud.engine import restated
 from coinfer.cloud.server import build_parser, load_config
 from coinfer.cloud.session import DraftsDone, Session
-from coinfer.cloud.vllm_engine import chat_format
+from coinfer.cloud.vllm_common import chat_format
 from coinfer.errors import InvalidArgument
 from coinfer.rules import RuleSet
 from coinfer.tasks import OPEN

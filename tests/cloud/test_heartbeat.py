@@ -151,3 +151,57 @@ async def test_a_hung_engine_is_restarted_and_the_replica_serves_again():
     finally:
         started.set()
         await srv.stop(grace=0.1)
+
+
+class Recovering(StandIn):
+    """An engine that comes back by itself (a remote server that restarts): ``down`` says why it fails, and
+    each change of it wakes the heartbeat."""
+
+    recovers = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = ""
+        self._changed = asyncio.Event()
+
+    def turn(self, down: str) -> None:
+        self.down = down
+        self._changed.set()
+
+    async def health_changed(self) -> None:
+        await self._changed.wait()
+        self._changed.clear()
+
+    async def check_health(self) -> None:
+        if self.down:
+            raise Unavailable(self.down)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(0, 4, not self.down)
+
+
+async def test_an_engine_that_recovers_is_never_replaced_and_serves_again_when_it_answers():
+    # a heartbeat period no test waits for: each turn is seen because the engine said it changed
+    srv = await create_server(CloudConfig(engine=EngineConfig(model="/unused"), port=0, heartbeat_period_s=3600))
+    replaced = []
+
+    async def factory() -> TargetEngine:
+        replaced.append(True)
+        return StandIn()
+
+    srv.engine_factory = factory
+    engine = Recovering()
+    try:
+        await srv.attach_engine(engine)
+        assert await _status(srv.port) == health_pb2.HealthCheckResponse.SERVING
+        for down, status in (("engine: the vLLM server is unreachable", "NOT_SERVING"), ("", "SERVING")) * 2:
+            engine.turn(down)
+            want = getattr(health_pb2.HealthCheckResponse, status)
+
+            async def turned(want=want) -> bool:
+                return await _status(srv.port) == want
+
+            await until(turned, guard_s=10, what=f"the replica {status} after its engine turned")  # measured: ms
+        assert srv.core.engine is engine and not replaced and not engine.closed
+    finally:
+        await srv.stop(grace=0.1)
