@@ -10,7 +10,8 @@ cloud plan's (plain and streamed), each mismatch with the target's lead of its a
 (a near-tie that prefill and decode arithmetic break differently explains it), and per answer, from the cloud's
 own counts (``cloud_cost``): sequential engine steps, tokens decoded, positions scored by prefill, draft tokens
 offered and taken, engine requests; latency p50 (plain) and time to first content p50 (streamed) per plan, and
-the edge's first draft. The cloud plan is plain greedy decoding on the same engine (no drafts): its counts are
+the edge's first draft; those counts priced on an A100 with an 8B target (``benchmarks.gpu_estimate``: an
+estimate). The cloud plan is plain greedy decoding on the same engine (no drafts): its counts are
 greedy's. One run, one machine: ratios side by side.
 """
 
@@ -23,10 +24,20 @@ import statistics
 import sys
 import time
 
+from benchmarks.gpu_estimate import GPUS, MODELS, estimate
 from benchmarks.open_prompts import OPEN_PROMPTS
 
 PLANS = ("cloud", "split")
-COSTS = ("steps", "decoded_tokens", "scored_tokens", "draft_tokens_offered", "draft_tokens_accepted", "engine_requests")
+COSTS = (
+    "steps",
+    "decoded_tokens",
+    "scored_tokens",
+    "prompt_tokens",
+    "cached_tokens",
+    "draft_tokens_offered",
+    "draft_tokens_accepted",
+    "engine_requests",
+)
 
 
 async def _ask(client, prompt: str, plan: str, max_tokens: int, stream: bool) -> dict:
@@ -128,6 +139,8 @@ def report(rows: list[dict]) -> dict:
         "edge_first_draft_p50_ms": round(
             statistics.median(r["split"]["info"]["timings_ms"].get("first_draft", 0.0) for r in rows)
         ),
+        # these counts priced on a GPU by a roofline: an estimate (benchmarks.gpu_estimate), never a measurement
+        "gpu_estimate": estimate(per_answer, GPUS["a100-80gb"], MODELS["llama-3.1-8b"], [1, 16, 64]),
     }
 
 

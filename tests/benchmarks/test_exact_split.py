@@ -9,6 +9,8 @@ def _cost(steps, decoded, scored=0, offered=0, accepted=0, requests=1):
         "steps": steps,
         "decoded_tokens": decoded,
         "scored_tokens": scored,
+        "prompt_tokens": 50 * requests + scored,
+        "cached_tokens": 40 * requests,
         "draft_tokens_offered": offered,
         "draft_tokens_accepted": accepted,
         "engine_requests": requests,
