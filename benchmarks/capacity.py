@@ -5,8 +5,9 @@
 
 One cloud replica with its engine on one core (core 0: the server process and vLLM's engine core,
 ``taskset`` and ``VLLM_CPU_OMP_THREADS_BIND``); the edges and the load generator on the other (this
-process). Systems, each on the same requests, the same target weights and dtype (vLLM's ``auto``),
-prefix caching on, eager mode, 64 sequences a step:
+process). Systems, each on the same requests, the same target weights and dtype (vLLM's ``auto``; the real
+model in ``coinfer.quantize.real_model.CLOUD_DTYPE``, float32, which exact split needs), prefix caching on,
+32-token KV blocks, eager mode, 64 sequences a step:
 
 - ``split``, ``cloud``, ``auto``: coinfer's cloud service (``python -m coinfer.cloud.server``) behind an
   edge core in this process (``coinfer.edge.service.EdgeCore``: planner, breaker, pipeline, rules);
