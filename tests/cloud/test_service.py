@@ -277,12 +277,12 @@ async def test_judge_mode_gives_parseable_verdicts(cloud, stub):
     valid, score, error = parse_judge(text)
     assert 0.0 <= score <= 1.0 and (valid or error), text  # schema-constrained: parses, or says why not
     cloud.cfg.policy.verifier = "judge"
-    cloud.cfg.policy.rules_decide = False  # the preset's exact checkers would otherwise leave the judge out
+    # the preset's step check as the request's own rule: the preset's exact checkers alone would leave the judge out
+    steps = open_msg(rules=[Rule("task_check", {"check": "arith_steps"})])
     try:
-        events = await run_session(stub, [open_msg(), draft(0, GOOD), draft(1, "3+5=9; answer 9"), done(2)])
+        events = await run_session(stub, [steps, draft(0, GOOD), draft(1, "3+5=9; answer 9"), done(2)])
     finally:
         cloud.cfg.policy.verifier = "likelihood"
-        cloud.cfg.policy.rules_decide = True
     verdicts = {e.draft_index: e for e in events if isinstance(e, t.Verdict)}
     assert verdicts[1].failed_rule == "task_check:arith_steps"  # rules still first: no judge time for a wrong step
     v0 = verdicts[0]

@@ -59,7 +59,7 @@ async def test_open_session_verifies_extracts_and_answers(stub):
     assert by[3].duplicate_of == 1  # same text (whitespace aside): verified once
     assert isinstance(summary, t.Summary) and summary.answer_valid
     # under the arithmetic rule a doubted best draft gives the cloud's own checked answer, not candidates
-    # (PolicyConfig.own_over_candidates); a draft whose only slip is a computed value is judged repaired
+    # (SessionContext.own_over_candidates); a draft whose only slip is a computed value is judged repaired
     assert summary.refine_mode in ("accepted", "repaired", "alone")
     if summary.refine_mode == "accepted":  # the target found the right solution likely enough
         assert 0 in summary.chosen_drafts and summary.answer == p.solution
