@@ -187,7 +187,7 @@ class Session:
         yield t.SessionAccepted(ctx.req.request_id, ctx.rules.labels, self.recommended_drafts)
         task = asyncio.create_task(self._drive(inbox))
         try:
-            async for ev in self.stream.events():
+            while (ev := await self.stream.next()) is not None:
                 yield ev
         finally:
             if not task.done():

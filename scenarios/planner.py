@@ -195,7 +195,7 @@ class Runner:
         p = p or self._next()
         n = min(core.cfg.max_drafts, core.link.recommended_drafts)  # what the service will draft
         choice = core.planner.choose(
-            task=p.task, size=core.planner.prompt_size(p.prompt), n=n, edge=core._edge_state(), cloud_available=True
+            task=p.task, size=core.planner.prompt_size(p.prompt), n=n, edge=core.edge_state(), cloud_available=True
         )
         if not choice.breakdowns:
             raise RuntimeError(f"the cost model failed: {choice.notes}")
