@@ -16,7 +16,7 @@ MAX_PARALLEL = 64
 """GPUs one replica spans at most (tensor x data parallel): beyond one node's worth is a typo."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EngineConfig:
     """The vLLM engine serving both verification scoring and refinement."""
 
@@ -78,7 +78,7 @@ class EngineConfig:
         path = Path(self.chat_template)
         try:
             text = path.read_text(encoding="utf-8")
-            ChatFormat(text).render([ChatMessage("system", "s"), ChatMessage("user", "u")])
+            ChatFormat(template=text).render([ChatMessage("system", "s"), ChatMessage("user", "u")])
         except Exception as exc:  # unreadable, not Jinja, or a template that fails on a plain conversation
             raise ValueError(
                 f"engine.chat_template: {path}: not a usable chat template ({type(exc).__name__}: {str(exc)[:200]})"
@@ -91,7 +91,7 @@ class EngineConfig:
         return self.served_name or Path(self.model.rstrip("/")).name
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Limits:
     """Per-request limits; over a limit -> RESOURCE_EXHAUSTED naming it."""
 
@@ -130,7 +130,7 @@ MAX_DRAFT_FROM_ROUNDS = 64
 """Continuation rounds one answer may ask for: past it a round trip per round outweighs what a round takes."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PolicyConfig:
     """Verification, scheduling and refinement policy (docs/design.md §2.2, §3.1-4.4)."""
 
@@ -319,7 +319,7 @@ class PolicyConfig:
 ENV_PREFIX = "COINFER_CLOUD_"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CloudConfig:
     """Everything the cloud service needs. ``python -m coinfer.cloud.server`` reads it with ``coinfer.serving.settings``:
     a TOML file (``[cloud]``, sections ``[cloud.policy]`` ...) < ``COINFER_CLOUD_<FIELD>`` (a section's

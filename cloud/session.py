@@ -149,7 +149,7 @@ class Session:
         stands = self._stands if cfg.policy.accept_first and not self.ctx.exact else None
         self.judge = Judge(self.ctx, weights=weights, load=load, stands=stands)
         self.answerer = Answerer(self.ctx, judge=self.judge, stream=self.stream)
-        self.rounds = Rounds(cfg.limits)
+        self.rounds = Rounds(limits=cfg.limits)
         self.load, self.drafting = load, drafting
         self.hedge: Hedge | None = None
         """The cloud's own answer racing the drafts (``coinfer.cloud.hedge``), begun when the session runs."""

@@ -29,7 +29,7 @@ from coinfer.manifest import identity, verify_manifest
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DraftResult:
     """One finished draft."""
 
@@ -111,7 +111,14 @@ class OrtDraftEngine:
             cut = text.find(stop)
             if cut >= 0:
                 text = text[:cut]
-        return DraftResult(i, text, ids, float(np.mean(lp)) if lp else 0.0, (time.perf_counter() - t0) * 1e3, reason)
+        return DraftResult(
+            index=i,
+            text=text,
+            token_ids=ids,
+            mean_logprob=float(np.mean(lp)) if lp else 0.0,
+            edge_ms=(time.perf_counter() - t0) * 1e3,
+            finish_reason=reason,
+        )
 
     @staticmethod
     def _next(logits, live: list[int], tokens: list[list[int]], s: Sampling, rngs, greedy: int):

@@ -141,7 +141,7 @@ def cloud_cost(results: list[EdgeResult]) -> t.CloudCost:
     return total
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Done:
     """The last event of a request."""
 

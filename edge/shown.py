@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from coinfer import types as t
 
 
-@dataclass
+@dataclass(kw_only=True)
 class AnswerView:
     text: str = ""
     """The answer streamed since the last reset."""

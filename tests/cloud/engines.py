@@ -142,7 +142,7 @@ def context(
 
 def draft(index: int, text: str, *, own: float = -0.1, num_tokens: int = 12, truncated: bool = False) -> t.Draft:
     """A draft as the edge sends it (``own``: its model's mean logprob of it)."""
-    return t.Draft(index, text, num_tokens, own, 1.0, truncated=truncated)
+    return t.Draft(index=index, text=text, num_tokens=num_tokens, mean_logprob=own, edge_ms=1.0, truncated=truncated)
 
 
 class GreedyWords(ScriptedEngine):

@@ -23,7 +23,9 @@ WRONG = GOOD.replace("answer 49", "answer 48")
 
 
 def open_msg(task="arith", prompt=ARITH, rules=(), refine=None, **kw) -> pb.EdgeMessage:
-    req = t.OpenRequest(kw.pop("request_id", ""), task, prompt, list(rules), refine, **kw)
+    req = t.OpenRequest(
+        request_id=kw.pop("request_id", ""), task=task, prompt=prompt, rules=list(rules), refine=refine, **kw
+    )
     return pb.EdgeMessage(open=convert.open_to_pb(req))
 
 

@@ -58,7 +58,7 @@ def _session(engine: TargetEngine, *, rules: RuleSet | None = None, **kw) -> Ses
 async def _run(session: Session, drafts: list[str], truncated: bool = False) -> list:
     async def inbox():
         for i, text in enumerate(drafts):
-            yield t.Draft(i, text, 12, -0.1, 1.0, truncated=truncated)
+            yield t.Draft(index=i, text=text, num_tokens=12, mean_logprob=-0.1, edge_ms=1.0, truncated=truncated)
         yield DraftsDone(len(drafts))
 
     return [ev async for ev in session.run(inbox())]
@@ -173,8 +173,8 @@ def test_a_finished_draft_is_chosen_over_a_truncated_one_of_any_score():
     session = _session(engine, rules=RuleSet([], OPEN, {}))  # free text: no rule tells them apart
 
     async def inbox():
-        yield t.Draft(0, ramble, 64, -0.01, 1.0, truncated=True)
-        yield t.Draft(1, RIGHT, 12, -0.2, 1.0)
+        yield t.Draft(index=0, text=ramble, num_tokens=64, mean_logprob=-0.01, edge_ms=1.0, truncated=True)
+        yield t.Draft(index=1, text=RIGHT, num_tokens=12, mean_logprob=-0.2, edge_ms=1.0)
         yield DraftsDone(2)
 
     summary = run(_collect(session.run(inbox())))[-1]
@@ -219,7 +219,7 @@ def test_the_likelihood_threshold_is_relative_to_the_draft_models_own_confidence
 
     async def one(own: float) -> t.Verdict:
         async def inbox():
-            yield t.Draft(0, prose, 12, own, 1.0)
+            yield t.Draft(index=0, text=prose, num_tokens=12, mean_logprob=own, edge_ms=1.0)
             yield DraftsDone(1)
 
         s = _session(engine, max_retries=0)
@@ -314,7 +314,7 @@ def test_free_text_is_accepted_as_is_when_the_target_is_about_as_confident_as_th
 
     async def alone(text: str) -> list:
         async def inbox():
-            yield t.Draft(0, text, 12, -0.63, 1.0)
+            yield t.Draft(index=0, text=text, num_tokens=12, mean_logprob=-0.63, edge_ms=1.0)
             yield DraftsDone(1)
 
         return [ev async for ev in session().run(inbox())]
@@ -500,9 +500,9 @@ def test_a_retry_round_is_counted_apart_and_none_is_advised_where_retries_never_
     session = _session(engine, round_odds=odds)
 
     async def two_rounds():
-        yield t.Draft(0, wrong, 12, -0.1, 1.0)
+        yield t.Draft(index=0, text=wrong, num_tokens=12, mean_logprob=-0.1, edge_ms=1.0)
         yield DraftsDone(1)
-        yield t.Draft(1, wrong, 12, -0.1, 1.0)
+        yield t.Draft(index=1, text=wrong, num_tokens=12, mean_logprob=-0.1, edge_ms=1.0)
         yield DraftsDone(1)
 
     events = run(_collect(session.run(two_rounds())))

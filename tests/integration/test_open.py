@@ -44,10 +44,10 @@ async def test_open_session_verifies_extracts_and_answers(stub):
     p = _problem()
     wrong = wordprob.corrupt(p.solution, random.Random(1))
     req = t.OpenRequest(
-        "open-1",
-        "",
-        "",
-        [Rule("arithmetic")],
+        request_id="open-1",
+        task="",
+        prompt="",
+        rules=[Rule("arithmetic")],
         messages=[*CONV, ChatMessage("user", p.prompt)],
         extraction=Extraction("marker"),
     )
@@ -71,7 +71,7 @@ async def test_open_session_verifies_extracts_and_answers(stub):
 
 async def test_likelihood_threshold_can_say_no(stub):
     p = _problem(5)
-    req = t.OpenRequest("open-2", "", p.prompt, extraction=Extraction("marker"))
+    req = t.OpenRequest(request_id="open-2", task="", prompt=p.prompt, extraction=Extraction("marker"))
     gibberish = "zebra quantum " * 6 + "\nAnswer: 3"
     events = await _session(stub, req, [gibberish])
     (v,) = [e for e in events if isinstance(e, t.Verdict)]
