@@ -53,7 +53,9 @@ def make_workload(n: int, drafts: int, seed: int = 3) -> list[tuple[t.OpenReques
                 Sampling(n=drafts, temperature=0.7, presence_penalty=0.0, frequency_penalty=0.0, seed=100 * i),
             )
         ]
-        out.append((t.OpenRequest(f"bench-{i}", p.task, p.prompt, expected_drafts=drafts), texts))
+        out.append(
+            (t.OpenRequest(request_id=f"bench-{i}", task=p.task, prompt=p.prompt, expected_drafts=drafts), texts)
+        )
     return out
 
 

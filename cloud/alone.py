@@ -24,7 +24,8 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 
 from coinfer import types as t
 from coinfer.cloud.answer import Answer, finish_reason, join_steps
@@ -44,6 +45,23 @@ ONE_DRAFT = 1
 """Support a step needs to join the prefix the cloud continues: one draft's verified step is right."""
 
 
+@dataclass(kw_only=True)
+class _Tries:
+    """A step-by-step answer's generations so far (``CloudAlone._stepwise``): its corrections and samples,
+    what each said, the tokens decoded and those taken from drafts."""
+
+    fixes: int = 0
+    samples: int = 0
+    notes: list[str] = field(default_factory=list)
+    tokens: int = 0
+    accepted: int = 0
+
+    def took(self, w: Written) -> None:
+        """Count generation ``w``'s tokens."""
+        self.tokens += w.tokens - w.accepted
+        self.accepted += w.accepted
+
+
 class CloudAlone:
     """The cloud's own answer for one session (``answer``)."""
 
@@ -56,7 +74,7 @@ class CloudAlone:
         self.proposals: Sequence[Proposal] = ()
         self.more: More | None = None
         self.draft_valid = False
-        """A valid draft answers where this answer fails (``PolicyConfig.own_over_candidates``): no unchecked
+        """A valid draft answers where this answer fails (``SessionContext.own_over_candidates``): no unchecked
         text of its own is streamed then."""
 
     def _write(self, *args, **kwargs) -> Awaitable[Written]:
@@ -73,7 +91,7 @@ class CloudAlone:
         self, not_as_is: str = "", *, proposals: Sequence[Proposal] = (), more: More | None = None
     ) -> Answer:
         """The cloud's answer, from the steps the drafts judged so far got right. ``not_as_is``: why the best
-        valid draft was not the answer (``PolicyConfig.own_over_candidates``; '': no draft was valid).
+        valid draft was not the answer (``SessionContext.own_over_candidates``; '': no draft was valid).
         ``proposals`` / ``more``: drafts of the whole answer whose tokens the target takes where it writes
         the same (exact verification: then no draft's steps are continued, the answer being the target's own)."""
         ctx, p = self.ctx, self.ctx.policy
@@ -133,62 +151,73 @@ class CloudAlone:
         a preset's ``answer ...``, an extraction's marker), an answer that stopped without a passing end
         is sampled anew from the last step shown, as a failed step is."""
         ctx, p, rules = self.ctx, self.ctx.policy, self.ctx.rules
-        params = ctx.params(p.refine_max_tokens)
         write = functools.partial(
-            self._write,
-            ctx.prompt_text,
-            check=rules.prefix_error,
-            max_chars=rules.max_chars,
-            grow=rules.step_shown,
+            self._write, ctx.prompt_text, check=rules.prefix_error, max_chars=rules.max_chars, grow=rules.step_shown
         )
         w = await write(prefix, p.refine_max_tokens, "cloud")
-        ttft, tokens, fixes, samples, notes = w.ttft_ms, w.tokens - w.accepted, 0, 0, []
-        accepted = w.accepted
+        ttft, tries = w.ttft_ms, _Tries()
+        tries.took(w)
         while True:
             why = w.error
             if not why:  # the generation ended: the rest is checked with the whole answer
-                valid, why, parsed = await self.judge.recheck(w.text, likelihood=False)
-                if valid and w.finish is not t.FinishReason.REPETITION:
-                    if rest := w.text[len(self.stream.shown) :]:
-                        self.stream.chunk(rest, final=True)
+                ended, why = await self._whole_checked(w, tries)
+                if ended:
                     break
-                stopped = w.finish is not t.FinishReason.STOP
-                if stopped and rules.judges_prefix:  # no end is held: its last good step ends it
-                    notes.append(f"cut at its last good step ({w.finish.value})")
-                    break
-            if ended := await self._end_shown_step():  # shown as it grew: the calculator ends it
-                notes.append(f"a step begun as shown ended by the calculator ({why})")
-                fixed = self.stream.shown if fixes < p.calculator_fixes else None
-            else:
-                fixed = (
-                    await asyncio.to_thread(ctx.task.corrected_prefix, ctx.spec, w.text)
-                    if fixes < p.calculator_fixes
-                    else None
-                )
-            if fixed is not None and fixed.startswith(self.stream.shown):
-                fixes += 1
-                if not ended:
-                    notes.append(f"a computed value corrected ({why})")
-                w = await write(fixed, self._room(fixed), f"fix{fixes}")
-            elif samples < p.cloud_candidates:
-                samples += 1
-                notes.append(f"a step resampled ({why})")
-                seed = (params.seed or 0) + samples
-                sampled = dataclasses.replace(params, temperature=p.cloud_temperature, seed=seed)
-                room = self._room(self.stream.shown)
-                w = await write(
-                    self.stream.shown, room, f"step{samples}", params=dataclasses.replace(sampled, max_tokens=room)
-                )
-            else:
-                notes.append(f"ended at its last good step: no continuation passed ({why})")
+            if (again := await self._step_again(write, w, why, tries)) is None:
                 break
-            tokens += w.tokens - w.accepted
-            accepted += w.accepted
+            w = again
+            tries.took(w)
+        return await self._stepwise_answer(w, ttft, tries)
+
+    async def _whole_checked(self, w: Written, tries: _Tries) -> tuple[bool, str]:
+        """A step-by-step generation ``w`` that ended, checked whole: (whether the answer ends here, why it fails).
+        It ends where it passes (what follows its last step streamed), or where it stopped (its budget,
+        ``max_chars``, a loop) and every rule judges a prefix: its last good step ends it."""
+        valid, why, _ = await self.judge.recheck(w.text, likelihood=False)
+        if valid and w.finish is not t.FinishReason.REPETITION:
+            if rest := w.text[len(self.stream.shown) :]:
+                self.stream.chunk(rest, final=True)
+            return True, why
+        if w.finish is not t.FinishReason.STOP and self.ctx.rules.judges_prefix:  # no end is held
+            tries.notes.append(f"cut at its last good step ({w.finish.value})")
+            return True, why
+        return False, why
+
+    async def _step_again(
+        self, write: Callable[..., Awaitable[Written]], w: Written, why: str, tries: _Tries
+    ) -> Written | None:
+        """After a failed step (or a failed end) of ``w``: the target continues from the last good step, the
+        failed step's wrong computed value corrected (a step shown as it grew: ended by the calculator), else
+        sampled anew; None once the tries are spent."""
+        ctx, p = self.ctx, self.ctx.policy
+        fixing = tries.fixes < p.calculator_fixes
+        if ended := await self._end_shown_step():  # shown as it grew: the calculator ends it
+            tries.notes.append(f"a step begun as shown ended by the calculator ({why})")
+            fixed = self.stream.shown if fixing else None
+        else:
+            fixed = await asyncio.to_thread(ctx.task.corrected_prefix, ctx.spec, w.text) if fixing else None
+        if fixed is not None and fixed.startswith(self.stream.shown):
+            tries.fixes += 1
+            if not ended:
+                tries.notes.append(f"a computed value corrected ({why})")
+            return await write(fixed, self._room(fixed), f"fix{tries.fixes}")
+        if tries.samples < p.cloud_candidates:
+            tries.samples += 1
+            tries.notes.append(f"a step resampled ({why})")
+            params, room = ctx.params(p.refine_max_tokens), self._room(self.stream.shown)
+            seed = (params.seed or 0) + tries.samples  # seeded: the same request ends on the same text
+            sampled = dataclasses.replace(params, temperature=p.cloud_temperature, seed=seed, max_tokens=room)
+            return await write(self.stream.shown, room, f"step{tries.samples}", params=sampled)
+        tries.notes.append(f"ended at its last good step: no continuation passed ({why})")
+        return None
+
+    async def _stepwise_answer(self, w: Written, ttft: float, tries: _Tries) -> Answer:
+        """The step-by-step answer once its tries end (``w``: the last): what the stream shows."""
         unverified = not self.stream.shown.strip() and bool(w.text.strip()) and not self.draft_valid
         if unverified:
             # not one step passed and no draft is valid: the last try, through the step that failed, rather
             # than no text at all (what the cloud answered before it streamed steps: its own answer, invalid)
-            notes.append("no step passed: its last try, unverified")
+            tries.notes.append("no step passed: its last try, unverified")
             self.stream.chunk(w.text, final=True)
         text = self.stream.shown
         valid, _, parsed = await self.judge.recheck(text, likelihood=False)
@@ -199,11 +228,11 @@ class CloudAlone:
             parsed=parsed,
             mode=t.RefineMode.ALONE,
             finish=w.finish,
-            note="streamed as final step by step" + "".join(f"; {n}" for n in notes),
+            note="streamed as final step by step" + "".join(f"; {n}" for n in tries.notes),
             ttft_ms=ttft,
-            steps=tokens,
-            generated=tokens,
-            accepted=accepted,
+            steps=tries.tokens,
+            generated=tries.tokens,
+            accepted=tries.accepted,
         )
 
     async def _end_shown_step(self) -> bool:

@@ -5,7 +5,7 @@ Every answer chunk and every withdrawal goes through ``AnswerStream``: ``chunk``
 whether it is final), ``withdraw`` takes it all back (``AnswerReset``), ``replace`` makes the shown text
 the answer. Other events (verdicts, retry advice, the Summary) go through ``put``, which refuses chunks
 and resets so that nothing streams answer text past the record. The reader (``Session.run``) takes the
-events with ``events``: they end at ``end``, or raise what ``fail`` was given.
+events with ``next`` (or ``events``): they end at ``end``, or raise what ``fail`` was given.
 
 Writes never wait: the queue is unbounded (a session's events are bounded by its token budget), so
 the writers are plain methods and a writer is never suspended between the record and the queue.
@@ -79,12 +79,17 @@ class AnswerStream:
         """The session failed: ``events`` raises ``exc`` after the events before it."""
         self._queue.put_nowait(exc)
 
+    async def next(self) -> t.CloudEvent | None:
+        """The next event in order; None after ``end``; raises what ``fail`` was given. A plain coroutine, not a
+        generator: the session's ``run`` yields from it directly, one generator fewer on the answer's way out."""
+        ev = await self._queue.get()
+        if ev is _END:
+            return None
+        if isinstance(ev, BaseException):
+            raise ev
+        return ev
+
     async def events(self) -> AsyncIterator[t.CloudEvent]:
-        """The events in order, until ``end``; raises what ``fail`` was given."""
-        while True:
-            ev = await self._queue.get()
-            if ev is _END:
-                return
-            if isinstance(ev, BaseException):
-                raise ev
+        """The events in order, until ``end``; raises what ``fail`` was given (``next`` as an iterator)."""
+        while (ev := await self.next()) is not None:
             yield ev

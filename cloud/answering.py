@@ -32,7 +32,7 @@ from coinfer.cloud.judging import Judge
 from coinfer.cloud.policy import consensus_prefix, mean_logprob, refine_max_tokens
 from coinfer.cloud.ranking import Judged, Ranked
 from coinfer.cloud.speculation import More, Proposal
-from coinfer.cloud.writer import Writer, never
+from coinfer.cloud.writer import Writer, Written, never
 from coinfer.tasks import OPEN, Parsed
 from coinfer.tasks.base import split_steps
 
@@ -43,6 +43,18 @@ REFINE_LENGTH_SLACK = 16
 """...plus this many tokens, so that a very short draft still leaves its refinement room to finish."""
 MIN_CONSENSUS_SUPPORT = 2
 """Drafts (duplicates count) that must give the same answer for it to be what the drafts agree on."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Checked:
+    """A refinement checked (``Answerer._check_refinement``): its text, whether it may be the answer, why not,
+    what the rules extracted, and whether it was refused only for contradicting what the drafts agree on."""
+
+    text: str
+    ok: bool
+    why: str
+    parsed: Parsed | None
+    contradicts: bool = False
 
 
 @dataclass(kw_only=True)
@@ -190,71 +202,87 @@ class Answerer:
         """The target refines the drafts (a verified prefix continued, or candidates in the prompt); a
         refinement that fails the rules, leaks the template, is unlikely or contradicts what the drafts
         agree on is withdrawn and the best draft returned: never worse than the best valid draft. A
-        candidates refinement that fails for another reason than contradicting agreeing drafts gives the
-        cloud's own answer instead (``PolicyConfig.alone_after_rejected_candidates``)."""
-        p = self.ctx.policy
+        candidates refinement that fails the rules gives the cloud's own answer instead, where that passes
+        (``_own_instead``)."""
         best = ranked[0][0]
         plan = self.refine_plan(ranked)
+        w = await self._write_refinement(plan, best, attempt)
+        c = await self._check_refinement(ranked, plan, w, attempt)
+        note = f"refined from {len(plan.chosen)} draft(s) as {plan.mode} (not as is: {not_as_is})"
+        if c.ok:
+            a = Answer(
+                text=c.text,
+                source=t.AnswerSource.REFINED,
+                valid=True,
+                parsed=c.parsed,
+                chosen=plan.chosen,
+                mode=plan.mode,
+                finish=w.finish,
+                note=note,
+            )
+        elif not c.contradicts and plan.mode is t.RefineMode.CANDIDATES and await self._fails_rules(c.text):
+            return await self._own_instead(best, plan, note, c.why, w)
+        else:
+            a = self._best_instead(best, plan, note, c.why)
+        a.ttft_ms, a.steps, a.generated = w.ttft_ms, w.tokens, w.tokens
+        return a
+
+    async def _write_refinement(self, plan: RefinePlan, best: Judged, attempt: int) -> Written:
+        """The refinement streamed: final while it writes what the best draft says (a rejection returns that
+        draft); a candidates refinement may lose a leading label once done, so none of it is final before then."""
+        p = self.ctx.policy
         # latency-aware budget (docs/design.md §4.4), but never shorter than twice the longest draft used
         longest = max(j.draft.num_tokens for j in plan.chosen)
         max_tokens = max(
             refine_max_tokens(best.verdict.score, p.refine_max_tokens),
             min(p.refine_max_tokens, REFINE_LENGTH_FACTOR * longest + REFINE_LENGTH_SLACK),
         )
-        # final while it writes what the best draft says (a rejection returns that draft); a candidates
-        # refinement may lose a leading label once done, so none of it is final before then
         same = best.draft.text.startswith if plan.mode is t.RefineMode.PREFIX else never
-        w = await self.writer.write(plan.prompt, plan.prefix, max_tokens, f"r{attempt}", same)
+        return await self.writer.write(plan.prompt, plan.prefix, max_tokens, f"r{attempt}", same)
+
+    async def _check_refinement(self, ranked: Ranked, plan: RefinePlan, w: Written, attempt: int) -> _Checked:
+        """Whether the refinement ``w`` may replace the drafts: its text (a candidate's label dropped) free of
+        the template's scaffolding, passing the rules and the threshold, and not contradicting agreeing drafts."""
+        p, best = self.ctx.policy, ranked[0][0]
         text = w.text
         if plan.mode is t.RefineMode.CANDIDATES:
             text = strip_candidate_label(text, p.candidate_format, len(plan.chosen))
         if why := scaffolding_error(text, p.refine_template):
-            ok, parsed = False, None
-        else:
-            ok, why, parsed = await self.judge.recheck(
-                text, than=self.judge.mean_logprob(best.draft.index), truncated=w.finish != t.FinishReason.STOP
-            )
-        contradicts = False
+            return _Checked(text=text, ok=False, why=why, parsed=None)
+        ok, why, parsed = await self.judge.recheck(
+            text, than=self.judge.mean_logprob(best.draft.index), truncated=w.finish != t.FinishReason.STOP
+        )
         if ok and (why := await self._refinement_error(ranked, text, parsed, attempt)):
-            ok, contradicts = False, True
-        note = f"refined from {len(plan.chosen)} draft(s) as {plan.mode} (not as is: {not_as_is})"
-        own = None
-        if (
-            not ok
-            and not contradicts
-            and plan.mode is t.RefineMode.CANDIDATES
-            and p.alone_after_rejected_candidates
-            and await self._fails_rules(text)
-        ):
-            own = await self._own_answer()
-            if own.valid:
-                self.stream.replace(own.text, f"refinement rejected: {why}")  # nothing of the refinement was final
-                own.note = "; ".join(
-                    n for n in (f"{note}; refinement rejected ({why}): the cloud answered itself", own.note) if n
-                )
-                own.steps += w.tokens
-                own.generated += w.tokens
-                return own
-            why = f"{why}; the cloud's own answer failed too ({own.note or 'invalid'})"
-        if ok:
-            a = Answer(
-                text=text,
-                source=t.AnswerSource.REFINED,
-                valid=True,
-                parsed=parsed,
-                chosen=plan.chosen,
-                mode=plan.mode,
-                finish=w.finish,
-                note=note,
+            return _Checked(text=text, ok=False, why=why, parsed=parsed, contradicts=True)
+        return _Checked(text=text, ok=ok, why=why, parsed=parsed)
+
+    def _best_instead(self, best: Judged, plan: RefinePlan, note: str, why: str) -> Answer:
+        """The refinement refused (``why``): the best draft, streamed in its place."""
+        a = draft_answer(best, plan.mode, f"{note}; refinement rejected ({why}), best draft returned")
+        a.chosen = plan.chosen
+        self.stream.replace(a.text, f"refinement rejected: {why}")
+        return a
+
+    async def _own_instead(self, best: Judged, plan: RefinePlan, note: str, why: str, w: Written) -> Answer:
+        """A candidates refinement ``w`` that failed the rules (``why``): the cloud's own answer where it passes
+        (the cloud plan's answer, written aside and shown only then), else the best draft. A draft can pass every
+        rule and still be wrong: on a demo words problem "Now she has 11 + 9 = 20" (21 given) passed the
+        arithmetic rule at verifier score 0.63, its refinement copied the 11 and failed, and the draft was the
+        answer (split 0.94-0.95 on words under load; docs/measurements.md, "A wrong answer found on the way").
+        Not where the refinement only contradicted what the drafts agree on or was less likely than the draft
+        (the draft is then the better evidence), nor after a prefix refinement (its shown text promised the best
+        draft's)."""
+        own = await self._own_answer()
+        if own.valid:
+            self.stream.replace(own.text, f"refinement rejected: {why}")  # nothing of the refinement was final
+            own.note = "; ".join(
+                n for n in (f"{note}; refinement rejected ({why}): the cloud answered itself", own.note) if n
             )
-        else:
-            a = draft_answer(best, plan.mode, f"{note}; refinement rejected ({why}), best draft returned")
-            a.chosen = plan.chosen
-            self.stream.replace(a.text, f"refinement rejected: {why}")
-        a.ttft_ms, a.steps, a.generated = w.ttft_ms, w.tokens, w.tokens
-        if own is not None:
-            a.steps += own.steps
-            a.generated += own.generated
+            own.steps += w.tokens
+            own.generated += w.tokens
+            return own
+        a = self._best_instead(best, plan, note, f"{why}; the cloud's own answer failed too ({own.note or 'invalid'})")
+        a.ttft_ms, a.steps, a.generated = w.ttft_ms, w.tokens + own.steps, w.tokens + own.generated
         return a
 
     async def _fails_rules(self, text: str) -> bool:

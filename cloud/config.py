@@ -16,7 +16,7 @@ MAX_PARALLEL = 64
 """GPUs one replica spans at most (tensor x data parallel): beyond one node's worth is a typo."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EngineConfig:
     """The vLLM engine serving both verification scoring and refinement."""
 
@@ -138,7 +138,7 @@ class EngineConfig:
         path = Path(self.chat_template)
         try:
             text = path.read_text(encoding="utf-8")
-            ChatFormat(text).render([ChatMessage("system", "s"), ChatMessage("user", "u")])
+            ChatFormat(template=text).render([ChatMessage("system", "s"), ChatMessage("user", "u")])
         except Exception as exc:  # unreadable, not Jinja, or a template that fails on a plain conversation
             raise ValueError(
                 f"engine.chat_template: {path}: not a usable chat template ({type(exc).__name__}: {str(exc)[:200]})"
@@ -151,7 +151,7 @@ class EngineConfig:
         return self.served_name or Path(self.model.rstrip("/")).name
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Limits:
     """Per-request limits; over a limit -> RESOURCE_EXHAUSTED naming it."""
 
@@ -190,7 +190,7 @@ MAX_DRAFT_FROM_ROUNDS = 64
 """Continuation rounds one answer may ask for: past it a round trip per round outweighs what a round takes."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PolicyConfig:
     """Verification, scheduling and refinement policy (docs/design.md §2.2, §3.1-4.4)."""
 
@@ -206,24 +206,6 @@ class PolicyConfig:
     """Start the refinement from the valid drafts' consensus steps (docs/design.md §4.4)."""
     prefix_min_score: float = bounded(0.9, ge=0)
     """...but only when the best draft's verifier score reaches this (see cloud/answering.py, Answerer.refine_plan)."""
-    alone_after_rejected_candidates: bool = True
-    """Where a refinement from the drafts as candidates fails the rules, the cloud answers itself
-    (``CloudAlone``, the cloud plan's answer, written aside and shown only if it passes) instead of returning
-    the best draft, which was not good enough as is. A draft can pass every rule and still be wrong: on a demo
-    words problem, "Now she has 11 + 9 = 20" (21 given) passed the arithmetic rule at verifier score 0.63,
-    its refinement copied the 11 and failed, and the draft was the answer. Not where the refinement only
-    contradicted what the drafts agree on or was less likely than the draft (the draft is then the better
-    evidence), nor after a prefix refinement (its shown text promised the best draft's). False: the best
-    draft, as before."""
-    own_over_candidates: bool = True
-    """An open request under the ``arithmetic`` rule whose cloud answer streams checked step by step (an
-    extraction marker, or none: ``RuleSet.streams_steps``): where the best draft is not good enough as is,
-    the cloud writes its own checked answer (``CloudAlone``: each step's equations checked, a wrong value
-    corrected by the calculator) instead of a refinement from the drafts as candidates. The drafts' work is
-    already in the repair of their computed values (``repair_drafts``); what is left against them is the
-    target's doubt, and the candidates' prompt cost the cloud ~4x its own answer's (held-out word problems,
-    split: 391 engine tokens against 80; the refinement, unchecked as it wrote, then failed the arithmetic
-    rule and the cloud answered itself anyway). False: candidates, as before."""
     context_drafts: int = bounded(2, ge=1)
     """Best valid drafts used as refinement context."""
     accept_min_score: float = bounded(0.9, ge=0)
@@ -236,11 +218,6 @@ class PolicyConfig:
     accept_min_token_logprob: float = bounded(-3.0, le=0)
     """A single wrong number in a long draft barely moves its mean logprob but is a token the
     target finds very unlikely: the minimum catches it."""
-    rules_decide: bool = True
-    """Where the rules in force grade a draft exactly (a preset's own checkers: ``RuleSet.exact``), a draft
-    that passes them is right: no LLM verifier is asked, and the best such draft is the answer as is (no
-    refinement, no continuation). The verifier's prefill per draft and the refinement were most of what a
-    split answer cost the cloud (benchmarks/capacity.py); off: every valid draft is scored as on open requests."""
     min_round_odds: float = bounded(0.3, ge=0, le=1)
     """Advise another round of drafts only where rounds of the same kind of request (draft model, task, rule
     kinds) may hold a draft the rules pass this often, by the upper confidence bound of their odds, first
@@ -268,8 +245,9 @@ class PolicyConfig:
     Summary comes. The LLM verifier then scores a session's drafts one at a time, in arrival order (each
     prefill waits for the one before), so that a round whose first draft stands costs the cloud one
     prefill, not one per draft, and the user waits for that draft, not for the round's longest. Measured
-    in ``benchmarks/capacity.py`` (docs/measurements.md, run G). Off: every draft is scored, side by side,
-    and the session answers from the best once the round is in."""
+    in ``benchmarks/capacity.py`` (docs/measurements.md, "Capacity of one cloud replica against plain vLLM":
+    ``policy.accept_first`` on the real model). Off: every draft is scored, side by side, and the session
+    answers from the best once the round is in."""
     refine_temperature: float = bounded(0.0, ge=0, le=MAX_TEMPERATURE)
     """Refinement is greedy by default: the tasks have one exact answer (the seed's 0.7
     is for open-ended prose). A request's own sampling overrides it."""
@@ -330,15 +308,18 @@ class PolicyConfig:
     word problems the target's answers that the rules caught were arithmetic slips on a right plan
     ("64 - 63 = 11")."""
     repair_drafts: bool = True
-    """Where exact rules decide (``rules_decide``), a draft that fails them is rewritten with its computed
-    values' true values in place (``Task.repaired``: a select draft's subset sums; the subsets listed and
-    the answer chosen stay the draft's) and checked again; one that then passes is valid, its answer the
-    repaired text (``refine_mode`` "repaired"), with no engine work. The shipped demo draft's select drafts
-    passed the rules 0 times in 80 as written, 14 repaired (9 of 16 requests held one); every repaired one
-    that passed was right, since the rules then judge every listed sum and the choice among them. Where no
-    draft is valid, the steps the cloud continues are the drafts' repaired ones (any preset: each step is
-    checked by the task before it is continued), so the target writes only what the drafts did not get
-    right: a select draft's choice, an arith draft's first step off the expression's."""
+    """Where a preset's exact checkers decide (``SessionContext.rules_decide``), a draft that fails them is
+    rewritten with its computed values' true values in place (``Task.repaired``: a select draft's subset sums;
+    the subsets listed and the answer chosen stay the draft's) and checked again; one that then passes is
+    valid, its answer the repaired text (``refine_mode`` "repaired"), with no engine work. The shipped demo
+    draft's select drafts passed the rules 0 times in 80 as written, 14 repaired (9 of 16 requests held one);
+    every repaired one that passed was right, since the rules then judge every listed sum and the choice among
+    them. Where no draft is valid, the steps the cloud continues are the drafts' repaired ones (any preset:
+    each step is checked by the task before it is continued), so the target writes only what the drafts did
+    not get right: a select draft's choice, an arith draft's first step off the expression's. Measured on and
+    off (docs/measurements.md, the first table's split row, re-run 2026-12-05): the same accuracy, split's
+    cloud tokens per answer 4.4 / 2.3 / 23.0 against 6.9 / 50.6 / 23.6. Off: the answer is only ever text a
+    model wrote."""
     cloud_candidates: int = bounded(4, ge=0)
     """When the cloud answers itself and its greedy answer fails the rules: sampled
     candidates (one batched request) checked against the rules; 0 disables."""
@@ -351,9 +332,9 @@ class PolicyConfig:
     The two others may change the answer: "likelihood" (a whole draft whose target prompt logprobs pass the
     thresholds below is the answer as the draft model wrote it) and "judge" (the model answers {valid, score,
     error} as constrained JSON; needs an instruction-tuned verifier model to mean anything). A request whose
-    rules decide (``rules_decide``) takes a draft they pass under any of them. A name (``str``: as a config file,
-    variable or flag gives it) becomes its ``VerifierKind`` when the config is built, or is refused naming the
-    field."""
+    rules decide (a preset's exact checkers, ``SessionContext.rules_decide``) takes a draft they pass under
+    any of them. A name (``str``: as a config file, variable or flag gives it) becomes its ``VerifierKind``
+    when the config is built, or is refused naming the field."""
     draft_from_rounds: int = bounded(8, ge=0, le=MAX_DRAFT_FROM_ROUNDS)
     """Exact verification: times an answer may ask the edge for drafts that continue it (``DraftFrom``) after
     the target took the last round's drafts as far as it writes them; 0: the target decodes whatever the first
@@ -398,7 +379,7 @@ class PolicyConfig:
 ENV_PREFIX = "COINFER_CLOUD_"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CloudConfig:
     """Everything the cloud service needs. ``python -m coinfer.cloud.server`` reads it with ``coinfer.serving.settings``:
     a TOML file (``[cloud]``, sections ``[cloud.policy]`` ...) < ``COINFER_CLOUD_<FIELD>`` (a section's

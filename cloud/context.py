@@ -52,8 +52,13 @@ class SessionContext:
 
     @property
     def rules_decide(self) -> bool:
-        """The rules alone judge a draft (``PolicyConfig.rules_decide``): no LLM verifier, no refinement."""
-        return self.policy.rules_decide and self.rules.exact
+        """The rules alone judge a draft: a preset's own checkers, no client rule (``RuleSet.exact``), grade an
+        answer exactly, so a draft that passes them is right -- no LLM verifier is asked, and the best such draft
+        is the answer as is (no refinement, no continuation). The verifier's prefill per draft and the
+        refinement were most of what a split answer cost the cloud: arith's split capacity went from 0 (the
+        first rate missed) to >= 30.4/s (docs/measurements.md, "Capacity of one cloud replica against plain
+        vLLM", runs A and B; the switch that kept the old scoring is gone)."""
+        return self.rules.exact
 
     @property
     def repairs(self) -> bool:
@@ -66,8 +71,14 @@ class SessionContext:
     @property
     def own_over_candidates(self) -> bool:
         """Where the best draft is not taken as is, the cloud answers itself, checked step by step, rather than
-        refine from candidates (``PolicyConfig.own_over_candidates``)."""
-        return self.policy.own_over_candidates and self.rules.repairs_equations and self.rules.streams_steps
+        refine from candidates: an open request under the ``arithmetic`` rule whose cloud answer streams checked
+        step by step (an extraction marker, or none: ``RuleSet.streams_steps``). The drafts' work is already in
+        the repair of their computed values (``repairs``); what is left against them is the target's doubt, and
+        the candidates' prompt cost the cloud ~4x its own answer (docs/measurements.md, "Word problems: drafts
+        repaired, doubted drafts answered by the cloud's own checked answer": 48 held-out word problems, 48
+        right either way, 90.5 engine tokens per answer against 119 with candidates). Where the own answer
+        fails, the best valid draft answers (``Answerer``): never worse than it."""
+        return self.rules.repairs_equations and self.rules.streams_steps
 
     @property
     def free_text(self) -> bool:

@@ -48,7 +48,7 @@ def current_cost() -> CloudCost | None:
     return _COST.get()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GenParams:
     max_tokens: int
     temperature: float = 0.0

@@ -31,7 +31,7 @@ def request_kind(req: t.OpenRequest, rules: RuleSet) -> tuple[str, str, tuple[st
     return req.draft_model, req.task, rules.kinds
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Rounds:
     """The drafts a session has taken, by round, within ``limits``."""
 

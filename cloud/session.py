@@ -149,7 +149,7 @@ class Session:
         stands = self._stands if cfg.policy.accept_first and not self.ctx.exact else None
         self.judge = Judge(self.ctx, weights=weights, load=load, stands=stands)
         self.answerer = Answerer(self.ctx, judge=self.judge, stream=self.stream)
-        self.rounds = Rounds(cfg.limits)
+        self.rounds = Rounds(limits=cfg.limits)
         self.load, self.drafting = load, drafting
         self.hedge: Hedge | None = None
         """The cloud's own answer racing the drafts (``coinfer.cloud.hedge``), begun when the session runs."""
@@ -187,7 +187,7 @@ class Session:
         yield t.SessionAccepted(ctx.req.request_id, ctx.rules.labels, self.recommended_drafts)
         task = asyncio.create_task(self._drive(inbox))
         try:
-            async for ev in self.stream.events():
+            while (ev := await self.stream.next()) is not None:
                 yield ev
         finally:
             if not task.done():

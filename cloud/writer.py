@@ -18,14 +18,14 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from coinfer import types as t
 from coinfer.cloud.answer import finish_reason
 from coinfer.cloud.answer_stream import AnswerStream
 from coinfer.cloud.context import SessionContext
-from coinfer.cloud.engine import GenParams
+from coinfer.cloud.engine import Chunk, GenParams
 from coinfer.cloud.ranking import MS_PER_S
 from coinfer.cloud.speculation import More, Proposal, speculate
 from coinfer.repetition import repetition_error
@@ -99,17 +99,15 @@ class Writer:
         ``proposals``: drafts of the whole answer; those that begin with ``prefix`` offer the target the rest of
         their text, which it takes where it would write the same tokens (``coinfer.cloud.speculation``: the
         text is the target's own); ``more``: the next round of such drafts (whole answers) once one is taken."""
-        t_start, ttft = time.perf_counter(), 0.0
+        t_start = time.perf_counter()
         steps = _Steps(self.stream, prefix, check, max_chars, grow) if check else None
         if steps is None and prefix:
             self.stream.chunk(prefix, final(prefix))
-        text, tokens, finish, checked = prefix, 0, t.FinishReason.STOP, 0
-        if steps and (error := await steps.advance(text)):  # a prefix's own step failed: nothing to write
-            return Written(text=text[: steps.failed], ttft_ms=ttft, tokens=0, finish=finish, error=error)
-        error = ""
+        if steps and (error := await steps.advance(prefix)):  # a prefix's own step failed: nothing to write
+            return Written(text=prefix[: steps.failed], ttft_ms=0.0, tokens=0, finish=t.FinishReason.STOP, error=error)
         params = params or self.ctx.params(max_tokens)
         if params.max_tokens < 1:  # the answer's budget is spent (a step corrected at its end): nothing to write
-            return Written(text=text, ttft_ms=ttft, tokens=0, finish=t.FinishReason.LENGTH)
+            return Written(text=prefix, ttft_ms=0.0, tokens=0, finish=t.FinishReason.LENGTH)
         stream = speculate(
             self.ctx.engine,
             prompt + prefix,
@@ -118,29 +116,42 @@ class Writer:
             after(proposals, prefix),
             _after_more(more, prefix) if more is not None else None,
         )
-        accepted = 0
         async with contextlib.aclosing(stream):  # leaving early closes it: the engine aborts the request
-            async for delta in stream:
-                if not ttft:
-                    ttft = (time.perf_counter() - t_start) * MS_PER_S
-                tokens += delta.tokens
-                accepted += delta.accepted
-                finish = finish_reason(delta.finish_reason, finish)
-                if delta.text:
-                    text += delta.text
-                    if steps is None:
-                        self.stream.chunk(delta.text, final(text))
-                    elif error := await steps.advance(text):
-                        text = text[: steps.failed]  # the failed step ends the text
-                        break
-                    elif len(text) > max_chars:
-                        finish = t.FinishReason.LENGTH
-                        break
-                if tokens - checked >= LOOP_CHECK_TOKENS and delta.finish_reason is None:
-                    checked = tokens
-                    if repetition_error(text):  # linear in the text, which is bounded by max_tokens
-                        finish = t.FinishReason.REPETITION
-                        break
+            return await self._streamed(stream, t_start, prefix, final, steps, max_chars)
+
+    async def _streamed(
+        self,
+        stream: AsyncIterator[Chunk],
+        t_start: float,
+        text: str,
+        final: Callable[[str], bool],
+        steps: _Steps | None,
+        max_chars: float,
+    ) -> Written:
+        """The generation ``stream`` after ``text``, streamed chunk by chunk (``final``) or step by step
+        (``steps``), until it ends, a step fails, it passes ``max_chars`` or it falls into a loop."""
+        ttft, tokens, accepted, finish, checked, error = 0.0, 0, 0, t.FinishReason.STOP, 0, ""
+        async for delta in stream:
+            if not ttft:
+                ttft = (time.perf_counter() - t_start) * MS_PER_S
+            tokens += delta.tokens
+            accepted += delta.accepted
+            finish = finish_reason(delta.finish_reason, finish)
+            if delta.text:
+                text += delta.text
+                if steps is None:
+                    self.stream.chunk(delta.text, final(text))
+                elif error := await steps.advance(text):
+                    text = text[: steps.failed]  # the failed step ends the text
+                    break
+                elif len(text) > max_chars:
+                    finish = t.FinishReason.LENGTH
+                    break
+            if tokens - checked >= LOOP_CHECK_TOKENS and delta.finish_reason is None:
+                checked = tokens
+                if repetition_error(text):  # linear in the text, which is bounded by max_tokens
+                    finish = t.FinishReason.REPETITION
+                    break
         return Written(text=text, ttft_ms=ttft, tokens=tokens, finish=finish, error=error, accepted=accepted)
 
 

@@ -138,7 +138,7 @@ def _compile(source: str):
     return env.from_string(source)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class ChatFormat:
     """How one model reads a conversation."""
 
@@ -166,7 +166,7 @@ class ChatFormat:
             v = cfg.get(name) or ""
             return v.get("content", "") if isinstance(v, dict) else v
 
-        return cls(template, tok("bos_token"), tok("eos_token"), str(d))
+        return cls(template=template, bos_token=tok("bos_token"), eos_token=tok("eos_token"), source=str(d))
 
     @property
     def templated(self) -> bool:
@@ -196,7 +196,9 @@ class ChatFormat:
     def with_template(self, template: str, source: str = "") -> ChatFormat:
         """This format read with ``template`` instead (a template file given to a model: vLLM's
         ``--chat-template``)."""
-        return ChatFormat(template, self.bos_token, self.eos_token, source or self.source)
+        return ChatFormat(
+            template=template, bos_token=self.bos_token, eos_token=self.eos_token, source=source or self.source
+        )
 
     def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> str:
         """The model's input text for ``messages`` (ending where the assistant's answer starts). Without a

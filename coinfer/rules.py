@@ -91,7 +91,7 @@ MAX_PARAMS_BYTES = 64 << 10
 """Most serialised bytes of one rule's params on the wire (checked before they are converted)."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RuleResult:
     """Outcome of running a rule set on one draft."""
 
@@ -509,16 +509,16 @@ class RuleSet:
         request), then run every rule in order; stop at the first failure."""
         parsed = parsed if parsed is not None else self.parse(text)
         if not parsed.ok:
-            return RuleResult(False, parsed.error, "parse"), parsed
+            return RuleResult(valid=False, error=parsed.error, failed_rule="parse"), parsed
         if loop := repetition_error(text):
-            return RuleResult(False, loop, "repetition", ["parse"]), parsed
+            return RuleResult(valid=False, error=loop, failed_rule="repetition", passed=["parse"]), parsed
         passed = ["parse"]
         for c in self.rules:
             err = c(text, parsed)
             if err:
-                return RuleResult(False, err, c.rule.label, passed), parsed
+                return RuleResult(valid=False, error=err, failed_rule=c.rule.label, passed=passed), parsed
             passed.append(c.rule.label)
-        return RuleResult(True, passed=passed), parsed
+        return RuleResult(valid=True, passed=passed), parsed
 
     def check_repaired(self, text: str) -> tuple[RuleResult, Parsed, str, str]:
         """``check``, and where ``text`` fails it, ``check`` of its calculator repair (``_repaired``:

@@ -111,7 +111,7 @@ class FinishReason(StrEnum):
     """The cloud stopped its own generation where it fell into a loop (``coinfer.repetition``)."""
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class SamplingParams:
     """Sampling for a generation. Defaults are the seed's draft defaults (003, 4.2)."""
 
@@ -153,7 +153,7 @@ class SamplingParams:
         )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class OpenRequest:
     """The first message of a session."""
 
@@ -186,7 +186,7 @@ class OpenRequest:
         return question_of(self.conversation)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Draft:
     index: int
     text: str
@@ -202,7 +202,7 @@ class Draft:
     """The ``DraftFrom`` round it answers (its text begins with that text); 0: one of the session's own rounds."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Verdict:
     draft_index: int
     valid: bool
@@ -242,7 +242,7 @@ class AnswerSource(IntEnum):
     CLOUD = 3
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DraftScore:
     draft_index: int
     valid: bool
@@ -250,7 +250,7 @@ class DraftScore:
     rank_score: float
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Timings:
     verify_ms: float = 0.0
     refine_ttft_ms: float = 0.0
@@ -262,7 +262,7 @@ class Timings:
     """Every target token generated for the answer (streamed + all fallback candidates)."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CloudCost:
     """What one session made the cloud's engine do, counted where every engine request passes
     (``VllmEngine._run``): the cloud's own cost of an answer, which the edge's planner estimates per plan
@@ -306,7 +306,7 @@ class CloudCost:
             self.scored_tokens += prompt - cached
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Summary:
     answer: str
     source: AnswerSource
@@ -331,7 +331,7 @@ class Summary:
     """The engine work this answer cost the cloud; None from a cloud that does not report it."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RetryAdvice:
     attempt: int
     num_drafts: int
@@ -359,7 +359,7 @@ class SessionAccepted:
     recommended_drafts: int
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Status:
     queue_depth: int
     running: int

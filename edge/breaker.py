@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from coinfer.types import BreakerState
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CircuitBreaker:
     failures: int = 3
     reset_s: float = 10.0

@@ -19,7 +19,7 @@ from coinfer.validate import MAX_DEADLINE_MS, MAX_NEW_TOKENS
 ENV_PREFIX = "COINFER_EDGE_"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EdgeConfig:
     model: str = ""
     """Draft model directory from the quantize CLI (manifest verified at load)."""

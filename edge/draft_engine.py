@@ -21,7 +21,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from coinfer.chat import ChatFormat, ChatMessage
-from coinfer.edge.onnx_lm import OnnxLM
+from coinfer.edge.onnx_lm import OnnxLM, Past
 from coinfer.edge.sampling import Sampling, sample_next
 from coinfer.errors import ResourceExhausted
 from coinfer.manifest import identity, verify_manifest
@@ -29,7 +29,7 @@ from coinfer.manifest import identity, verify_manifest
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DraftResult:
     """One finished draft."""
 
@@ -111,7 +111,14 @@ class OrtDraftEngine:
             cut = text.find(stop)
             if cut >= 0:
                 text = text[:cut]
-        return DraftResult(i, text, ids, float(np.mean(lp)) if lp else 0.0, (time.perf_counter() - t0) * 1e3, reason)
+        return DraftResult(
+            index=i,
+            text=text,
+            token_ids=ids,
+            mean_logprob=float(np.mean(lp)) if lp else 0.0,
+            edge_ms=(time.perf_counter() - t0) * 1e3,
+            finish_reason=reason,
+        )
 
     @staticmethod
     def _next(logits, live: list[int], tokens: list[list[int]], s: Sampling, rngs, greedy: int):
@@ -129,6 +136,24 @@ class OrtDraftEngine:
                 nxt[rows], lp[rows] = n, p
         return nxt, lp
 
+    def _prefill(self, prompt: str, max_new_tokens: int, n: int) -> tuple[np.ndarray, Past, int]:
+        """The prompt prefilled once at batch 1, its logits and KV cache tiled for ``n`` drafts, and the
+        drafts' token budget (what the context leaves of ``max_new_tokens``)."""
+        prompt_ids = self.encode(prompt)
+        budget = min(max_new_tokens, self.max_positions - len(prompt_ids))
+        if budget < 1:
+            raise ResourceExhausted(
+                f"prompt: {len(prompt_ids)} tokens leave no room in the draft model's "
+                f"{self.max_positions}-token context"
+            )
+        logits, past = self.lm.step(np.array([prompt_ids], np.int64), self.lm.empty_past(len(prompt_ids) + budget))
+        return np.repeat(logits, n, axis=0), self.lm.tile(past, n), budget
+
+    def _stopped(self, tok: int, ids: list[int], stops: Sequence[str]) -> bool:
+        """Whether a draft whose tokens are ``ids`` (``tok`` the last) ends here: end of turn, or a stop string
+        in its last 16 tokens."""
+        return tok in self.eos_ids or any(st in self.tokenizer.decode(ids[-16:]) for st in stops)
+
     def generate(
         self,
         prompt: str,
@@ -145,17 +170,8 @@ class OrtDraftEngine:
         greedy answer takes most of), the others with ``s``; ``greedy_tokens`` (0: ``s``'s budget) ends those
         greedy drafts sooner, so that they reach the cloud's check while the others are still being written."""
         t0 = time.perf_counter()
-        prompt_ids = self.encode(prompt)
-        budget = min(s.max_new_tokens, self.max_positions - len(prompt_ids))
-        if budget < 1:
-            raise ResourceExhausted(
-                f"prompt: {len(prompt_ids)} tokens leave no room in the draft model's "
-                f"{self.max_positions}-token context"
-            )
-        logits, past = self.lm.step(np.array([prompt_ids], np.int64), self.lm.empty_past(len(prompt_ids) + budget))
         n = s.n
-        logits = np.repeat(logits, n, axis=0)
-        past = self.lm.tile(past, n)
+        logits, past, budget = self._prefill(prompt, s.max_new_tokens, n)
         seeds = [None if s.seed is None else s.seed + i for i in range(n)]
         rngs = [np.random.default_rng(sd) for sd in seeds]
         live = list(range(n))  # draft index of each batch row
@@ -179,9 +195,7 @@ class OrtDraftEngine:
                 tok = int(nxt[row])
                 tokens[i].append(tok)
                 logprobs[i].append(float(lp[row]))
-                stopped = tok in self.eos_ids or (
-                    s.stop and any(st in self.tokenizer.decode(tokens[i][-16:]) for st in s.stop)
-                )
+                stopped = self._stopped(tok, tokens[i], s.stop)
                 short = i < greedy and 0 < greedy_tokens == step + 1
                 if stopped or step == budget - 1 or short:
                     finish(i, "stop" if stopped else "length")

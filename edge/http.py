@@ -43,6 +43,7 @@ import json
 import re
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
@@ -321,14 +322,15 @@ async def _respond(
     before the first event, so bad input is still a 4xx here, never an error inside a 200 stream."""
     try:
         req = _request(body, prompt, messages or [])
-        events = core.solve(req)
+        lifecycle = await core.begin(req)
+        events = lifecycle.events()
         first = await anext(events)
     except Exception as exc:  # noqa: BLE001 - every failure gets its status, a bug too (500, no details)
         status, message, param, kind = failure(exc)
         if kind == "invalid_request_error":
             core.metrics.bad_request(param or "request")
         return _error(status, message, param, kind)
-    completion = _Completion(core, body, req, chat, first, events)
+    completion = _Completion(core, body, req, chat, first, events, lifecycle.shown)
     return await completion.whole() if not body.stream else _EventStream(completion)
 
 
@@ -336,8 +338,8 @@ class _EventStream(StreamingResponse):
     """A request's server-sent events. A client gone mid-stream ends the response inside a write (Starlette
     cancels it, or it fails), with the generators suspended at a ``yield``: nothing resumes them, and
     ``async for`` closes none. They are closed here before the response ends, the request's events with
-    them (``EdgeCore.solve``: its run and cloud call are cancelled), not when the garbage collector finds
-    them."""
+    them (``RequestLifecycle.events``: its run and cloud call are cancelled), not when the garbage collector
+    finds them."""
 
     def __init__(self, completion: _Completion) -> None:
         super().__init__(completion.sse(), media_type="text/event-stream")
@@ -350,22 +352,35 @@ class _EventStream(StreamingResponse):
 
 
 class _Completion:
-    """One OpenAI-style response to a validated request: its id, object names and events."""
+    """One OpenAI-style response to a validated request: its id, object names and events, and ``shown``: what the
+    user has seen of the answer (the request's lifecycle owns it; a stream sends its final text)."""
 
-    def __init__(self, core: EdgeCore, body: _Base, req: SolveRequest, chat: bool, first: object, events) -> None:
+    def __init__(
+        self,
+        core: EdgeCore,
+        body: _Base,
+        req: SolveRequest,
+        chat: bool,
+        first: object,
+        events: AsyncIterator[object],
+        shown: AnswerView,
+    ) -> None:
         self.core, self.body, self.req, self.chat = core, body, req, chat
-        self.first, self.events = first, events
+        self.first, self.events, self.shown = first, events, shown
+        self.sent = 0
+        """Characters of ``shown.final`` that left over HTTP."""
+        self.answer_events = 0
+        """Answer events (chunks, resets) read: ``shown.commits`` says what final text each committed."""
         self.rid, self.created = f"{'chatcmpl' if chat else 'cmpl'}-{req.request_id}", int(time.time())
-
-    async def all_events(self):
-        yield self.first
-        async for ev in self.events:
-            yield ev
 
     async def whole(self) -> JSONResponse:
         try:
-            async with contextlib.aclosing(self.events), contextlib.aclosing(self.all_events()) as events:
-                done = [ev async for ev in events if isinstance(ev, Done)][-1]
+            done = self.first
+            async with contextlib.aclosing(self.events) as events:
+                async for ev in events:
+                    done = ev  # the last event is the request's Done
+            if not isinstance(done, Done):
+                raise RuntimeError("the request's events ended without its result")
         except Exception as exc:  # noqa: BLE001 - after validation: the server's (or the cloud's) failure
             status, message, param, kind = failure(exc)
             return _error(status, message, param, kind)
@@ -405,43 +420,48 @@ class _Completion:
             payload["coinfer"] = extra
         return f"data: {json.dumps(payload)}\n\n"
 
-    async def sse(self):
+    async def sse(self) -> AsyncIterator[str]:
+        """The request's server-sent events, as its events come (the one generator between the lifecycle's
+        events and the response)."""
         if self.chat:
             yield self.chunk(None, role=True)
         try:
-            async with contextlib.aclosing(self._stream_events()) as events:
-                async for ev in events:
-                    yield ev
+            for data in self._sse(self.first):
+                yield data
+            async for ev in self.events:  # closed by ``_EventStream`` however the response ends
+                for data in self._sse(ev):
+                    yield data
         except Exception as exc:  # noqa: BLE001 - the stream has begun: end it with an error event, not a cut
             _, message, param, kind = failure(exc)
             yield f"data: {json.dumps({'error': {'message': message, 'type': kind, 'param': param, 'code': None}})}\n\n"
         yield "data: [DONE]\n\n"
 
-    async def _stream_events(self):
-        sent = AnswerView()  # what left over HTTP: final text at once, the rest with the answer
-        async with contextlib.aclosing(self.all_events()) as events:
-            async for ev in events:
-                if isinstance(ev, t.Draft):
-                    yield self.chunk(None, None, {"event": "draft", "draft": _draft_info(ev)})
-                elif isinstance(ev, t.Verdict):
-                    yield self.chunk(None, None, {"event": "verdict", "verdict": _verdict_info(ev)})
-                elif isinstance(ev, (t.AnswerChunk, t.AnswerReset)):
-                    # a reset: a rejected refinement, or a replay after a failure; its answer follows
-                    if text := sent.see(ev):
-                        yield self.chunk(text)
-                elif isinstance(ev, Done):
-                    answer = ev.result.answer
-                    rest = sent.rest(answer)
-                    if rest is None:  # sent text cannot be withdrawn: no answer rather than a wrong one
-                        raise Unavailable(
-                            f"answer: a cloud replica failed after {len(sent.final)} chars of its answer "
-                            f"were streamed, and its replay answered differently "
-                            f"({ev.result.fallback_reason or 'a replay'}): retry the request"
-                        )
-                    if rest:
-                        yield self.chunk(rest)
-                    info = _info(ev) | {"usage": self.core.usage(self.req, ev), "answer": answer}
-                    yield self.chunk(None, ev.result.finish_reason, info)
+    def _sse(self, ev: object) -> list[str]:
+        """The server-sent events for one of the request's events: its progress, the final text the answer
+        committed and that has not left yet (at once, never withdrawn), or the rest of the answer and the result."""
+        if isinstance(ev, t.Draft):
+            return [self.chunk(None, None, {"event": "draft", "draft": _draft_info(ev)})]
+        if isinstance(ev, t.Verdict):
+            return [self.chunk(None, None, {"event": "verdict", "verdict": _verdict_info(ev)})]
+        if isinstance(ev, (t.AnswerChunk, t.AnswerReset)):
+            # a reset: a rejected refinement, or a replay after a failure; its answer follows. The view took this
+            # event when the run emitted it (and may have taken later ones since): the final text as of this one
+            upto = self.shown.commits[self.answer_events]
+            self.answer_events += 1
+            new, self.sent = self.shown.final[self.sent : upto], max(self.sent, upto)
+            return [self.chunk(new)] if new else []
+        if isinstance(ev, Done):
+            answer = ev.result.answer
+            if not self.shown.begins(answer):  # sent text cannot be withdrawn: no answer rather than a wrong one
+                raise Unavailable(
+                    f"answer: a cloud replica failed after {self.sent} chars of its answer "
+                    f"were streamed, and its replay answered differently "
+                    f"({ev.result.fallback_reason or 'a replay'}): retry the request"
+                )
+            rest, self.sent = answer[self.sent :], len(answer)
+            info = _info(ev) | {"usage": self.core.usage(self.req, ev), "answer": answer}
+            return [*([self.chunk(rest)] if rest else []), self.chunk(None, ev.result.finish_reason, info)]
+        return []
 
 
 def create_app(core: EdgeCore) -> FastAPI:

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -101,6 +102,8 @@ class Edge(Protocol):
 
     def edge_state(self) -> EdgeState: ...
 
+    def in_flight(self) -> AbstractContextManager[None]: ...
+
     def pool_queue(self) -> None: ...
 
     def maybe_reprobe(self) -> None: ...
@@ -138,7 +141,7 @@ def cloud_cost(results: list[EdgeResult]) -> t.CloudCost:
     return total
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Done:
     """The last event of a request."""
 
@@ -231,7 +234,8 @@ class RequestLifecycle:
     def __init__(self, edge: Edge, request: ValidRequest) -> None:
         self.edge, self.request = edge, request
         self.shown = AnswerView()
-        """What the user has seen of the answer (the pipeline feeds it; fallbacks read it)."""
+        """What the user has seen of the answer, the request's one record of it: the pipeline feeds it every event
+        it emits, fallbacks read it, and the HTTP stream sends its final text from it (``edge/http.py``)."""
         self.t0 = time.perf_counter()
         """The user's clock: waiting for a cold model counts."""
         req = request.req
@@ -285,46 +289,52 @@ class RequestLifecycle:
 
     # ---- the run -----------------------------------------------------------------------------------
     async def events(self) -> AsyncIterator[Event | Done]:
-        """t.Draft, t.Verdict, t.AnswerChunk, t.AnswerReset ... as they happen, then one Done."""
+        """t.Draft, t.Verdict, t.AnswerChunk, t.AnswerReset ... as they happen, then one Done. Each event is
+        in ``shown`` before it is yielded (the pipeline's ``Run.emit``): a stream reads the final text there."""
         edge = self.edge
-        d = self.decide()
-        edge.maybe_reprobe()
-        engine = await edge.engine_for(d.plan)
-        edge.metrics.plans.labels(d.plan.value).inc()
-        waited_ms = (time.perf_counter() - self.t0) * 1e3
-        q: asyncio.Queue[Event | None] = asyncio.Queue()
+        with edge.in_flight():
+            d = self.decide()
+            edge.maybe_reprobe()
+            engine = await edge.engine_for(d.plan)
+            edge.metrics.plans.labels(d.plan.value).inc()
+            waited_ms = (time.perf_counter() - self.t0) * 1e3
+            q: asyncio.Queue[Event | None] = asyncio.Queue()
 
-        def on_event(ev: Event) -> None:
-            if isinstance(ev, t.Draft):
-                edge.metrics.drafts.inc()
-                edge.metrics.tokens.inc(ev.num_tokens)
-            q.put_nowait(ev)
+            def on_event(ev: Event) -> None:
+                if isinstance(ev, t.Draft):
+                    edge.metrics.drafts.inc()
+                    edge.metrics.tokens.inc(ev.num_tokens)
+                q.put_nowait(ev)
 
-        job = asyncio.create_task(self._run(d, engine, on_event))
-        job.add_done_callback(lambda _: q.put_nowait(None))
-        try:
-            while (ev := await q.get()) is not None:
-                if not isinstance(ev, t.Summary):
-                    yield ev
-            await job  # a request's own fault (or a bug) is raised here
-            self._after_cloud()
-            self._learn(d)
-            result = self._result(d, waited_ms)
-            if not self.shown.streamed:  # a local answer arrives whole
-                whole = t.AnswerChunk(result.answer)
-                self.shown.see(whole)
-                yield whole
-            self._count(result)
-            yield Done(
-                result=result,
-                plan=self.runs[-1].plan,
-                plans=[r.plan for r in self.runs],
-                cloud_tokens=CloudTokens.of([r.result for r in self.runs]),
-                cloud_cost=cloud_cost([r.result for r in self.runs]),
-            )
-        finally:
-            if not job.done():  # closed early (its client left): the run and its cloud call end now
-                await _stop(job)
+            job = asyncio.create_task(self._run(d, engine, on_event))
+            job.add_done_callback(lambda _: q.put_nowait(None))
+            try:
+                while (ev := await q.get()) is not None:
+                    if not isinstance(ev, t.Summary):
+                        yield ev
+                await job  # a request's own fault (or a bug) is raised here
+                self._after_cloud()
+                self._learn(d)
+                result = self._result(d, waited_ms)
+                if not self.shown.streamed:  # a local answer arrives whole
+                    whole = t.AnswerChunk(result.answer)
+                    self.shown.see(whole)
+                    yield whole
+                yield self._done(result)
+            finally:
+                if not job.done():  # closed early (its client left): the run and its cloud call end now
+                    await _stop(job)
+
+    def _done(self, result: EdgeResult) -> Done:
+        """The request's last event, its metrics counted."""
+        self._count(result)
+        return Done(
+            result=result,
+            plan=self.runs[-1].plan,
+            plans=[r.plan for r in self.runs],
+            cloud_tokens=CloudTokens.of([r.result for r in self.runs]),
+            cloud_cost=cloud_cost([r.result for r in self.runs]),
+        )
 
     def _run_spec(self, plan: Plan, deadline_s: float, on_event, **extra) -> Run:
         return Run(plan=plan, deadline_s=deadline_s, on_event=on_event, shown=self.shown, **extra)

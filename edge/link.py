@@ -58,7 +58,7 @@ RESOLVE_RETRY_S = 0.5
 """The first wait before resolving again after a failed pass (doubled each failure, at most ``resolve_s``)."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Replica:
     """What the edge knows of one replica address (from its monitor)."""
 
@@ -87,7 +87,7 @@ class CloudLink:
     def __init__(self, cfg: EdgeConfig, resolve_s: float = 10.0, status_s: float = 2.0) -> None:
         self.cfg = cfg
         self.channel: grpc.aio.Channel | None = None
-        self.breaker = CircuitBreaker(cfg.breaker_failures, cfg.breaker_reset_s)
+        self.breaker = CircuitBreaker(failures=cfg.breaker_failures, reset_s=cfg.breaker_reset_s)
         self.recommended_drafts = DEFAULT_DRAFTS  # until the cloud says otherwise
         self.replicas: dict[str, Replica] = {}
         self.resolve_s, self.status_s = resolve_s, status_s
@@ -174,7 +174,7 @@ class CloudLink:
             if a not in self.replicas:
                 # the channel first: one that cannot be built leaves no replica registered without monitors
                 # (it would never be watched: the next pass sees it known)
-                r = Replica(a, _channel=self._channel_to(a))
+                r = Replica(address=a, _channel=self._channel_to(a))
                 r._tasks = [asyncio.create_task(self._watch(r)), asyncio.create_task(self._poll(r))]
                 self.replicas[a] = r
         for a in [a for a in self.replicas if addrs and a not in addrs]:  # gone from DNS

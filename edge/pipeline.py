@@ -19,7 +19,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -135,16 +135,16 @@ class EdgePipeline:
         *,
         start: int,
         t0: float,
-        emit: Callable[[t.Draft], asyncio.Future | None],
+        emit: Callable[[t.Draft], Awaitable[None] | None],
         stop_at: float | None = None,
         prefix: str = "",
         greedy: int = 0,
         continues: int = 0,
         greedy_tokens: int = 0,
     ) -> list[t.Draft]:
-        """Write ``s.n`` drafts in a worker thread; ``emit`` each one on the loop as it finishes. At
-        ``stop_at`` (``time.perf_counter()``) the drafts still being written end there, truncated: the
-        request's deadline bounds drafting (192 tokens took 3.4 s here against a 3 s deadline).
+        """Write ``s.n`` drafts in a worker thread; ``emit`` each one on the loop as it finishes (what it returns
+        is awaited before the next: the draft's write to the cloud, in this task). At ``stop_at``
+        (``time.perf_counter()``) the drafts still being written end there, truncated: the deadline bounds drafting.
         ``prefix``: answer text the drafts continue (each draft's text begins with it); ``greedy``: the first
         so many are written greedily (``Draft.greedy``), ending after ``greedy_tokens`` (0: the round's budget);
         ``continues``: the ``DraftFrom`` round they answer."""

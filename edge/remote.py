@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 import grpc
@@ -234,13 +235,15 @@ class SplitSession:
         except (grpc.aio.AioRpcError, grpc.aio.UsageError) as exc:  # the call ended first: nothing was lost
             log.debug("half-close after the summary: %s", exc)
 
-    def _send(self, d: t.Draft) -> asyncio.Future | None:
+    def _send(self, d: t.Draft) -> Awaitable[None] | None:
+        """Draft ``d`` into the result and the events; its write, for the drafting round to await (in its own
+        task: no task per draft)."""
         if self.closed:  # the Summary is in: a draft finished after it is no part of the session
             return None
         self.result.drafts.append(d)
         self.emit(d)
         self.result.timings.setdefault("first_draft", d.edge_ms)
-        return asyncio.ensure_future(self.write(pb.EdgeMessage(draft=convert.to_pb(d, pb.Draft))))
+        return self.write(pb.EdgeMessage(draft=convert.to_pb(d, pb.Draft)))
 
     async def round(self, sampling: Sampling, start: int, greedy: int = 0) -> None:
         """One round of drafts, each sent as it is written, then its end (``greedy``: the first so many written

@@ -19,7 +19,7 @@ from coinfer.tasks import TASKS, Task, get_task
 from coinfer.validate import check_deadline, check_question, check_request_id
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SolveRequest:
     prompt: str
     """The question as one user turn ("" when ``messages`` carries the conversation)."""

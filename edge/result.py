@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from coinfer.edge.failures import CloudFailed
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class EdgeResult:
     """What the application gets back: one immutable result per run of a plan (the pipeline fills a
     ``ResultBuilder`` while it runs; later layers add to a result with ``dataclasses.replace``)."""

@@ -27,7 +27,7 @@ DEFAULT_MAX_NEW_TOKENS = 1024
 (``EdgeConfig.max_new_tokens``, at most ``coinfer.validate.MAX_NEW_TOKENS``)."""
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Sampling(SamplingParams):
     """Draft sampling: the shared sampling parameters (stop strings included) plus the draft count.
 

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -118,8 +118,6 @@ class EdgeCore:
             model_bytes=self.model_bytes, state=self.model_state, loading_remaining_ms=remaining, gpu=gpu, fresh=fresh
         )
 
-    _edge_state = edge_state  # edge.plan's name for it
-
     def maybe_reprobe(self) -> None:
         """Re-probe the network and the queue in the background once they are ``reprobe_s`` old (one probe at a
         time, and one per ``reprobe_s`` however it went)."""
@@ -215,20 +213,32 @@ class EdgeCore:
             return None
         return await self.load_engine()
 
-    async def solve(self, req: SolveRequest) -> AsyncIterator[Event | Done]:
-        """Events: t.Draft, t.Verdict, t.AnswerChunk, t.AnswerReset ..., then one Done. Checks the
-        request once (its rules compiled: off the loop), then hands it to its lifecycle."""
+    async def begin(self, req: SolveRequest) -> RequestLifecycle:
+        """The request checked once (its rules compiled: off the loop) and handed to its lifecycle, not yet run:
+        the front ends read its events (``RequestLifecycle.events``) and, streaming, what the user has seen of
+        its answer (``RequestLifecycle.shown``)."""
         request = await asyncio.to_thread(checked, req, self.cfg, self.link.recommended_drafts)
+        return RequestLifecycle(self, request)
+
+    @contextlib.contextmanager
+    def in_flight(self) -> Iterator[None]:
+        """One request counted in flight (``status``, the metrics) while it runs."""
         self.active += 1
         self.metrics.active.inc()
         try:
-            # closed with this generator, at once (a client gone): its run and cloud call end with it
-            async with contextlib.aclosing(RequestLifecycle(self, request).events()) as events:
-                async for ev in events:
-                    yield ev
+            yield
         finally:
             self.active -= 1
             self.metrics.active.dec()
+
+    async def solve(self, req: SolveRequest) -> AsyncIterator[Event | Done]:
+        """Events: t.Draft, t.Verdict, t.AnswerChunk, t.AnswerReset ..., then one Done (``begin``, then the
+        lifecycle's events: for tools and tests; the front ends call those two themselves)."""
+        lifecycle = await self.begin(req)
+        # closed with this generator, at once (a client gone): its run and cloud call end with it
+        async with contextlib.aclosing(lifecycle.events()) as events:
+            async for ev in events:
+                yield ev
 
     async def close(self) -> None:
         if self._warming is not None and not self._warming.done():

@@ -51,8 +51,9 @@ class EdgeServicer(epb_grpc.CoinferEdgeServicer):
     ) -> AsyncIterator[epb.SolveEvent]:
         try:
             req = await asyncio.to_thread(solve_request, request)  # rule params: up to MiBs of Struct, off the loop
+            lifecycle = await self.core.begin(req)
             # closed with this handler, at once (a client gone): the request's run and cloud call end with it
-            async with contextlib.aclosing(self.core.solve(req)) as events:
+            async with contextlib.aclosing(lifecycle.events()) as events:
                 async for ev in events:
                     if isinstance(ev, Done):
                         yield epb.SolveEvent(result=result_to_pb(ev))

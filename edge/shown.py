@@ -1,6 +1,7 @@
-"""What the user has seen of one answer on the edge: the one object that owns it (the pipeline asks it
-whether a fallback must withdraw streamed text and where a local answer must begin, the lifecycle
-whether the answer still has to be sent whole, the HTTP stream what may leave now).
+"""What the user has seen of one answer on the edge: the one object that owns it, one per request, held by its
+lifecycle (``edge/lifecycle.py``: the pipeline feeds it every event it emits and asks it whether a fallback must
+withdraw streamed text and where a local answer must begin, the lifecycle whether the answer still has to be
+sent whole, the HTTP stream what may leave now).
 
 Two views of the same chunks: ``text``, the answer streamed since the last ``AnswerReset`` (what a
 gRPC ``Solve`` client that honours resets shows), and ``final``, the text that left where nothing can
@@ -10,12 +11,12 @@ end, provided it extends what was committed (a replay's own answer after a failu
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from coinfer import types as t
 
 
-@dataclass
+@dataclass(kw_only=True)
 class AnswerView:
     text: str = ""
     """The answer streamed since the last reset."""
@@ -23,6 +24,9 @@ class AnswerView:
     """The committed text: never withdrawn, every answer of the request begins with it."""
     first_chunk_at: float | None = None
     """``time.perf_counter()`` of the first answer chunk (the time to first content)."""
+    commits: list[int] = field(default_factory=list)
+    """The length of ``final`` after each answer event seen (a chunk or a reset), in order: a reader that takes
+    the same events after the view did (the HTTP stream) sends what each one committed, as it committed it."""
 
     @property
     def streamed(self) -> bool:
@@ -32,13 +36,17 @@ class AnswerView:
     def see(self, ev: object) -> str:
         """Take an event in; returns the text it commits ("" for none, or for an event that is no
         answer text)."""
+        new = ""
         if isinstance(ev, t.AnswerChunk):
             if self.first_chunk_at is None:
                 self.first_chunk_at = time.perf_counter()
-            return self._chunk(ev)
-        if isinstance(ev, t.AnswerReset):
+            new = self._chunk(ev)
+        elif isinstance(ev, t.AnswerReset):
             self.text = ""
-        return ""
+        else:
+            return ""
+        self.commits.append(len(self.final))
+        return new
 
     def _chunk(self, ev: t.AnswerChunk) -> str:
         self.text += ev.text
@@ -48,10 +56,7 @@ class AnswerView:
         new, self.final = self.text[len(self.final) :], self.text
         return new
 
-    def rest(self, answer: str) -> str | None:
-        """Commit ``answer``: the part of it still to send; None when the committed text does not begin
-        it (the answer came from elsewhere and cannot be sent over it)."""
-        if not answer.startswith(self.final):
-            return None
-        rest, self.final = answer[len(self.final) :], answer
-        return rest
+    def begins(self, answer: str) -> bool:
+        """Whether ``answer`` begins with the committed text (it can be sent after it; otherwise it came from
+        elsewhere and cannot be sent over it)."""
+        return answer.startswith(self.final)

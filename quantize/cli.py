@@ -27,12 +27,16 @@ import logging
 import sys
 from dataclasses import asdict, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from coinfer.quantize.artifact import MODEL_FILE, ArtifactError, load_checked, model_file
 from coinfer.quantize.gates import GateConfig
 from coinfer.quantize.gguf_import import GGUF_ARCHITECTURES
 from coinfer.quantize.int8 import SCHEMES, QuantConfig
 from coinfer.quantize.prompts import PromptFileError
+
+if TYPE_CHECKING:
+    from coinfer.chat import ChatFormat
 
 
 def _out(args: argparse.Namespace, data: dict, text: str) -> None:
@@ -91,7 +95,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         prompt = (
             TaskPrompt("If x=3 and y=5, compute (x+y)^2-x*y.").ids(
                 Tokenizer.from_file(str(tok_file)),
-                ChatFormat(template, *_bos_eos(args.model)) if template else ChatFormat.from_dir(args.model),
+                _with_template(args.model, template) if template else ChatFormat.from_dir(args.model),
             )
             if tok_file.exists()
             else [1, 2, 3, 4]
@@ -131,11 +135,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0 if not report["failures"] else 1
 
 
-def _bos_eos(model_dir: Path) -> tuple[str, str]:
+def _with_template(model_dir: Path, template: str) -> ChatFormat:
+    """The chat format of ``template`` with the model directory's BOS and EOS tokens."""
     from coinfer.chat import ChatFormat
 
     fmt = ChatFormat.from_dir(model_dir)
-    return fmt.bos_token, fmt.eos_token
+    return ChatFormat(template=template, bos_token=fmt.bos_token, eos_token=fmt.eos_token)
 
 
 def cmd_int8(args: argparse.Namespace) -> int:

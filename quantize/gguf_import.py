@@ -313,7 +313,7 @@ def read_chat_template(path: Path) -> str:
     if not text.strip():
         raise GgufError(f"{path}: empty chat template")
     try:
-        ChatFormat(text).render([ChatMessage("system", "s"), ChatMessage("user", "u")])
+        ChatFormat(template=text).render([ChatMessage("system", "s"), ChatMessage("user", "u")])
     except Exception as exc:  # jinja2 syntax or undefined errors: said here, not on the first request
         raise GgufError(f"{path}: not a usable chat template ({type(exc).__name__}: {str(exc)[:200]})") from None
     return text

@@ -195,16 +195,16 @@ class Runner:
         p = p or self._next()
         n = min(core.cfg.max_drafts, core.link.recommended_drafts)  # what the service will draft
         choice = core.planner.choose(
-            task=p.task, size=core.planner.prompt_size(p.prompt), n=n, edge=core._edge_state(), cloud_available=True
+            task=p.task, size=core.planner.prompt_size(p.prompt), n=n, edge=core.edge_state(), cloud_available=True
         )
         if not choice.breakdowns:
             raise RuntimeError(f"the cost model failed: {choice.notes}")
         t0 = time.perf_counter()
-        done = await self._solve(core, SolveRequest(p.prompt, p.task, plan=plan))
+        done = await self._solve(core, SolveRequest(prompt=p.prompt, task=p.task, plan=plan))
         if plan == "edge" and not done.result.valid and core.link.serving:
             # what auto's edge plan costs: an answer failing the rules goes on to a split (auto sends the
             # drafts it has; a forced split drafts again, a few tens of ms more on the demo draft)
-            await self._solve(core, SolveRequest(p.prompt, p.task, plan="split"))
+            await self._solve(core, SolveRequest(prompt=p.prompt, task=p.task, plan="split"))
         ms = (time.perf_counter() - t0) * 1e3
         eligible = {k for k, b in choice.breakdowns.items() if b.quality >= self.quality_floor}
         # the prediction auto compares: for the edge plan its escalation's expected share included

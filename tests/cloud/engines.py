@@ -4,6 +4,7 @@ record of what it was asked (no model, no vLLM; the real engine is tested in tes
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from coinfer import types as t
 from coinfer.cloud.config import CloudConfig, PolicyConfig
@@ -35,6 +36,13 @@ def apples(refine: t.SamplingParams | None = None) -> t.OpenRequest:
         refine=refine,
         extraction=Extraction("marker"),
     )
+
+
+def apples_by_pattern(refine: t.SamplingParams | None = None) -> t.OpenRequest:
+    """``apples()`` with its answer read by a pattern, not a marker: the cloud's own answer cannot stream checked
+    step by step (``RuleSet.streams_steps``), so a draft not taken as is is refined from the drafts as candidates
+    (``SessionContext.own_over_candidates`` does not hold), under the same arithmetic rule and the same fields."""
+    return dataclasses.replace(apples(refine), extraction=Extraction("regex", r"Answer: (?P<answer>-?\d+)"))
 
 
 class ScriptedEngine(TargetEngine):
@@ -134,7 +142,7 @@ def context(
 
 def draft(index: int, text: str, *, own: float = -0.1, num_tokens: int = 12, truncated: bool = False) -> t.Draft:
     """A draft as the edge sends it (``own``: its model's mean logprob of it)."""
-    return t.Draft(index, text, num_tokens, own, 1.0, truncated=truncated)
+    return t.Draft(index=index, text=text, num_tokens=num_tokens, mean_logprob=own, edge_ms=1.0, truncated=truncated)
 
 
 class GreedyWords(ScriptedEngine):

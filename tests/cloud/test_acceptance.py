@@ -11,7 +11,7 @@ from coinfer.cloud.ranking import Judged
 
 
 def _judged(score: float = 0.95, own: float = -0.1, truncated: bool = False, num_tokens: int = 12) -> Judged:
-    d = t.Draft(0, "text", num_tokens, own, 1.0, truncated=truncated)
+    d = t.Draft(index=0, text="text", num_tokens=num_tokens, mean_logprob=own, edge_ms=1.0, truncated=truncated)
     return Judged(draft=d, verdict=t.Verdict(draft_index=0, valid=True, score=score))
 
 

@@ -33,7 +33,7 @@ def test_a_refinement_that_copies_the_template_is_caught_and_a_copied_label_drop
 
 
 def test_a_draft_answer_is_the_draft_as_it_stands_with_its_own_finish():
-    d = t.Draft(3, "Answer: 17", 12, -0.1, 1.0, truncated=True)
+    d = t.Draft(index=3, text="Answer: 17", num_tokens=12, mean_logprob=-0.1, edge_ms=1.0, truncated=True)
     best = Judged(draft=d, verdict=t.Verdict(draft_index=3, valid=True, score=0.9))
     a = draft_answer(best, t.RefineMode.DEADLINE, "why")
     assert (a.text, a.source, a.valid, a.chosen, a.mode, a.note) == (

@@ -10,8 +10,9 @@ from coinfer import types as t
 from coinfer.cloud.answer_stream import AnswerStream
 from coinfer.cloud.answering import Answerer
 from coinfer.cloud.judging import Judge
+from coinfer.rules import RuleSet
 from coinfer.tasks import TASKS
-from tests.cloud.engines import RIGHT, WRONG, Replies, ScriptedEngine, apples, context, draft
+from tests.cloud.engines import RIGHT, WRONG, Replies, ScriptedEngine, apples, apples_by_pattern, context, draft
 from tests.streams import shown
 
 RIGHT2 = RIGHT.replace("Tom", "Tom then")
@@ -69,7 +70,7 @@ def test_the_clouds_own_answer_that_fails_gives_way_to_the_best_valid_draft():
 
 def test_a_refinement_that_contradicts_agreeing_drafts_is_withdrawn_for_the_best_draft():
     engine = ScriptedEngine({RIGHT: [-0.1] * 12, RIGHT2: [-0.09] * 12, WRONG: [-0.3] * 12}, reply=WRONG)
-    ctx = context(engine, apples(), accept_min_score=2.0, own_over_candidates=False)  # never as is: refine
+    ctx = context(engine, apples_by_pattern(), accept_min_score=2.0)  # never as is: refine
     a, events, _ = _answer(ctx, [draft(0, RIGHT), draft(1, RIGHT2)], attempt=2)
     assert a.text == RIGHT2 == shown(events) and a.source == t.AnswerSource.DRAFT
     assert a.mode is t.RefineMode.CANDIDATES and len(a.chosen) == 2 and "contradicts" in a.note
@@ -80,9 +81,7 @@ def test_a_refinement_that_contradicts_agreeing_drafts_is_withdrawn_for_the_best
 
 def test_a_refinement_that_passes_is_the_answer():
     engine = ScriptedEngine({RIGHT: [-0.1] * 12}, reply="(1) " + RIGHT)  # a copied label is dropped
-    a, events, _ = _answer(
-        context(engine, apples(), accept_min_score=2.0, own_over_candidates=False), [draft(0, RIGHT)]
-    )
+    a, events, _ = _answer(context(engine, apples_by_pattern(), accept_min_score=2.0), [draft(0, RIGHT)])
     assert a.source == t.AnswerSource.REFINED and a.text == RIGHT and a.valid
     assert not any(isinstance(e, t.AnswerReset) for e in events) and a.steps == a.generated == engine.generated
 
@@ -93,13 +92,16 @@ def test_the_refine_plan_continues_consensus_steps_only_of_a_likely_best_draft()
     best, other = "3+5=8; 8^2=64; 3*5=15; 64-15=49; answer 49", "3+5=8; 8^2=64; 5*3=15; 64-15=49; answer 49"
     req = t.OpenRequest(request_id="r", task="arith", prompt=prompt)
     engine = ScriptedEngine({best: [-0.05] * 12, other: [-0.1] * 12}, reply=" 3*5=15; 64-15=49; answer 49")
-    ctx = context(engine, req, arith, spec, accept_min_score=2.0, rules_decide=False)
+    # the preset's checks as the request's own rules: they do not decide alone (a draft passing the preset's own
+    # checkers would be the answer as is)
+    steps = RuleSet(arith.default_rules(spec), arith, spec)
+    ctx = context(engine, req, arith, spec, steps, accept_min_score=2.0)
     a, events, answerer = _answer(ctx, [draft(0, best), draft(1, other)])
     assert a.mode is t.RefineMode.PREFIX and events[0] == t.AnswerChunk("3+5=8; 8^2=64;", True)
     assert all(e.final for e in events) and a.text == best
     # a best draft the target doubts is not forced on it: candidates instead
     engine.logprobs = {best: [-0.5] * 12, other: [-0.6] * 12}
-    ctx = context(engine, req, arith, spec, accept_min_score=2.0, rules_decide=False)
+    ctx = context(engine, req, arith, spec, steps, accept_min_score=2.0)
     judge = Judge(ctx)
     for i, text in enumerate((best, other)):
         asyncio.run(judge.verdict(draft(i, text)))
@@ -117,9 +119,10 @@ def test_under_the_arithmetic_rule_a_doubted_draft_gives_the_clouds_own_checked_
     assert a.note.startswith("best draft not as is (score 0.68 < 0.90): cloud answered alone from 0 verified steps")
     assert all(e.final for e in events if isinstance(e, t.AnswerChunk)) and shown(events) == RIGHT
     assert not any("Candidate" in p for p in engine.prompts)  # no refinement prompt was built
-    # not without the arithmetic rule (nothing checks the cloud's own answer), nor with the policy off
+    # not without the arithmetic rule (nothing checks the cloud's own answer), nor where its answer cannot stream
+    # checked step by step (an answer read by a pattern: only the whole answer is checked)
     assert not context(engine, dataclasses.replace(apples(), rules=[])).own_over_candidates
-    assert not context(engine, apples(), own_over_candidates=False).own_over_candidates
+    assert not context(engine, apples_by_pattern()).own_over_candidates
 
 
 def test_no_valid_draft_hands_the_answer_to_the_cloud_alone():
@@ -131,7 +134,7 @@ def test_no_valid_draft_hands_the_answer_to_the_cloud_alone():
 def test_why_not_as_is_reads_the_judges_logprobs_and_the_rules_can_decide():
     engine = ScriptedEngine({WRONG: [-0.05] * 11 + [-4.0]}, reply="unused")
     # score 0.68 passes: one token the target doubts
-    ctx = context(engine, apples(), accept_min_score=0.6, own_over_candidates=False)
+    ctx = context(engine, apples_by_pattern(), accept_min_score=0.6)
     a, _, answerer = _answer(ctx, [draft(0, WRONG)])
     assert a.mode is t.RefineMode.CANDIDATES and "a token at logprob -4.00" in a.note
     arith, prompt = TASKS["arith"], "If x=3 and y=5, compute (x+y)^2-x*y."
@@ -151,7 +154,7 @@ def _refused(replies: list[str], **policy):
     """The answer to one doubted draft (WRONG) whose candidates refinement is the first of ``replies``."""
     engine = Replies(replies)
     engine.logprobs = {WRONG: [-0.1] * 12}
-    ctx = context(engine, apples(), accept_min_score=2.0, own_over_candidates=False, **policy)
+    ctx = context(engine, apples_by_pattern(), accept_min_score=2.0, **policy)
     a, events, _ = _answer(ctx, [draft(0, WRONG)])
     return a, events, engine
 
@@ -162,8 +165,6 @@ def test_a_candidates_refinement_that_fails_the_rules_gives_the_clouds_own_answe
     assert "refinement rejected (arithmetic" in a.note and "the cloud answered itself" in a.note
     assert a.generated == engine.generated  # the refused refinement's tokens counted with its own
     assert not any(e.final for e in events if isinstance(e, t.AnswerChunk) and BAD.startswith(e.text))
-    a, events, _ = _refused([BAD, RIGHT], alone_after_rejected_candidates=False)
-    assert a.source == t.AnswerSource.DRAFT and a.text == WRONG == shown(events)  # off: the best draft, as before
 
 
 def test_where_the_clouds_own_answer_fails_too_the_best_draft_is_the_answer():

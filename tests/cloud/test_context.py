@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from coinfer import types as t
+from coinfer.rules import RuleSet
 from coinfer.tasks import TASKS
 from tests.cloud.engines import ScriptedEngine, context
 
@@ -21,13 +22,14 @@ def test_the_requests_sampling_overrides_the_policys_and_is_clamped_to_its_budge
     assert ctx.answer_budget == 12
 
 
-def test_the_rules_decide_only_where_they_are_exact_and_the_switch_is_on():
+def test_the_rules_decide_only_where_they_are_exact():
     engine = ScriptedEngine({}, reply="")
     arith = TASKS["arith"]
     spec = arith.parse_problem("If x=3 and y=5, compute (x+y)^2-x*y.")
     req = t.OpenRequest(request_id="r", task="arith", prompt="If x=3 and y=5, compute (x+y)^2-x*y.")
     assert context(engine, req, arith, spec).rules_decide
-    assert not context(engine, req, arith, spec, rules_decide=False).rules_decide
+    # the same checks named as the request's own rules: a client's rules, which do not decide alone
+    assert not context(engine, req, arith, spec, RuleSet(arith.default_rules(spec), arith, spec)).rules_decide
     assert not context(engine).rules_decide  # an open request's rules are not exact
     assert context(engine).thresholded and not context(engine, req, arith, spec).thresholded
 

@@ -19,7 +19,7 @@ from tests.cloud.engines import RIGHT, ScriptedEngine, apples
 
 
 async def _drafts():
-    yield t.Draft(0, RIGHT, 12, -0.1, 1.0)
+    yield t.Draft(index=0, text=RIGHT, num_tokens=12, mean_logprob=-0.1, edge_ms=1.0)
     yield DraftsDone(1)
 
 

@@ -27,18 +27,18 @@ GEMMA = ROOT / "deploy" / "chat_templates" / "gemma.jinja"
 
 
 def test_a_draft_is_restated_in_the_targets_tokens_keeping_its_total_logprob():
-    d = t.Draft(0, "The capital of France is Paris.", num_tokens=9, mean_logprob=-0.4)
+    d = t.Draft(index=0, text="The capital of France is Paris.", num_tokens=9, mean_logprob=-0.4)
     r = restated(d, 6)  # a larger vocabulary: fewer tokens for the same text
     assert r.num_tokens == 6 and r.mean_logprob == pytest.approx(-0.4 * 9 / 6)
     assert r.text == d.text and d.num_tokens == 9  # a copy; the edge's draft is left as it came
     assert restated(d, 9) == d  # one vocabulary on both sides: nothing moves
-    unreported = t.Draft(1, "x", num_tokens=3, mean_logprob=0.0)  # proto3's unset float: no own logprob
+    unreported = t.Draft(index=1, text="x", num_tokens=3, mean_logprob=0.0)  # proto3's unset float: no own logprob
     assert restated(unreported, 5).mean_logprob == 0.0 and restated(unreported, 5).num_tokens == 5
-    assert restated(t.Draft(2, "", num_tokens=0), 1).num_tokens == 0  # nothing counted: as it came
+    assert restated(t.Draft(index=2, text="", num_tokens=0), 1).num_tokens == 0  # nothing counted: as it came
 
 
 def test_the_gemma_template_writes_gemmas_turns_with_the_system_at_the_head_of_the_first_user_turn():
-    fmt = ChatFormat(GEMMA.read_text(), "<bos>", "<eos>")
+    fmt = ChatFormat(template=GEMMA.read_text(), bos_token="<bos>", eos_token="<eos>")
     msgs = [ChatMessage("system", "Be brief."), ChatMessage("user", "Hi"), ChatMessage("assistant", "Hello")]
     text = fmt.render([*msgs, ChatMessage("user", "Why?")])
     assert text == (
@@ -115,7 +115,7 @@ def test_a_chat_form_request_to_a_target_without_a_template_is_refused_when_the_
 
 def test_a_conversation_the_targets_template_refuses_is_the_requests_error_at_open():
     eng = ScriptedEngine({}, reply="Paris.")
-    eng.chat = ChatFormat("{{ raise_exception('roles must alternate') }}", source="strict")
+    eng.chat = ChatFormat(template="{{ raise_exception('roles must alternate') }}", source="strict")
     req = t.OpenRequest(request_id="r", task="", prompt="", messages=[ChatMessage("user", "Hi")])
     with pytest.raises(InvalidArgument, match="strict.*refuses this conversation: roles must alternate"):
         _session(eng, req)
@@ -130,7 +130,7 @@ async def test_the_verifier_reads_the_drafts_own_logprob_per_target_token():
     s = _session(eng, t.OpenRequest(request_id="r", task="", prompt="What is the capital of France?"))
 
     async def inbox():
-        yield t.Draft(0, text, num_tokens=12, mean_logprob=-0.4)
+        yield t.Draft(index=0, text=text, num_tokens=12, mean_logprob=-0.4)
         yield DraftsDone(1)
 
     events = [ev async for ev in s.run(inbox())]

@@ -85,8 +85,10 @@ def test_the_hopeless_kinds_hedge_answers_while_the_edge_is_still_drafting():
     read_after = []
 
     async def inbox():
-        yield t.Draft(0, BAD, 12, -0.1, 1.0)
-        yield t.Draft(1, RIGHT, 12, -0.1, 1.0)  # passes the rules: its scoring waits for the round's end
+        yield t.Draft(index=0, text=BAD, num_tokens=12, mean_logprob=-0.1, edge_ms=1.0)
+        yield t.Draft(
+            index=1, text=RIGHT, num_tokens=12, mean_logprob=-0.1, edge_ms=1.0
+        )  # passes the rules: its scoring waits for the round's end
         await still_drafting.wait()
         read_after.append(True)  # pragma: no cover - the session must not wait for this
         yield DraftsDone(1)
@@ -112,7 +114,7 @@ def test_a_draft_the_rules_pass_where_they_decide_wins_and_stops_the_hedge():
     s = session(engine, hopeless_odds(**ARITH_KW), **ARITH_KW)
 
     async def inbox():
-        yield t.Draft(0, ARITH_RIGHT, 12, -0.1, 1.0)
+        yield t.Draft(index=0, text=ARITH_RIGHT, num_tokens=12, mean_logprob=-0.1, edge_ms=1.0)
         yield DraftsDone(1)
 
     events = run(_collect(s.run(inbox())))
@@ -128,8 +130,10 @@ def test_drafts_that_need_the_llm_verifier_are_not_scored_while_the_hedge_answer
     s = session(engine, hopeless_odds())
 
     async def inbox():
-        yield t.Draft(0, RIGHT, 12, -0.1, 1.0)  # the target would find it likely: never asked
-        yield t.Draft(1, BAD, 12, -0.1, 1.0)
+        yield t.Draft(
+            index=0, text=RIGHT, num_tokens=12, mean_logprob=-0.1, edge_ms=1.0
+        )  # the target would find it likely: never asked
+        yield t.Draft(index=1, text=BAD, num_tokens=12, mean_logprob=-0.1, edge_ms=1.0)
         yield DraftsDone(2)
 
     events = run(_collect(s.run(inbox())))
@@ -155,7 +159,7 @@ def test_a_hedge_that_fails_its_checks_waits_only_for_a_round_already_holding_a_
     async def inbox():
         if not drafts_first:
             await asyncio.sleep(0.6)
-        yield t.Draft(0, ARITH_RIGHT, 12, -0.1, 1.0)
+        yield t.Draft(index=0, text=ARITH_RIGHT, num_tokens=12, mean_logprob=-0.1, edge_ms=1.0)
         await asyncio.sleep(1.0)  # the round closes long after the hedge ended
         yield DraftsDone(1)
 
@@ -182,7 +186,7 @@ def test_no_hedge_for_the_cloud_plan_under_heavy_load_or_while_rounds_pay():
         s = session(engine, odds, load=load, drafting=drafting)
 
         async def inbox():
-            yield t.Draft(0, BAD, 12, -0.1, 1.0)
+            yield t.Draft(index=0, text=BAD, num_tokens=12, mean_logprob=-0.1, edge_ms=1.0)
             yield DraftsDone(1)
 
         run(_collect(s.run(inbox()) if drafting else s.run(_none())))
@@ -234,7 +238,7 @@ def test_a_hopeless_kind_whose_evidence_faded_waits_for_its_round_and_counts_it(
     s = session(engine, odds)
 
     async def inbox():
-        yield t.Draft(0, BAD, 12, -0.1, 1.0)
+        yield t.Draft(index=0, text=BAD, num_tokens=12, mean_logprob=-0.1, edge_ms=1.0)
         yield DraftsDone(1)
 
     before = odds.odds(kind)
@@ -260,7 +264,7 @@ def test_a_hedge_that_failed_on_an_error_leaves_the_session_to_answer_without_it
 
     async def inbox():
         await asyncio.sleep(0.05)  # the hedge has failed by now
-        yield t.Draft(0, BAD, 12, -0.1, 1.0)
+        yield t.Draft(index=0, text=BAD, num_tokens=12, mean_logprob=-0.1, edge_ms=1.0)
         yield DraftsDone(1)
 
     events = run(_collect(s.run(inbox())))

@@ -9,6 +9,7 @@ import pytest
 
 from coinfer import types as t
 from coinfer.cloud.judging import Judge
+from coinfer.rules import RuleSet
 from coinfer.tasks import get_task
 from tests.cloud.engines import RIGHT, ScriptedEngine, apples, context, draft
 
@@ -145,10 +146,14 @@ SELECT_SLIPS = "AB 7:16; AC 9:11; AD 5:16; BC 11>8; BD 5>8; CD 9>8; answer A,D"
 """The right subsets and choice, with sums a calculator corrects."""
 
 
-def _select_judge(engine: ScriptedEngine, **policy) -> Judge:
+def _select_judge(engine: ScriptedEngine, *, own_rules: bool = False, **policy) -> Judge:
+    """A judge of the select problem; ``own_rules``: the preset's checks named as the request's own rules (the
+    same checks, but a client's: they do not decide alone)."""
     task = get_task("select")
     req = t.OpenRequest(request_id="r", task="select", prompt=SELECT_PROMPT)
-    return Judge(context(engine, req, task, task.parse_problem(SELECT_PROMPT), **policy))
+    spec = task.parse_problem(SELECT_PROMPT)
+    rules = RuleSet(task.default_rules(spec), task, spec) if own_rules else None
+    return Judge(context(engine, req, task, spec, rules, **policy))
 
 
 def test_where_the_rules_decide_a_draft_whose_sums_are_wrong_is_judged_repaired():
@@ -166,7 +171,7 @@ def test_where_the_rules_decide_a_draft_whose_sums_are_wrong_is_judged_repaired(
 
 
 def test_no_repair_with_the_policy_off_or_where_the_rules_do_not_decide():
-    for policy in ({"repair_drafts": False}, {"rules_decide": False}):
+    for policy in ({"repair_drafts": False}, {"own_rules": True}):
         judge = _select_judge(ScriptedEngine({SELECT_SLIPS: [-0.1] * 12}, reply=""), **policy)
         v = asyncio.run(judge.verdict(draft(0, SELECT_SLIPS)))
         assert not v.valid and not v.repaired and judge.judged[0].draft.text == SELECT_SLIPS

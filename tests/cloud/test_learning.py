@@ -120,7 +120,7 @@ def test_outcome_rows_label_drafts_by_the_tasks_grade_else_by_agreement_with_the
 
     def judged(i: int, text: str, rules: RuleSet) -> Judged:
         v = t.Verdict(draft_index=i, valid=True, score=0.8, verify_ms=250.0)
-        return Judged(draft=t.Draft(i, text), verdict=v, parsed=rules.parse(text))
+        return Judged(draft=t.Draft(index=i, text=text), verdict=v, parsed=rules.parse(text))
 
     rules = RuleSet([], OPEN, {}, extraction=Extraction("marker"))  # open: no grade, agreement decides
     ranked = [(judged(0, "Answer: 17", rules), 1.0, 0.5), (judged(1, "Answer: 16", rules), 0.9, 0.5)]

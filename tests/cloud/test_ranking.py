@@ -14,7 +14,7 @@ RULES = RuleSet([], OPEN, {}, extraction=Extraction("marker"))
 
 def _judged(i: int, score: float, text: str = "", *, valid: bool = True, truncated: bool = False, **kw) -> Judged:
     text = text or f"draft {i}"
-    d = t.Draft(i, text, 12, -0.1, 1.0, truncated=truncated)
+    d = t.Draft(index=i, text=text, num_tokens=12, mean_logprob=-0.1, edge_ms=1.0, truncated=truncated)
     v = t.Verdict(draft_index=i, valid=valid, score=score, **kw)
     return Judged(draft=d, verdict=v, parsed=RULES.parse(text))
 

@@ -16,21 +16,21 @@ from coinfer.tasks import OPEN
 
 
 def test_drafts_are_taken_once_each_within_the_limits():
-    r = Rounds(Limits(max_drafts=2, max_draft_chars=10))
-    r.take(t.Draft(0, "a"))
+    r = Rounds(limits=Limits(max_drafts=2, max_draft_chars=10))
+    r.take(t.Draft(index=0, text="a"))
     with pytest.raises(InvalidArgument, match="draft.index: 0 was already sent"):
-        r.take(t.Draft(0, "b"))
+        r.take(t.Draft(index=0, text="b"))
     with pytest.raises(ResourceExhausted, match="draft.text: 11 chars > limit 10"):
-        r.take(t.Draft(1, "x" * 11))
-    r.take(t.Draft(1, "b"))
+        r.take(t.Draft(index=1, text="x" * 11))
+    r.take(t.Draft(index=1, text="b"))
     assert r.drafts_left == 0
     with pytest.raises(ResourceExhausted, match="more than 2 drafts"):
-        r.take(t.Draft(2, "c"))
+        r.take(t.Draft(index=2, text="c"))
 
 
 def test_a_round_closes_on_the_count_the_edge_sent():
-    r = Rounds(Limits())
-    r.take(t.Draft(0, "a"))
+    r = Rounds(limits=Limits())
+    r.take(t.Draft(index=0, text="a"))
     with pytest.raises(InvalidArgument, match="done.count: 2 but 1 drafts"):
         r.close(2)
     r.close(1)

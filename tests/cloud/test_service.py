@@ -23,7 +23,9 @@ WRONG = GOOD.replace("answer 49", "answer 48")
 
 
 def open_msg(task="arith", prompt=ARITH, rules=(), refine=None, **kw) -> pb.EdgeMessage:
-    req = t.OpenRequest(kw.pop("request_id", ""), task, prompt, list(rules), refine, **kw)
+    req = t.OpenRequest(
+        request_id=kw.pop("request_id", ""), task=task, prompt=prompt, rules=list(rules), refine=refine, **kw
+    )
     return pb.EdgeMessage(open=convert.open_to_pb(req))
 
 
@@ -276,14 +278,14 @@ async def test_judge_mode_gives_parseable_verdicts(cloud, stub):
     text = await cloud.core.engine.judge(judge_prompt(ARITH, GOOD), JUDGE_SCHEMA, JUDGE_MAX_TOKENS, "judge-direct")
     valid, score, error = parse_judge(text)
     assert 0.0 <= score <= 1.0 and (valid or error), text  # schema-constrained: parses, or says why not
-    policy = cloud.cfg.policy  # the session's shared server: what this test changes, it puts back as it was
-    was = (policy.verifier, policy.rules_decide)
-    policy.verifier = "judge"
-    policy.rules_decide = False  # the preset's exact checkers would otherwise leave the judge out
+    was = cloud.cfg.policy.verifier  # the session's shared server: what this test changes, it puts back as it was
+    cloud.cfg.policy.verifier = "judge"
+    # the preset's step check as the request's own rule: the preset's exact checkers alone would leave the judge out
+    steps = open_msg(rules=[Rule("task_check", {"check": "arith_steps"})])
     try:
-        events = await run_session(stub, [open_msg(), draft(0, GOOD), draft(1, "3+5=9; answer 9"), done(2)])
+        events = await run_session(stub, [steps, draft(0, GOOD), draft(1, "3+5=9; answer 9"), done(2)])
     finally:
-        policy.verifier, policy.rules_decide = was
+        cloud.cfg.policy.verifier = was
     verdicts = {e.draft_index: e for e in events if isinstance(e, t.Verdict)}
     assert verdicts[1].failed_rule == "task_check:arith_steps"  # rules still first: no judge time for a wrong step
     v0 = verdicts[0]

@@ -17,7 +17,7 @@ from coinfer.cloud.session import DraftsDone, Session
 from coinfer.extract import Extraction
 from coinfer.rules import Rule, RuleSet
 from coinfer.tasks import OPEN
-from tests.cloud.engines import LIKELIHOOD, RIGHT, WRONG, Replies, ScriptedEngine, apples
+from tests.cloud.engines import LIKELIHOOD, RIGHT, WRONG, Replies, ScriptedEngine, apples, apples_by_pattern
 from tests.streams import shown as _shown
 from tests.virtual_time import now, run
 
@@ -58,7 +58,7 @@ def _session(engine: TargetEngine, *, rules: RuleSet | None = None, **kw) -> Ses
 async def _run(session: Session, drafts: list[str], truncated: bool = False) -> list:
     async def inbox():
         for i, text in enumerate(drafts):
-            yield t.Draft(i, text, 12, -0.1, 1.0, truncated=truncated)
+            yield t.Draft(index=i, text=text, num_tokens=12, mean_logprob=-0.1, edge_ms=1.0, truncated=truncated)
         yield DraftsDone(len(drafts))
 
     return [ev async for ev in session.run(inbox())]
@@ -81,13 +81,14 @@ def test_a_likely_draft_the_drafts_agree_on_is_accepted_as_is():
 def test_a_draft_with_one_token_the_target_doubts_is_not_the_answer():
     # mean logprob -0.38 passes the threshold, but one token at -4 (a number the target would not write)
     # scores it 0.68:
-    # under the arithmetic rule the cloud writes its own checked answer; policy off, it refines from candidates
+    # under the arithmetic rule the cloud writes its own checked answer; where that answer cannot stream checked
+    # step by step (its answer read by a pattern), it refines from candidates
     engine = ScriptedEngine({WRONG: [-0.05] * 11 + [-4.0]}, reply=RIGHT)
     summary = run(_run(_session(engine), [WRONG]))[-1]
     assert summary.refine_mode == "alone" and summary.answer == RIGHT and engine.generated > 0
     assert "best draft not as is (score 0.68 < 0.90)" in summary.trace
     engine = ScriptedEngine({WRONG: [-0.05] * 11 + [-4.0]}, reply=RIGHT)
-    summary = run(_run(_session(engine, own_over_candidates=False), [WRONG]))[-1]
+    summary = run(_run(_make(engine, apples_by_pattern()), [WRONG]))[-1]
     assert summary.refine_mode == "candidates" and engine.generated > 0
 
 
@@ -101,8 +102,9 @@ def test_the_clouds_own_answer_is_not_refused_by_the_likelihood_threshold():
 
 
 def _refining(engine: ScriptedEngine, **kw) -> Session:
-    # never accept as is: always refine, from the drafts as candidates
-    return _session(engine, accept_min_score=2.0, own_over_candidates=False, **kw)
+    # never accept as is: always refine, from the drafts as candidates (the answer read by a pattern: the cloud's
+    # own answer cannot stream checked step by step, so it does not answer in their place)
+    return _make(engine, apples_by_pattern(kw.pop("refine", None)), accept_min_score=2.0, **kw)
 
 
 def test_a_refinement_that_contradicts_agreeing_drafts_is_refused():
@@ -171,8 +173,8 @@ def test_a_finished_draft_is_chosen_over_a_truncated_one_of_any_score():
     session = _session(engine, rules=RuleSet([], OPEN, {}))  # free text: no rule tells them apart
 
     async def inbox():
-        yield t.Draft(0, ramble, 64, -0.01, 1.0, truncated=True)
-        yield t.Draft(1, RIGHT, 12, -0.2, 1.0)
+        yield t.Draft(index=0, text=ramble, num_tokens=64, mean_logprob=-0.01, edge_ms=1.0, truncated=True)
+        yield t.Draft(index=1, text=RIGHT, num_tokens=12, mean_logprob=-0.2, edge_ms=1.0)
         yield DraftsDone(2)
 
     summary = run(_collect(session.run(inbox())))[-1]
@@ -217,7 +219,7 @@ def test_the_likelihood_threshold_is_relative_to_the_draft_models_own_confidence
 
     async def one(own: float) -> t.Verdict:
         async def inbox():
-            yield t.Draft(0, prose, 12, own, 1.0)
+            yield t.Draft(index=0, text=prose, num_tokens=12, mean_logprob=own, edge_ms=1.0)
             yield DraftsDone(1)
 
         s = _session(engine, max_retries=0)
@@ -312,7 +314,7 @@ def test_free_text_is_accepted_as_is_when_the_target_is_about_as_confident_as_th
 
     async def alone(text: str) -> list:
         async def inbox():
-            yield t.Draft(0, text, 12, -0.63, 1.0)
+            yield t.Draft(index=0, text=text, num_tokens=12, mean_logprob=-0.63, edge_ms=1.0)
             yield DraftsDone(1)
 
         return [ev async for ev in session().run(inbox())]
@@ -437,9 +439,9 @@ def test_a_prefix_refinement_is_final_while_it_writes_what_the_best_draft_says()
     def refined(reply: str) -> list:
         engine = ScriptedEngine({best: [-0.05] * 12, other: [-0.1] * 12}, reply=reply)
         req = t.OpenRequest(request_id="r", task="arith", prompt=prompt)
-        # accept_min_score 2: refine, the consensus steps "3+5=8; 8^2=64;" continued; rules_decide off:
-        # the preset's checkers would accept the draft as is
-        session = _make(engine, req, arith, spec, RuleSet([], arith, spec), accept_min_score=2.0, rules_decide=False)
+        # accept_min_score 2: refine, the consensus steps "3+5=8; 8^2=64;" continued; the preset's checks as the
+        # request's own rules: the preset's checkers alone would accept the draft as is
+        session = _make(engine, req, arith, spec, RuleSet(arith.default_rules(spec), arith, spec), accept_min_score=2.0)
         return run(_run(session, [best, other]))
 
     # the target writes the best draft's own steps: every chunk final, the prefix the first
@@ -481,16 +483,12 @@ def test_where_a_presets_own_checkers_pass_a_draft_no_model_is_asked_and_it_is_t
     assert not verdicts[0].valid and verdicts[1].valid
 
 
-def test_a_preset_with_rules_of_its_own_or_the_switch_off_is_verified_by_the_model_as_before():
-    for rules, decide in (
-        ([Rule("numeric_bounds", {"field": "answer", "min": -100, "max": 100})], True),
-        (None, False),
-    ):
-        engine = ScriptedEngine({}, reply="unused")
-        session, right = _preset(engine, rules, rules_decide=decide)
-        engine.logprobs = {right: [-0.05] * 10 + [-6.0]}
-        summary = run(_run(session, [right]))[-1]
-        assert engine.scored >= 1 and summary.refine_mode != "accepted"
+def test_a_preset_with_rules_of_its_own_is_verified_by_the_model():
+    engine = ScriptedEngine({}, reply="unused")
+    session, right = _preset(engine, [Rule("numeric_bounds", {"field": "answer", "min": -100, "max": 100})])
+    engine.logprobs = {right: [-0.05] * 10 + [-6.0]}
+    summary = run(_run(session, [right]))[-1]
+    assert engine.scored >= 1 and summary.refine_mode != "accepted"
 
 
 def test_a_retry_round_is_counted_apart_and_none_is_advised_where_retries_never_held_a_valid_draft():
@@ -502,9 +500,9 @@ def test_a_retry_round_is_counted_apart_and_none_is_advised_where_retries_never_
     session = _session(engine, round_odds=odds)
 
     async def two_rounds():
-        yield t.Draft(0, wrong, 12, -0.1, 1.0)
+        yield t.Draft(index=0, text=wrong, num_tokens=12, mean_logprob=-0.1, edge_ms=1.0)
         yield DraftsDone(1)
-        yield t.Draft(1, wrong, 12, -0.1, 1.0)
+        yield t.Draft(index=1, text=wrong, num_tokens=12, mean_logprob=-0.1, edge_ms=1.0)
         yield DraftsDone(1)
 
     events = run(_collect(session.run(two_rounds())))

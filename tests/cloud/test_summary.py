@@ -17,7 +17,7 @@ def _judged(i: int, valid: bool, text: str) -> Judged:
     v = t.Verdict(draft_index=i, valid=valid, score=0.9 if valid else 0.0, rules_passed=["arithmetic"])
     if not valid:
         v.failed_rule, v.error = "arithmetic", "3+5=9"
-    return Judged(draft=t.Draft(i, text), verdict=v, parsed=RULES.parse(text))
+    return Judged(draft=t.Draft(index=i, text=text), verdict=v, parsed=RULES.parse(text))
 
 
 def test_the_summary_reports_every_draft_the_answer_and_why():
@@ -43,7 +43,10 @@ def test_the_summary_reports_every_draft_the_answer_and_why():
         prompt_tokens=7,
         answer_tokens=2,
     )
-    assert s.scores == [t.DraftScore(0, False, 0.0, 0.0), t.DraftScore(1, True, 0.9, 1.2)]  # by index
+    assert s.scores == [
+        t.DraftScore(draft_index=0, valid=False, score=0.0, rank_score=0.0),
+        t.DraftScore(draft_index=1, valid=True, score=0.9, rank_score=1.2),
+    ]  # by index
     assert (s.answer, s.chosen_drafts, s.request_id, s.recommended_drafts) == ("Answer: 17", [1], "rid", 3)
     assert s.refine_mode == "accepted" and s.finish_reason == "stop" and s.fields["answer"] == 17
     assert (s.prompt_tokens, s.answer_tokens, s.timings.total_ms) == (7, 2, 5.0)

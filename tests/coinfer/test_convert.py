@@ -6,13 +6,13 @@ from coinfer.v1 import coinfer_pb2 as pb
 
 def test_open_round_trip_keeps_rules_and_defaults():
     req = t.OpenRequest(
-        "r1",
-        "select",
-        "Pick 2 of A(1,2) B(2,3) with cost<=5.",
-        [Rule("count", {"field": "ids", "min": 2, "max": 2, "unique": True}, name="two")],
-        t.SamplingParams(temperature=0.5, seed=7),
-        5,
-        1500,
+        request_id="r1",
+        task="select",
+        prompt="Pick 2 of A(1,2) B(2,3) with cost<=5.",
+        rules=[Rule("count", {"field": "ids", "min": 2, "max": 2, "unique": True}, name="two")],
+        refine=t.SamplingParams(temperature=0.5, seed=7),
+        expected_drafts=5,
+        deadline_ms=1500,
     )
     back = convert.open_from_pb(convert.open_to_pb(req))
     assert back.rules == [Rule("count", {"field": "ids", "min": 2.0, "max": 2.0, "unique": True}, "two")]
@@ -29,21 +29,35 @@ def test_open_round_trip_keeps_rules_and_defaults():
 def test_every_cloud_event_round_trips():
     events = [
         t.SessionAccepted("r", ["parse", "length"], 3),
-        t.Verdict(2, False, 0.0, "step_wrong: 8^2=62 (expected 64)", "task_check:arith_steps", 1.5, ["parse"], 0),
+        t.Verdict(
+            draft_index=2,
+            valid=False,
+            score=0.0,
+            error="step_wrong: 8^2=62 (expected 64)",
+            failed_rule="task_check:arith_steps",
+            verify_ms=1.5,
+            rules_passed=["parse"],
+            duplicate_of=0,
+        ),
         t.AnswerChunk("3+5"),
         t.AnswerReset("refinement rejected: task_check:arith_steps"),
         t.Summary(
-            "answer 49",
-            t.AnswerSource.DRAFT,
-            [1, 0],
-            [t.DraftScore(0, True, 0.25, 0.5)],
-            t.Timings(1.0, 2.0, 3.0, 4.0),
-            "trace",
-            True,
-            5,
-            "r",
+            answer="answer 49",
+            source=t.AnswerSource.DRAFT,
+            chosen_drafts=[1, 0],
+            scores=[t.DraftScore(draft_index=0, valid=True, score=0.25, rank_score=0.5)],
+            timings=t.Timings(verify_ms=1.0, refine_ttft_ms=2.0, refine_ms=3.0, total_ms=4.0),
+            trace="trace",
+            answer_valid=True,
+            recommended_drafts=5,
+            request_id="r",
         ),
-        t.RetryAdvice(1, 7, t.SamplingParams(temperature=0.6, presence_penalty=0.4), "parse_error x3"),
+        t.RetryAdvice(
+            attempt=1,
+            num_drafts=7,
+            sampling=t.SamplingParams(temperature=0.6, presence_penalty=0.4),
+            reason="parse_error x3",
+        ),
     ]
     for ev in events:
         assert convert.event_from_pb(convert.event_to_pb(ev)) == ev

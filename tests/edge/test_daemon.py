@@ -296,21 +296,21 @@ async def test_planner_edge_state_while_loading(int8_draft):
     core = EdgeCore(
         EdgeConfig(model=str(int8_draft), warm=False, grpc_port=-1, http_port=-1, providers="CPUExecutionProvider")
     )
-    cold = core._edge_state()
+    cold = core.edge_state()
     assert cold.state == "cold" and cold.fresh and not cold.gpu  # where it will run, before any session
     full = cold_start_ms(core.planner.edge_profile(cold))
     core.model_state, core._load_started = "loading", time.perf_counter()
-    loading = core._edge_state()
+    loading = core.edge_state()
     # what is left of the load plus the first run once: never more than the whole cold start
     assert loading.fresh and cold_start_ms(core.planner.edge_profile(loading)) <= full
     engine = await core.ensure_engine()
-    assert core._edge_state() == EdgeState(model_bytes=core.model_bytes, state="warm", gpu=False, fresh=True)
+    assert core.edge_state() == EdgeState(model_bytes=core.model_bytes, state="warm", gpu=False, fresh=True)
     await asyncio.to_thread(
         engine.generate,
         engine.render([ChatMessage("user", "If x=1 and y=2, compute x+y.")]),
         Sampling(n=2, max_new_tokens=4),
     )
-    assert not core._edge_state().fresh
+    assert not core.edge_state().fresh
     await core.close()
 
 

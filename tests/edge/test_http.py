@@ -40,6 +40,27 @@ def test_unpaired_surrogates_are_found_with_their_path():
     assert lone_surrogate(json.loads('{"\\udc00": 1}')) == "body"
 
 
+def _answers(monkeypatch, core, script) -> None:
+    """``core`` answers every request with ``script(req)``'s events (an async generator function), each in the
+    request's view of the answer before it is read, as the lifecycle's run puts it there (``Run.emit``)."""
+    from coinfer.edge.shown import AnswerView
+
+    class Scripted:
+        def __init__(self, req) -> None:
+            self.req, self.shown = req, AnswerView()
+
+        async def events(self):
+            async with contextlib.aclosing(script(self.req)) as events:
+                async for ev in events:
+                    self.shown.see(ev)
+                    yield ev
+
+    async def begin(req):
+        return Scripted(req)
+
+    monkeypatch.setattr(core, "begin", begin)
+
+
 async def test_a_failure_after_the_stream_began_ends_it_with_an_error_event(monkeypatch, tmp_path):
     import httpx
 
@@ -54,7 +75,7 @@ async def test_a_failure_after_the_stream_began_ends_it_with_an_error_event(monk
         yield t.Draft(index=0, text="3+5=8", num_tokens=3)
         raise SystemError("AST constructor recursion depth mismatch")
 
-    monkeypatch.setattr(core, "solve", solve)
+    _answers(monkeypatch, core, solve)
     transport = httpx.ASGITransport(app=create_app(core))
     async with httpx.AsyncClient(transport=transport, base_url="http://edge") as http:
         body = {"model": core.cfg.model_name, "prompt": "If x=3 and y=5, compute x+y.", "stream": True}
@@ -86,7 +107,7 @@ async def test_the_coinfer_block_carries_the_plans_that_ran_and_the_clouds_token
             result=result, plan="split", plans=["edge", "split"], cloud_tokens=CloudTokens(generated=42, prompt=17)
         )
 
-    monkeypatch.setattr(core, "solve", solve)
+    _answers(monkeypatch, core, solve)
     monkeypatch.setattr(
         core,
         "usage",
@@ -118,7 +139,7 @@ async def _streamed(monkeypatch, tmp_path, events: list) -> list[dict]:
         for ev in events:
             yield ev
 
-    monkeypatch.setattr(core, "solve", solve)
+    _answers(monkeypatch, core, solve)
     monkeypatch.setattr(
         core,
         "usage",
@@ -226,7 +247,7 @@ async def test_a_client_gone_mid_stream_closes_the_requests_events_before_the_re
         finally:
             log.append("events closed")
 
-    monkeypatch.setattr(core, "solve", solve)
+    _answers(monkeypatch, core, solve)
     body = json.dumps(
         {"model": core.cfg.model_name, "messages": [{"role": "user", "content": "x+y?"}], "stream": True}
     ).encode()

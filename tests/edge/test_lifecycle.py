@@ -62,7 +62,12 @@ class Drafts:
     def generate(self, prompt, s, on_draft=None, cancelled=None, greedy=0, greedy_tokens=0) -> list[DraftResult]:
         self.prompts.append(prompt)
         text = CONTINUED if prompt.endswith("".join(STREAMED)) else ALONE
-        out = [DraftResult(i, text, [1] * 5, -0.1 * (i + 1), 1.0, "stop") for i in range(s.n)]
+        out = [
+            DraftResult(
+                index=i, text=text, token_ids=[1] * 5, mean_logprob=-0.1 * (i + 1), edge_ms=1.0, finish_reason="stop"
+            )
+            for i in range(s.n)
+        ]
         for d in out:
             if on_draft is not None:
                 on_draft(d)

@@ -11,10 +11,12 @@ from coinfer.v1 import coinfer_pb2 as pb
 def test_retry_advice_changes_exploration_and_keeps_the_users_limits():
     mine = Sampling(temperature=0.0, max_new_tokens=24, seed=7, stop=("\n\n",), n=3)
     advice = t.RetryAdvice(
-        1,
-        6,
-        t.SamplingParams(temperature=0.6, top_p=0.9, presence_penalty=0.4, frequency_penalty=0.2, max_new_tokens=256),
-        "regex_failed x3",
+        attempt=1,
+        num_drafts=6,
+        sampling=t.SamplingParams(
+            temperature=0.6, top_p=0.9, presence_penalty=0.4, frequency_penalty=0.2, max_new_tokens=256
+        ),
+        reason="regex_failed x3",
     )
     nxt = follow_advice(mine, advice)
     assert (nxt.n, nxt.temperature, nxt.top_p, nxt.presence_penalty, nxt.frequency_penalty) == (6, 0.6, 0.9, 0.4, 0.2)

@@ -255,7 +255,17 @@ class LocalDrafts:
         return messages[-1].content
 
     def generate(self, prompt, s, on_draft=None, cancelled=None, greedy=0, greedy_tokens=0) -> list[DraftResult]:
-        out = [DraftResult(i, "3+5=8; answer 8", [1] * 10, -0.1, 1.0, "stop") for i in range(s.n)]
+        out = [
+            DraftResult(
+                index=i,
+                text="3+5=8; answer 8",
+                token_ids=[1] * 10,
+                mean_logprob=-0.1,
+                edge_ms=1.0,
+                finish_reason="stop",
+            )
+            for i in range(s.n)
+        ]
         for d in out:
             on_draft(d)
         return out

@@ -18,14 +18,17 @@ async def test_a_closed_solve_closes_the_requests_events_before_its_close_return
     when the garbage collector finds the core's generator."""
     log: list[str] = []
 
-    async def solve(req):  # stands in for the request's run: a draft, then a cloud still answering
+    async def events():  # stands in for the request's run: a draft, then a cloud still answering
         try:
             yield t.Draft(index=0, text="3+5=8", num_tokens=3)
             await asyncio.Event().wait()
         finally:
             log.append("events closed")
 
-    servicer = EdgeServicer(SimpleNamespace(solve=solve))
+    async def begin(req):  # the request's lifecycle
+        return SimpleNamespace(events=events)
+
+    servicer = EdgeServicer(SimpleNamespace(begin=begin))
     request = epb.SolveRequest(problem=pb.Problem(prompt="If x=3 and y=5, compute x+y."))
     handler = servicer.Solve(request, context=None)
     first = await anext(handler)

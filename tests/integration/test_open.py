@@ -72,10 +72,10 @@ async def test_open_session_verifies_extracts_and_answers(likelihood_stub):
     p = _problem()
     wrong = wordprob.corrupt(p.solution, random.Random(1))
     req = t.OpenRequest(
-        "open-1",
-        "",
-        "",
-        [Rule("arithmetic")],
+        request_id="open-1",
+        task="",
+        prompt="",
+        rules=[Rule("arithmetic")],
         messages=[*CONV, ChatMessage("user", p.prompt)],
         extraction=Extraction("marker"),
     )
@@ -87,7 +87,7 @@ async def test_open_session_verifies_extracts_and_answers(likelihood_stub):
     assert by[3].duplicate_of == 1  # same text (whitespace aside): verified once
     assert isinstance(summary, t.Summary) and summary.answer_valid
     # under the arithmetic rule a doubted best draft gives the cloud's own checked answer, not candidates
-    # (PolicyConfig.own_over_candidates); a draft whose only slip is a computed value is judged repaired
+    # (SessionContext.own_over_candidates); a draft whose only slip is a computed value is judged repaired
     assert summary.refine_mode in ("accepted", "repaired", "alone")
     if summary.refine_mode == "accepted":  # the target found the right solution likely enough
         assert 0 in summary.chosen_drafts and summary.answer == p.solution
@@ -114,7 +114,7 @@ async def test_exact_verification_answers_what_the_cloud_plan_writes_and_counts_
 async def test_likelihood_threshold_can_say_no(likelihood_stub):
     stub = likelihood_stub
     p = _problem(5)
-    req = t.OpenRequest("open-2", "", p.prompt, extraction=Extraction("marker"))
+    req = t.OpenRequest(request_id="open-2", task="", prompt=p.prompt, extraction=Extraction("marker"))
     gibberish = "zebra quantum " * 6 + "\nAnswer: 3"
     events = await _session(stub, req, [gibberish])
     (v,) = [e for e in events if isinstance(e, t.Verdict)]

@@ -19,7 +19,11 @@ def test_task_prompts_come_from_the_requested_side_of_the_split():
     assert all(p.text == p.problem.prompt for p in held)  # the user turn; the model's template renders it
     plain = ChatFormat()
     assert held[0].model_text(plain) == f"User: {held[0].text}\nAssistant:"
-    templated = ChatFormat("{{ bos_token }}{% for m in messages %}{{ m['content'] }}\n{% endfor %}", "<s>", "</s>")
+    templated = ChatFormat(
+        template="{{ bos_token }}{% for m in messages %}{{ m['content'] }}\n{% endfor %}",
+        bos_token="<s>",
+        eos_token="</s>",
+    )
     assert held[0].model_text(templated) == f"<s>{held[0].text}\n"
 
 

@@ -80,7 +80,9 @@ async def corrupt_after_open(ch: grpc.aio.Channel, runs: int = 20) -> None:
     from coinfer import convert
     from coinfer import types as t
 
-    req = t.OpenRequest("", "arith", "If x=3 and y=5, compute (x+y)^2-x*y.", [], None)
+    req = t.OpenRequest(
+        request_id="", task="arith", prompt="If x=3 and y=5, compute (x+y)^2-x*y.", rules=[], refine=None
+    )
     opening = pb.EdgeMessage(open=convert.open_to_pb(req)).SerializeToString()
     session = ch.stream_stream(
         "/coinfer.v1.CoinferCloud/Session",

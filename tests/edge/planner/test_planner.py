@@ -141,11 +141,13 @@ def test_a_cloud_plan_never_run_is_predicted_from_the_answers_the_task_gets():
 
 
 def _result(rounds: int, drafting: float, total: float, summary=None) -> EdgeResult:
-    drafts = [t.Draft(i, "3+5=8; answer 8", 10, -0.1, drafting) for i in range(5)]
+    drafts = [
+        t.Draft(index=i, text="3+5=8; answer 8", num_tokens=10, mean_logprob=-0.1, edge_ms=drafting) for i in range(5)
+    ]
     return EdgeResult(
-        "3+5=8; answer 8",
-        "refined",
-        True,
+        answer="3+5=8; answer 8",
+        source="refined",
+        valid=True,
         drafts=drafts,
         summary=summary,
         rounds=rounds,
@@ -169,22 +171,26 @@ def test_online_updates_from_measured_stage_times():
     _observe(p, Plan.EDGE, _result(1, 80.0, 80.0), cold)
     assert p.est.get("first_run_ms") == 30.0 and p.est.get("step_ms.5") == 5.0  # a fresh session's extra
     summary = t.Summary(
-        "3+5=8; answer 8",
-        t.AnswerSource.CLOUD,
-        [],
-        [],
-        t.Timings(0.0, 20.0, 220.0, 230.0, decode_steps=40),
-        "",
-        True,
-        5,
-        "",
+        answer="3+5=8; answer 8",
+        source=t.AnswerSource.CLOUD,
+        chosen_drafts=[],
+        scores=[],
+        timings=t.Timings(verify_ms=0.0, refine_ttft_ms=20.0, refine_ms=220.0, total_ms=230.0, decode_steps=40),
+        trace="",
+        answer_valid=True,
+        recommended_drafts=5,
+        request_id="",
     )
     _observe(p, Plan.CLOUD, dataclasses.replace(_result(0, 0.0, 300.0, summary), drafts=[]))
     assert p.est.get("decode_steps.cloud.arith") == 40.0 and p.est.get("refine_ms_per_token") == 5.0
     assert p.est.get("refine_ttft_ms") == 20.0 and p.est.has("setup_ms")
     assert p.est.get("quality.cloud.arith") == 1.0
     # a split measures the edge-only answer too: any first-round draft valid (round 2's don't count)
-    verdicts = {0: t.Verdict(0, False), 1: t.Verdict(1, False), 5: t.Verdict(5, True)}
+    verdicts = {
+        0: t.Verdict(draft_index=0, valid=False),
+        1: t.Verdict(draft_index=1, valid=False),
+        5: t.Verdict(draft_index=5, valid=True),
+    }
     _observe(p, Plan.SPLIT, dataclasses.replace(_result(2, 100.0, 400.0, summary), verdicts=verdicts))
     # the three edge-plan requests above were valid; this one would not have been: mean of 1, 1, 1, 0
     assert p.est.get("quality.split.arith") == 1.0 and p.est.get("quality.edge.arith") == 0.75
@@ -201,7 +207,9 @@ def test_the_clouds_reported_cost_is_learnt_per_plan_and_task_and_a_silent_cloud
     assert p.shape(task="arith", size=SIZE, n=5).split_work is None
 
     def ran(plan: Plan, cost: t.CloudCost | None) -> None:
-        summary = t.Summary("3+5=8; answer 8", t.AnswerSource.CLOUD, timings=t.Timings(total_ms=100.0), cost=cost)
+        summary = t.Summary(
+            answer="3+5=8; answer 8", source=t.AnswerSource.CLOUD, timings=t.Timings(total_ms=100.0), cost=cost
+        )
         _observe(p, plan, _result(1, 50.0, 200.0, summary))
 
     ran(Plan.CLOUD, None)
@@ -234,7 +242,9 @@ def test_an_escalated_request_teaches_the_edge_and_the_split_apart():
         ),
     )
     # the cloud rejected the same five drafts, advised a retry round, then refined
-    split = dataclasses.replace(_result(2, 60.0, 700.0, summary), verdicts={i: t.Verdict(i, False) for i in range(5)})
+    split = dataclasses.replace(
+        _result(2, 60.0, 700.0, summary), verdicts={i: t.Verdict(draft_index=i, valid=False) for i in range(5)}
+    )
     _observe(p, Plan.SPLIT, split, escalated=True)
     est = p.est
     # the edge plan: 3 valid answers and 1 invalid; the split's first-round verdicts are not counted again
