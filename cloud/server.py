@@ -209,6 +209,7 @@ async def create_server(cfg: CloudConfig, engine: TargetEngine | None = None) ->
 
 async def serve(cfg: CloudConfig, ready: asyncio.Event | None = None) -> None:
     process.children_die_with_parent()  # forked engine processes end with this server, even on SIGKILL
+    process.start_resource_tracker()  # at the loop's priority, not the engine's starting worker thread's
     process.prioritise_loop(asyncio.get_running_loop())  # client-rule checks below the serving loop
     srv = await create_server(cfg)
     log.info("listening on %s:%d (NOT_SERVING while the engine loads)", cfg.host, srv.port)

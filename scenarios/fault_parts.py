@@ -126,6 +126,15 @@ def still_alive(procs: list[psutil.Process]) -> list[psutil.Process]:
     return out
 
 
+def is_resource_tracker(p: psutil.Process) -> bool:
+    """Whether ``p`` is multiprocessing's resource tracker (``python -c 'from multiprocessing.resource_tracker
+    import main; ...'``)."""
+    try:
+        return any("multiprocessing.resource_tracker" in part for part in p.cmdline())
+    except psutil.Error:
+        return False
+
+
 def describe(p: psutil.Process) -> str:
     try:
         return f"{p.pid} {' '.join(p.cmdline())[:100]}"

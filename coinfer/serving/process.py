@@ -84,6 +84,17 @@ def children_die_with_parent() -> None:
         _registered = True
 
 
+def start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker now, from the calling (main) thread. vLLM's engine starts from a
+    worker thread that ``prioritise_loop`` runs ``WORKER_NICE`` below the loop, and the tracker, started lazily at
+    the engine's first spawn, inherited that thread's nice value. It has no parent watch of its own: it ends when
+    the last process holding its pipe has ended, after unlinking the shared memory vLLM left; at nice 5 on a busy
+    machine that took over 15 s after a SIGKILLed server (the fault campaign, a CI run with both cores loaded)."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+
+
 def raise_fd_limit(want: int = 65536) -> int:
     """Lift the soft descriptor limit towards the hard one (a shell's soft default is 1024); the new soft limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -11,6 +11,8 @@ import threading
 import psutil
 import pytest
 
+from coinfer.serving import process
+
 PARENT = textwrap.dedent("""
     import multiprocessing, os, sys, time
     from coinfer.serving import process
@@ -76,3 +78,38 @@ def test_worker_threads_run_below_the_loop():
     loop_nice, worker_nice = asyncio.run(main())
     assert worker_nice == min(19, loop_nice + WORKER_NICE)
     assert nice() == loop_nice  # the calling thread is untouched
+
+
+TRACKER_NICE = textwrap.dedent(
+    """
+    import multiprocessing, os, sys, threading
+    from multiprocessing import resource_tracker
+    from coinfer.serving import process
+
+    if sys.argv[1] == "early":
+        process.start_resource_tracker()
+
+    def start_engine():  # as vLLM's engine starts: a spawned child, from a worker thread below the loop
+        process._lower_priority()
+        p = multiprocessing.get_context("spawn").Process(target=int)
+        p.start()
+        p.join()
+
+    t = threading.Thread(target=start_engine)
+    t.start()
+    t.join()
+    print(os.getpriority(os.PRIO_PROCESS, resource_tracker._resource_tracker._pid))
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_the_resource_tracker_runs_at_the_servers_priority_not_the_engine_threads():
+    def tracker_nice(when: str) -> int:
+        out = subprocess.run([sys.executable, "-c", TRACKER_NICE, when], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return int(out.stdout.split()[-1])
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert tracker_nice("lazy") == min(19, base + process.WORKER_NICE)  # what a SIGKILLed server left starving
+    assert tracker_nice("early") == base
