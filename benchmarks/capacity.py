@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.load_stats import Step, arrivals, pct, summary
+from benchmarks.open_prompts import OPEN_PROMPTS
 from benchmarks.replica import CLOUD_CORE, NGRAM_SPECULATION, Server, ServerGroup, coinfer_stack, vllm_server
 
 SYSTEMS = ("split", "cloud", "auto", "vllm-greedy", "vllm-ngram", "vllm-best-of-5")
@@ -88,24 +89,8 @@ REAL_MAX_MODEL_LEN = 2048
 DEMO_MAX_TOKENS = 512
 """The demo pair's answer budget: the cloud's default (``PolicyConfig.refine_max_tokens``)."""
 
-REAL_PROMPTS = [
-    "Explain why the sky is blue.",
-    "What is the capital of France? Answer in one word.",
-    "Write a haiku about autumn.",
-    "Give three tips for sleeping well.",
-    "What does a compiler do?",
-    "Name two planets in the solar system.",
-    "How do plants make food?",
-    "Describe a cat in one sentence.",
-    "Why do we need sleep?",
-    "What is the boiling point of water in Celsius?",
-    "Suggest a name for a pet dog.",
-    "What is photosynthesis?",
-    "Write one sentence about the sea.",
-    "How many days are in a week?",
-    "What is the largest ocean on Earth?",
-    "Give one reason to learn a second language.",
-]
+REAL_PROMPTS = OPEN_PROMPTS[:16]
+"""The real-open workload's prompts: the historical set, the first 16 of ``benchmarks.open_prompts``."""
 
 
 # ---- pure: percentiles, the ladder and the capacity it shows ------------------------------------
