@@ -224,10 +224,19 @@ class Row:
         return bool(self.text.strip()) and not self.fallback and not self.error and not leaked
 
 
+_CLIENTS: dict[tuple[int, int], tuple] = {}
+
+
 def client(daemon):
+    """One openai client per daemon port and event loop (its connection pool belongs to the loop): a client per
+    request loaded an SSL context on the loop each time."""
     from openai import AsyncOpenAI
 
-    return AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
+    loop = asyncio.get_running_loop()
+    key = (daemon.http_port, id(loop))
+    if key not in _CLIENTS:  # the loop kept beside its client: its id is not reused while the entry lives
+        _CLIENTS[key] = (loop, AsyncOpenAI(base_url=f"http://127.0.0.1:{key[0]}/v1", api_key="unused", max_retries=0))
+    return _CLIENTS[key][1]
 
 
 async def ask(daemon, direction: str, prompt: str, plan: str, *, stream: bool, max_tokens: int, seed: int = 3) -> Row:
