@@ -76,18 +76,18 @@ def _mean(rows: list[dict], plan: str, key: str) -> float:
     return statistics.fmean(r[plan]["info"]["cloud_cost"][key] for r in rows)
 
 
-async def run(prompts: int, max_tokens: int, draft_from_rounds: int | None = None) -> dict:
+async def run(prompts: int, max_tokens: int, policy_fields: dict | None = None, skip: int = 0) -> dict:
     from openai import AsyncOpenAI
 
     from coinfer.cloud.config import PolicyConfig
     from coinfer.demo.real import real_stack
 
     rows = []
-    policy = PolicyConfig(draft_from_rounds=draft_from_rounds) if draft_from_rounds is not None else None
+    policy = PolicyConfig(**policy_fields) if policy_fields else None
     async with real_stack(policy) as (engine, daemon):
         client = AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
         await _ask(client, "Hello!", "split", 8, False)  # lazy set-up out of the measurement
-        for i, prompt in enumerate(OPEN_PROMPTS[:prompts]):
+        for i, prompt in enumerate(OPEN_PROMPTS[skip : skip + prompts]):
             row = {"prompt": prompt}
             for plan in PLANS:
                 row[plan] = await _ask(client, prompt, plan, max_tokens, False)
@@ -151,9 +151,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--draft-from-rounds", type=int, default=None, help="PolicyConfig.draft_from_rounds (default: the policy's)"
     )
+    ap.add_argument(
+        "--draft-from-wait-ms",
+        type=int,
+        default=None,
+        help="PolicyConfig.draft_from_wait_ms (default: the policy's): how long a continuation round waits for the edge",
+    )
+    ap.add_argument("--skip", type=int, default=0, help="start at this open prompt (default 0)")
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
     args = ap.parse_args(argv)
-    out = asyncio.run(run(min(args.prompts, len(OPEN_PROMPTS)), args.max_tokens, args.draft_from_rounds))
+    fields = {
+        k: v
+        for k, v in (("draft_from_rounds", args.draft_from_rounds), ("draft_from_wait_ms", args.draft_from_wait_ms))
+        if v is not None
+    }
+    n = min(args.prompts, len(OPEN_PROMPTS) - args.skip)
+    out = asyncio.run(run(n, args.max_tokens, fields, args.skip))
     print(json.dumps(out, indent=None if args.json else 1))
     return 0
 
