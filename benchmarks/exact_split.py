@@ -25,6 +25,7 @@ import sys
 import time
 
 from benchmarks.gpu_estimate import GPUS, MODELS, estimate
+from benchmarks.open_accuracy import policy_overrides
 from benchmarks.open_prompts import OPEN_PROMPTS
 
 PLANS = ("cloud", "split")
@@ -149,22 +150,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=64, help="open prompts, at most 128 (default %(default)s)")
     ap.add_argument("--max-tokens", type=int, default=96, help="each answer's budget")
     ap.add_argument(
-        "--draft-from-rounds", type=int, default=None, help="PolicyConfig.draft_from_rounds (default: the policy's)"
-    )
-    ap.add_argument(
-        "--draft-from-wait-ms",
-        type=int,
-        default=None,
-        help="PolicyConfig.draft_from_wait_ms (default: the policy's): how long a continuation round waits for the edge",
+        "--policy",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a cloud PolicyConfig field (repeatable), e.g. --policy draft_from_wait_ms=30000",
     )
     ap.add_argument("--skip", type=int, default=0, help="start at this open prompt (default 0)")
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
     args = ap.parse_args(argv)
-    fields = {
-        k: v
-        for k, v in (("draft_from_rounds", args.draft_from_rounds), ("draft_from_wait_ms", args.draft_from_wait_ms))
-        if v is not None
-    }
+    fields = policy_overrides(args.policy)
     n = min(args.prompts, len(OPEN_PROMPTS) - args.skip)
     out = asyncio.run(run(n, args.max_tokens, fields, args.skip))
     print(json.dumps(out, indent=None if args.json else 1))
