@@ -25,6 +25,7 @@ from coinfer.cloud.engine import GenParams, metered
 from coinfer.cloud.remote_engine import RemoteEngine
 from coinfer.cloud.remote_http import WrongServer
 from coinfer.cloud.server import create_server
+from coinfer.rules import Rule
 from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
 from tests.cloud.test_service import ARITH, GOOD, done, draft, expect_error, open_msg, run_session
 from tests.vllm_server import SERVED_NAME, VllmServer
@@ -180,8 +181,10 @@ async def test_a_session_verifies_drafts_and_the_cloud_answers_alone(rstub):
 
 
 async def test_the_likelihood_verifier_scores_drafts_as_the_in_process_engine_does(artifacts, vllm, remote, cloud):
-    policy = {"verifier": "likelihood", "rules_decide": False, "accept_first": False}
-    msgs = [open_msg(), draft(0, GOOD), draft(1, GOOD.replace("64-15", "64 - 15")), done(2)]
+    policy = {"verifier": "likelihood", "accept_first": False}
+    # the preset's step check as the request's own rule: the preset's exact checkers alone would leave the model out
+    steps = open_msg(rules=[Rule("task_check", {"check": "arith_steps"})])
+    msgs = [steps, draft(0, GOOD), draft(1, GOOD.replace("64-15", "64 - 15")), done(2)]
     verdicts = []
     for engine in (cloud.core.engine, remote.core.engine):
         cfg = cloud_config(artifacts, vllm, **policy)

@@ -99,7 +99,9 @@ async def test_open_session_verifies_extracts_and_answers(likelihood_stub):
 
 async def test_exact_verification_answers_what_the_cloud_plan_writes_and_counts_the_draft_tokens_it_took(stub):
     p = _problem()
-    req = t.OpenRequest("open-x", "", p.prompt, [Rule("arithmetic")], extraction=Extraction("marker"))
+    req = t.OpenRequest(
+        request_id="open-x", task="", prompt=p.prompt, rules=[Rule("arithmetic")], extraction=Extraction("marker")
+    )
     alone = [
         convert.event_from_pb(m) async for m in stub.Generate(pb.GenerateRequest(problem=convert.problem_to_pb(req)))
     ]

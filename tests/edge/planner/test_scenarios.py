@@ -35,11 +35,11 @@ async def test_planner_picks_the_measured_faster_plan(cloud):
     # asserted here. The RTT being on the path is.
     summary = summarise(rows)
     print("planner regret per scenario:", [round(r["regret"], 2) for r in rows], summary["max_regret"])
+    # the RTT is on the path: a cloud answer through the shaping proxy at 200 ms crosses it once each way at least
+    # (a lower bound that load only raises; the difference from the 1 ms scenario, > 100 ms once asserted, is a
+    # margin between two wall-clock readings, which a loaded CI run broke)
     slow = next(r for r in rows if r["rtt_ms"] == 200 and r["edge"] == "warm")
-    fast = next(r for r in rows if r["rtt_ms"] == 1 and r["edge"] == "warm")
-    assert (
-        slow["measured_ms"]["cloud"] - fast["measured_ms"]["cloud"] > 100
-    )  # ~200 ms added; problem variance is the rest
+    assert slow["measured_ms"]["cloud"] >= 200
     assert summarise(rows)["scenarios"] == 4
 
 
