@@ -48,6 +48,7 @@ from coinfer.cloud.remote_health import ServerWatch
 from coinfer.cloud.remote_http import KeyRefused, ServerLoad, WrongServer
 from coinfer.cloud.vllm_common import TokenizingEngine, tie_nats, top2, vllm_temperature
 from coinfer.errors import Unavailable
+from coinfer.types import RequestTally
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ class RemoteEngine(TokenizingEngine):
         if self._watch is None or not self._watch.up:
             raise Unavailable(self._watch.why if self._watch else "engine: not started")
         body = {"model": self._model, "prompt": ids, "return_token_ids": True, **body}
-        cost, cached, seen = current_cost(), 0, False
+        cost = current_cost()
         # the session's one cost counter names it (``metered``: one per session, shared by its parts' tasks)
         headers = {SESSION_HEADER: f"{id(cost):x}"} if cost is not None else None
         if body.get("stream"):
@@ -200,15 +201,14 @@ class RemoteEngine(TokenizingEngine):
         else:
             events = _once(lambda: remote_http.post(self._http, COMPLETIONS, body, headers))
         self._running += 1
-        per_sample: dict[int, int] = {}
+        tally = RequestTally(prompt=len(ids), scored="prompt_logprobs" in body)
         try:
             async with contextlib.aclosing(events) as outs:
                 async for out in outs:
                     self.last_output = time.monotonic()
-                    seen = True
-                    for c in out.get("choices") or ():  # streamed: the new tokens only
-                        per_sample[c["index"]] = per_sample.get(c["index"], 0) + len(c.get("token_ids") or ())
-                    cached = max(cached, _cached(out.get("usage")))
+                    # streamed: the new tokens only
+                    samples = [(c["index"], len(c.get("token_ids") or ())) for c in out.get("choices") or ()]
+                    tally.output(_cached(out.get("usage")), samples)
                     yield out
         except KeyRefused as exc:
             self._watch.fail(exc.message)
@@ -218,14 +218,7 @@ class RemoteEngine(TokenizingEngine):
             raise
         finally:
             self._running -= 1
-            if seen and cost is not None:  # abandoned requests too: what they computed was spent
-                cost.add_request(
-                    prompt=len(ids),
-                    cached=cached,
-                    decoded=sum(per_sample.values()),
-                    longest=max(per_sample.values(), default=0),
-                    scored="prompt_logprobs" in body,
-                )
+            tally.charge(cost)
 
     async def _complete(self, ids: list[int], body: dict) -> dict:
         """A request's one answer (not streamed)."""

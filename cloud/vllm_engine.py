@@ -19,6 +19,7 @@ from coinfer.cloud.engine import Chunk, EngineStats, GenParams, current_cost
 from coinfer.cloud.vllm_common import TokenizingEngine, tie_nats, top2, vllm_temperature
 from coinfer.errors import Unavailable
 from coinfer.serving import logs
+from coinfer.types import RequestTally
 
 log = logging.getLogger(__name__)
 
@@ -135,18 +136,16 @@ class VllmEngine(TokenizingEngine):
         from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
         self._running += 1
-        cost, delta, cached, seen = current_cost(), sp.output_kind == RequestOutputKind.DELTA, 0, False
-        per_sample: dict[int, int] = {}
+        cost, delta = current_cost(), sp.output_kind == RequestOutputKind.DELTA
+        tally = RequestTally(prompt=len(ids), scored=sp.prompt_logprobs is not None)
         try:
             # closed with the caller's iteration (each generator in the chain closes the one it reads),
             # so that a caller that stops early aborts the request now, not when the collector runs
             async with contextlib.aclosing(self._llm.generate({"prompt_token_ids": ids}, sp, request_id)) as outs:
                 async for out in outs:
                     self.last_output = time.monotonic()
-                    for c in out.outputs:  # delta outputs: the new tokens only
-                        per_sample[c.index] = per_sample.get(c.index, 0) * delta + len(c.token_ids)
-                    seen = True
-                    cached = max(cached, out.num_cached_tokens or 0)
+                    samples = [(c.index, len(c.token_ids)) for c in out.outputs]
+                    tally.output(out.num_cached_tokens or 0, samples, delta=delta)
                     yield out
         except asyncio.CancelledError:
             await self.abort(request_id)
@@ -155,14 +154,7 @@ class VllmEngine(TokenizingEngine):
             raise Unavailable("engine: stopped; retry (the replica restarts it)") from exc
         finally:
             self._running -= 1
-            if seen and cost is not None:  # aborted requests too: what they computed was spent
-                cost.add_request(
-                    prompt=len(ids),
-                    cached=cached,
-                    decoded=sum(per_sample.values()),
-                    longest=max(per_sample.values(), default=0),
-                    scored=sp.prompt_logprobs is not None,
-                )
+            tally.charge(cost)
 
     async def generate_ids(self, ids: list[int], params: GenParams, request_id: str) -> AsyncIterator[Chunk]:
         room = self.max_model_len - len(ids)

@@ -307,6 +307,37 @@ class CloudCost:
 
 
 @dataclass(kw_only=True)
+class RequestTally:
+    """One engine request counted as its outputs arrive, then folded into the session's ``CloudCost``: the
+    in-process and the remote engine count the same way."""
+
+    prompt: int
+    scored: bool
+    cached: int = 0
+    per_sample: dict[int, int] = field(default_factory=dict)
+    seen: bool = False
+
+    def output(self, cached: int, samples: list[tuple[int, int]], *, delta: bool = True) -> None:
+        """An output: its prefix-cache hits and, per sample index, its tokens (new ones if ``delta``, else
+        the sample's total so far)."""
+        self.seen = True
+        self.cached = max(self.cached, cached)
+        for index, n in samples:
+            self.per_sample[index] = (self.per_sample.get(index, 0) if delta else 0) + n
+
+    def charge(self, cost: CloudCost | None) -> None:
+        """Fold into ``cost``, once anything came back: aborted requests too, what they computed was spent."""
+        if self.seen and cost is not None:
+            cost.add_request(
+                prompt=self.prompt,
+                cached=self.cached,
+                decoded=sum(self.per_sample.values()),
+                longest=max(self.per_sample.values(), default=0),
+                scored=self.scored,
+            )
+
+
+@dataclass(kw_only=True)
 class Summary:
     answer: str
     source: AnswerSource

@@ -142,6 +142,42 @@ def describe(p: psutil.Process) -> str:
         return f"{p.pid} (gone)"
 
 
+async def watch_exit(
+    procs: list[psutil.Process], start: float, *, note_at_s: float, bound_s: float, guard_s: float
+) -> dict:
+    """Watch a dead server's process tree end on its own: the processes still alive ``note_at_s`` after
+    ``start`` are named, any still alive at ``bound_s`` end the watch, except multiprocessing's resource tracker
+    alone, which gets ``guard_s`` (it has no parent watch and ends once its pipe closes, after unlinking the
+    shared memory vLLM left: killing it would leak that). What is left at the end is named and killed.
+
+    Returns ``all_gone_after_s`` (None if something was left, or only the tracker lasted past ``bound_s``: then
+    ``resource_tracker_gone_after_s``), ``left_at_note`` and ``left`` (names)."""
+    gone_after, noted = None, []
+    while time.monotonic() - start < guard_s:
+        alive = still_alive(procs)
+        if not alive:
+            gone_after = time.monotonic() - start
+            break
+        if not noted and time.monotonic() - start >= note_at_s:
+            noted = [describe(p) for p in alive]
+        if time.monotonic() - start >= bound_s and not all(is_resource_tracker(p) for p in alive):
+            break
+        await asyncio.sleep(0.25)
+    left = still_alive(procs)
+    names = [describe(p) for p in left]
+    for p in left:
+        p.kill()
+    tracker_after = None
+    if gone_after is not None and gone_after >= bound_s:
+        tracker_after, gone_after = gone_after, None
+    return {
+        "all_gone_after_s": round(gone_after, 2) if gone_after is not None else None,
+        "resource_tracker_gone_after_s": round(tracker_after, 2) if tracker_after is not None else None,
+        "left_at_note": noted,
+        "left": names,
+    }
+
+
 class Load:
     """Edges (in this process, like scenarios/replicas.py) sending split requests until stopped."""
 

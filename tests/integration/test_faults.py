@@ -54,5 +54,7 @@ async def test_fault_campaign(tmp_path):
     assert kill["first_cloud_answer_started_after_serving_s"] is not None
 
     drain = report["drain"]
-    assert drain["lost"] == 0 and drain["exit_code"] == 0 and drain["processes_left_2s_after_exit"] == 0
+    assert drain["lost"] == 0 and drain["exit_code"] == 0
+    # the engine's processes end by themselves after the drain, within the campaign's hang guard (DRAIN_GUARD_S)
+    assert drain["processes_left_after_exit"] == 0 and drain["all_gone_after_exit_s"] is not None, drain["left"]
     assert drain["engine_dead_errors_logged"] == 0, drain

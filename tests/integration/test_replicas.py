@@ -4,7 +4,7 @@ full-size run (300 requests) is ``python -m benchmarks.replicas``; this one is s
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # room for the replicas' START_GUARD_S under load
 
 
 async def test_a_kill_and_a_rolling_update_lose_no_request(tmp_path):
