@@ -54,23 +54,48 @@ async def _ask(client, prompt: str, plan: str, max_tokens: int, stream: bool) ->
         r = await client.chat.completions.create(**kw)
         info = r.model_extra["coinfer"]
         return {"text": r.choices[0].message.content, "ms": (time.perf_counter() - t0) * 1e3, "info": info}
-    parts, first = [], None
+    parts, first, info = [], None, {}
     async for chunk in await client.chat.completions.create(stream=True, **kw):
         if chunk.choices and chunk.choices[0].delta.content:
             first = first if first is not None else (time.perf_counter() - t0) * 1e3
             parts.append(chunk.choices[0].delta.content)
-    return {"text": "".join(parts), "ms": (time.perf_counter() - t0) * 1e3, "first_ms": first}
+        info = (chunk.model_extra or {}).get("coinfer") or info  # the last chunk's: the answer's account
+    return {"text": "".join(parts), "ms": (time.perf_counter() - t0) * 1e3, "first_ms": first, "info": info}
+
+
+def _how(info: dict) -> dict:
+    return {
+        k: info.get(k)
+        for k in ("source", "refine_mode", "plan", "fallback_reason", "finish_reason", "replays")
+        if k in info
+    }
+
+
+def _first_difference(a: str, b: str) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 async def _lead(engine, prompt: str, a: str, b: str) -> float:
     """The target's lead of its argmax over the runner-up where ``a`` and ``b`` first differ."""
     from coinfer.chat import ChatMessage
 
-    common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    common = _first_difference(a, b)
     ids = await engine.prompt_ids(engine.render([ChatMessage("user", prompt)]))
     head = await engine.text_ids(a[:common])
     _, leads = await engine.top_tokens(ids + head, len(ids + head), f"lead-{time.monotonic_ns()}")
     return leads[-1]
+
+
+def _where_they_differ(a: str, b: str, context: int = 40) -> dict:
+    """Where the cloud plan's text ``a`` and split's ``b`` first differ, with ``context`` characters around it."""
+    common = _first_difference(a, b)
+    lo = max(0, common - context)
+    return {
+        "at_char": common,
+        "lengths": [len(a), len(b)],
+        "cloud": a[lo : common + context],
+        "split": b[lo : common + context],
+    }
 
 
 def _mean(rows: list[dict], plan: str, key: str) -> float:
@@ -120,7 +145,14 @@ def report(rows: list[dict]) -> dict:
         "equal_plain": sum(r["equal"] for r in rows),
         "equal_streamed": sum(r["equal_stream"] for r in rows),
         "mismatches": [
-            {"prompt": r["prompt"], "streamed": bool(k), "lead_nats": round(r[f"lead{k}"], 5)}
+            {
+                "prompt": r["prompt"],
+                "streamed": bool(k),
+                "lead_nats": round(r[f"lead{k}"], 5),
+                **_where_they_differ(r[f"cloud{k}"]["text"], r[f"split{k}"]["text"]),
+                # how each answered (a fallback to the edge's own answer under load is no exact split)
+                "how": {plan: _how(r[f"{plan}{k}"].get("info") or {}) for plan in PLANS},
+            }
             for r in rows
             for k in ("", "_stream")
             if not r[f"equal{k}"]

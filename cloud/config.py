@@ -344,8 +344,12 @@ class PolicyConfig:
     """New tokens a continuation draft may add: about what a round takes, so that the check's prefill stays
     short (SmolLM2's INT8 greedy drafts for its float model: a median run of ~10-20 tokens taken)."""
     draft_from_min_accepted: int = bounded(4, ge=0)
-    """Ask again only after a round that took at least this many draft tokens: a pair that disagrees early
-    would pay a round trip per few tokens."""
+    """A round that took fewer draft tokens than this is a miss (``coinfer.cloud.speculation.Continuation``)."""
+    draft_from_misses: int = bounded(2, ge=1, le=MAX_DRAFT_FROM_ROUNDS)
+    """Stop asking after this many misses in a row: a pair that disagrees would pay a round trip per few
+    tokens, while one miss is often followed by a round that takes much. 2: half the sequential steps of 1 for
+    1.6x the engine requests and 1.9x the positions scored (docs/measurements.md, "Exact split": the trade, and
+    why split, which is for latency, takes it)."""
     draft_from_wait_ms: int = bounded(2000, ge=1)
     """How long the answer waits for a continuation round before the target decodes the rest itself."""
     learn_every: int = bounded(100, ge=0)

@@ -43,7 +43,7 @@ from coinfer.cloud.learning import Outcome, outcome_rows
 from coinfer.cloud.policy import RoundOdds, retry
 from coinfer.cloud.ranking import MS_PER_S, Judged, Ranked
 from coinfer.cloud.rounds import Rounds, request_kind, retry_advice
-from coinfer.cloud.speculation import Proposal
+from coinfer.cloud.speculation import Continuation, Proposal
 from coinfer.cloud.summary import summary
 from coinfer.errors import DeadlineExceeded, InvalidArgument
 from coinfer.rules import RuleSet
@@ -169,7 +169,10 @@ class Session:
         self._more: asyncio.Future[list[t.Draft]] | None = None
         """A continuation round asked of the edge (``DraftFrom``), resolved with its drafts at its end."""
         self._more_drafts: list[t.Draft] = []
-        self._more_rounds = 0
+        p = self.ctx.policy
+        self._asking = Continuation(
+            rounds=p.draft_from_rounds, min_accepted=p.draft_from_min_accepted, misses=p.draft_from_misses
+        )
         self._failed: BaseException | None = None
         """The part's error the session failed on (reported once, by the session)."""
 
@@ -331,7 +334,7 @@ class Session:
 
     def _on_round_end(self, done: DraftsDone) -> None:
         if done.continues:
-            if self._more is not None and done.continues == self._more_rounds:
+            if self._more is not None and done.continues == self._asking.asked:
                 self._end_more()
             return
         if self._phase is not _Phase.COLLECTING:
@@ -525,16 +528,15 @@ class Session:
         return self.ctx.req.drafts_on_request and self.ctx.policy.draft_from_rounds > 0
 
     async def _ask_more(self, text: str, accepted: int) -> list[Proposal]:
-        """Drafts that continue ``text`` (the answer so far), asked of the edge where the last round's take
-        makes another worth its wait (``PolicyConfig.draft_from_min_accepted``) and rounds are left; none
-        where the edge's round does not end within ``draft_from_wait_ms`` (the target then decodes the rest)."""
+        """Drafts that continue ``text`` (the answer so far), asked of the edge while the rounds' takes make
+        another worth its wait (``Continuation``); none where the edge's round does not end within
+        ``draft_from_wait_ms`` (the target then decodes the rest)."""
         p = self.ctx.policy
-        if accepted < p.draft_from_min_accepted or self._more_rounds >= p.draft_from_rounds:
+        if not self._asking.ask(accepted):
             return []
-        self._more_rounds += 1
         self._more, self._more_drafts = asyncio.get_running_loop().create_future(), []
         self.stream.put(
-            t.DraftFrom(text=text, max_new_tokens=p.draft_from_tokens, num_drafts=1, round=self._more_rounds)
+            t.DraftFrom(text=text, max_new_tokens=p.draft_from_tokens, num_drafts=1, round=self._asking.asked)
         )
         try:
             async with asyncio.timeout(p.draft_from_wait_ms / MS_PER_S):
@@ -549,7 +551,7 @@ class Session:
     def _take_more(self, d: t.Draft) -> None:
         """A draft of a continuation round: kept for the round asked now, dropped where it answers an earlier
         one (it came after the answer stopped waiting for it)."""
-        if self._more is None or d.continues != self._more_rounds:
+        if self._more is None or d.continues != self._asking.asked:
             return
         lim = self.ctx.cfg.limits
         if len(d.text) > lim.max_draft_chars:

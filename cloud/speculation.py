@@ -51,6 +51,34 @@ round having taken ``accepted`` draft tokens: the drafts continue ``text`` (thei
 follows it). An empty answer: none comes, the target decodes the rest."""
 
 
+@dataclass(kw_only=True)
+class Continuation:
+    """When an answer asks the edge for another round of drafts (``More``): after each round, given how many
+    draft tokens it took. A round that took fewer than ``min_accepted`` is a miss; ``misses`` misses in a row
+    end the asking (a pair that disagrees would pay a network round trip per token or two), and so do
+    ``rounds`` rounds asked in all. After a refused token the target's own next one realigns the draft, so one
+    miss is often followed by a round that takes much (docs/measurements.md, "Exact split")."""
+
+    rounds: int
+    min_accepted: int
+    misses: int
+    asked: int = 0
+    """Rounds asked so far: the number of the one asked last (``DraftFrom.round``)."""
+    missed: int = 0
+    """Misses in a row, up to the last round."""
+    ended: bool = False
+
+    def ask(self, accepted: int) -> bool:
+        """Whether to ask for another round after one that took ``accepted`` draft tokens (counted as asked);
+        once no, always no."""
+        self.missed = 0 if accepted >= self.min_accepted else self.missed + 1
+        self.ended = self.ended or self.missed >= self.misses or self.asked >= self.rounds
+        if self.ended:
+            return False
+        self.asked += 1
+        return True
+
+
 def exact(engine: TargetEngine, params: GenParams) -> bool:
     """Whether a generation with ``params`` can take draft tokens exactly: greedy, unpenalised, on an engine
     that checks tokens."""

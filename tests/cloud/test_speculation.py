@@ -135,3 +135,18 @@ def test_whatever_the_drafts_the_text_is_the_targets_own(answer, drafts, budget)
     assert [c.finish_reason for c in chunks][-1] == [c.finish_reason for c in plain][-1]
     assert sum(c.tokens for c in chunks) == sum(c.tokens for c in plain)  # every token written once
     assert cost.draft_tokens_accepted <= cost.draft_tokens_offered
+
+
+def test_continuation_asks_again_until_misses_in_a_row_or_rounds_run_out():
+    from coinfer.cloud.speculation import Continuation
+
+    one = Continuation(rounds=8, min_accepted=4, misses=1)  # one miss ends it
+    assert [one.ask(a) for a in (10, 5, 3, 30)] == [True, True, False, False]
+    assert one.asked == 2
+
+    two = Continuation(rounds=8, min_accepted=4, misses=2)  # a miss then a take: the count starts again
+    assert [two.ask(a) for a in (0, 30, 1, 2, 30)] == [True, True, True, False, False]
+    assert two.asked == 3
+
+    few = Continuation(rounds=2, min_accepted=0, misses=1)  # min_accepted 0: no round is a miss
+    assert [few.ask(a) for a in (0, 0, 0)] == [True, True, False] and few.asked == 2
