@@ -21,6 +21,9 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m pip install --upgrade pip setuptools wheel
 	$(PY) -m pip install -e '.[cpu,test]'
 	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
+	# the stubs again, by this environment's grpcio-tools: pip's isolated build used the newest one on PyPI, whose
+	# stubs refuse an older grpcio than its own (1.85.4 stubs against the 1.85.3 an existing venv kept, 2026-12-06)
+	$(PY) protos/build_stubs.py
 	$(PY) -c "import vllm, onnxruntime; from transformers import LlamaForCausalLM; print('environment ok: vllm', vllm.__version__)"
 	touch $(STAMP)
 
