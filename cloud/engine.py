@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from coinfer.chat import ChatFormat, ChatMessage
+from coinfer.cloud.sampled import Row
 from coinfer.errors import InvalidArgument, Reason, Unavailable
 from coinfer.types import CloudCost, Draft
 
@@ -159,6 +160,20 @@ class TargetEngine(ABC):
         lead in nats over the runner-up: one prefill of ``ids`` (prefix-cache hits where the engine has them).
         Returns ``len(ids) - start + 1`` of each: the last is the target's next token after all of ``ids``."""
         raise NotImplementedError
+
+    async def token_rows(self, ids: list[int], start: int, request_id: str, k: int) -> list[Row]:
+        """The target's prefill at every position from ``start`` to the end of ``ids``: each token's raw logprob
+        (temperature 1) and the top ``k`` logprobs there (``coinfer.cloud.sampled``): one prefill, as
+        ``top_tokens``. Returns ``len(ids) - start`` rows."""
+        raise NotImplementedError
+
+    async def sample_token(self, ids: list[int], params: GenParams, request_id: str, refused: int | None) -> int | None:
+        """One token sampled after ``ids`` with ``params`` (its temperature and seed), ``refused`` excluded (a
+        logit bias of -100 nats, over 50 at every temperature the API allows); None where the engine wrote none."""
+        raise NotImplementedError
+
+    vocab_size: int = 0
+    """The target's vocabulary (its logits' width; 0: unknown): bounds the tokens a prefill's top k leave out."""
 
     tie_nats: float = 0.0
     """A lead of the argmax over the runner-up below this is a tie the engine's arithmetic may break either way:

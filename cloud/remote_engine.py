@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -46,7 +47,8 @@ from coinfer.cloud.config import EngineConfig
 from coinfer.cloud.engine import Chunk, EngineStats, GenParams, current_cost
 from coinfer.cloud.remote_health import ServerWatch
 from coinfer.cloud.remote_http import KeyRefused, ServerLoad, WrongServer
-from coinfer.cloud.vllm_common import TokenizingEngine, tie_nats, top2, vllm_temperature
+from coinfer.cloud.sampled import Row
+from coinfer.cloud.vllm_common import REFUSED_BIAS, TokenizingEngine, sampled_row, tie_nats, top2, vllm_temperature
 from coinfer.errors import Unavailable
 from coinfer.types import RequestTally
 
@@ -240,19 +242,41 @@ class RemoteEngine(TokenizingEngine):
 
     async def top_tokens(self, ids: list[int], start: int, request_id: str) -> tuple[list[int], list[float]]:
         """One full prefill with the top 2 at every position (the cache unread: see the module's docstring)."""
+        plp, last = await self._prefill_rows(ids, start, 2, last=True)
+        rows = [_prompt_top2(r) for r in plp] + [_sampled_top2(last)]
+        return [r[0] for r in rows], [r[1] for r in rows]
+
+    async def token_rows(self, ids: list[int], start: int, request_id: str, k: int) -> list[Row]:
+        plp, _ = await self._prefill_rows(ids, start, k, last=False)
+        return [
+            sampled_row(
+                [(lp["rank"], int(tok), lp["logprob"]) for tok, lp in r.items() if lp.get("rank") is not None], own, k
+            )
+            for r, own in zip(plp, ids[start:])
+        ]
+
+    async def _prefill_rows(self, ids: list[int], start: int, k: int, last: bool) -> tuple[list[dict], dict]:
+        """The server's prompt-logprobs rows (top ``k``) of the positions from ``start`` on, and, where ``last``,
+        the top ``k`` of the token after ``ids`` (keyed "token_id:N")."""
         if not 0 < start <= len(ids) < self.max_model_len:
             raise ValueError(f"top_tokens: start {start} out of 1..{len(ids)} (or past the context)")
-        body = self._sampling(GenParams(max_tokens=1), 1) | {
-            "prompt_logprobs": 2,
-            "logprobs": 2,
-            "return_tokens_as_token_ids": True,  # the generated token's top 2 keyed "token_id:N"
-        }
+        body = self._sampling(GenParams(max_tokens=1), 1) | {"prompt_logprobs": k}
+        if last:  # the generated token's top k keyed "token_id:N"
+            body |= {"logprobs": k, "return_tokens_as_token_ids": True}
         c = (await self._complete(ids, body))["choices"][0]
-        plp, last = c.get("prompt_logprobs"), ((c.get("logprobs") or {}).get("top_logprobs") or [None])[0]
-        if not plp or len(plp) < len(ids) or not last:
+        plp, after = c.get("prompt_logprobs"), ((c.get("logprobs") or {}).get("top_logprobs") or [None])[0]
+        if not plp or len(plp) < len(ids) or (last and not after):
             raise Unavailable("engine: the vLLM server returned no prompt logprobs")
-        rows = [_prompt_top2(plp[pos]) for pos in range(start, len(ids))] + [_sampled_top2(last)]
-        return [r[0] for r in rows], [r[1] for r in rows]
+        return plp[start : len(ids)], after
+
+    async def sample_token(self, ids: list[int], params: GenParams, request_id: str, refused: int | None) -> int | None:
+        if len(ids) >= self.max_model_len:
+            return None
+        body = self._sampling(dataclasses.replace(params, max_tokens=1, stop=()), 1)
+        if refused is not None:
+            body["logit_bias"] = {str(refused): REFUSED_BIAS}
+        toks = (await self._complete(ids, body))["choices"][0].get("token_ids") or ()
+        return int(toks[0]) if toks else None
 
     async def sample(self, prompt: str, params: GenParams, n: int, request_id: str, **extra) -> list[Chunk]:
         """``extra``: more fields of the request (``structured_outputs`` for the judge)."""

@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from coinfer.cloud import sampled
 from coinfer.cloud.engine import Chunk, GenParams, TargetEngine, current_cost
+from coinfer.cloud.vllm_common import vllm_temperature
 
 MAX_CHECKS = 3
 """Exact checks per round: the first draft, and up to two that extend its accepted tokens. Each costs a prefill
@@ -88,6 +91,57 @@ def exact(engine: TargetEngine, params: GenParams) -> bool:
         and params.presence_penalty == 0
         and params.frequency_penalty == 0
     )
+
+
+def exact_sampled(engine: TargetEngine, params: GenParams) -> bool:
+    """Whether a sampled generation can take draft tokens and keep its distribution (``coinfer.cloud.sampled``):
+    the whole vocabulary sampled (``top_p`` 1: a nucleus is not known from the top k), unpenalised."""
+    return (
+        engine.speculative
+        and params.temperature > 0
+        and params.top_p == 1.0
+        and params.presence_penalty == 0
+        and params.frequency_penalty == 0
+    )
+
+
+SAMPLED_TOP_K = 20
+"""Logprobs per position a sampled check asks for (vLLM's default ``max_logprobs``): what bounds ``p(x)`` away
+from temperature 1."""
+
+MAX_CHAR_TOKENS = 8
+"""Tokens sampled after a sampled check's last, at most, to end on a whole character (``check_sampled``)."""
+
+
+async def check_sampled(
+    engine: TargetEngine,
+    ids: list[int],
+    draft: list[int],
+    params: GenParams,
+    coin: Callable[[], float],
+    request_id: str,
+) -> Round:
+    """A sampled generation's check of one draft (``coinfer.cloud.sampled.take``): the tokens taken, then the
+    target's own token where one was refused (sampled with it excluded), then tokens sampled until the run ends
+    on a whole character (a run cut inside one would drop tokens already sampled, which skews what follows)."""
+    if not draft:
+        return Round(tokens=[], offered=0, accepted=0)
+    rows = await engine.token_rows(ids + draft, len(ids), f"{request_id}-x", SAMPLED_TOP_K)
+    t = sampled.take(draft, rows, vllm_temperature(params.temperature), coin, engine.vocab_size)
+    tokens = draft[: t.accepted]
+    refused = t.refused
+    while refused is not None or (tokens and _complete(engine, ids, tokens) < len(tokens)):
+        if len(tokens) > t.accepted + MAX_CHAR_TOKENS:
+            break
+        seed = None if params.seed is None else (params.seed + 7919 * (len(ids) + len(tokens))) % 2**31
+        tok = await engine.sample_token(
+            ids + tokens, dataclasses.replace(params, seed=seed), f"{request_id}-t{len(tokens)}", refused
+        )
+        if tok is None:
+            break
+        tokens.append(tok)
+        refused = None
+    return Round(tokens=tokens, offered=len(draft), accepted=t.accepted)
 
 
 def accepted_length(draft: Sequence[int], top: Sequence[int], leads: Sequence[float] = (), tie: float = 0.0) -> int:
@@ -205,7 +259,8 @@ async def speculate(
     """The target's generation of ``prompt`` (as ``engine.generate``), taking the tokens of ``proposals`` it
     would write itself (exact: greedy, unpenalised; otherwise, or with no proposals, the engine's own
     generation); ``more``: the next round of drafts once a round is taken (None: the target decodes the rest)."""
-    if not proposals or not exact(engine, params):
+    sampling = exact_sampled(engine, params)
+    if not proposals or not (sampling or exact(engine, params)):
         async with contextlib.aclosing(engine.generate(prompt, params, request_id)) as own:
             async for c in own:
                 yield c
@@ -214,9 +269,14 @@ async def speculate(
     room = engine.max_model_len - len(ids) - 1  # a check reads one position past the draft
     w = _Writer(engine, ids, params, min(params.max_tokens, room))
     cost, n = current_cost(), 0
+    coin = random.Random(params.seed).random if sampling else None  # the request's seed: the same coins again
     while proposals and w.finish is None:
-        drafts = [await _ids(engine, p, room - w.written) for p in proposals]
-        checked = await check_round(engine, w.ids, drafts, f"{request_id}-s{n}")
+        if coin is not None:  # one draft a round, chosen before any coin is drawn (the first: the greedy one)
+            draft = await _ids(engine, proposals[0], room - w.written)
+            checked = await check_sampled(engine, w.ids, draft, params, coin, f"{request_id}-s{n}")
+        else:
+            drafts = [await _ids(engine, p, room - w.written) for p in proposals]
+            checked = await check_round(engine, w.ids, drafts, f"{request_id}-s{n}")
         if cost is not None:
             cost.draft_tokens_offered += checked.offered
         chunks = w.run(checked.tokens, checked.accepted)
@@ -231,6 +291,8 @@ async def speculate(
     if w.finish is not None:
         return
     rest = dataclasses.replace(params, max_tokens=w.budget - w.written, stop=())
+    if rest.seed is not None and w.written:  # a seeded rest from another point: seeded apart from the checks'
+        rest = dataclasses.replace(rest, seed=(rest.seed + 7919 * len(w.ids)) % 2**31)
     async with contextlib.aclosing(engine.generate_ids(w.ids, rest, f"{request_id}-rest")) as own:
         async for c in own:
             w.text += c.text

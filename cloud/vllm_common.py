@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import math
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 from coinfer.chat import ChatFormat, ChatMessage
 from coinfer.cloud.config import EngineConfig
 from coinfer.cloud.engine import Chunk, GenParams, TargetEngine, TokenDecoder, restated
+from coinfer.cloud.sampled import Row
 from coinfer.types import Draft
 
 OFF_LOOP_CHARS = 4096
@@ -88,6 +90,30 @@ def top2(ranked: list[tuple[int, int, float]]) -> tuple[int, float]:
     return int(top[1]), (top[2] - second[2]) if second is not None else math.inf
 
 
+REFUSED_BIAS = -100.0
+"""The logit bias that excludes a refused token from a sampled one (OpenAI's and vLLM's bound): at most temperature
+2, 50 nats below where it stood, a probability under 2e-22 times what it had."""
+
+
+def sampled_row(ranked: list[tuple[int, int, float]], own: int, k: int) -> Row:
+    """``coinfer.cloud.sampled.Row`` of one prompt-logprobs row given as (rank, token, logprob) entries: the
+    token standing there (``own``) and the top ``k`` by rank."""
+    mine = next(r for r in ranked if r[1] == own)
+    return Row(own=float(mine[2]), top=tuple(float(r[2]) for r in ranked if r[0] <= k), own_in_top=mine[0] <= k)
+
+
+def model_vocab(model: str, tok) -> int:
+    """The target's logits' width: the model's ``vocab_size`` (its config, or its text model's), at least the
+    tokenizer's length (a padded embedding is wider than the tokenizer; an over-count only widens the bound it
+    is used for)."""
+    try:
+        cfg = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        cfg = {}
+    n = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size") or 0
+    return max(int(n), len(tok))
+
+
 class StreamDecoder(TokenDecoder):
     """vLLM's own detokenization of a generation (its ``FastIncrementalDetokenizer``: the tokenizers library's
     ``DecodeStream`` primed with the prompt, special tokens skipped), so that tokens taken from a draft read
@@ -124,6 +150,7 @@ class TokenizingEngine(TargetEngine):
         from transformers import AutoTokenizer
 
         self._tok = AutoTokenizer.from_pretrained(cfg.model)
+        self.vocab_size = model_vocab(cfg.model, self._tok)
         self.chat = chat_format(cfg)
         self._templated()
         self.scores_end = not cfg.chat_template or ChatFormat.from_dir(cfg.model).templated

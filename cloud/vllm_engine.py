@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -16,7 +17,8 @@ from collections.abc import AsyncIterator
 
 from coinfer.cloud.config import EngineConfig
 from coinfer.cloud.engine import Chunk, EngineStats, GenParams, current_cost
-from coinfer.cloud.vllm_common import TokenizingEngine, tie_nats, top2, vllm_temperature
+from coinfer.cloud.sampled import Row
+from coinfer.cloud.vllm_common import REFUSED_BIAS, TokenizingEngine, sampled_row, tie_nats, top2, vllm_temperature
 from coinfer.errors import Unavailable
 from coinfer.serving import logs
 from coinfer.types import RequestTally
@@ -98,6 +100,7 @@ class VllmEngine(TokenizingEngine):
         self.load_tokenizer(self.cfg)
         mc = getattr(self._llm, "model_config", None)
         self._max_len = int(getattr(mc, "max_model_len", 0) or self.cfg.max_model_len or 2048)
+        self.vocab_size = max(self.vocab_size, int(getattr(mc, "get_vocab_size", lambda: 0)() or 0))
         self.tie_nats = tie_nats(str(getattr(mc, "dtype", self.cfg.dtype)))
         # the first request pays for lazy kernel and allocator set-up (seconds on CPU):
         # pay it here, before health says SERVING, not in a user's session
@@ -170,10 +173,25 @@ class VllmEngine(TokenizingEngine):
     speculative = True
 
     async def top_tokens(self, ids: list[int], start: int, request_id: str) -> tuple[list[int], list[float]]:
-        """One prefill with the top-1 token at every position (vLLM's prompt logprobs, 1), reading the prefix
-        cache: positions the cache covered come without logprobs (vLLM leaves their rows unwritten), so a
-        hit that reaches past ``start - 1`` is asked again without the cache (the positions before ``start``
-        are the prompt and the answer so far: a hit there is the common case and costs nothing)."""
+        """One prefill with the top-1 token at every position (vLLM's prompt logprobs, 2), reading the prefix
+        cache (``_prefill_rows``)."""
+        plp, last = await self._prefill_rows(ids, start, request_id, 2, last=True)
+        rows = [_row_top2(r) for r in plp] + [_row_top2(last)]
+        return [r[0] for r in rows], [r[1] for r in rows]
+
+    async def token_rows(self, ids: list[int], start: int, request_id: str, k: int) -> list[Row]:
+        plp, _ = await self._prefill_rows(ids, start, request_id, k, last=False)
+        return [
+            sampled_row([(lp.rank, tok, lp.logprob) for tok, lp in r.items() if lp.rank is not None], own, k)
+            for r, own in zip(plp, ids[start:])
+        ]
+
+    async def _prefill_rows(self, ids: list[int], start: int, request_id: str, k: int, last: bool) -> tuple[list, dict]:
+        """vLLM's prompt-logprobs rows (top ``k``) of the positions from ``start`` on, and, where ``last``, the
+        row of the token after ``ids``: one prefill reading the prefix cache. Positions the cache covered come
+        without logprobs (vLLM leaves their rows unwritten), so a hit that reaches past ``start - 1`` is asked
+        again without the cache (the positions before ``start`` are the prompt and the answer so far: a hit
+        there is the common case and costs nothing)."""
         if not 0 < start <= len(ids) < self.max_model_len:
             raise ValueError(f"top_tokens: start {start} out of 1..{len(ids)} (or past the context)")
         for reuse in (True, False):
@@ -182,23 +200,33 @@ class VllmEngine(TokenizingEngine):
             sp = self._params(
                 GenParams(max_tokens=1),
                 1,
-                prompt_logprobs=2,
-                logprobs=2,
+                prompt_logprobs=k,
+                logprobs=k if last else None,
                 skip_reading_prefix_cache=not reuse,
                 detokenize=False,
             )
-            plp, cached, last = None, 0, None
+            plp, cached, after = None, 0, None
             async for out in self._run(ids, sp, request_id if reuse else f"{request_id}-full"):
                 plp = out.prompt_logprobs or plp  # delta outputs: they come with the first one
                 cached = max(cached, out.num_cached_tokens or 0)
                 if out.outputs and out.outputs[0].logprobs:
-                    last = out.outputs[0].logprobs[0]
-            if plp is None or last is None:
+                    after = out.outputs[0].logprobs[0]
+            if plp is None or (last and after is None):
                 raise Unavailable("engine returned no prompt logprobs")
             if cached < start:  # position p's row is p - 1: computed where p - 1 >= cached
-                rows = [_row_top2(plp[pos]) for pos in range(start, len(ids))] + [_row_top2(last)]
-                return [r[0] for r in rows], [r[1] for r in rows]
+                return [plp[pos] for pos in range(start, len(ids))], after
         raise Unavailable("engine: prompt logprobs missing after a full prefill")
+
+    async def sample_token(self, ids: list[int], params: GenParams, request_id: str, refused: int | None) -> int | None:
+        if len(ids) >= self.max_model_len:
+            return None
+        bias = {"logit_bias": {refused: REFUSED_BIAS}} if refused is not None else {}
+        sp = self._params(dataclasses.replace(params, max_tokens=1, stop=()), 1, delta=False, detokenize=False, **bias)
+        last = None
+        async for out in self._run(ids, sp, request_id):
+            last = out
+        toks = list(last.outputs[0].token_ids) if last is not None and last.outputs else []
+        return toks[0] if toks else None
 
     async def sample(self, prompt: str, params: GenParams, n: int, request_id: str, **extra) -> list[Chunk]:
         """``extra``: more vLLM SamplingParams (structured outputs for the judge)."""

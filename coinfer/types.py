@@ -135,6 +135,12 @@ class SamplingParams:
         """Greedy and unpenalised: the model's most likely token at every step."""
         return self.temperature == 0 and self.presence_penalty == 0 and self.frequency_penalty == 0
 
+    @property
+    def speculable(self) -> bool:
+        """A generation whose target can take draft tokens and stay its own (``coinfer.cloud.speculation``):
+        greedy, or sampled over the whole vocabulary (``top_p`` 1), unpenalised."""
+        return self.argmax or (self.top_p == 1.0 and self.presence_penalty == 0 and self.frequency_penalty == 0)
+
     def validate(self, field: str, max_new_tokens: int = MAX_NEW_TOKENS) -> None:
         require(0.0 <= self.temperature <= 2.0, f"{field}.temperature", f"must be in [0, 2], got {self.temperature:g}")
         require(0.0 < self.top_p <= 1.0, f"{field}.top_p", f"must be in (0, 1], got {self.top_p:g}")

@@ -86,10 +86,12 @@ class ValidRequest:
 
     @property
     def greedy_first(self) -> bool:
-        """Whether the first draft is written greedily (``Draft.greedy``): an open request whose answer is greedy
-        (the cloud's default refinement, or the client's own temperature 0, unpenalised), which the cloud answers
-        by exact verification, taking most of such a draft."""
-        return not self.req.task and (self.refine is None or self.refine.argmax)
+        """Whether the first draft is written greedily (``Draft.greedy``): an open request whose answer the cloud
+        writes by exact verification (``SamplingParams.speculable``: the cloud's default greedy refinement, the
+        client's own temperature 0, or sampling over the whole vocabulary, unpenalised), taking most of such a
+        draft: where greedy, the tokens that are the target's argmax too; where sampled, each with the target's
+        probability of it, largest at the draft model's argmax where the two agree."""
+        return not self.req.task and (self.refine is None or self.refine.speculable)
 
 
 def infer_task(prompt: str) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
+import random
 
 from coinfer import types as t
 from coinfer.cloud.config import CloudConfig, PolicyConfig
@@ -187,11 +189,15 @@ class GreedyWords(ScriptedEngine):
         top = [self.argmax(ids[n:p]) for p in range(start, len(ids) + 1)]
         return top, [self.leads.get(p - n, 10.0) for p in range(start, len(ids) + 1)]
 
+    def next_token(self, ids: list[int], params: GenParams, rng: random.Random) -> int:
+        """The token a generation writes after ``ids`` (prompt included): the argmax."""
+        return self.argmax(ids[self.prompt_words :])
+
     async def generate_ids(self, ids: list[int], params: GenParams, request_id: str):
         self.request_ids.append(request_id)
-        ans = list(ids[self.prompt_words :])
+        rng, ans = random.Random(f"{params.seed}-{len(ids)}-g"), list(ids)
         for i in range(params.max_tokens):
-            tok = self.argmax(ans)
+            tok = self.next_token(ans, params, rng)
             ans.append(tok)
             self.decoded += 1
             last = tok == self.END or i + 1 == params.max_tokens
@@ -215,3 +221,57 @@ class GreedyWords(ScriptedEngine):
                 return "" if token == engine.END else " " + engine.word(token)
 
         return Words()
+
+
+class SampledWords(GreedyWords):
+    """A token-level stand-in for a sampled target: a Markov chain over ``CHAIN``'s words (each token's
+    distribution depends on the token before it), sampled at the request's temperature. ``token_rows`` gives the
+    raw rows a prefill would; ``sample_token`` and ``generate_ids`` sample from the chain, seeded by the
+    request's seed (so that a test's runs are the same on every machine)."""
+
+    CHAIN = {
+        None: {"a": 0.5, "b": 0.3, "c": 0.15, "<end>": 0.05},
+        "a": {"a": 0.1, "b": 0.6, "c": 0.2, "<end>": 0.1},
+        "b": {"a": 0.3, "b": 0.1, "c": 0.4, "<end>": 0.2},
+        "c": {"a": 0.25, "b": 0.25, "c": 0.2, "<end>": 0.3},
+    }
+
+    def __init__(self) -> None:
+        super().__init__("a b c")
+        for w in ("a", "b", "c"):
+            self._id(w)
+        self.vocab_size = len(self.vocab)
+        self.sampled = 0
+
+    def dist(self, ids: list[int], temperature: float = 1.0) -> dict[int, float]:
+        """The chain's distribution after ``ids`` (the answer's last token decides) at ``temperature``."""
+        last = self.word(ids[-1]) if len(ids) > self.prompt_words else None
+        raw = {self.vocab[w]: p ** (1.0 / temperature) for w, p in self.CHAIN[last].items()}
+        z = sum(raw.values())
+        return {tok: p / z for tok, p in raw.items()}
+
+    async def token_rows(self, ids: list[int], start: int, request_id: str, k: int):
+        from coinfer.cloud.sampled import Row
+
+        self.checks.append((list(ids), start))
+        rows = []
+        for pos in range(start, len(ids)):
+            d = self.dist(ids[:pos])
+            top = sorted(d.items(), key=lambda kv: -kv[1])[:k]
+            rows.append(
+                Row(own=math.log(d[ids[pos]]), top=tuple(math.log(p) for _, p in top), own_in_top=ids[pos] in dict(top))
+            )
+        return rows
+
+    def _draw(self, ids: list[int], params: GenParams, rng: random.Random, refused: int | None = None) -> int:
+        d = dict(self.dist(ids, params.temperature))
+        d.pop(refused, None)
+        toks = sorted(d)
+        return rng.choices(toks, weights=[d[t] for t in toks])[0]
+
+    async def sample_token(self, ids: list[int], params: GenParams, request_id: str, refused: int | None):
+        self.sampled += 1
+        return self._draw(ids, params, random.Random(f"{params.seed}-{len(ids)}-t"), refused)
+
+    def next_token(self, ids: list[int], params: GenParams, rng: random.Random) -> int:
+        return self._draw(ids, params, rng)

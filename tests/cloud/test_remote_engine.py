@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -125,6 +126,20 @@ async def test_both_engines_read_score_and_write_alike(cloud, remote):
     assert len(rt) == len(lt) == len(draft_ids) - len(ids) + 1
     assert all(a == b for a, b, x, y in zip(lt, rt, ll, rl) if min(x, y) >= rem.tie_nats), (lt, rt, ll, rl)
     assert rem.speculative and rem.tie_nats >= local.tie_nats
+    # the sampled check: each draft token's own logprob and the top k, alike; a refused token never sampled
+    rows = [await e.token_rows(draft_ids, len(ids), f"rows-{i}", 20) for i, e in enumerate((local, rem))]
+    assert [len(r) for r in rows] == [len(draft_ids) - len(ids)] * 2 and all(len(r.top) == 20 for r in rows[1])
+    assert [r.own for r in rows[1]] == pytest.approx([r.own for r in rows[0]], abs=0.05)
+    assert all(r.own <= r.top[0] + 1e-6 and r.own_in_top == (r.own >= r.top[-1]) for r in rows[0])
+    assert rem.vocab_size == local.vocab_size >= len(local.tokenizer)
+    top = lt[-1]  # the target's most likely next token after the draft
+    for i, e in enumerate((local, rem)):
+        hot = GenParams(max_tokens=1, temperature=1.0)
+        refused = [await e.sample_token(draft_ids, replace(hot, seed=s), f"refuse-{i}-{s}", top) for s in range(8)]
+        assert top not in refused and all(isinstance(x, int) for x in refused)
+        cold = GenParams(max_tokens=1, temperature=0.01, seed=1)
+        if ll[-1] > 0.2:  # a clear argmax: at 0.01 it is what the target samples
+            assert await e.sample_token(draft_ids, cold, f"cold-{i}", None) == top
 
 
 async def test_samples_the_judge_and_what_each_request_cost(remote, vllm):

@@ -5,13 +5,15 @@ tests/integration/test_exact_split.py)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coinfer.cloud.engine import GenParams, metered
 from coinfer.cloud.speculation import Proposal, accepted_length, speculate
-from tests.cloud.engines import GreedyWords
+from tests.cloud.engines import GreedyWords, SampledWords
 
 ANSWER = "the sky is blue because air scatters blue light"
 PROMPT = "why blue sky"
@@ -82,8 +84,11 @@ def test_a_near_tie_ends_what_is_taken_and_the_target_decodes_from_there():
     assert cost.draft_tokens_accepted == 3 and engine.decoded == len(ANSWER.split()) - 3 + 1  # no free token
 
 
-def test_a_sampled_or_penalised_generation_is_the_engines_own():
-    for params in (GenParams(max_tokens=64, temperature=0.7), GenParams(max_tokens=64, presence_penalty=0.5)):
+def test_a_penalised_or_nucleus_sampled_generation_is_the_engines_own():
+    for params in (
+        GenParams(max_tokens=64, temperature=0.7, top_p=0.9),
+        GenParams(max_tokens=64, presence_penalty=0.5),
+    ):
         engine = GreedyWords(ANSWER)
         chunks, cost = _run(engine, [Proposal(" " + ANSWER, ended=True)], params)
         assert engine.checks == [] and cost.draft_tokens_offered == 0 and _text(chunks) == _plain()
@@ -150,3 +155,63 @@ def test_continuation_asks_again_until_misses_in_a_row_or_rounds_run_out():
 
     few = Continuation(rounds=2, min_accepted=0, misses=1)  # min_accepted 0: no round is a miss
     assert [few.ask(a) for a in (0, 0, 0)] == [True, True, False] and few.asked == 2
+
+
+def _sampled(engine: SampledWords, draft: str, params: GenParams, more=None):
+    async def go():
+        cost = metered()
+        chunks = [c async for c in speculate(engine, PROMPT, params, "r", [Proposal(draft, ended=False)], more)]
+        return chunks, cost
+
+    return asyncio.run(go())
+
+
+def _exact_law(engine: SampledWords, budget: int, temperature: float) -> dict[str, float]:
+    """The chain's own distribution of whole answers of at most ``budget`` tokens (by enumeration)."""
+    law: dict[str, float] = {}
+
+    def walk(ids: list[int], text: str, p: float) -> None:
+        if len(ids) - engine.prompt_words == budget:
+            law[text] = law.get(text, 0.0) + p
+            return
+        for tok, q in engine.dist(ids, temperature).items():
+            if tok == engine.END:
+                law[text] = law.get(text, 0.0) + p * q
+            else:
+                walk(ids + [tok], text + " " + engine.word(tok), p * q)
+
+    walk(asyncio.run(engine.prompt_ids(PROMPT)), "", 1.0)
+    return law
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_a_sampled_generation_takes_draft_tokens_and_keeps_the_targets_distribution(temperature):
+    """3 000 seeded answers of 3 tokens with a draft the chain finds likely at first, then not: the answers'
+    frequencies against the chain's own law (a frequency's standard error <= 0.009; a bias such as sampling
+    the refused token's place without excluding it moves one by ~0.1)."""
+    params = GenParams(max_tokens=3, temperature=temperature)
+    law = _exact_law(SampledWords(), 3, temperature)
+    counts: dict[str, int] = {}
+    taken = offered = 0
+    runs = 3000
+    for seed in range(runs):
+        engine = SampledWords()
+        chunks, cost = _sampled(engine, " a b a", dataclasses.replace(params, seed=seed))
+        text = _text(chunks)
+        counts[text] = counts.get(text, 0) + 1
+        taken, offered = taken + cost.draft_tokens_accepted, offered + cost.draft_tokens_offered
+    assert set(counts) <= set(law)
+    worst = max(abs(counts.get(k, 0) / runs - p) for k, p in law.items())
+    assert worst < 0.03, (worst, counts, law)
+    assert 0 < taken < offered  # tokens were taken, and refused
+
+
+def test_a_refused_token_is_never_the_targets_next_one_and_the_rest_is_sampled():
+    engine = SampledWords()
+    chunks, cost = _sampled(engine, " c c c", GenParams(max_tokens=6, temperature=1.0, seed=5))
+    assert engine.checks and cost.draft_tokens_offered == 3
+    k = cost.draft_tokens_accepted
+    words = _text(chunks).split()
+    if k < 3 and len(words) > k:  # refused at k: the token written there is another
+        assert words[k] != "c" and engine.sampled >= 1
+    assert sum(c.tokens for c in chunks) <= 6
