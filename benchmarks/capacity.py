@@ -10,7 +10,9 @@ model in ``coinfer.quantize.real_model.CLOUD_DTYPE``, float32, which exact split
 32-token KV blocks, eager mode, 64 sequences a step:
 
 - ``split``, ``cloud``, ``auto``: coinfer's cloud service (``python -m coinfer.cloud.server``) behind an
-  edge core in this process (``coinfer.edge.service.EdgeCore``: planner, breaker, pipeline, rules);
+  edge core in this process (``coinfer.edge.service.EdgeCore``: planner, breaker, pipeline, rules); ``auto``
+  starts each workload from the planner's estimates as the edge started (calibrated), not from what the
+  forced plans' ladders left in them;
 - ``vllm-greedy``: vLLM's own OpenAI server on the target, greedy, streamed, the cloud's answer budget;
 - ``vllm-best-of-5``: the same server, ``n=5`` at temperature 0.7, majority vote on the extracted answer;
 - ``split-remote``, ``cloud-remote`` (only when named in ``--systems``): coinfer's plans with the cloud service in
@@ -50,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import dataclasses
 import json
 import logging
@@ -474,9 +477,15 @@ async def _coinfer_plans(
     """Each of coinfer's ``systems`` (a plan, over the remote engine where it ends in ``REMOTE``) on each workload:
     an unloaded pass that records the drafts, then the measurement."""
     deadline_ms = int(args.deadline_s * 1e3)
+    calibrated = copy.deepcopy(core.planner.est.table)  # the edge's planner as started, before any system ran
     for wl in wls:
         slo.setdefault(wl, args.slo_s)  # no vLLM greedy run to derive it from: the given SLO
         for system in systems:
+            if system.removesuffix(REMOTE) == "auto":
+                # auto as a freshly started edge, not on what the forced plans' ladders taught the shared planner:
+                # their last, overloaded rates left a split of 1-2 s in its estimates, and auto never tried split
+                # again within its own run (select, 2026-12-06: 14 of 16 unloaded requests on the cloud plan)
+                core.planner.est.table = copy.deepcopy(calibrated)
 
             async def ask(r: Request, rid: str, plan=system.removesuffix(REMOTE)) -> Result:
                 return await ask_coinfer(core, r, plan, rid, deadline_ms)

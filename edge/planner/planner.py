@@ -96,6 +96,11 @@ class Draw:
     quality: float
 
 
+MODEL_RUNS = 1.0
+"""The cost model's expectation counts as this many runs of a plan beside its measured latency (``Planner._center``):
+a convention (a prior worth one observation), not tuned."""
+
+
 def latency_draw(center_ms: float, measured: Decayed | None, rng: random.Random) -> float:
     """The exploration rule's draw of one plan's latency: ``center_ms`` (the cost model's expectation) plus a
     normal draw of the standard error of the plan's ``measured`` latency; -inf while that has no spread
@@ -243,7 +248,23 @@ class Planner:
         q = {p: self._quality_draw(f"quality.{p}.{task}") for p in means}
         esc_q = self.escalation(task, shape, self._quality_draw(f"quality.{ESCALATED}.{task}")) if esc else None
         drawn = predict_all(shape, profile, net, cloud, q, esc_q)
-        return means, {p: Draw(self._latency_draw(p, task, drawn[p].total_ms), drawn[p].quality) for p in means}
+        return means, {
+            p: Draw(self._latency_draw(p, task, self._center(p, task, drawn[p])), drawn[p].quality) for p in means
+        }
+
+    def _center(self, plan: Plan, task: str, b: Breakdown) -> float:
+        """Where a plan's latency draw centres: its own measured mean latency for the task, the cost model's
+        expectation (``b``, at the draw's rates) counting as ``MODEL_RUNS`` runs beside it; the cold start and
+        an escalation's share are the model's (the measured latency is the run's own time). A plan never run, or
+        left alone until its evidence faded, is the model's. Under load the measurement is what moves: the
+        model prices load by the cloud's decode speed, which slows a plan that decodes most, while a split's
+        checks (prefill, engine requests) slow it more (words, 2026-12-06: split 162 engine tokens an answer
+        against the cloud plan's 51, auto on split to 0.84 s p50 where the cloud plan held 0.43)."""
+        own = b.attempt_ms - b.cold_start_ms
+        d = self.est.estimate(f"latency_ms.{plan}.{task}")
+        if d is not None and d.weight > 0:
+            own = (d.weight * d.mean + MODEL_RUNS * own) / (d.weight + MODEL_RUNS)
+        return b.cold_start_ms + own + b.escalation_ms
 
     def _latency_draw(self, plan: Plan, task: str, center_ms: float) -> float:
         return latency_draw(center_ms, self.est.estimate(f"latency_ms.{plan}.{task}"), self.rng)

@@ -128,6 +128,35 @@ def test_a_plan_measured_in_a_burst_is_tried_again_as_its_estimate_ages_and_then
     assert later[-30:].count(Plan.SPLIT) >= 24 and later[-30:].count(Plan.CLOUD) <= 2
 
 
+def test_a_plan_measured_slower_than_the_model_predicts_gives_way_to_the_measurement():
+    """Word problems under load (capacity, 2026-12-06): the cost model prices load by the cloud's decode speed,
+    so it still predicts split (4 decode steps) ahead of the cloud plan (40); split's checks slowed it more, and
+    its measured latency says so. The draws centre on what each plan measured."""
+    now = [0.0]
+    p = _planner(now)
+    e = p.est
+    for key, value in {
+        "step_ms.5": 1.0,
+        "prefill_ms_per_token": 0.0,
+        "rounds.words": 1.0,
+        "rtt_ms": 1.0,
+        "refine_ttft_ms": 20.0,
+        "refine_ms_per_token": 5.0,
+        "decode_steps.split.words": 4.0,
+        "decode_steps.cloud.words": 40.0,
+        "verify_ms": 30.0,
+    }.items():
+        e.observe(key, value)
+    for i in range(40):  # 10 a second for 4 s
+        now[0] = i / 10
+        e.observe("latency_ms.split.words", 800.0 + 20 * (i % 3))
+        e.observe("latency_ms.cloud.words", 400.0 + 20 * (i % 3))
+        e.observe("latency_ms.edge.words", 3_000.0 + 20 * (i % 3))
+    c = _choose(p, "words")
+    assert c.breakdowns[Plan.SPLIT].total_ms < c.breakdowns[Plan.CLOUD].total_ms  # the model alone says split
+    assert [_choose(p, "words").plan for _ in range(30)].count(Plan.CLOUD) >= 29
+
+
 def test_a_cloud_plan_never_run_is_predicted_from_the_answers_the_task_gets():
     # auto never ran the cloud plan for this task: its length is the task's answers', not the
     # conservative 128-step default that kept auto off it forever (786 ms predicted, 150 measured)
