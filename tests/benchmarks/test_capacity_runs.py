@@ -1,0 +1,47 @@
+"""Several capacity runs as one table (``benchmarks.capacity_runs``): medians and ranges per system, and ratios
+taken within each run before they are summarised."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks.capacity_runs import load, main, summarise
+
+
+def _run(split: float, cloud: float, auto: float, greedy: float | None = 10.0, lower: bool = False) -> dict:
+    systems = {
+        "split": {"capacity_rps": split, "accuracy": 1.0, "capacity_lower_bound": lower},
+        "cloud": {"capacity_rps": cloud, "accuracy": 0.9},
+        "auto": {"capacity_rps": auto, "accuracy": 1.0},
+    }
+    if greedy is not None:
+        systems["vllm-greedy"] = {"capacity_rps": greedy, "accuracy": 0.8}
+    return {"workloads": {"arith": systems}}
+
+
+def test_ratios_are_taken_within_each_run_then_summarised():
+    runs = [_run(100, 20, 50), _run(40, 80, 80), _run(60, 30, 66, greedy=None, lower=True)]
+    s = summarise(runs)["arith"]
+    assert s["systems"]["split"] == {
+        "runs": 3,
+        "median": 60,
+        "min": 40,
+        "max": 100,
+        "lower_bound": True,
+        "accuracy": {"runs": 3, "median": 1.0, "min": 1.0, "max": 1.0},
+    }
+    # auto over the better plan of each run: 50/100, 80/80, 66/60, not a median over medians (66 / 60)
+    assert s["ratios"]["auto / best of split, cloud"] == {"runs": 3, "median": 1.0, "min": 0.5, "max": 1.1}
+    assert s["ratios"]["split / vllm-greedy"]["runs"] == 2  # the third run has no vLLM greedy
+
+
+def test_reads_each_reports_last_line_and_prints_a_table(tmp_path, capsys):
+    paths = []
+    for i, run in enumerate([_run(100, 20, 50), _run(40, 80, 80)]):
+        p = tmp_path / f"run{i}.out"
+        p.write_text("progress line\n" + json.dumps(run) + "\n\n", encoding="utf-8")
+        paths.append(p)
+    assert len(load(paths)) == 2
+    assert main([str(p) for p in paths]) == 0
+    out = capsys.readouterr().out
+    assert "| arith | split | 70 [40, 100] (n=2) |" in out and "auto / best of split, cloud" in out
