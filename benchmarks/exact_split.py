@@ -1,6 +1,7 @@
 """Exact split on the real model: is split's greedy answer the cloud plan's, word for word, and what did it cost?
 
     .venv/bin/python -m benchmarks.exact_split [--prompts 64] [--max-tokens 96] [--json]
+    .venv/bin/python -m benchmarks.exact_split --remote --against IN_PROCESS.json --json   # the remote engine
 
 SmolLM2-135M-Instruct on both sides (``coinfer.demo.real.real_stack``: the float model on the cloud's vLLM in
 ``CLOUD_DTYPE``, its INT8 export drafting on the edge), each of ``--prompts`` open prompts
@@ -19,10 +20,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from benchmarks.gpu_estimate import GPUS, MODELS, estimate
 from benchmarks.open_accuracy import policy_overrides
@@ -106,17 +110,40 @@ def _mean(rows: list[dict], plan: str, key: str) -> float:
     return statistics.fmean(r[plan]["info"]["cloud_cost"][key] for r in rows)
 
 
+@contextlib.asynccontextmanager
+async def _stack(policy, remote: bool):
+    """``real_stack``; ``remote``: the cloud in front of vLLM's own OpenAI server on the same model and dtype
+    (``coinfer.cloud.remote_engine``), started here and stopped after."""
+    from coinfer.demo.real import real_stack
+
+    if not remote:
+        async with real_stack(policy) as stack:
+            yield stack
+        return
+    from benchmarks.replica import vllm_server
+    from coinfer.quantize.real_model import CLOUD_DTYPE, imported_dir
+
+    with tempfile.TemporaryDirectory(prefix="exact-split-") as logs:
+        async with vllm_server(imported_dir(), Path(logs), 2048, CLOUD_DTYPE) as (srv, _, _):
+            async with real_stack(policy, engine_url=srv.url) as stack:
+                yield stack
+
+
 async def run(
-    prompts: int, max_tokens: int, policy_fields: dict | None = None, skip: int = 0, temperature: float = 0.0
+    prompts: int,
+    max_tokens: int,
+    policy_fields: dict | None = None,
+    skip: int = 0,
+    temperature: float = 0.0,
+    remote: bool = False,
 ) -> dict:
     from openai import AsyncOpenAI
 
     from coinfer.cloud.config import PolicyConfig
-    from coinfer.demo.real import real_stack
 
     rows = []
     policy = PolicyConfig(**policy_fields) if policy_fields else None
-    async with real_stack(policy) as (engine, daemon):
+    async with _stack(policy, remote) as (engine, daemon):
         client = AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
         await _ask(client, "Hello!", "split", 8, False)  # lazy set-up out of the measurement
         for i, prompt in enumerate(OPEN_PROMPTS[skip : skip + prompts]):
@@ -137,7 +164,7 @@ async def run(
                 f"(cloud plan {row['cloud']['info']['cloud_cost']['steps']})  {prompt!r}",
                 file=sys.stderr,
             )
-    return report(rows, temperature)
+    return report(rows, temperature) | {"engine": "remote" if remote else "in-process"}
 
 
 def report(rows: list[dict], temperature: float = 0.0) -> dict:
@@ -165,6 +192,8 @@ def report(rows: list[dict], temperature: float = 0.0) -> dict:
             if not r[f"equal{k}"] and not temperature
         ],
         "per_answer": per_answer,
+        # each plan's plain answer, so that two runs (the in-process engine and the remote one) compare text by text
+        "answers": [{"prompt": r["prompt"], **{p: r[p]["text"] for p in PLANS}} for r in rows],
         "split_steps_over_greedy": round(s["steps"] / c["steps"], 3),
         "split_scored_plus_decoded_over_greedy_tokens": round(
             (s["scored_tokens"] + s["decoded_tokens"]) / greedy_tokens, 3
@@ -181,6 +210,18 @@ def report(rows: list[dict], temperature: float = 0.0) -> dict:
         ),
         # these counts priced on a GPU by a roofline: an estimate (benchmarks.gpu_estimate), never a measurement
         "gpu_estimate": estimate(per_answer, GPUS["a100-80gb"], MODELS["llama-3.1-8b"], [1, 16, 64]),
+    }
+
+
+def same_answers(ours: dict, theirs: dict) -> dict:
+    """How many of each plan's plain answers equal another run's for the same prompt (pure), and the prompts of
+    those that differ."""
+    by_prompt = {a["prompt"]: a for a in theirs.get("answers", [])}
+    shared = [(a, by_prompt[a["prompt"]]) for a in ours.get("answers", []) if a["prompt"] in by_prompt]
+    return {
+        "prompts": len(shared),
+        **{f"equal_{p}": sum(a[p] == b[p] for a, b in shared) for p in PLANS},
+        "differ": [{"prompt": a["prompt"], "plans": [p for p in PLANS if a[p] != b[p]]} for a, b in shared if a != b],
     }
 
 
@@ -203,11 +244,25 @@ def main(argv: list[str] | None = None) -> int:
         help="sample at this temperature (top_p 1, seeded by prompt): split keeps the target's distribution, not "
         "its text, so only the counts compare (default 0: greedy)",
     )
+    ap.add_argument(
+        "--remote",
+        action="store_true",
+        help="the cloud in front of vLLM's own OpenAI server on the same model (coinfer.cloud.remote_engine)",
+    )
+    ap.add_argument(
+        "--against",
+        type=Path,
+        metavar="REPORT.json",
+        help="another run's --json report: count the plain answers equal to its, plan by plan",
+    )
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
     args = ap.parse_args(argv)
     fields = policy_overrides(args.policy)
     n = min(args.prompts, len(OPEN_PROMPTS) - args.skip)
-    out = asyncio.run(run(n, args.max_tokens, fields, args.skip, args.temperature))
+    out = asyncio.run(run(n, args.max_tokens, fields, args.skip, args.temperature, args.remote))
+    if args.against:
+        lines = [line for line in args.against.read_text(encoding="utf-8").splitlines() if line.strip()]
+        out["same_as_against"] = same_answers(out, json.loads(lines[-1]))
     print(json.dumps(out, indent=None if args.json else 1))
     return 0
 

@@ -44,13 +44,13 @@ QUESTIONS = [
 
 
 @contextlib.asynccontextmanager
-async def real_stack(policy=None):
+async def real_stack(policy=None, engine_url: str = ""):
     """The real model on both sides: the float model on the cloud's vLLM (``policy``: a
-    ``coinfer.cloud.config.PolicyConfig``, else the defaults), an edge daemon drafting with its INT8 export,
-    the daemon's gRPC and HTTP ports free ones. Yields (cloud engine, daemon); stops both."""
+    ``coinfer.cloud.config.PolicyConfig``, else the defaults; ``engine_url``: a vLLM OpenAI server serving that
+    model, which the cloud then reaches over HTTP, ``coinfer.cloud.remote_engine``), an edge daemon drafting with
+    its INT8 export, the daemon's gRPC and HTTP ports free ones. Yields (cloud engine, daemon); stops both."""
     from coinfer.cloud.config import CloudConfig, EngineConfig
-    from coinfer.cloud.server import create_server
-    from coinfer.cloud.vllm_engine import VllmEngine
+    from coinfer.cloud.server import create_server, start_engine
     from coinfer.edge.config import EdgeConfig
     from coinfer.edge.daemon import EdgeDaemon
     from coinfer.quantize.real_model import CLOUD_DTYPE, edge_dir, imported_dir
@@ -58,11 +58,11 @@ async def real_stack(policy=None):
     t0 = time.perf_counter()
     hf, int8 = imported_dir(), edge_dir()
     print(f"model: {hf}\nedge INT8: {int8}  (ready in {time.perf_counter() - t0:.0f} s)")
-    cfg = CloudConfig(engine=EngineConfig(model=str(hf), max_model_len=2048, dtype=CLOUD_DTYPE))
+    cfg = CloudConfig(engine=EngineConfig(model=str(hf), max_model_len=2048, dtype=CLOUD_DTYPE, url=engine_url))
     if policy is not None:
         cfg = dataclasses.replace(cfg, policy=policy)
     srv = await create_server(cfg)
-    engine = await VllmEngine(cfg.engine).start()
+    engine = await start_engine(cfg.engine)
     await srv.attach_engine(engine)
     daemon = await EdgeDaemon(
         EdgeConfig(model=str(int8), cloud=f"127.0.0.1:{srv.port}", grpc_port=0, http_port=0)

@@ -1,7 +1,7 @@
 """The exact-split benchmark's table from its rows (pure): equal counts, mismatches with their lead, the
 per-answer costs and their ratios to the cloud plan's (plain greedy on the same engine)."""
 
-from benchmarks.exact_split import report
+from benchmarks.exact_split import report, same_answers
 
 
 def _cost(steps, decoded, scored=0, offered=0, accepted=0, requests=1):
@@ -68,3 +68,19 @@ def test_the_report_counts_equal_answers_and_states_splits_work_against_greedys(
         35 / 90, 3
     )
     assert out["first_content_p50_ms"] == {"cloud": 10, "split": 60} and out["edge_first_draft_p50_ms"] == 40
+
+
+def test_two_runs_compare_answer_by_answer_per_plan():
+    rows = [_row("p1", True, _cost(1, 1), _cost(2, 2)), _row("p2", False, _cost(1, 1), _cost(2, 2), 0.1, "b")]
+    ours = report(rows)
+    assert ours["answers"] == [
+        {"prompt": "p1", "cloud": "a", "split": "a"},
+        {"prompt": "p2", "cloud": "a", "split": "b"},
+    ]
+    theirs = {"answers": [{"prompt": "p2", "cloud": "a", "split": "a"}, {"prompt": "p3", "cloud": "x", "split": "x"}]}
+    assert same_answers(ours, theirs) == {
+        "prompts": 1,
+        "equal_cloud": 1,
+        "equal_split": 0,
+        "differ": [{"prompt": "p2", "plans": ["split"]}],
+    }
