@@ -14,6 +14,7 @@ from argparse import Namespace
 import pytest
 
 from benchmarks import capacity as cap
+from benchmarks import capacity_ladder as ladder
 from benchmarks import load_stats
 from tests.virtual_time import now, run
 
@@ -34,7 +35,7 @@ def _ask(latency_at):
         try:
             lat = latency_at(inflight[0])
             await asyncio.sleep(lat)
-            return cap.Result(True, lat, lat / 2)
+            return ladder.Result(True, lat, lat / 2)
         finally:
             inflight[0] -= 1
 
@@ -44,7 +45,7 @@ def _ask(latency_at):
 @pytest.fixture
 def virtual_clock(monkeypatch):
     """The benchmark's ``time.perf_counter`` is the running loop's clock (the ladder runs on virtual time)."""
-    monkeypatch.setattr(cap, "time", Namespace(perf_counter=now))
+    monkeypatch.setattr(ladder, "time", Namespace(perf_counter=now))
 
 
 ARGS = Namespace(seed=1, min_rate=0.5, max_steps=6, extend_steps=0, refine_steps=0, step_s=0.5, rate_step=2.0)
@@ -52,7 +53,7 @@ ARGS = Namespace(seed=1, min_rate=0.5, max_steps=6, extend_steps=0, refine_steps
 
 def test_the_ladder_rises_until_the_slo_breaks_and_capacity_is_the_last_rate_held(virtual_clock):
     ask = _ask(lambda n: 0.01 if n <= 2 else 0.5)  # fine while two are in flight, then slow
-    steps = run(cap.ladder(ask, [None], 2.0, 0.2, ARGS, Idle(), "t", lambda _: None))
+    steps = run(ladder.ladder(ask, [None], 2.0, 0.2, ARGS, Idle(), "t", lambda _: None))
     assert [s.rate for s in steps][:2] == [2.0, 4.0] and not steps[-1].held(0.2)
     best = load_stats.capacity(steps, 0.2)
     assert best is not None and best.rate == steps[-2].rate
@@ -63,11 +64,11 @@ def test_the_ladder_rises_until_the_slo_breaks_and_capacity_is_the_last_rate_hel
 def test_a_ladder_that_held_every_rate_climbs_on_and_says_its_capacity_is_a_lower_bound(virtual_clock):
     held_all = _ask(lambda n: 0.01)
     args = Namespace(**{**vars(ARGS), "max_steps": 2, "extend_steps": 2})
-    steps = run(cap.ladder(held_all, [None], 1.0, 0.2, args, Idle(), "t", lambda _: None))
+    steps = run(ladder.ladder(held_all, [None], 1.0, 0.2, args, Idle(), "t", lambda _: None))
     assert [s.rate for s in steps] == [1.0, 2.0, 8.0, 32.0]  # past --max-steps: the step squared
     assert load_stats.summary(steps, 0.2, steps[0])["capacity_lower_bound"] is True
     breaks = _ask(lambda n: 0.01 if n <= 2 else 0.5)
-    steps = run(cap.ladder(breaks, [None], 2.0, 0.2, args, Idle(), "t", lambda _: None))
+    steps = run(ladder.ladder(breaks, [None], 2.0, 0.2, args, Idle(), "t", lambda _: None))
     entry = load_stats.summary(steps, 0.2, steps[0])
     assert not steps[-1].held(0.2) and entry["capacity_lower_bound"] is False  # a higher rate missed
 
@@ -75,7 +76,7 @@ def test_a_ladder_that_held_every_rate_climbs_on_and_says_its_capacity_is_a_lowe
 def test_refining_steps_halve_the_gap_between_the_rate_held_and_the_rate_missed(virtual_clock):
     breaks = _ask(lambda n: 0.01 if n <= 2 else 0.5)
     args = Namespace(**{**vars(ARGS), "refine_steps": 2})
-    steps = run(cap.ladder(breaks, [None], 2.0, 0.2, args, Idle(), "t", lambda _: None))
+    steps = run(ladder.ladder(breaks, [None], 2.0, 0.2, args, Idle(), "t", lambda _: None))
     climbed, refined = steps[:-2], steps[-2:]
     lo = max(s.rate for s in climbed if s.held(0.2))
     hi = min(s.rate for s in climbed if not s.held(0.2) and s.rate > lo)
@@ -85,7 +86,7 @@ def test_refining_steps_halve_the_gap_between_the_rate_held_and_the_rate_missed(
 
 def test_a_first_rate_that_misses_the_slo_makes_the_ladder_fall(virtual_clock):
     ask = _ask(lambda n: 0.01 if n <= 1 else 0.5)
-    steps = run(cap.ladder(ask, [None], 32.0, 0.2, ARGS, Idle(), "t", lambda _: None))
+    steps = run(ladder.ladder(ask, [None], 32.0, 0.2, ARGS, Idle(), "t", lambda _: None))
     assert steps[0].rate == 32.0 and not steps[0].held(0.2)
     assert [s.rate for s in steps[1:]] == sorted((s.rate for s in steps[1:]), reverse=True)
     assert steps[-1].held(0.2) or steps[-1].rate == ARGS.min_rate
