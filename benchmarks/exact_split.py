@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.capacity_runs import load
 from benchmarks.gpu_estimate import GPUS, MODELS, estimate
 from benchmarks.open_accuracy import policy_overrides
 from benchmarks.open_prompts import OPEN_PROMPTS
@@ -261,8 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     n = min(args.prompts, len(OPEN_PROMPTS) - args.skip)
     out = asyncio.run(run(n, args.max_tokens, fields, args.skip, args.temperature, args.remote))
     if args.against:
-        lines = [line for line in args.against.read_text(encoding="utf-8").splitlines() if line.strip()]
-        out["same_as_against"] = same_answers(out, json.loads(lines[-1]))
+        out["same_as_against"] = same_answers(out, load([args.against])[0])
     print(json.dumps(out, indent=None if args.json else 1))
     return 0
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from coinfer.cloud import sampled
 from coinfer.cloud.engine import Chunk, GenParams, TargetEngine, current_cost
 from coinfer.cloud.vllm_common import vllm_temperature
+from coinfer.types import speculation_kind
 
 MAX_CHECKS = 3
 """Exact checks per round: the first draft, and up to two that extend its accepted tokens. Each costs a prefill
@@ -82,27 +83,34 @@ class Continuation:
         return True
 
 
+def _kind(engine: TargetEngine, params: GenParams) -> str:
+    """``coinfer.types.speculation_kind`` of ``params`` on an engine that checks tokens ("" on one that does not)."""
+    if not engine.speculative:
+        return ""
+    return speculation_kind(
+        temperature=params.temperature,
+        top_p=params.top_p,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+    )
+
+
 def exact(engine: TargetEngine, params: GenParams) -> bool:
     """Whether a generation with ``params`` can take draft tokens exactly: greedy, unpenalised, on an engine
     that checks tokens."""
-    return (
-        engine.speculative
-        and params.temperature == 0
-        and params.presence_penalty == 0
-        and params.frequency_penalty == 0
-    )
+    return _kind(engine, params) == "greedy"
 
 
 def exact_sampled(engine: TargetEngine, params: GenParams) -> bool:
     """Whether a sampled generation can take draft tokens and keep its distribution (``coinfer.cloud.sampled``):
     the whole vocabulary sampled (``top_p`` 1: a nucleus is not known from the top k), unpenalised."""
-    return (
-        engine.speculative
-        and params.temperature > 0
-        and params.top_p == 1.0
-        and params.presence_penalty == 0
-        and params.frequency_penalty == 0
-    )
+    return _kind(engine, params) == "sampled"
+
+
+def _seed_at(seed: int | None, position: int) -> int | None:
+    """A seeded request's seed for a sample drawn at ``position``: each engine request seeds its own generator,
+    so two requests given the request's seed would draw the same uniforms at different positions."""
+    return None if seed is None else (seed + 7919 * position) % 2**31
 
 
 SAMPLED_TOP_K = 20
@@ -133,7 +141,7 @@ async def check_sampled(
     while refused is not None or (tokens and _complete(engine, ids, tokens) < len(tokens)):
         if len(tokens) > t.accepted + MAX_CHAR_TOKENS:
             break
-        seed = None if params.seed is None else (params.seed + 7919 * (len(ids) + len(tokens))) % 2**31
+        seed = _seed_at(params.seed, len(ids) + len(tokens))
         tok = await engine.sample_token(
             ids + tokens, dataclasses.replace(params, seed=seed), f"{request_id}-t{len(tokens)}", refused
         )
@@ -291,8 +299,8 @@ async def speculate(
     if w.finish is not None:
         return
     rest = dataclasses.replace(params, max_tokens=w.budget - w.written, stop=())
-    if rest.seed is not None and w.written:  # a seeded rest from another point: seeded apart from the checks'
-        rest = dataclasses.replace(rest, seed=(rest.seed + 7919 * len(w.ids)) % 2**31)
+    if w.written:  # a seeded rest from another point: seeded apart from the checks'
+        rest = dataclasses.replace(rest, seed=_seed_at(rest.seed, len(w.ids)))
     async with contextlib.aclosing(engine.generate_ids(w.ids, rest, f"{request_id}-rest")) as own:
         async for c in own:
             w.text += c.text

@@ -111,6 +111,18 @@ class FinishReason(StrEnum):
     """The cloud stopped its own generation where it fell into a loop (``coinfer.repetition``)."""
 
 
+def speculation_kind(*, temperature: float, top_p: float, presence_penalty: float, frequency_penalty: float) -> str:
+    """How a generation with this sampling can take draft tokens and stay the target's own
+    (``coinfer.cloud.speculation``): "greedy" (temperature 0: the tokens equal to the target's argmax), "sampled"
+    (over the whole vocabulary, ``top_p`` 1: each token with the target's probability of it), "" (penalties or a
+    nucleus: the engine's own generation). The one rule the edge (a greedy first draft) and the cloud follow."""
+    if presence_penalty != 0 or frequency_penalty != 0:
+        return ""
+    if temperature == 0:
+        return "greedy"
+    return "sampled" if top_p == 1.0 else ""
+
+
 @dataclass(kw_only=True, frozen=True)
 class SamplingParams:
     """Sampling for a generation. Defaults are the seed's draft defaults (003, 4.2)."""
@@ -139,7 +151,14 @@ class SamplingParams:
     def speculable(self) -> bool:
         """A generation whose target can take draft tokens and stay its own (``coinfer.cloud.speculation``):
         greedy, or sampled over the whole vocabulary (``top_p`` 1), unpenalised."""
-        return self.argmax or (self.top_p == 1.0 and self.presence_penalty == 0 and self.frequency_penalty == 0)
+        return bool(
+            speculation_kind(
+                temperature=self.temperature,
+                top_p=self.top_p,
+                presence_penalty=self.presence_penalty,
+                frequency_penalty=self.frequency_penalty,
+            )
+        )
 
     def validate(self, field: str, max_new_tokens: int = MAX_NEW_TOKENS) -> None:
         require(0.0 <= self.temperature <= 2.0, f"{field}.temperature", f"must be in [0, 2], got {self.temperature:g}")

@@ -2,8 +2,9 @@
 requests -> estimates.
 
 The one exploration rule (docs/planner.md): Thompson sampling on the estimates' uncertainty. Per request,
-each plan's latency is drawn from a normal around the cost model's expectation with the standard error of
-the plan's own measured latency for the task (``latency_ms.<plan>.<task>``), each plan's rule-valid rate
+each plan's latency is drawn from a normal around its measured mean latency for the task (the cost model's
+expectation counting as ``MODEL_RUNS`` runs beside it, all there is for a plan never run: ``Planner._center``)
+with the standard error of that measurement (``latency_ms.<plan>.<task>``), each plan's rule-valid rate
 from its Beta posterior (``quality.<plan>.<task>``; the edge plan's chance of escalating is one minus its
 draw); the plan fastest in the draw that meets ``quality_floor`` runs (``cost.pick``). A plan whose latency
 has no spread yet (fewer than two runs' worth) draws minus infinity: it runs first, the likeliest-fast of
@@ -102,7 +103,7 @@ a convention (a prior worth one observation), not tuned."""
 
 
 def latency_draw(center_ms: float, measured: Decayed | None, rng: random.Random) -> float:
-    """The exploration rule's draw of one plan's latency: ``center_ms`` (the cost model's expectation) plus a
+    """The exploration rule's draw of one plan's latency: ``center_ms`` (``Planner._center``) plus a
     normal draw of the standard error of the plan's ``measured`` latency; -inf while that has no spread
     (fewer than two runs' worth: run it)."""
     se = None if measured is None else measured.stderr
