@@ -14,28 +14,37 @@ model in ``coinfer.quantize.real_model.CLOUD_DTYPE``, float32, which exact split
   starts each workload from the planner's estimates as the edge started (calibrated), not from what the
   forced plans' ladders left in them;
 - ``vllm-greedy``: vLLM's own OpenAI server on the target, greedy, streamed, the cloud's answer budget;
-- ``vllm-best-of-5``: the same server, ``n=5`` at temperature 0.7, majority vote on the extracted answer;
+- ``vllm-repair``, ``vllm-resample``: the same, with coinfer's checkers and calculator on the answer in the client,
+  and (resample) up to two seeded samples more while they refuse it (``benchmarks.capacity_vllm``): plain vLLM
+  given the same checkers, the baseline that isolates co-inference's own effect;
+- ``vllm-ngram``: vLLM's own n-gram speculative decoding (a server of its own);
+- ``vllm-best-of-5``: ``n=5`` at temperature 0.7, majority vote on the extracted answer;
 - ``split-remote``, ``cloud-remote`` (only when named in ``--systems``): coinfer's plans with the cloud service in
   front of vLLM's own OpenAI server (``--engine.url``: ``coinfer.cloud.remote_engine``), both on the replica's
   core; its CPU is both servers' processes, each under its server's name (``coinfer/python``: the session layer).
 
-The edges' drafts are the real INT8 draft model's (ONNX Runtime), written once per request in a
-recording pass before the load (``benchmarks.replica.ReplayDrafts``) and replayed under load at the times the draft model
-wrote them: in production every user has an edge box of their own, and one core here could not draft
-for dozens of concurrent users without making the edge, not the cloud, the bottleneck. A draft request
-not recorded (sampling the recording did not see) is drafted for real and counted (``draft_misses``).
+The edges' drafts are the real INT8 draft model's (ONNX Runtime), written in ``--draws`` recording passes over
+every request before the load (``benchmarks.replica.ReplayDrafts``: each pass a fresh draw) and replayed under load,
+a request's draws in turn, at the times the draft model wrote them: in production every user has an edge box of
+their own, and one core here could not draft for dozens of concurrent users without making the edge, not the
+cloud, the bottleneck. A draft request not recorded (sampling the recording did not see) is drafted for real and
+counted (``draft_misses``); the recording passes' drafting CPU per answer is ``edge_draft_cpu_s_per_answer``.
 
 Per workload, the SLO is ``--slo-factor`` (3) x the unloaded p50 latency of plain vLLM greedy on those
 requests (the issue's suggestion): a system's capacity is the highest Poisson arrival rate at which the
-p95 latency stayed within it with no request failed. Rates rise by ``--rate-step`` from half of what the
-unloaded pass says one core can serve, each held for ``--step-s`` seconds of arrivals, the requests drained
-before the next rate; a system that held every rate climbs ``--extend-steps`` more by the step squared, and
-a capacity no higher rate was seen to miss is marked a lower bound (``capacity_lower_bound``);
-``--refine-steps`` more rates narrow the gap between the highest rate held and the lowest missed (their
-geometric mean). Reported per system and workload at that rate: answers/s, the cloud's CPU-seconds per
-answer (every process of the replica: ``/proc`` user + system time over the step, over the answers:
-verification prefill, sessions and gRPC included), accuracy (null for open prompts), p50 / p95 latency and
-the p50 time to first content. One run, one machine: ratios side by side, no thresholds.
+p95 latency stayed within it with no request failed. Every rate is a point of one absolute grid shared by every
+system and run (``load_stats.grid_rate``: 10% apart); a ladder starts at the point nearest half of what the
+saturated run served, moves ``--coarse-points`` points a step, each rate held for ``--step-s`` seconds of arrivals
+and the requests drained before the next, then bisects (``--refine-steps``) until the highest rate held and the
+lowest missed are neighbours: the capacity known to +-5%. A system that held every rate climbs ``--extend-steps``
+more, and a capacity no higher rate was seen to miss is marked a lower bound (``capacity_lower_bound``). Reported
+per system and workload at that rate: answers/s (``cloud_capacity_rps``: less the share the edge answered alone,
+``edge_only_share``), the cloud's CPU-seconds per answer (every process of the replica: ``/proc`` user + system
+time, over the answers: verification prefill, sessions and gRPC included) in the saturated run and at the
+workload's common rate (``at_common_rate``: one offered rate for every system, half vLLM greedy's capacity on the
+grid), the engine's work per answer as its server counts it (``work_per_answer``: ``load_stats.WORK_KEYS``),
+accuracy (null for open prompts), p50 / p95 latency and the p50 time to first content. One run, one machine:
+ratios side by side, no thresholds; ``benchmarks.capacity_runs`` summarises several.
 
 Every system answers the same requests the same way: greedy, unpenalised, the same answer budget (coinfer's
 request is built as its OpenAI API builds it from ``max_tokens``: the drafts sample, the cloud's answer is
@@ -59,16 +68,17 @@ import os
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from benchmarks import capacity_vllm
 from benchmarks.capacity_ladder import Request, Result, measure, unloaded
+from benchmarks.load_stats import WORK_KEYS, grid_index, grid_rate
 from benchmarks.open_prompts import OPEN_PROMPTS
 from benchmarks.replica import CLOUD_CORE, NGRAM_SPECULATION, ServerGroup, coinfer_stack, vllm_server
 
-SYSTEMS = ("split", "cloud", "auto", "vllm-greedy", "vllm-ngram", "vllm-best-of-5")
+SYSTEMS = ("split", "cloud", "auto", "vllm-greedy", "vllm-repair", "vllm-resample", "vllm-ngram", "vllm-best-of-5")
 """What a run measures unless ``--systems`` says otherwise."""
 COINFER_SYSTEMS = ("split", "cloud", "auto")
 REMOTE_SYSTEMS = ("split-remote", "cloud-remote")
@@ -78,8 +88,6 @@ REMOTE = "-remote"
 DEMO_KINDS = ("arith", "select", "words")
 REAL = "real-open"
 WORKLOADS = (*DEMO_KINDS, REAL)
-BEST_OF = 5
-BEST_OF_TEMPERATURE = 0.7
 REAL_MAX_TOKENS = 96
 """The real-model request set's answer budget (a 135M model's prose on one core: ~20 tokens/s); this
 benchmark's default is ``--real-max-tokens``."""
@@ -143,46 +151,15 @@ async def ask_coinfer(core, req: Request, plan: str, rid: str, deadline_ms: int)
     r = done.result
     fell_back = f"fallback: {r.fallback_kind}" if r.fallback_reason else ""
     cost = r.summary.cost if r.summary is not None else None
-    work = cost.work_tokens if cost is not None else (0 if done.plans == ["edge"] else None)  # edge: no cloud
-    return Result(req.grade(r.answer), lat, ttft or lat, fell_back, "->".join(done.plans) + f":{r.source}", work)
-
-
-async def ask_vllm(client, model: str, req: Request, best_of: bool) -> Result:
-    t0 = time.perf_counter()
-    if not best_of:
-        text, ttft, used = "", 0.0, None
-        stream = await client.chat.completions.create(
-            model=model,
-            messages=req.messages,
-            max_tokens=req.max_tokens,
-            temperature=0.0,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        async for c in stream:
-            if c.choices and c.choices[0].delta.content:
-                ttft = ttft or time.perf_counter() - t0
-                text += c.choices[0].delta.content
-            used = c.usage or used
-        lat = time.perf_counter() - t0
-        return Result(req.grade(text), lat, ttft or lat, source="greedy", engine_tokens=_tokens(used))
-    r = await client.chat.completions.create(
-        model=model, messages=req.messages, max_tokens=req.max_tokens, temperature=BEST_OF_TEMPERATURE, n=BEST_OF
+    edge_only = done.plans == ["edge"]
+    tokens = cost.work_tokens if cost is not None else (0 if edge_only else None)  # edge: no cloud
+    work = (
+        {k: getattr(cost, k) for k in WORK_KEYS}
+        if cost is not None
+        else (dict.fromkeys(WORK_KEYS, 0) if edge_only else None)
     )
-    texts = [c.message.content or "" for c in r.choices]
-    lat = time.perf_counter() - t0
-    if req.case is None:  # open prose: nothing to vote on, the most frequent text (else the first)
-        text = Counter(" ".join(x.split()) for x in texts).most_common(1)[0][0]
-        return Result(None, lat, lat, source="vote", engine_tokens=_tokens(r.usage))
-    votes = Counter(k for x in texts if (k := req.case.vote_key(x)) is not None)
-    winner = votes.most_common(1)[0][0] if votes else None
-    text = next((x for x in texts if winner is not None and req.case.vote_key(x) == winner), texts[0])
-    return Result(req.grade(text), lat, lat, source="vote", engine_tokens=_tokens(r.usage))
-
-
-def _tokens(usage) -> int | None:
-    """vLLM's usage as engine tokens: the prompt (one prefill for all n samples) and every completion."""
-    return None if usage is None else usage.prompt_tokens + usage.completion_tokens
+    source = "->".join(done.plans) + f":{r.source}"
+    return Result(req.grade(r.answer), lat, ttft or lat, fell_back, source, tokens, work, edge_only)
 
 
 # ---- the run -------------------------------------------------------------------------------------------
@@ -195,46 +172,56 @@ async def _vllm_systems(
     model: Path,
     log_dir: Path,
     slo: dict,
+    common: dict,
     out: dict,
     progress,
     max_len: int,
     dtype: str,
 ) -> None:
-    for system in [s for s in ("vllm-greedy", "vllm-best-of-5", "vllm-ngram") if s in args.systems]:
-        await _vllm_system(system, wls, reqs, args, model, log_dir, slo, out, progress, max_len, dtype)
+    """The plain-vLLM systems, those of ``capacity_vllm.PLAIN_SERVER`` on one server (in that order: vLLM greedy
+    first, whose unloaded pass sets each workload's SLO and whose capacity its common rate), ``vllm-ngram`` on a
+    server of its own (vLLM's n-gram speculative decoding)."""
+    plain = [s for s in capacity_vllm.PLAIN_SERVER if s in args.systems]
+    for systems, speculative in (
+        (plain, None),
+        (["vllm-ngram"] if "vllm-ngram" in args.systems else [], NGRAM_SPECULATION),
+    ):
+        if not systems:
+            continue
+        # the prefix cache's hits in the usage: the work counted as coinfer's is (Summary.cost)
+        details = ("--enable-prompt-tokens-details",)
+        async with vllm_server(model, log_dir, max_len, dtype, speculative, details) as (srv, client, name):
+            for system in systems:
+                ask = capacity_vllm.asker(system, client, name)
+                for wl in wls:
+                    await ask(reqs[wl][0], "warm")  # lazy set-up out of the measurement
+                    base = None
+                    if system == "vllm-greedy":  # every request alone: the SLO's base (open prompts' lengths vary)
+                        base = await unloaded(ask, reqs[wl], srv, f"{wl}/{system}")
+                        slo[wl] = round(args.slo_factor * base.p50_s, 3)
+                        progress(f"{wl}/{system}: unloaded p50 {base.p50_s:.3f} s -> SLO {slo[wl]:.3f} s")
+                    slo.setdefault(wl, args.slo_s)  # no vLLM greedy run to derive it from: the given SLO
+                    out.setdefault(wl, {})[system] = await measure(
+                        ask, reqs[wl], base, slo[wl], args, srv, f"{wl}/{system}", progress, _common(args, wl, common)
+                    )
 
 
-async def _vllm_system(
-    system: str,
-    wls: list[str],
-    reqs: dict,
-    args,
-    model: Path,
-    log_dir: Path,
-    slo: dict,
-    out: dict,
-    progress,
-    max_len: int,
-    dtype: str,
-) -> None:
-    """One vLLM system on a server of its own (``vllm-ngram``: with vLLM's n-gram speculative decoding)."""
-    speculative = NGRAM_SPECULATION if system == "vllm-ngram" else None
-    async with vllm_server(model, log_dir, max_len, dtype, speculative) as (srv, client, name):
-        for wl in wls:
+def _common(args, wl: str, common: dict):
+    """The workload's common rate (``measure``'s ``common_rate``): ``--common-rate`` on the grid, else the grid
+    point nearest half vLLM greedy's capacity, set from its report once it has one (``--min-rate`` without it)."""
+    if args.common_rate:
+        return grid_rate(grid_index(args.common_rate))
+    if wl in common:
+        return common[wl]
 
-            async def ask(r: Request, rid: str, best=system == "vllm-best-of-5") -> Result:
-                return await ask_vllm(client, name, r, best)
+    def from_report(entry: dict) -> float:
+        cap = entry["capacity_rps"]
+        common[wl] = (
+            grid_rate(grid_index(max(args.min_rate, cap / 2))) if cap else grid_rate(grid_index(args.min_rate, up=True))
+        )
+        return common[wl]
 
-            await ask(reqs[wl][0], "warm")  # lazy set-up out of the measurement
-            base = None
-            if system == "vllm-greedy":  # every request alone: the SLO's base (open prompts' lengths vary)
-                base = await unloaded(ask, reqs[wl], srv, f"{wl}/{system}")
-                slo[wl] = round(args.slo_factor * base.p50_s, 3)
-                progress(f"{wl}/{system}: unloaded p50 {base.p50_s:.3f} s -> SLO {slo[wl]:.3f} s")
-            slo.setdefault(wl, args.slo_s)  # no vLLM greedy run to derive it from: the given SLO
-            out.setdefault(wl, {})[system] = await measure(
-                ask, reqs[wl], base, slo[wl], args, srv, f"{wl}/{system}", progress
-            )
+    return from_report
 
 
 async def _coinfer_systems(
@@ -245,14 +232,15 @@ async def _coinfer_systems(
     draft: Path,
     log_dir: Path,
     slo: dict,
+    common: dict,
     out: dict,
     progress,
     max_len: int,
     dtype: str,
 ) -> None:
-    async with coinfer_stack(model, draft, log_dir, max_len, dtype) as (srv, core, drafts):
+    async with coinfer_stack(model, draft, log_dir, max_len, dtype, draws=args.draws) as (srv, core, drafts):
         systems = [s for s in COINFER_SYSTEMS if s in args.systems]
-        await _coinfer_plans(systems, wls, reqs, args, srv, core, drafts, slo, out, progress)
+        await _coinfer_plans(systems, wls, reqs, args, srv, core, drafts, slo, common, out, progress)
 
 
 async def _remote_systems(
@@ -263,6 +251,7 @@ async def _remote_systems(
     draft: Path,
     log_dir: Path,
     slo: dict,
+    common: dict,
     out: dict,
     progress,
     max_len: int,
@@ -272,17 +261,30 @@ async def _remote_systems(
     cost counts read) and the cloud service in front of it, measured together."""
     details = ("--enable-prompt-tokens-details",)
     async with vllm_server(model, log_dir, max_len, dtype, extra=details) as (vllm, _, _):
-        async with coinfer_stack(model, draft, log_dir, max_len, dtype, engine_url=vllm.url) as (srv, core, drafts):
+        stack = coinfer_stack(model, draft, log_dir, max_len, dtype, engine_url=vllm.url, draws=args.draws)
+        async with stack as (srv, core, drafts):
             systems = [s for s in REMOTE_SYSTEMS if s in args.systems]
             replica = ServerGroup(coinfer=srv, vllm=vllm)
-            await _coinfer_plans(systems, wls, reqs, args, replica, core, drafts, slo, out, progress)
+            await _coinfer_plans(systems, wls, reqs, args, replica, core, drafts, slo, common, out, progress)
 
 
 async def _coinfer_plans(
-    systems: list[str], wls: list[str], reqs: dict, args, srv, core, drafts, slo: dict, out: dict, progress
+    systems: list[str],
+    wls: list[str],
+    reqs: dict,
+    args,
+    srv,
+    core,
+    drafts,
+    slo: dict,
+    common: dict,
+    out: dict,
+    progress,
 ) -> None:
     """Each of coinfer's ``systems`` (a plan, over the remote engine where it ends in ``REMOTE``) on each workload:
-    an unloaded pass that records the drafts, then the measurement."""
+    unloaded passes that record the drafts (``--draws`` of them: the first is the unloaded measurement; a system
+    whose requests' draws are recorded already replays them), then the measurement. The edge's drafting CPU per
+    answer is reported where the system's passes drafted (``edge_draft_cpu_s_per_answer``)."""
     deadline_ms = int(args.deadline_s * 1e3)
     calibrated = copy.deepcopy(core.planner.est.table)  # the edge's planner as started, before any system ran
     for wl in wls:
@@ -297,8 +299,12 @@ async def _coinfer_plans(
             async def ask(r: Request, rid: str, plan=system.removesuffix(REMOTE)) -> Result:
                 return await ask_coinfer(core, r, plan, rid, deadline_ms)
 
-            drafts.recording = True  # every request once, alone: its drafts recorded, the planner warmed
+            drafts.recording = True  # every request alone: its drafts recorded, the planner warmed
+            cpu0 = drafts.draft_cpu_s
             base = await unloaded(ask, reqs[wl], srv, f"{wl}/{system}")
+            for d in range(1, args.draws if system.removesuffix(REMOTE) != "cloud" else 1):
+                await unloaded(ask, reqs[wl], srv, f"{wl}/{system}-draw{d}")  # more draws of every request's drafts
+            drafting = (drafts.draft_cpu_s - cpu0) / (len(reqs[wl]) * max(1, args.draws))
             drafts.recording = False
             progress(
                 f"{wl}/{system}: unloaded (recording) p50 {base.p50_s:.3f} s, "
@@ -306,8 +312,11 @@ async def _coinfer_plans(
             )
             misses = drafts.misses
             out.setdefault(wl, {})[system] = await measure(
-                ask, reqs[wl], base, slo[wl], args, srv, f"{wl}/{system}", progress
-            ) | {"draft_misses": drafts.misses - misses}
+                ask, reqs[wl], base, slo[wl], args, srv, f"{wl}/{system}", progress, _common(args, wl, common)
+            ) | {
+                "draft_misses": drafts.misses - misses,
+                "edge_draft_cpu_s_per_answer": round(drafting, 4) if drafting > 0 else None,
+            }
 
 
 async def run(args, progress: Callable[[str], None]) -> dict:
@@ -326,6 +335,7 @@ async def _run(args, progress: Callable[[str], None]) -> dict:
 
     out: dict = {}
     slo: dict = {}
+    common: dict = {}
     t0 = time.perf_counter()
     log_dir = Path(tempfile.mkdtemp(prefix="capacity-"))  # the servers' logs, kept for a failed run
     progress(f"server logs in {log_dir}")
@@ -344,14 +354,16 @@ async def _run(args, progress: Callable[[str], None]) -> dict:
             for w in wls
         }
         if any(s.startswith("vllm") for s in args.systems):
-            await _vllm_systems(wls, reqs, args, model, log_dir, slo, out, progress, max_len, dtype)
+            await _vllm_systems(wls, reqs, args, model, log_dir, slo, common, out, progress, max_len, dtype)
         if any(s in COINFER_SYSTEMS for s in args.systems):
-            await _coinfer_systems(wls, reqs, args, model, draft, log_dir, slo, out, progress, max_len, dtype)
+            await _coinfer_systems(wls, reqs, args, model, draft, log_dir, slo, common, out, progress, max_len, dtype)
         if any(s in REMOTE_SYSTEMS for s in args.systems):
-            await _remote_systems(wls, reqs, args, model, draft, log_dir, slo, out, progress, max_len, dtype)
+            await _remote_systems(wls, reqs, args, model, draft, log_dir, slo, common, out, progress, max_len, dtype)
     return {
         "slo_s": slo,
         "slo_rule": f"{args.slo_factor} x plain vLLM greedy's unloaded p50 on the workload",
+        "common_rate_rps": common,
+        "args": {k: v for k, v in vars(args).items() if k != "json"},
         "wall_s": round(time.perf_counter() - t0, 1),
         "workloads": out,
     }
@@ -360,19 +372,34 @@ async def _run(args, progress: Callable[[str], None]) -> dict:
 def table(report: dict) -> str:
     """The report as the markdown table docs/measurements.md keeps."""
     rows = [
-        "| workload | system | capacity (answers/s at SLO) | saturated answers/s | cloud CPU-s / answer "
-        "| engine tokens / answer | accuracy | p50 s | p95 s | first content p50 s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| workload | system | capacity (answers/s at SLO) | of it the cloud's | saturated answers/s "
+        "| cloud CPU-s / answer (saturated) | at the common rate | engine tokens / answer | accuracy | p50 s | p95 s "
+        "| first content p50 s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for wl, systems in report["workloads"].items():
         for name, r in systems.items():
+            common = r.get("at_common_rate") or {}
             rows.append(
                 f"| {wl} (SLO {report['slo_s'].get(wl, 0):.2f} s) | {name} | "
-                f"{'>= ' if r.get('capacity_lower_bound') else ''}{r['capacity_rps']} | "
-                f"{r['saturated_answers_per_s']} | {r['cloud_cpu_s_per_answer']} | {r['engine_tokens_per_answer']} | "
-                f"{r['accuracy']} | {r['p50_s']} | {r['p95_s']} | "
-                f"{r['ttft_p50_s']} |"
+                f"{'>= ' if r.get('capacity_lower_bound') else ''}{r['capacity_rps']} | {r.get('cloud_capacity_rps')} | "
+                f"{r['saturated_answers_per_s']} | {r['cloud_cpu_s_per_answer']} | "
+                f"{common.get('cpu_s_per_answer', '-')} at {common.get('rate', '-')}/s | {r['engine_tokens_per_answer']} | "
+                f"{r['accuracy']} | {r['p50_s']} | {r['p95_s']} | {r['ttft_p50_s']} |"
             )
+    rows += [
+        "",
+        "Engine work per answer, as the servers count it (the saturated run; - : not reported by that server)",
+        "",
+        "| workload | system | engine requests | prompt positions | of them cached | computed to score a text "
+        "| decoded | sequential steps | edge drafting CPU-s / answer |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for wl, systems in report["workloads"].items():
+        for name, r in systems.items():
+            w = r.get("work_per_answer") or {}
+            cells = " | ".join(str(w.get(k, "-")) for k in WORK_KEYS)
+            rows.append(f"| {wl} | {name} | {cells} | {r.get('edge_draft_cpu_s_per_answer') or '-'} |")
     rows += [
         "",
         "Unloaded (one request at a time; coinfer's edges drafting for real): streamed time to first content and "
@@ -408,13 +435,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--real-step-s", type=float, default=10.0, help="seconds of arrivals per rate (real model; ~the SLO or more)"
     )
-    ap.add_argument("--rate-step", type=float, default=1.35, help="each rate is the last times this")
+    ap.add_argument(
+        "--coarse-points",
+        type=int,
+        default=4,
+        help="grid points between the ladder's rates before it bisects (4: 1.47x)",
+    )
     ap.add_argument("--max-steps", type=int, default=5)
     ap.add_argument(
         "--extend-steps", type=int, default=1, help="more rates (each the last times the step squared) while all held"
     )
     ap.add_argument(
-        "--refine-steps", type=int, default=0, help="rates between the highest held and the lowest missed (geometric)"
+        "--refine-steps",
+        type=int,
+        default=3,
+        help="bisections of the grid between the highest rate held and lowest missed",
+    )
+    ap.add_argument("--draws", type=int, default=1, help="recorded draws of each request's drafts, replayed in turn")
+    ap.add_argument(
+        "--common-rate",
+        type=float,
+        default=0.0,
+        help="the rate every system's CPU is read at (0: half vLLM greedy's capacity)",
     )
     ap.add_argument("--saturate-concurrency", type=int, default=16, help="requests in flight in the saturated run")
     ap.add_argument("--saturate-rounds", type=int, default=3, help="the workload's requests this many times there")

@@ -1,20 +1,20 @@
 """The load generator of ``benchmarks.capacity``: one request as every system sends it, and the measurements of one
-system on one workload (the unloaded pass, the saturated run, the ladder of open-loop Poisson rates and the capacity
-it shows). No servers are started here: a system is an ``Ask`` and the replica's ``Server`` (its CPU time)."""
+system on one workload (the unloaded pass, the saturated run, the ladder of open-loop Poisson rates on the shared rate
+grid and the capacity it shows, the step at the workload's common rate). No servers are started here: a system is an
+``Ask`` and the replica's ``Server`` (its CPU time)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import dataclasses
-import math
 import random
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from benchmarks.load_stats import Step, arrivals, pct, summary
+from benchmarks.load_stats import Step, arrivals, grid_index, grid_rate, pct, summary, work_means
 from benchmarks.replica import Server
 
 # ---- one request, per kind of system ------------------------------------------------------------------
@@ -42,6 +42,11 @@ class Result:
     engine_tokens: int | None = None
     """Tokens the target engine computed for the answer, as its server reports them: coinfer's
     ``Summary.cost`` (prefill past the prefix cache + decoding), vLLM's usage (prompt + completion)."""
+    work: dict | None = None
+    """The engine's work for the answer, counted by its server (``load_stats.WORK_KEYS``; a key the server does
+    not report is absent): coinfer's ``Summary.cost``, vLLM's usage with its prefix-cache hits."""
+    edge_only: bool = False
+    """Answered by the edge alone (no cloud session): a share of the requests, never cloud capacity."""
 
 
 # ---- the ladder ----------------------------------------------------------------------------------------
@@ -85,6 +90,8 @@ def _step(rate: float, results: list[Result], wall: float, cpu: float) -> Step:
         engine_tokens_per_answer=round(sum(w) / len(w), 1)
         if (w := [r.engine_tokens for r in good if r.engine_tokens is not None])
         else None,
+        work_per_answer=work_means([r.work for r in good if r.work is not None]),
+        edge_only_share=round(sum(r.edge_only for r in good) / len(good), 3) if good else 0.0,
     )
 
 
@@ -135,21 +142,26 @@ async def ladder(
     tag: str,
     progress: Callable[[str], None],
 ) -> list[Step]:
-    """Rising rates from ``start`` (half the saturated throughput) until the SLO breaks or ``--max-steps``; when
-    the first rate misses it, falling rates (a system whose unloaded latency is near the SLO holds it only
-    well below saturation) down to ``--min-rate``. A rising ladder that held every rate climbs on, by the
-    step squared, for up to ``--extend-steps`` more: a system whose saturated run is bound by its own
-    latency rather than the replica (split on the real model: the edges' drafting, seconds, at 16 in
-    flight) starts far below what the replica holds, and a capacity reached by running out of steps is
-    only a lower bound (``summary`` says which)."""
+    """Rates on the shared grid (``load_stats.grid_rate``), from the grid point nearest ``start`` (half the
+    saturated throughput), ``--coarse-points`` grid points apart, rising until the SLO breaks or ``--max-steps``;
+    when the first rate misses it, falling (a system whose unloaded latency is near the SLO holds it only well
+    below saturation) down to ``--min-rate``. A rising ladder that held every rate climbs on, twice as far a step,
+    for up to ``--extend-steps`` more: a system whose saturated run is bound by its own latency rather than the
+    replica (split on the real model: the edges' drafting, seconds, at 16 in flight) starts far below what the
+    replica holds, and a capacity reached by running out of steps is only a lower bound (``summary`` says which).
+    Then up to ``--refine-steps`` bisections of the grid points between the highest rate held and the lowest missed
+    above it, until they are neighbours: the capacity then known to one grid step (+-5% around their middle)."""
     rng = random.Random(args.seed)
-    rate = max(args.min_rate, start)
+    kmin = grid_index(args.min_rate, up=True)
+    k = max(kmin, grid_index(start))
     steps: list[Step] = []
+    tried: dict[int, bool] = {}
 
-    async def at(rate: float) -> bool:
+    async def at(k: int) -> bool:
+        rate = grid_rate(k)
         step = await run_step(ask, reqs, rate, args.step_s, server, rng, f"{tag}-{rate:.2f}")
         steps.append(step)
-        held = step.held(slo_s)
+        held = tried[k] = step.held(slo_s)
         progress(
             f"{tag}: rate {rate:.2f}/s -> {step.answers} answers, {step.failed} failed, p50 {step.p50_s:.2f} s, "
             f"p95 {step.p95_s:.2f} s (SLO {slo_s:.2f}), accuracy {step.accuracy}, {'held' if held else 'MISSED'}"
@@ -157,22 +169,22 @@ async def ladder(
         return held
 
     for i in range(args.max_steps + args.extend_steps):
-        if i >= args.max_steps and not all(s.held(slo_s) for s in steps):
+        if i >= args.max_steps and not all(tried.values()):
             break
-        held = await at(rate)
+        held = await at(k)
         falling = not steps[0].held(slo_s)
-        if falling and (held or rate <= args.min_rate):
+        if falling and (held or k <= kmin):
             break
         if not falling and not held:
             break
-        climb = args.rate_step**2 if i + 1 >= args.max_steps else args.rate_step
-        rate = max(args.min_rate, rate / args.rate_step**2) if falling else rate * climb
-    for _ in range(args.refine_steps):  # halve the gap between the highest rate held and the lowest missed above it
-        lo = max((s.rate for s in steps if s.held(slo_s)), default=None)
-        hi = min((s.rate for s in steps if not s.held(slo_s) and (lo is None or s.rate > lo)), default=None)
-        if lo is None or hi is None:
+        jump = args.coarse_points * (2 if i + 1 >= args.max_steps else 1)
+        k = max(kmin, k - jump) if falling else k + jump
+    for _ in range(args.refine_steps):  # bisect the grid between the highest rate held and the lowest missed above it
+        lo = max((j for j, h in tried.items() if h), default=None)
+        hi = min((j for j, h in tried.items() if not h and (lo is None or j > lo)), default=None)
+        if lo is None or hi is None or hi - lo <= 1:
             break
-        await at(math.sqrt(lo * hi))
+        await at((lo + hi) // 2)
     return steps
 
 
@@ -189,8 +201,13 @@ async def measure(
     server: Server,
     tag: str,
     progress: Callable[[str], None],
+    common_rate: float | Callable[[dict], float] | None = None,
 ) -> dict:
-    """The saturated throughput and cost, then the ladder from half that throughput."""
+    """The saturated throughput and cost, then the ladder from half that throughput, then (``common_rate``: a grid
+    rate every system of the workload is measured at) the step at that rate, from the ladder where it ran there:
+    the replica's CPU-s per answer at one offered load for every system (``at_common_rate``), where the saturated
+    run's reads each system at its own. A callable ``common_rate`` is given this system's entry first (the system
+    the common rate is derived from)."""
     sat = await saturated(ask, reqs * args.saturate_rounds, args.saturate_concurrency, server, tag)
     through = sat.answers / max(sat.wall_s, 1e-9)
     progress(
@@ -200,4 +217,19 @@ async def measure(
     step_s = args.real_step_s if reqs[0].case is None else args.step_s
     at = argparse.Namespace(**{**vars(args), "step_s": step_s})
     steps = await ladder(ask, reqs, 0.5 * through, slo_s, at, server, tag, progress)
-    return summary(steps, slo_s, sat) | {"unloaded": dataclasses.asdict(base) if base is not None else None}
+    out = summary(steps, slo_s, sat) | {"unloaded": dataclasses.asdict(base) if base is not None else None}
+    if callable(common_rate):
+        common_rate = common_rate(out)
+    if common_rate:
+        common = next((s for s in steps if s.rate == common_rate), None)
+        if common is None:
+            common = await run_step(ask, reqs, common_rate, step_s, server, random.Random(args.seed), f"{tag}-common")
+            progress(
+                f"{tag}: common rate {common_rate:.2f}/s -> {common.answers} answers, "
+                f"{common.cpu_per_answer:.3f} cloud CPU-s/answer, p95 {common.p95_s:.2f} s"
+            )
+        out["at_common_rate"] = dataclasses.asdict(common) | {
+            "cpu_s_per_answer": round(common.cpu_per_answer, 4),
+            "held": common.held(slo_s),
+        }
+    return out

@@ -4,8 +4,40 @@ the capacity at an SLO and the output contract's entry of one system (``benchmar
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from dataclasses import dataclass, field
+
+GRID_POINTS_PER_DECADE = 24
+"""The one absolute rate grid every system's ladder steps on, in every run: ``10 ** (k / 24)`` requests/s, each
+point 10% above the last (issue 53). Two systems' capacities are then compared at the same offered rates, and a
+capacity bracketed by neighbouring points is known to +-5% around their middle."""
+
+WORK_KEYS = ("engine_requests", "prompt_tokens", "cached_tokens", "scored_tokens", "decoded_tokens", "steps")
+"""The engine's work for one answer, as its server counts it (``coinfer.types.CloudCost``'s names): requests; prompt
+positions, of which read from the prefix cache, and of the computed ones those prefilled to score a text; tokens
+decoded; sequential engine steps (a prefill, then one per decoded token of the longest sample)."""
+
+
+def grid_rate(k: int) -> float:
+    """The grid's ``k``-th rate (requests/s), to the 3 decimals a ``Step`` keeps."""
+    return round(10 ** (k / GRID_POINTS_PER_DECADE), 3)
+
+
+def grid_index(rate: float, up: bool = False) -> int:
+    """The grid point nearest ``rate`` (``up``: the lowest at or above it)."""
+    x = GRID_POINTS_PER_DECADE * math.log10(rate)
+    return math.ceil(x - 1e-9) if up else round(x)
+
+
+def work_means(works: list[dict]) -> dict:
+    """Per ``WORK_KEYS`` key, its mean over the answers whose server counted it (absent where none did)."""
+    out = {}
+    for key in WORK_KEYS:
+        got = [w[key] for w in works if w.get(key) is not None]
+        if got:
+            out[key] = round(sum(got) / len(got), 2)
+    return out
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -41,6 +73,10 @@ class Step:
     sources: dict = field(default_factory=dict)
     engine_tokens_per_answer: float | None = None
     """Mean of the servers' own reports (``Result.engine_tokens``) over answers that have one."""
+    work_per_answer: dict = field(default_factory=dict)
+    """``work_means`` of the answers' counted work (``WORK_KEYS``)."""
+    edge_only_share: float = 0.0
+    """Share of the answers the edge gave alone (no cloud session)."""
     cpu_s_per_answer_by_process: dict = field(default_factory=dict)
     """The replica's CPU-s per answer by process name (the saturated run's middle half): the API server's
     Python (sessions, rules, gRPC or HTTP) apart from vLLM's engine core."""
@@ -66,10 +102,14 @@ def summary(steps: list[Step], slo_s: float, sat: Step) -> dict:
     at = best if best is not None else (steps[0] if steps else sat)
     return {
         "capacity_rps": round(best.rate, 3) if best is not None else 0.0,
+        # the cloud's share of it: the answers the edge gave alone are no cloud capacity
+        "cloud_capacity_rps": round(best.rate * (1 - best.edge_only_share), 3) if best is not None else 0.0,
+        "edge_only_share": at.edge_only_share,
         # no higher rate was tried and missed: the replica may hold more (the ladder ran out of steps)
         "capacity_lower_bound": best is not None and not any(s.rate > best.rate for s in steps),
         "cloud_cpu_s_per_answer": round(sat.cpu_per_answer, 4),
         "engine_tokens_per_answer": sat.engine_tokens_per_answer,
+        "work_per_answer": sat.work_per_answer,
         "accuracy": at.accuracy,
         "p50_s": at.p50_s,
         "p95_s": at.p95_s,

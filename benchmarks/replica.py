@@ -126,15 +126,23 @@ async def _wait(ready: Callable[[], object], server: Server, what: str, timeout_
 
 
 class ReplayDrafts:
-    """The edge's draft engine for a load run: a request's drafts (prompt + sampling) are drafted once by
-    the real engine and recorded with their times; later the same request's drafts are handed over at
-    those times again (the worker thread sleeps: no CPU), as an edge box of the user's own would."""
+    """The edge's draft engine for a load run: a request's drafts (prompt + sampling) are drafted by the real
+    engine while ``recording`` and recorded with their times; under load a recorded draw of the same request is
+    handed over at those times again (the worker thread sleeps: no CPU), as an edge box of the user's own would.
+    Each recording pass over a request adds a draw (the draft model samples unseeded: a fresh one), up to
+    ``draws``; under load a request's draws are replayed in turn, so that with ``draws`` passes one unlucky draw is
+    a ``1 / draws`` share of that request's traffic rather than all of it (issue 53)."""
 
-    def __init__(self, real) -> None:
+    def __init__(self, real, draws: int = 1) -> None:
         self.real = real
-        self.recorded: dict[tuple, list] = {}
+        self.draws = draws
+        self.recorded: dict[tuple, list[list]] = {}
         self.misses = 0
         self.recording = True
+        self.draft_cpu_s = 0.0
+        """This process's CPU time spent in the real engine's drafting calls (their threads and ONNX Runtime's,
+        and whatever else ran in the process meanwhile: an upper bound on the drafting's own)."""
+        self._turn: dict[tuple, int] = {}
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str):  # render, encode, runs, providers, lm, ...: the real engine's
@@ -148,13 +156,20 @@ class ReplayDrafts:
             greedy_tokens,
         )
         with self._lock:
-            drafts = self.recorded.get(key)
-        if drafts is None:
+            draws = self.recorded.get(key, [])
+            fresh = not draws or (self.recording and len(draws) < self.draws)
+            if not fresh:
+                turn = self._turn.get(key, 0)
+                self._turn[key] = turn + 1
+                drafts = draws[turn % len(draws)]
+        if fresh:
             if not self.recording:
                 self.misses += 1
+            cpu0 = time.process_time()
             drafts = self.real.generate(prompt, s, on_draft, cancelled, greedy, greedy_tokens)
             with self._lock:
-                self.recorded[key] = drafts
+                self.draft_cpu_s += time.process_time() - cpu0
+                self.recorded.setdefault(key, []).append(drafts)
             return drafts
         t0 = time.perf_counter()
         out = []
@@ -246,10 +261,11 @@ async def vllm_server(
 
 @contextlib.asynccontextmanager
 async def coinfer_stack(
-    model: Path, draft: Path, log_dir: Path, max_len: int, dtype: str = "auto", engine_url: str = ""
+    model: Path, draft: Path, log_dir: Path, max_len: int, dtype: str = "auto", engine_url: str = "", draws: int = 1
 ):
     """coinfer's cloud service on the target (pinned) and an edge core here over it; yields (server, core, drafts).
-    ``engine_url``: the target on that vLLM server (``--engine.url``: the remote engine), not in the service."""
+    ``engine_url``: the target on that vLLM server (``--engine.url``: the remote engine), not in the service;
+    ``draws``: ``ReplayDrafts``'s."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -296,7 +312,7 @@ async def coinfer_stack(
                     break
                 await asyncio.sleep(0.1)
             real = await core.ensure_engine()
-            drafts = ReplayDrafts(real)
+            drafts = ReplayDrafts(real, draws)
             core.engine = drafts
             yield srv, core, drafts
     finally:

@@ -26,6 +26,13 @@ class Idle:
         return 0.0
 
 
+class Cpu(Idle):
+    """``Idle`` with the per-process reading the saturated run takes."""
+
+    def cpu_by_process(self) -> dict[str, float]:
+        return {"python": 0.0}
+
+
 def _ask(latency_at):
     """An ask whose latency grows with the number of requests in flight (a saturating server)."""
     inflight = [0]
@@ -48,24 +55,33 @@ def virtual_clock(monkeypatch):
     monkeypatch.setattr(ladder, "time", Namespace(perf_counter=now))
 
 
-ARGS = Namespace(seed=1, min_rate=0.5, max_steps=6, extend_steps=0, refine_steps=0, step_s=0.5, rate_step=2.0)
+ARGS = Namespace(seed=1, min_rate=0.5, max_steps=6, extend_steps=0, refine_steps=0, step_s=0.5, coarse_points=7)
+K = load_stats.grid_index
 
 
-def test_the_ladder_rises_until_the_slo_breaks_and_capacity_is_the_last_rate_held(virtual_clock):
+def _indices(steps) -> list[int]:
+    ks = [K(s.rate) for s in steps]
+    assert [load_stats.grid_rate(k) for k in ks] == [s.rate for s in steps]  # every rate a point of the grid
+    return ks
+
+
+def test_the_ladder_rises_on_the_grid_until_the_slo_breaks_and_capacity_is_the_last_rate_held(virtual_clock):
     ask = _ask(lambda n: 0.01 if n <= 2 else 0.5)  # fine while two are in flight, then slow
     steps = run(ladder.ladder(ask, [None], 2.0, 0.2, ARGS, Idle(), "t", lambda _: None))
-    assert [s.rate for s in steps][:2] == [2.0, 4.0] and not steps[-1].held(0.2)
+    ks = _indices(steps)
+    assert ks[0] == K(2.0) and ks == list(range(ks[0], ks[-1] + 1, 7)) and not steps[-1].held(0.2)
     best = load_stats.capacity(steps, 0.2)
     assert best is not None and best.rate == steps[-2].rate
     entry = load_stats.summary(steps, 0.2, steps[0])
     assert entry["capacity_rps"] == best.rate and entry["accuracy"] == 1.0
+    assert entry["cloud_capacity_rps"] == best.rate and entry["edge_only_share"] == 0.0
 
 
 def test_a_ladder_that_held_every_rate_climbs_on_and_says_its_capacity_is_a_lower_bound(virtual_clock):
     held_all = _ask(lambda n: 0.01)
     args = Namespace(**{**vars(ARGS), "max_steps": 2, "extend_steps": 2})
     steps = run(ladder.ladder(held_all, [None], 1.0, 0.2, args, Idle(), "t", lambda _: None))
-    assert [s.rate for s in steps] == [1.0, 2.0, 8.0, 32.0]  # past --max-steps: the step squared
+    assert _indices(steps) == [0, 7, 21, 35]  # past --max-steps: twice the step
     assert load_stats.summary(steps, 0.2, steps[0])["capacity_lower_bound"] is True
     breaks = _ask(lambda n: 0.01 if n <= 2 else 0.5)
     steps = run(ladder.ladder(breaks, [None], 2.0, 0.2, args, Idle(), "t", lambda _: None))
@@ -73,23 +89,44 @@ def test_a_ladder_that_held_every_rate_climbs_on_and_says_its_capacity_is_a_lowe
     assert not steps[-1].held(0.2) and entry["capacity_lower_bound"] is False  # a higher rate missed
 
 
-def test_refining_steps_halve_the_gap_between_the_rate_held_and_the_rate_missed(virtual_clock):
+def test_bisection_ends_with_the_rate_held_and_the_rate_missed_neighbours_on_the_grid(virtual_clock):
     breaks = _ask(lambda n: 0.01 if n <= 2 else 0.5)
-    args = Namespace(**{**vars(ARGS), "refine_steps": 2})
+    args = Namespace(**{**vars(ARGS), "coarse_points": 8, "refine_steps": 5})
     steps = run(ladder.ladder(breaks, [None], 2.0, 0.2, args, Idle(), "t", lambda _: None))
-    climbed, refined = steps[:-2], steps[-2:]
-    lo = max(s.rate for s in climbed if s.held(0.2))
-    hi = min(s.rate for s in climbed if not s.held(0.2) and s.rate > lo)
-    assert abs(refined[0].rate - (lo * hi) ** 0.5) < 1e-2  # rates are kept to 3 decimals and lo < refined[0].rate < hi
-    assert lo < refined[1].rate < hi and refined[1].rate != refined[0].rate  # inside the new, narrower gap
+    ks = _indices(steps)
+    held = {k for k, s in zip(ks, steps, strict=True) if s.held(0.2)}
+    lo = max(held)
+    hi = min(k for k in ks if k not in held and k > lo)
+    assert hi - lo == 1  # the capacity bracketed by neighbouring points: known to +-5%
+    assert len(steps) - len(set(range(ks[0], max(ks) + 1, 8)) & set(ks)) <= 3  # log2(8) bisections
 
 
 def test_a_first_rate_that_misses_the_slo_makes_the_ladder_fall(virtual_clock):
     ask = _ask(lambda n: 0.01 if n <= 1 else 0.5)
     steps = run(ladder.ladder(ask, [None], 32.0, 0.2, ARGS, Idle(), "t", lambda _: None))
-    assert steps[0].rate == 32.0 and not steps[0].held(0.2)
+    assert steps[0].rate == load_stats.grid_rate(K(32.0)) and not steps[0].held(0.2)
     assert [s.rate for s in steps[1:]] == sorted((s.rate for s in steps[1:]), reverse=True)
-    assert steps[-1].held(0.2) or steps[-1].rate == ARGS.min_rate
+    assert steps[-1].held(0.2) or K(steps[-1].rate) == K(ARGS.min_rate, up=True)
+
+
+def test_the_common_rate_step_reuses_the_ladders_own_step_there_and_runs_one_where_the_ladder_did_not_go(
+    virtual_clock,
+):
+    ask = _ask(lambda n: 0.01 if n <= 2 else 0.5)
+    args = Namespace(**{**vars(ARGS), "saturate_rounds": 1, "saturate_concurrency": 2, "real_step_s": 1.0})
+    reqs = [cap.Request([], None, 8)]
+
+    def measure(common):
+        return run(ladder.measure(ask, reqs, None, 0.2, args, Cpu(), "t", lambda _: None, common))
+
+    # a callable is given the system's own entry first (vLLM greedy's, whose capacity sets the common rate)
+    entry = measure(lambda e: e["steps"][0]["rate"])
+    common = entry["at_common_rate"]
+    assert {k: v for k, v in common.items() if k not in ("cpu_s_per_answer", "held")} == entry["steps"][0]
+    low = load_stats.grid_rate(K(ARGS.min_rate, up=True) - 5)  # below every rate the ladder tries
+    entry = measure(low)
+    assert entry["at_common_rate"]["rate"] == low and all(s["rate"] != low for s in entry["steps"])
+    assert entry["at_common_rate"]["held"] is True and entry["at_common_rate"]["answers"] >= 1
 
 
 def test_the_benchmark_at_a_tiny_size_prints_the_contract(capsys):
@@ -133,6 +170,14 @@ def test_the_benchmark_at_a_tiny_size_prints_the_contract(capsys):
         # there: a draft the rules accept costs the engine nothing)
         tokens = entry["engine_tokens_per_answer"]
         assert tokens is not None and (tokens > 0 if name.startswith("vllm") else tokens >= 0), name
+        # and its parts, each as the server counts them: vLLM's usage with its prefix-cache hits, coinfer's cost
+        work = entry["work_per_answer"]
+        assert {"engine_requests", "prompt_tokens", "cached_tokens", "decoded_tokens"} <= set(work), (name, work)
+        assert work["prompt_tokens"] + work["decoded_tokens"] - work["cached_tokens"] == pytest.approx(tokens, abs=0.2)
+        assert ("steps" in work) == (name not in ("vllm-ngram", "vllm-best-of-5")), (name, work)
+        # every system read at the workload's one common rate, half vLLM greedy's capacity on the grid
+        assert entry["at_common_rate"]["rate"] == report["common_rate_rps"]["arith"], name
+        assert 0 <= entry["edge_only_share"] <= 1 and entry["cloud_capacity_rps"] <= entry["capacity_rps"]
     # the passes together, long enough to register: plain vLLM decodes every answer (best-of-5 five of them),
     # its worker busy-polling throughout, so the run's replica CPU is never 0 where the readings work
     assert sum(e["cloud_cpu_s_per_answer"] * e["saturated"]["answers"] for e in systems.values()) > 0, systems
