@@ -4,12 +4,13 @@
 #   make test   - install (CPU), run the test suite (what CI runs, after make lint)
 #   make test-stress - the timing-sensitive tests with every core kept busy (docs/tests.md)
 #   make lint   - ruff check + ruff format --check
+#   make capacity-table - the capacity table: five runs of benchmarks.capacity, the table and its pictures (~2.5 h)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.coinfer-installed
 
-.PHONY: setup protos models artifacts demo demo-real test test-stress lint clean
+.PHONY: setup protos models artifacts demo demo-real test test-stress lint capacity-table clean
 
 setup: $(STAMP) protos
 
@@ -77,6 +78,20 @@ test-stress: artifacts
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+
+# The capacity table (issue 53; docs/measurements.md, "The capacity table"): a run per seed of the demo workloads,
+# 100 problems each, two recorded draws of every request's drafts, each run's JSON kept under CAPACITY_OUT; then the
+# table (medians and ranges, ratios within each run) and one picture per workload. Each run ~25-30 min on 2 cores:
+# nothing else on the machine meanwhile.
+CAPACITY_SEEDS ?= 21 22 23 24 25
+CAPACITY_OUT ?= docs/capacity/table
+CAPACITY_ARGS ?= --workloads arith select words --requests 100 --draws 2
+capacity-table: artifacts
+	mkdir -p $(CAPACITY_OUT)
+	for s in $(CAPACITY_SEEDS); do \
+		$(PY) -m benchmarks.capacity $(CAPACITY_ARGS) --seed $$s --json > $(CAPACITY_OUT)/seed$$s.json || exit 1; done
+	$(PY) -m benchmarks.capacity_runs $(CAPACITY_OUT)/seed*.json | tee $(CAPACITY_OUT)/table.md
+	$(PY) -m benchmarks.capacity_plots $(CAPACITY_OUT)/seed*.json --out $(CAPACITY_OUT)
 
 clean:
 	rm -rf $(VENV) coinfer/v1/*_pb2*.py* .pytest_cache

@@ -17,13 +17,25 @@ import statistics
 import sys
 from pathlib import Path
 
+from benchmarks.load_stats import WORK_KEYS
+
+BASELINES = ("vllm-greedy", "vllm-repair", "vllm-resample", "vllm-ngram", "vllm-best-of-5", "cloud")
+"""What split is weighed against (issue 53): plain vLLM, plain vLLM with coinfer's checkers after it, vLLM's own
+speculation, best-of-5, and coinfer's cloud plan (no drafts)."""
 RATIOS = (
-    ("split / vllm-greedy", "split", ("vllm-greedy",)),
-    ("cloud / vllm-greedy", "cloud", ("vllm-greedy",)),
+    ("split / best baseline", "split", BASELINES),
     ("split / cloud", "split", ("cloud",)),
+    ("split / vllm-greedy", "split", ("vllm-greedy",)),
+    ("split / vllm-resample", "split", ("vllm-resample",)),
+    ("cloud / vllm-greedy", "cloud", ("vllm-greedy",)),
     ("auto / best of split, cloud", "auto", ("split", "cloud")),
 )
-"""(name, numerator, systems whose best capacity is the denominator)."""
+"""(name, numerator, systems whose best capacity is the denominator: a run has the ratio where it measured them
+all). Capacities are the cloud's (``cloud_capacity_rps``: answers the edge gave alone are not cloud capacity)."""
+
+
+def _capacity(entry: dict) -> float:
+    return entry.get("cloud_capacity_rps", entry["capacity_rps"])
 
 
 def load(paths: list[Path]) -> list[dict]:
@@ -46,6 +58,12 @@ def _spread(values: list[float]) -> dict:
     }
 
 
+def _optional(values: list) -> dict | None:
+    """``_spread`` of the values given (None where no run had one)."""
+    got = [v for v in values if v is not None]
+    return _spread(got) if got else None
+
+
 def summarise(runs: list[dict]) -> dict:
     """Per workload: each system's capacity (median, range, lower bound in any run) and accuracy, and each ratio of
     ``RATIOS`` taken within every run that has its systems."""
@@ -56,17 +74,24 @@ def summarise(runs: list[dict]) -> dict:
         row: dict = {"systems": {}, "ratios": {}}
         for s in systems:
             got = [p[s] for p in per if s in p]
-            row["systems"][s] = _spread([g["capacity_rps"] for g in got]) | {
+            row["systems"][s] = _spread([_capacity(g) for g in got]) | {
                 "lower_bound": any(g.get("capacity_lower_bound") for g in got),
-                "accuracy": _spread([g["accuracy"] for g in got if g.get("accuracy") is not None])
-                if any(g.get("accuracy") is not None for g in got)
-                else None,
+                "accuracy": _optional([g.get("accuracy") for g in got]),
+                "edge_only_share": _optional([g.get("edge_only_share") for g in got]),
+                "cpu_s_per_answer_at_common_rate": _optional(
+                    [(g.get("at_common_rate") or {}).get("cpu_s_per_answer") for g in got]
+                ),
+                "work_per_answer": {
+                    k: statistics.median(v)
+                    for k in WORK_KEYS
+                    if (v := [g["work_per_answer"][k] for g in got if k in (g.get("work_per_answer") or {})])
+                },
             }
         for name, num, dens in RATIOS:
             vals = [
-                p[num]["capacity_rps"] / best
+                _capacity(p[num]) / best
                 for p in per
-                if num in p and all(d in p for d in dens) and (best := max(p[d]["capacity_rps"] for d in dens)) > 0
+                if num in p and all(d in p for d in dens) and (best := max(_capacity(p[d]) for d in dens)) > 0
             ]
             if vals:
                 row["ratios"][name] = _spread(vals)
@@ -80,16 +105,36 @@ def table(summary: dict) -> str:
     def fmt(x: dict, lb: bool = False) -> str:
         return f"{'>= ' if lb else ''}{x['median']:g} [{x['min']:g}, {x['max']:g}] (n={x['runs']})"
 
-    rows = ["| workload | system | capacity at the SLO, answers/s | accuracy |", "|---|---|---|---|"]
+    rows = [
+        "| workload | system | cloud capacity at the SLO, answers/s | accuracy | edge-only share "
+        "| cloud CPU-s / answer at the common rate | engine work / answer: requests, computed prefill "
+        "(scored), decoded, steps |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for wl, row in summary.items():
         for s, x in row["systems"].items():
-            acc = fmt(x["accuracy"]) if x["accuracy"] else "-"
-            rows.append(f"| {wl} | {s} | {fmt(x, x['lower_bound'])} | {acc} |")
+            opt = [fmt(x[k]) if x.get(k) else "-" for k in ("accuracy", "edge_only_share")]
+            cpu = fmt(x["cpu_s_per_answer_at_common_rate"]) if x.get("cpu_s_per_answer_at_common_rate") else "-"
+            w = x.get("work_per_answer") or {}
+            work = (
+                f"{w.get('engine_requests', '-')}, {_computed(w)} ({w.get('scored_tokens', '-')}), "
+                f"{w.get('decoded_tokens', '-')}, {w.get('steps', '-')}"
+                if w
+                else "-"
+            )
+            rows.append(f"| {wl} | {s} | {fmt(x, x['lower_bound'])} | {' | '.join(opt)} | {cpu} | {work} |")
     rows += ["", "| workload | ratio, within each run | median [min, max] |", "|---|---|---|"]
     for wl, row in summary.items():
         for name, x in row["ratios"].items():
             rows.append(f"| {wl} | {name} | {fmt(x)} |")
     return "\n".join(rows)
+
+
+def _computed(w: dict) -> str:
+    """Prompt positions computed (past the prefix cache), or '-' where the cache's hits were not reported."""
+    if "prompt_tokens" not in w or "cached_tokens" not in w:
+        return "-"
+    return f"{w['prompt_tokens'] - w['cached_tokens']:g}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,12 +1,14 @@
 """An estimate, not a measurement: the engine work an answer was counted to cost on this CPU, priced on a GPU.
 
     .venv/bin/python -m benchmarks.gpu_estimate REPORT.json [--batch 1 16 64] [--target llama-3.1-8b] [--gpu a100-80gb]
+    .venv/bin/python -m benchmarks.gpu_estimate CAPACITY_RUN.json   # every workload and system of a capacity run
 
 A roofline (issue 53 item 4): a decode step streams the target's weights and its batch's KV cache from memory
 once, or is bound by its FLOPs where the batch is large enough; a prefill is bound by FLOPs at a stated
 efficiency; every engine request pays a constant (scheduling, sampling, the step's launch). The counts are
 ``Summary.cost``'s (``coinfer.types.CloudCost``), per answer, as ``benchmarks.exact_split`` reports them
-(``per_answer``): they were counted with the demo's pair (SmolLM2-135M drafting for itself), so priced with an
+(``per_answer``), or every system's of a ``benchmarks.capacity`` run (``work_per_answer``: plain vLLM's from its
+usage, the same names; a system whose server does not report its steps gets no latency floor): they were counted with the demo's pair (SmolLM2-135M drafting for itself), so priced with an
 8B target they say what the same *counts* would cost there, not what an 8B pair would accept.
 
 Per answer at a batch of ``B`` concurrent answers (the step's cost shared by the batch)::
@@ -29,6 +31,7 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 PREFILL_EFFICIENCY = 0.5
 """Share of peak tensor FLOPs a prefill of a few hundred tokens reaches: an assumption (published vLLM prefill
@@ -125,6 +128,7 @@ def per_answer(cost: dict, gpu: Gpu, model: Model, batch: int) -> dict:
     """Estimated GPU-seconds per answer (the batch shares each decode step) and the floor of its latency from
     its sequential steps, from one answer's mean counts ``cost`` (``CloudCost`` fields)."""
     context = cost.get("prompt_tokens", 0) / max(1, cost.get("engine_requests", 1)) + cost["decoded_tokens"]
+    steps = cost.get("steps")
     step = step_s(gpu, model, batch, context)
     decode = cost["decoded_tokens"] * step / batch
     prefill = prefill_s(gpu, model, cost.get("prompt_tokens", 0) - cost.get("cached_tokens", 0))
@@ -134,12 +138,14 @@ def per_answer(cost: dict, gpu: Gpu, model: Model, batch: int) -> dict:
         "decode_ms": round(decode * 1e3, 2),
         "prefill_ms": round(prefill * 1e3, 2),
         "requests_ms": round(requests * 1e3, 2),
-        "latency_floor_ms": round(cost["steps"] * step * 1e3, 1),
+        "latency_floor_ms": round(steps * step * 1e3, 1) if steps is not None else None,
     }
 
 
 def estimate(per_plan: dict[str, dict], gpu: Gpu, model: Model, batches: list[int]) -> dict:
-    """Per batch size and plan, ``per_answer``; and split's GPU time and latency floor over the cloud plan's."""
+    """Per batch size and plan, ``per_answer``; split's GPU time and latency floor over the cloud plan's; and every
+    other system's GPU time over split's (``split_capacity_over``: what the estimate says split serves per GPU-second
+    over that system)."""
     out = {"estimate": True, "gpu": gpu.name, "target": model.name, "batches": {}}
     for b in batches:
         row = {plan: per_answer(cost, gpu, model, b) for plan, cost in per_plan.items()}
@@ -148,8 +154,16 @@ def estimate(per_plan: dict[str, dict], gpu: Gpu, model: Model, batches: list[in
             row["split_over_cloud_latency_floor"] = round(
                 row["split"]["latency_floor_ms"] / row["cloud"]["latency_floor_ms"], 3
             )
+        if "split" in row and row["split"]["gpu_ms"] > 0:
+            row["split_capacity_over"] = {
+                p: round(row[p]["gpu_ms"] / row["split"]["gpu_ms"], 3) for p in per_plan if p != "split"
+            }
         out["batches"][b] = row
     return out
+
+
+def _counted(work: dict) -> bool:
+    return {"engine_requests", "decoded_tokens", "prompt_tokens"} <= work.keys()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,10 +173,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", choices=list(MODELS), default="llama-3.1-8b")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     args = ap.parse_args(argv)
-    with open(args.report) as f:
-        text = f.read()
-    report = json.loads(text[text.index("{") :])  # the benchmark's progress lines may precede it
-    out = estimate(report["per_answer"], GPUS[args.gpu], MODELS[args.target], args.batch)
+    from benchmarks.capacity_runs import load
+
+    (report,) = load([Path(args.report)])  # its last line: the benchmark's progress lines may precede it
+    gpu, model = GPUS[args.gpu], MODELS[args.target]
+    if "workloads" in report:  # a capacity run: each workload's systems, those whose work was counted
+        out = {
+            wl: estimate(
+                {s: e["work_per_answer"] for s, e in systems.items() if _counted(e.get("work_per_answer") or {})},
+                gpu,
+                model,
+                args.batch,
+            )
+            for wl, systems in report["workloads"].items()
+        }
+    else:
+        out = estimate(report["per_answer"], gpu, model, args.batch)
     print(json.dumps(out, indent=1))
     return 0
 

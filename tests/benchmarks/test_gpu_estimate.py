@@ -43,3 +43,25 @@ def test_the_cli_reads_the_benchmarks_report_after_its_progress_lines(tmp_path, 
     assert main([str(path), "--batch", "2"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["batches"]["2"]["split_over_cloud_gpu"] == 1.0
+
+
+def test_a_capacity_run_is_estimated_per_workload_for_every_system_whose_work_was_counted(tmp_path, capsys):
+    split = {"steps": 12, "decoded_tokens": 10, "prompt_tokens": 400, "cached_tokens": 150, "engine_requests": 5}
+    greedy = {"steps": 91, "decoded_tokens": 90, "prompt_tokens": 40, "cached_tokens": 32, "engine_requests": 1}
+    ngram = {"decoded_tokens": 90, "prompt_tokens": 40, "engine_requests": 1}  # speculating: steps not reported
+    run = {
+        "workloads": {
+            "arith": {
+                "split": {"work_per_answer": split},
+                "vllm-greedy": {"work_per_answer": greedy},
+                "vllm-ngram": {"work_per_answer": ngram},
+                "old": {},  # a system of a run before work was counted
+            }
+        }
+    }
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    assert main([str(path), "--batch", "1"]) == 0
+    row = json.loads(capsys.readouterr().out)["arith"]["batches"]["1"]
+    assert set(row["split_capacity_over"]) == {"vllm-greedy", "vllm-ngram"}
+    assert row["split_capacity_over"]["vllm-greedy"] > 1 and row["vllm-ngram"]["latency_floor_ms"] is None
