@@ -300,11 +300,15 @@ async def _coinfer_plans(
                 return await ask_coinfer(core, r, plan, rid, deadline_ms)
 
             drafts.recording = True  # every request alone: its drafts recorded, the planner warmed
-            cpu0 = drafts.draft_cpu_s
+            cpu0, calls0, fresh0 = drafts.draft_cpu_s, drafts.calls, drafts.fresh
             base = await unloaded(ask, reqs[wl], srv, f"{wl}/{system}")
-            for d in range(1, args.draws if system.removesuffix(REMOTE) != "cloud" else 1):
+            passes = args.draws if system.removesuffix(REMOTE) != "cloud" else 1
+            for d in range(1, passes):
                 await unloaded(ask, reqs[wl], srv, f"{wl}/{system}-draw{d}")  # more draws of every request's drafts
-            drafting = (drafts.draft_cpu_s - cpu0) / (len(reqs[wl]) * max(1, args.draws))
+            # the drafting CPU per answer, where every drafting call of the passes drafted (split's; auto's passes
+            # replay what split's recorded for the requests it splits, so its own would read low)
+            all_fresh = drafts.calls > calls0 and drafts.fresh - fresh0 == drafts.calls - calls0
+            drafting = (drafts.draft_cpu_s - cpu0) / (len(reqs[wl]) * passes) if all_fresh else 0.0
             drafts.recording = False
             progress(
                 f"{wl}/{system}: unloaded (recording) p50 {base.p50_s:.3f} s, "

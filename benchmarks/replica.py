@@ -23,8 +23,9 @@ from scenarios.replicas import free_ports
 
 CLOUD_CORE = 0
 """The replica's core; the edges and the load generator take the others."""
-MAX_SESSIONS = 512
-"""coinfer's session slots in a load run (its default, 64, refused sessions past the SLO's load on the real model)."""
+MAX_SESSIONS = 2048
+"""coinfer's session slots in a load run (its default, 64, refused sessions past the SLO's load on the real model;
+512 refused some at arith's overloaded rates past 200/s, 2026-12-06, where the edge then replayed them)."""
 
 # ---- the replica's processes and their CPU time ----------------------------------------------------
 
@@ -142,6 +143,9 @@ class ReplayDrafts:
         self.draft_cpu_s = 0.0
         """This process's CPU time spent in the real engine's drafting calls (their threads and ONNX Runtime's,
         and whatever else ran in the process meanwhile: an upper bound on the drafting's own)."""
+        self.calls = 0
+        self.fresh = 0
+        """Drafting calls, and of them those the real engine drafted (a miss, or a recording pass's new draw)."""
         self._turn: dict[tuple, int] = {}
         self._lock = threading.Lock()
 
@@ -158,6 +162,8 @@ class ReplayDrafts:
         with self._lock:
             draws = self.recorded.get(key, [])
             fresh = not draws or (self.recording and len(draws) < self.draws)
+            self.calls += 1
+            self.fresh += fresh
             if not fresh:
                 turn = self._turn.get(key, 0)
                 self._turn[key] = turn + 1
