@@ -20,6 +20,15 @@ Per answer at a batch of ``B`` concurrent answers (the step's cost shared by the
 
 ``step_s(B, ctx) = max((weight_bytes + B * ctx * kv_bytes_per_token) / mem_bw, 2 * params * B / peak_flops)``.
 
+That prices a prefill as work of its own, after the decode steps: an upper bound. vLLM V1 schedules prefill chunks
+into the decode steps (chunked prefill), where a memory-bound step has FLOPs to spare, so a second figure prices the
+answer as the whole machine's roofline, the weights streamed once per shared decode step against every position's
+FLOPs (a lower bound)::
+
+    chunked_s = max(decoded_tokens * mem_step_s(B, context) / B,
+                    (decoded_tokens + prompt_tokens - cached_tokens) * 2 * params / (peak_flops * prefill_efficiency))
+                + engine_requests * request_s
+
 Parameters and their sources are in ``GPUS`` and ``MODELS`` (datasheets and the models' configs);
 ``PREFILL_EFFICIENCY`` and ``REQUEST_S`` are assumptions to be calibrated the first time a GPU is lent
 (``benchmarks.gpu_check`` measures a decode step and a prefill on it). Labelled an estimate wherever printed.
@@ -120,6 +129,11 @@ def step_s(gpu: Gpu, model: Model, batch: int, context: float) -> float:
     return max(mem, flops)
 
 
+def mem_step_s(gpu: Gpu, model: Model, batch: int, context: float) -> float:
+    """One decode step's memory traffic alone: the weights once, the batch's KV cache."""
+    return (model.weight_bytes + batch * context * model.kv_bytes_per_token) / (gpu.mem_bw_gbs * 1e9)
+
+
 def prefill_s(gpu: Gpu, model: Model, positions: float) -> float:
     return positions * 2 * model.params_b * 1e9 / (gpu.peak_tflops * 1e12 * PREFILL_EFFICIENCY)
 
@@ -131,13 +145,19 @@ def per_answer(cost: dict, gpu: Gpu, model: Model, batch: int) -> dict:
     steps = cost.get("steps")
     step = step_s(gpu, model, batch, context)
     decode = cost["decoded_tokens"] * step / batch
-    prefill = prefill_s(gpu, model, cost.get("prompt_tokens", 0) - cost.get("cached_tokens", 0))
+    computed = cost.get("prompt_tokens", 0) - cost.get("cached_tokens", 0)
+    prefill = prefill_s(gpu, model, computed)
     requests = cost["engine_requests"] * REQUEST_S
+    chunked = max(
+        cost["decoded_tokens"] * mem_step_s(gpu, model, batch, context) / batch,
+        prefill_s(gpu, model, computed + cost["decoded_tokens"]),
+    )
     return {
         "gpu_ms": round((decode + prefill + requests) * 1e3, 2),
         "decode_ms": round(decode * 1e3, 2),
         "prefill_ms": round(prefill * 1e3, 2),
         "requests_ms": round(requests * 1e3, 2),
+        "gpu_ms_chunked": round((chunked + requests) * 1e3, 2),
         "latency_floor_ms": round(steps * step * 1e3, 1) if steps is not None else None,
     }
 
@@ -145,7 +165,7 @@ def per_answer(cost: dict, gpu: Gpu, model: Model, batch: int) -> dict:
 def estimate(per_plan: dict[str, dict], gpu: Gpu, model: Model, batches: list[int]) -> dict:
     """Per batch size and plan, ``per_answer``; split's GPU time and latency floor over the cloud plan's; and every
     other system's GPU time over split's (``split_capacity_over``: what the estimate says split serves per GPU-second
-    over that system)."""
+    over that system; ``_chunked``: with prefill riding in the decode steps)."""
     out = {"estimate": True, "gpu": gpu.name, "target": model.name, "batches": {}}
     for b in batches:
         row = {plan: per_answer(cost, gpu, model, b) for plan, cost in per_plan.items()}
@@ -157,6 +177,9 @@ def estimate(per_plan: dict[str, dict], gpu: Gpu, model: Model, batches: list[in
         if "split" in row and row["split"]["gpu_ms"] > 0:
             row["split_capacity_over"] = {
                 p: round(row[p]["gpu_ms"] / row["split"]["gpu_ms"], 3) for p in per_plan if p != "split"
+            }
+            row["split_capacity_over_chunked"] = {
+                p: round(row[p]["gpu_ms_chunked"] / row["split"]["gpu_ms_chunked"], 3) for p in per_plan if p != "split"
             }
         out["batches"][b] = row
     return out

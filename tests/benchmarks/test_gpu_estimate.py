@@ -34,6 +34,11 @@ def test_fewer_decoded_tokens_cost_less_gpu_time_where_decoding_dominates_and_th
     assert b64["split_over_cloud_gpu"] > b1["split_over_cloud_gpu"]
     a = per_answer(cloud, A100, LLAMA, 64)
     assert a["gpu_ms"] == pytest.approx(a["decode_ms"] + a["prefill_ms"] + a["requests_ms"], abs=0.02)
+    # prefill riding in memory-bound decode steps (vLLM's chunked prefill) costs less than prefill apart, never more
+    for b in (1, 64):
+        for plan in ("cloud", "split"):
+            x = out["batches"][b][plan]
+            assert x["requests_ms"] <= x["gpu_ms_chunked"] <= x["gpu_ms"] + 0.01, (b, plan)
 
 
 def test_the_cli_reads_the_benchmarks_report_after_its_progress_lines(tmp_path, capsys):
