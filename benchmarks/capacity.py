@@ -202,26 +202,37 @@ async def _vllm_systems(
                         progress(f"{wl}/{system}: unloaded p50 {base.p50_s:.3f} s -> SLO {slo[wl]:.3f} s")
                     slo.setdefault(wl, args.slo_s)  # no vLLM greedy run to derive it from: the given SLO
                     out.setdefault(wl, {})[system] = await measure(
-                        ask, reqs[wl], base, slo[wl], args, srv, f"{wl}/{system}", progress, _common(args, wl, common)
+                        ask,
+                        reqs[wl],
+                        base,
+                        slo[wl],
+                        args,
+                        srv,
+                        f"{wl}/{system}",
+                        progress,
+                        _common(args, wl, common, system),
                     )
 
 
-def _common(args, wl: str, common: dict):
-    """The workload's common rate (``measure``'s ``common_rate``): ``--common-rate`` on the grid, else the grid
-    point nearest half vLLM greedy's capacity, set from its report once it has one (``--min-rate`` without it)."""
+def _common(args, wl: str, common: dict, system: str = ""):
+    """The workload's common rate (``measure``'s ``common_rate``), recorded in ``common``: ``--common-rate`` on the
+    grid; else the grid point nearest half vLLM greedy's capacity, set from greedy's own entry (``system``
+    ``vllm-greedy``: a callable); a run without vLLM greedy: the grid point at ``--min-rate``."""
+    kmin = grid_index(args.min_rate, up=True)
     if args.common_rate:
-        return grid_rate(grid_index(args.common_rate))
+        common[wl] = grid_rate(max(kmin, grid_index(args.common_rate)))
     if wl in common:
         return common[wl]
-
-    def from_report(entry: dict) -> float:
-        cap = entry["capacity_rps"]
-        common[wl] = (
-            grid_rate(grid_index(max(args.min_rate, cap / 2))) if cap else grid_rate(grid_index(args.min_rate, up=True))
-        )
+    if system != "vllm-greedy":
+        common[wl] = grid_rate(kmin)
         return common[wl]
 
-    return from_report
+    def from_greedy(entry: dict) -> float:
+        cap = entry["capacity_rps"]
+        common[wl] = grid_rate(max(kmin, grid_index(cap / 2))) if cap > 0 else grid_rate(kmin)
+        return common[wl]
+
+    return from_greedy
 
 
 async def _coinfer_systems(

@@ -41,7 +41,8 @@ class Result:
     source: str = ""
     engine_tokens: int | None = None
     """Tokens the target engine computed for the answer, as its server reports them: coinfer's
-    ``Summary.cost`` (prefill past the prefix cache + decoding), vLLM's usage (prompt + completion)."""
+    ``Summary.cost`` (prefill past the prefix cache + decoding), vLLM's usage (the same: prompt less its cache hits,
+    plus completion)."""
     work: dict | None = None
     """The engine's work for the answer, counted by its server (``load_stats.WORK_KEYS``; a key the server does
     not report is absent): coinfer's ``Summary.cost``, vLLM's usage with its prefix-cache hits."""
@@ -153,7 +154,7 @@ async def ladder(
     above it, until they are neighbours: the capacity then known to one grid step (+-5% around their middle)."""
     rng = random.Random(args.seed)
     kmin = grid_index(args.min_rate, up=True)
-    k = max(kmin, grid_index(start))
+    k = max(kmin, grid_index(max(start, args.min_rate)))  # (a saturated run that served nothing: 0)
     steps: list[Step] = []
     tried: dict[int, bool] = {}
 

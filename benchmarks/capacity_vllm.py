@@ -45,8 +45,8 @@ def work(usage, steps_known: bool = True) -> dict | None:
         "scored_tokens": 0,
         "decoded_tokens": usage.completion_tokens,
     }
-    if details is not None and details.cached_tokens is not None:
-        out["cached_tokens"] = details.cached_tokens
+    # the servers here run with --enable-prompt-tokens-details: no details is no hit (older vLLMs leave them out then)
+    out["cached_tokens"] = (details.cached_tokens or 0) if details is not None else 0
     if steps_known:
         out["steps"] = 1 + usage.completion_tokens
     return out
@@ -60,8 +60,13 @@ def _add(a: dict | None, b: dict | None) -> dict | None:
 
 
 def tokens(usage) -> int | None:
-    """vLLM's usage as engine tokens: the prompt (one prefill for all n samples) and every completion."""
-    return None if usage is None else usage.prompt_tokens + usage.completion_tokens
+    """vLLM's usage as engine tokens, as coinfer's ``CloudCost.work_tokens`` counts them: the prompt past the prefix
+    cache (one prefill for all n samples) and every completion token."""
+    if usage is None:
+        return None
+    details = getattr(usage, "prompt_tokens_details", None)
+    cached = (details.cached_tokens or 0) if details is not None else 0
+    return usage.prompt_tokens - cached + usage.completion_tokens
 
 
 async def _stream(client, model: str, req: Request, t0: float, temperature: float = 0.0, seed: int | None = None):

@@ -26,8 +26,10 @@ answer as the whole machine's roofline, the weights streamed once per shared dec
 FLOPs (a lower bound)::
 
     chunked_s = max(decoded_tokens * mem_step_s(B, context) / B,
-                    (decoded_tokens + prompt_tokens - cached_tokens) * 2 * params / (peak_flops * prefill_efficiency))
+                    decoded_tokens * 2 * params / peak_flops + prefill_s)
                 + engine_requests * request_s
+
+(never above ``gpu_s``: ``max(a, b + c) <= max(a, b) + c``).
 
 Parameters and their sources are in ``GPUS`` and ``MODELS`` (datasheets and the models' configs);
 ``PREFILL_EFFICIENCY`` and ``REQUEST_S`` are assumptions to be calibrated the first time a GPU is lent
@@ -148,9 +150,9 @@ def per_answer(cost: dict, gpu: Gpu, model: Model, batch: int) -> dict:
     computed = cost.get("prompt_tokens", 0) - cost.get("cached_tokens", 0)
     prefill = prefill_s(gpu, model, computed)
     requests = cost["engine_requests"] * REQUEST_S
-    chunked = max(
+    chunked = max(  # decoding's FLOPs at peak as step_s prices them, the prefill's at PREFILL_EFFICIENCY
         cost["decoded_tokens"] * mem_step_s(gpu, model, batch, context) / batch,
-        prefill_s(gpu, model, computed + cost["decoded_tokens"]),
+        cost["decoded_tokens"] * 2 * model.params_b * 1e9 / (gpu.peak_tflops * 1e12) + prefill,
     )
     return {
         "gpu_ms": round((decode + prefill + requests) * 1e3, 2),
@@ -191,14 +193,20 @@ def _counted(work: dict) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu_estimate", description=__doc__.split("\n\n")[0])
-    ap.add_argument("report", help="benchmarks.exact_split's --json output (its per_answer counts)")
+    ap.add_argument(
+        "report", help="benchmarks.exact_split's output (its per_answer counts) or a benchmarks.capacity --json run"
+    )
     ap.add_argument("--gpu", choices=list(GPUS), default="a100-80gb")
     ap.add_argument("--target", choices=list(MODELS), default="llama-3.1-8b")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     args = ap.parse_args(argv)
     from benchmarks.capacity_runs import load
 
-    (report,) = load([Path(args.report)])  # its last line: the benchmark's progress lines may precede it
+    try:
+        (report,) = load([Path(args.report)])  # its last line: the benchmark's progress lines may precede it
+    except json.JSONDecodeError:  # exact_split without --json: the object printed over several lines
+        text = Path(args.report).read_text(encoding="utf-8")
+        report = json.loads(text[text.index("{") :])
     gpu, model = GPUS[args.gpu], MODELS[args.target]
     if "workloads" in report:  # a capacity run: each workload's systems, those whose work was counted
         out = {

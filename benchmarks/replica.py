@@ -169,13 +169,14 @@ class ReplayDrafts:
                 self._turn[key] = turn + 1
                 drafts = draws[turn % len(draws)]
         if fresh:
-            if not self.recording:
-                self.misses += 1
             cpu0 = time.process_time()
             drafts = self.real.generate(prompt, s, on_draft, cancelled, greedy, greedy_tokens)
             with self._lock:
+                self.misses += not self.recording
                 self.draft_cpu_s += time.process_time() - cpu0
-                self.recorded.setdefault(key, []).append(drafts)
+                kept = self.recorded.setdefault(key, [])
+                if len(kept) < self.draws:  # (two threads drafting one request at once keep no more than draws)
+                    kept.append(drafts)
             return drafts
         t0 = time.perf_counter()
         out = []

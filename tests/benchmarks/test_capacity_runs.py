@@ -58,3 +58,10 @@ def test_answers_the_edge_gave_alone_are_no_cloud_capacity_and_split_is_weighed_
     assert s["ratios"]["split / best baseline"]["median"] == 2.5  # 100 / vllm-resample's 40
     assert s["ratios"]["auto / best of split, cloud"]["median"] == 0.25
     assert s["systems"]["vllm-repair"]["work_per_answer"] == {"engine_requests": 1, "steps": 9}
+
+
+def test_the_a_a_ratio_reads_two_systems_that_send_the_server_the_same_requests():
+    run = _run(100, 20, 50)
+    run["workloads"]["arith"]["vllm-repair"] = {"capacity_rps": 15.0, "accuracy": 0.9}
+    s = summarise([run])["arith"]
+    assert s["ratios"]["A/A: vllm-repair / vllm-greedy"]["median"] == 1.5  # greedy's 10: noise, not a difference

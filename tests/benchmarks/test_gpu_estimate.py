@@ -35,7 +35,8 @@ def test_fewer_decoded_tokens_cost_less_gpu_time_where_decoding_dominates_and_th
     a = per_answer(cloud, A100, LLAMA, 64)
     assert a["gpu_ms"] == pytest.approx(a["decode_ms"] + a["prefill_ms"] + a["requests_ms"], abs=0.02)
     # prefill riding in memory-bound decode steps (vLLM's chunked prefill) costs less than prefill apart, never more
-    for b in (1, 64):
+    out = estimate({"cloud": cloud, "split": split}, A100, LLAMA, [1, 64, 128, 1024])
+    for b in (1, 64, 128, 1024):
         for plan in ("cloud", "split"):
             x = out["batches"][b][plan]
             assert x["requests_ms"] <= x["gpu_ms_chunked"] <= x["gpu_ms"] + 0.01, (b, plan)
