@@ -1,5 +1,5 @@
 """Pictures of ``benchmarks.capacity`` runs: one PNG per workload, p95 latency against offered rate (one line per
-system, every run's ladder, the SLO drawn) beside the engine's work per answer as stacked bars (prefill computed to
+system and run, each run's p95 over that run's own SLO, so the SLO is the line at 1) beside the engine's work per answer as stacked bars (prefill computed to
 score a text / other prefill computed / decoded; the median over the runs).
 
     .venv/bin/python -m benchmarks.capacity_plots docs/capacity/RUN*.json --out docs/capacity/plots
@@ -48,12 +48,13 @@ def plot(runs: list[dict], out: Path) -> list[Path]:
                 entry = r["workloads"][wl].get(s)
                 if entry is None:
                     continue
-                pts = sorted((st["rate"], st["p95_s"]) for st in entry["steps"])
-                lat.plot(*zip(*pts, strict=True), "o-", color=colors[s], alpha=0.8, ms=3, label=s if i == 0 else None)
-        slos = [r["slo_s"][wl] for r in per if wl in r.get("slo_s", {})]
-        if slos:
-            lat.axhline(statistics.median(slos), color="k", ls="--", lw=1, label=f"SLO {statistics.median(slos):.2f} s")
-        lat.set(xscale="log", yscale="log", xlabel="offered rate, requests/s", ylabel="p95 latency, s")
+                slo = r["slo_s"][wl]
+                pts = sorted((st["rate"], st["p95_s"] / slo) for st in entry["steps"])
+                first = not any(s in q["workloads"][wl] for q in per[:i])
+                lat.plot(*zip(*pts, strict=True), "o-", color=colors[s], alpha=0.8, ms=3, label=s if first else None)
+        slos = ", ".join(f"{r['slo_s'][wl]:.2f}" for r in per)
+        lat.axhline(1.0, color="k", ls="--", lw=1, label=f"SLO (each run's: {slos} s)")
+        lat.set(xscale="log", yscale="log", xlabel="offered rate, requests/s", ylabel="p95 latency / the run's SLO")
         lat.set_title(f"{wl}: p95 latency against offered rate ({len(per)} runs)")
         lat.legend(fontsize=8)
         bottoms = [0.0] * len(systems)
