@@ -295,7 +295,7 @@ async def _coinfer_plans(
     """Each of coinfer's ``systems`` (a plan, over the remote engine where it ends in ``REMOTE``) on each workload:
     unloaded passes that record the drafts (``--draws`` of them: the first is the unloaded measurement; a system
     whose requests' draws are recorded already replays them), then the measurement. The edge's drafting CPU per
-    answer is reported where the system's passes drafted (``edge_draft_cpu_s_per_answer``)."""
+    answer (``edge_draft_cpu_s_per_answer``) is the passes' CPU per fresh drafting call times their calls per answer."""
     deadline_ms = int(args.deadline_s * 1e3)
     calibrated = copy.deepcopy(core.planner.est.table)  # the edge's planner as started, before any system ran
     for wl in wls:
@@ -316,10 +316,10 @@ async def _coinfer_plans(
             passes = args.draws if system.removesuffix(REMOTE) != "cloud" else 1
             for d in range(1, passes):
                 await unloaded(ask, reqs[wl], srv, f"{wl}/{system}-draw{d}")  # more draws of every request's drafts
-            # the drafting CPU per answer, where every drafting call of the passes drafted (split's; auto's passes
-            # replay what split's recorded for the requests it splits, so its own would read low)
-            all_fresh = drafts.calls > calls0 and drafts.fresh - fresh0 == drafts.calls - calls0
-            drafting = (drafts.draft_cpu_s - cpu0) / (len(reqs[wl]) * passes) if all_fresh else 0.0
+            # the drafting CPU per answer: per drafting call as the passes' fresh ones cost, times the calls an answer
+            # made (a replayed call -- a draw recorded already, auto's of split's -- would have cost as much)
+            calls, fresh = drafts.calls - calls0, drafts.fresh - fresh0
+            drafting = (drafts.draft_cpu_s - cpu0) / fresh * calls / (len(reqs[wl]) * passes) if fresh else 0.0
             drafts.recording = False
             progress(
                 f"{wl}/{system}: unloaded (recording) p50 {base.p50_s:.3f} s, "
