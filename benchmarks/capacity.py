@@ -152,14 +152,13 @@ async def ask_coinfer(core, req: Request, plan: str, rid: str, deadline_ms: int)
     fell_back = f"fallback: {r.fallback_kind}" if r.fallback_reason else ""
     cost = r.summary.cost if r.summary is not None else None
     edge_only = done.plans == ["edge"]
-    tokens = cost.work_tokens if cost is not None else (0 if edge_only else None)  # edge: no cloud
-    work = (
+    work = (  # edge: no cloud
         {k: getattr(cost, k) for k in WORK_KEYS}
         if cost is not None
         else (dict.fromkeys(WORK_KEYS, 0) if edge_only else None)
     )
     source = "->".join(done.plans) + f":{r.source}"
-    return Result(req.grade(r.answer), lat, ttft or lat, fell_back, source, tokens, work, edge_only)
+    return Result(req.grade(r.answer), lat, ttft or lat, fell_back, source, work, edge_only)
 
 
 # ---- the run -------------------------------------------------------------------------------------------

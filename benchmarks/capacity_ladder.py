@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from benchmarks.load_stats import Step, arrivals, grid_index, grid_rate, pct, summary, work_means
+from benchmarks.load_stats import Step, arrivals, grid_index, grid_rate, pct, summary, work_means, work_tokens
 from benchmarks.replica import Server
 
 # ---- one request, per kind of system ------------------------------------------------------------------
@@ -39,15 +39,17 @@ class Result:
     ttft_s: float
     failed: str = ""
     source: str = ""
-    engine_tokens: int | None = None
-    """Tokens the target engine computed for the answer, as its server reports them: coinfer's
-    ``Summary.cost`` (prefill past the prefix cache + decoding), vLLM's usage (the same: prompt less its cache hits,
-    plus completion)."""
     work: dict | None = None
     """The engine's work for the answer, counted by its server (``load_stats.WORK_KEYS``; a key the server does
     not report is absent): coinfer's ``Summary.cost``, vLLM's usage with its prefix-cache hits."""
     edge_only: bool = False
     """Answered by the edge alone (no cloud session): a share of the requests, never cloud capacity."""
+
+    @property
+    def engine_tokens(self) -> int | None:
+        """Tokens the target engine computed for the answer (``load_stats.work_tokens`` of ``work``): prefill past
+        the prefix cache plus decoding, as coinfer's ``Summary.cost`` and vLLM's usage count them."""
+        return work_tokens(self.work)
 
 
 # ---- the ladder ----------------------------------------------------------------------------------------

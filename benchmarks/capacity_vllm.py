@@ -21,6 +21,7 @@ import time
 from collections import Counter
 
 from benchmarks.capacity_ladder import Request, Result
+from benchmarks.load_stats import work_tokens
 
 BEST_OF = 5
 BEST_OF_TEMPERATURE = 0.7
@@ -62,11 +63,7 @@ def _add(a: dict | None, b: dict | None) -> dict | None:
 def tokens(usage) -> int | None:
     """vLLM's usage as engine tokens, as coinfer's ``CloudCost.work_tokens`` counts them: the prompt past the prefix
     cache (one prefill for all n samples) and every completion token."""
-    if usage is None:
-        return None
-    details = getattr(usage, "prompt_tokens_details", None)
-    cached = (details.cached_tokens or 0) if details is not None else 0
-    return usage.prompt_tokens - cached + usage.completion_tokens
+    return work_tokens(work(usage))
 
 
 async def _stream(client, model: str, req: Request, t0: float, temperature: float = 0.0, seed: int | None = None):
@@ -95,7 +92,7 @@ async def ask_greedy(client, model: str, req: Request, speculative: bool = False
     text, ttft, used = await _stream(client, model, req, t0)
     lat = time.perf_counter() - t0
     w = work(used, steps_known=not speculative)
-    return Result(req.grade(text), lat, ttft or lat, source="greedy", engine_tokens=tokens(used), work=w)
+    return Result(req.grade(text), lat, ttft or lat, source="greedy", work=w)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -121,15 +118,15 @@ async def ask_checked(client, model: str, req: Request, resamples: int) -> Resul
     and up to ``resamples`` seeded samples more while they refuse it. Open prompts have no checkers: greedy."""
     t0 = time.perf_counter()
     text, ttft, used = await _stream(client, model, req, t0)
-    total, engine = work(used), tokens(used)
+    total = work(used)
     if req.case is None:
         lat = time.perf_counter() - t0
-        return Result(None, lat, ttft or lat, source="greedy", engine_tokens=engine, work=total)
+        return Result(None, lat, ttft or lat, source="greedy", work=total)
     ok, answer = await asyncio.to_thread(checked, req, text)
     first, source = answer, "greedy" + ("" if ok else ":refused")
     for i in range(resamples if not ok else 0):
         again, _, used = await _stream(client, model, req, t0, RESAMPLE_TEMPERATURE, seed=i + 1)
-        total, engine = _add(total, work(used)), None if engine is None or used is None else engine + tokens(used)
+        total = _add(total, work(used))
         ok, answer = await asyncio.to_thread(checked, req, again)
         if ok:
             source = f"resample{i + 1}"
@@ -138,7 +135,7 @@ async def ask_checked(client, model: str, req: Request, resamples: int) -> Resul
     final = answer if ok else first
     # what a client shows first: the greedy stream where it stood, else the answer once chosen
     shown = ttft if source.startswith("greedy") and final == text else lat
-    return Result(req.grade(final), lat, shown or lat, source=source, engine_tokens=engine, work=total)
+    return Result(req.grade(final), lat, shown or lat, source=source, work=total)
 
 
 async def ask_best_of(client, model: str, req: Request) -> Result:
@@ -150,11 +147,11 @@ async def ask_best_of(client, model: str, req: Request) -> Result:
     lat = time.perf_counter() - t0
     w = work(r.usage, steps_known=False)
     if req.case is None:  # open prose: nothing to vote on
-        return Result(None, lat, lat, source="vote", engine_tokens=tokens(r.usage), work=w)
+        return Result(None, lat, lat, source="vote", work=w)
     votes = Counter(k for x in texts if (k := req.case.vote_key(x)) is not None)
     winner = votes.most_common(1)[0][0] if votes else None
     text = next((x for x in texts if winner is not None and req.case.vote_key(x) == winner), texts[0])
-    return Result(req.grade(text), lat, lat, source="vote", engine_tokens=tokens(r.usage), work=w)
+    return Result(req.grade(text), lat, lat, source="vote", work=w)
 
 
 def asker(system: str, client, model: str):

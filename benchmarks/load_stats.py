@@ -30,6 +30,14 @@ def grid_index(rate: float, up: bool = False) -> int:
     return math.ceil(x - 1e-9) if up else round(x)
 
 
+def work_tokens(work: dict | None) -> int | None:
+    """Tokens the engine computed for one answer's ``work``: its prompt past the prefix cache, plus its decoding
+    (``coinfer.types.CloudCost.work_tokens``); None where there is no count."""
+    if work is None:
+        return None
+    return work["prompt_tokens"] - work.get("cached_tokens", 0) + work["decoded_tokens"]
+
+
 def work_means(works: list[dict]) -> dict:
     """Per ``WORK_KEYS`` key, its mean over the answers whose server counted it (absent where none did)."""
     out = {}
@@ -72,7 +80,7 @@ class Step:
     accuracy: float | None
     sources: dict = field(default_factory=dict)
     engine_tokens_per_answer: float | None = None
-    """Mean of the servers' own reports (``Result.engine_tokens``) over answers that have one."""
+    """Mean of ``work_tokens`` of the servers' own counts (``Result.engine_tokens``) over answers that have one."""
     work_per_answer: dict = field(default_factory=dict)
     """``work_means`` of the answers' counted work (``WORK_KEYS``)."""
     edge_only_share: float = 0.0
