@@ -27,7 +27,7 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from coinfer import types as t
@@ -43,7 +43,7 @@ from coinfer.cloud.learning import Outcome, outcome_rows
 from coinfer.cloud.policy import RoundOdds, retry
 from coinfer.cloud.ranking import MS_PER_S, Judged, Ranked
 from coinfer.cloud.rounds import Rounds, request_kind, retry_advice
-from coinfer.cloud.speculation import Continuation, Proposal
+from coinfer.cloud.speculation import Continuation, Proposal, proposed
 from coinfer.cloud.summary import summary
 from coinfer.errors import DeadlineExceeded, InvalidArgument
 from coinfer.rules import RuleSet
@@ -165,6 +165,8 @@ class Session:
         self._judging: set[asyncio.Task] = set()
         self._answering: asyncio.Task | None = None
         self._first: list[t.Draft] = []
+        self._continued: list[t.Draft] = []
+        """The drafts of the edge's continuation rounds (``DraftFrom``), each of the whole answer."""
         """The first round's drafts, as they came (exact verification proposes them)."""
         self._more: asyncio.Future[list[t.Draft]] | None = None
         """A continuation round asked of the edge (``DraftFrom``), resolved with its drafts at its end."""
@@ -411,8 +413,9 @@ class Session:
 
     async def _write(self, ranked: Ranked, hedged: bool) -> Answer:
         if self.ctx.exact:
-            proposals = [Proposal(d.text, not d.truncated) for d in sorted(self._first, key=lambda d: not d.greedy)]
-            return await self.answerer.exact(proposals, self._ask_more if self._asks_more() else None)
+            first = sorted(self._first, key=lambda d: not d.greedy)
+            proposals = await self._proposed(first)
+            return await self.answerer.exact(proposals, self._more_proposals)
         if self.hedge is not None and (hedged or not ranked) and not self.hedge.failed():
             try:
                 return await self.hedge.answer(self.stream)
@@ -527,6 +530,21 @@ class Session:
         """Whether the answer may ask the edge for drafts that continue it (``PolicyConfig.draft_from_rounds``)."""
         return self.ctx.req.drafts_on_request and self.ctx.policy.draft_from_rounds > 0
 
+    async def _more_proposals(self, text: str, accepted: int) -> list[Proposal]:
+        """Drafts of the whole answer that continue ``text`` (the answer so far): those the session holds already
+        (the first round's, as repaired, the edge's continuations), which cost no round trip; else the edge's
+        (``_ask_more``). The greedy draft ends early (``edge.remote.GREEDY_DRAFT_TOKENS``) and the round's others
+        come while it is checked: on held-out word problems the answer so far was most often the beginning of
+        another draft's repair (docs/measurements.md, "Exact split: the drafts in hand")."""
+        held = [
+            p
+            for p in await self._proposed(self._whole_drafts)
+            if p.text.startswith(text) and (len(p.text) > len(text) or p.ended)
+        ]
+        if held:
+            return held
+        return await self._ask_more(text, accepted) if self._asks_more() else []
+
     async def _ask_more(self, text: str, accepted: int) -> list[Proposal]:
         """Drafts that continue ``text`` (the answer so far), asked of the edge while the rounds' takes make
         another worth its wait (``Continuation``); none where the edge's round does not end within
@@ -546,7 +564,20 @@ class Session:
             return []
         finally:
             self._more = None
-        return [Proposal(d.text, not d.truncated) for d in drafts]
+        self._continued.extend(drafts)
+        return await self._proposed(drafts)
+
+    @property
+    def _whole_drafts(self) -> list[t.Draft]:
+        """Every draft of the whole answer the session has read: the first round's, then the continuations."""
+        return [*self._first, *self._continued]
+
+    async def _proposed(self, drafts: Sequence[t.Draft]) -> list[Proposal]:
+        """``drafts`` (of the whole answer) as exact verification is offered them (``speculation.proposed``): with
+        their calculator repairs where the session repairs drafts (client rules: off the loop)."""
+        repair = self.ctx.rules.repaired if self.ctx.repairs else None
+        pairs = [(d.text, not d.truncated) for d in drafts]
+        return await asyncio.to_thread(proposed, pairs, repair)
 
     def _take_more(self, d: t.Draft) -> None:
         """A draft of a continuation round: kept for the round asked now, dropped where it answers an earlier

@@ -49,6 +49,21 @@ class Proposal:
     ended: bool
 
 
+def proposed(drafts: Sequence[tuple[str, bool]], repair: Callable[[str], str | None] | None) -> list[Proposal]:
+    """Drafts (their text, whether it ended) as the target is offered them: each draft's calculator repair first
+    (``repair``'s text, where it changes the draft), then the draft as written; the same text once. A guess is
+    all a proposal is -- the answer is the target's own whatever is offered -- and the target computes: where a
+    draft's only mistake is a computed value (most of a word problem's drafts), its repair is the text the
+    target writes, taken in one check, where the draft as written is refused at the wrong value and costs a
+    round per mistake."""
+    out: dict[str, Proposal] = {}
+    for text, ended in drafts:
+        if repair is not None and (fixed := repair(text)) is not None:
+            out.setdefault(fixed, Proposal(fixed, ended))
+        out.setdefault(text, Proposal(text, ended))
+    return list(out.values())
+
+
 More = Callable[[str, int], Awaitable[Sequence[Proposal]]]
 """The next round of drafts for a generation that has written ``text`` (from where it started), the last
 round having taken ``accepted`` draft tokens: the drafts continue ``text`` (their ``Proposal.text`` is what
@@ -179,16 +194,19 @@ async def check_round(
     engine: TargetEngine, ids: list[int], drafts: Sequence[list[int]], request_id: str, max_checks: int = MAX_CHECKS
 ) -> Round:
     """The longest accepted prefix among ``drafts`` (each the target's tokens of a draft after ``ids``): the
-    first checked, then each that extends the best so far (``MAX_CHECKS`` in all)."""
+    first checked, then each that extends the best so far (``max_checks`` checks in all; a draft that cannot
+    extend it costs nothing)."""
     best: Round | None = None
-    for n, draft in enumerate(d for d in drafts if d):
+    checks = 0
+    for draft in (d for d in drafts if d):
         if best is not None:
-            if n >= max_checks:
+            if checks >= max_checks:
                 break
             k = best.accepted
             if len(best.tokens) <= k or len(draft) <= k or draft[: k + 1] != best.tokens[: k + 1]:
                 continue  # differs where the best was taken, or at the target's next token: no further
-        top, leads = await engine.top_tokens(ids + draft, len(ids), f"{request_id}-x{n}")
+        top, leads = await engine.top_tokens(ids + draft, len(ids), f"{request_id}-x{checks}")
+        checks += 1
         k = accepted_length(draft, top, leads, engine.tie_nats)
         offered = (best.offered if best else 0) + len(draft)
         if best is None or k > best.accepted:

@@ -521,11 +521,11 @@ class RuleSet:
         return RuleResult(valid=True, passed=passed), parsed
 
     def check_repaired(self, text: str) -> tuple[RuleResult, Parsed, str, str]:
-        """``check``, and where ``text`` fails it, ``check`` of its calculator repair (``_repaired``:
+        """``check``, and where ``text`` fails it, ``check`` of its calculator repair (``repaired``:
         computed values rewritten in place, the model's choices kept): (the verdict, what was extracted,
         the text judged, why ``text`` as written failed where its repair passed; '' when judged as written)."""
         res, parsed = self.check(text)
-        if res.valid or long_number(text) or (fixed := self._repaired(text)) is None:
+        if res.valid or (fixed := self.repaired(text)) is None:
             return res, parsed, text, ""
         res2, parsed2 = self.check(fixed)
         if not res2.valid:
@@ -540,8 +540,12 @@ class RuleSet:
         as for any open draft (a repaired draft is held to the absolute likelihood threshold)."""
         return not self.task.name and any(c.rule.kind == "arithmetic" for c in self.rules)
 
-    def _repaired(self, text: str) -> str | None:
+    def repaired(self, text: str) -> str | None:
         """``text`` repaired by the task's calculator (``Task.repaired``): a preset's under its exact checkers
         (only they vouch for what the draft model did not write where the rules decide alone); an open text's
-        equations under the ``arithmetic`` rule (``repairs_equations``); None: no repair here."""
-        return self.task.repaired(self.spec, text) if self.exact or self.repairs_equations else None
+        equations under the ``arithmetic`` rule (``repairs_equations``); None: no repair here, nothing to
+        change, or a number too long to compute (``long_number``). Whether the repair passes the rules is
+        ``check_repaired``'s to say."""
+        if long_number(text) or not (self.exact or self.repairs_equations):
+            return None
+        return self.task.repaired(self.spec, text)

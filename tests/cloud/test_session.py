@@ -7,6 +7,7 @@ race exactly as written, however busy the machine."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -17,7 +18,7 @@ from coinfer.cloud.session import DraftsDone, Session
 from coinfer.errors import DeadlineExceeded, InvalidArgument
 from coinfer.rules import RuleSet
 from coinfer.tasks import OPEN
-from tests.cloud.engines import LIKELIHOOD, RIGHT, ScriptedEngine, apples, draft
+from tests.cloud.engines import LIKELIHOOD, RIGHT, GreedyWords, ScriptedEngine, apples, draft
 from tests.virtual_time import run
 
 PROSE = "The sky is blue because air molecules scatter blue sunlight more than red."
@@ -126,3 +127,49 @@ def test_a_finished_session_leaves_the_learners_rows_when_learning_is_on():
     off = _session(engine, learn_every=0)
     _run(off, [draft(0, PROSE, own=-0.63), DraftsDone(1)])
     assert off.outcome == []
+
+
+class SlowChecks(GreedyWords):
+    """A greedy stand-in whose exact checks take ``check_s`` (virtual) seconds: drafts sent after the first arrive
+    while it is checked."""
+
+    def __init__(self, answer: str, check_s: float) -> None:
+        super().__init__(answer)
+        self.check_s = check_s
+
+    async def top_tokens(self, ids, start, request_id):
+        await asyncio.sleep(self.check_s)
+        return await super().top_tokens(ids, start, request_id)
+
+
+def test_an_exact_answer_continues_from_a_draft_in_hand_before_it_asks_the_edge_or_decodes():
+    # the greedy draft ends early (edge.remote.GREEDY_DRAFT_TOKENS); the round's next draft, read while the first
+    # is checked, continues the target's text: it is checked too, and the answer needs no decode and no DraftFrom
+    engine = SlowChecks(PROSE, check_s=0.05)
+    req = t.OpenRequest(request_id="rid", task="", prompt="Explain why the sky is blue.", drafts_on_request=True)
+    session = Session(
+        cfg=CloudConfig(policy=PolicyConfig(verifier="exact", hedge_below_odds=0.0)),
+        engine=engine,
+        req=req,
+        task=OPEN,
+        spec={},
+        rules=RuleSet([], OPEN, {}),
+        recommended_drafts=3,
+        deadline_s=10.0,
+    )
+    words = [" " + w for w in PROSE.split(" ")]  # the stand-in's text: a space before every word
+    greedy = dataclasses.replace(draft(0, "".join(words[:5]), truncated=True), greedy=True)
+
+    async def inbox():
+        yield greedy
+        await asyncio.sleep(0.02)  # written on after the greedy one ended: read while it is checked
+        yield draft(1, "".join(words))
+        yield DraftsDone(2)
+
+    async def go() -> list:
+        return [ev async for ev in session.run(inbox())]
+
+    events = run(go())
+    assert events[-1].answer == "".join(words)
+    assert not [e for e in events if isinstance(e, t.DraftFrom)]
+    assert engine.decoded == 0 and len(engine.checks) == 2

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coinfer.cloud.engine import GenParams, metered
-from coinfer.cloud.speculation import Proposal, accepted_length, speculate
+from coinfer.cloud.speculation import Proposal, accepted_length, proposed, speculate
 from tests.cloud.engines import GreedyWords, SampledWords
 
 ANSWER = "the sky is blue because air scatters blue light"
@@ -215,3 +215,24 @@ def test_a_refused_token_is_never_the_targets_next_one_and_the_rest_is_sampled()
     if k < 3 and len(words) > k:  # refused at k: the token written there is another
         assert words[k] != "c" and engine.sampled >= 1
     assert sum(c.tokens for c in chunks) <= 6
+
+
+def test_a_drafts_calculator_repair_is_offered_before_it_and_each_text_once():
+    def repair(text: str) -> str | None:
+        return text.replace("= 5", "= 4") if "= 5" in text else None
+
+    got = proposed([("2 + 2 = 5.", True), ("2 + 2 = 4.", True), ("2 + 2 = 5.", False), ("so", False)], repair)
+    assert got == [Proposal("2 + 2 = 4.", True), Proposal("2 + 2 = 5.", True), Proposal("so", False)]
+    assert proposed([("2 + 2 = 5.", True)], None) == [Proposal("2 + 2 = 5.", True)]
+
+
+def test_drafts_that_cannot_be_taken_further_cost_no_check_of_the_limit():
+    # three checks at most: the drafts that differ where the first was refused are skipped, not counted, so the
+    # fifth draft, which extends it, is still checked
+    engine = GreedyWords(ANSWER)
+    first = Proposal(" the sky is green", ended=False)
+    skipped = [Proposal(f" a sky {i}", ended=False) for i in range(3)]
+    longer = Proposal(" the sky is blue because air scatters red", ended=False)
+    chunks, cost = _run(engine, [first, *skipped, longer])
+    assert _text(chunks) == _plain()
+    assert len(engine.checks) == 2 and cost.draft_tokens_accepted == 7

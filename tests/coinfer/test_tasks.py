@@ -6,8 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coinfer.errors import InvalidArgument
-from coinfer.rules import RuleSet
-from coinfer.tasks import TASKS, get_task
+from coinfer.extract import Extraction
+from coinfer.rules import Rule, RuleSet
+from coinfer.tasks import OPEN, TASKS, get_task
 from coinfer.tasks.arith import evaluate
 from coinfer.tasks.select import optimum
 
@@ -400,3 +401,12 @@ def test_whatever_a_step_begins_with_the_calculators_end_is_a_right_step_or_none
         rest = TASKS[name].step_completion(spec, partial)
         assert rest is None or TASKS[name].step_error(spec, partial + rest) == "", (name, partial, rest)
     assert TASKS["arith"].step_completion(_ARITH_SPEC, "1" * 65) is None  # bounded: MAX_PARTIAL_CHARS
+
+
+def test_an_open_texts_repair_is_offered_only_under_the_arithmetic_rule_whether_or_not_it_passes():
+    draft = "She buys 3 * 6 = 17 stamps.\nNow she has 25 + 17 = 42 stamps."  # no marker: fails the extraction
+    rules = RuleSet([Rule("arithmetic", {})], OPEN, {}, extraction=Extraction(kind="marker"))
+    assert rules.repaired(draft) == "She buys 3 * 6 = 18 stamps.\nNow she has 25 + 18 = 43 stamps."
+    assert not rules.check_repaired(draft)[0].valid  # check_repaired keeps only a repair that passes
+    assert RuleSet([], OPEN, {}).repaired(draft) is None  # no calculator rule: nothing vouches for one
+    assert rules.repaired("3 * 6 = " + "9" * 5000) is None  # a number past the calculator's digits
