@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 
+from coinfer.cloud.checked_rows import CheckedRows, TopRow, context_keys
 from coinfer.cloud.config import EngineConfig
 from coinfer.cloud.engine import Chunk, EngineStats, GenParams, current_cost
 from coinfer.cloud.sampled import Row
@@ -67,6 +68,7 @@ class VllmEngine(TokenizingEngine):
         self._tok = None
         self._running = 0
         self._sched = None  # last vLLM SchedulerStats, written by the stat logger below
+        self._checked = CheckedRows()
 
     def _stat_logger_factory(self):
         """vLLM calls the factory once per engine; its logger gets SchedulerStats every step."""
@@ -174,48 +176,66 @@ class VllmEngine(TokenizingEngine):
 
     async def top_tokens(self, ids: list[int], start: int, request_id: str) -> tuple[list[int], list[float]]:
         """One prefill with the top-1 token at every position (vLLM's prompt logprobs, 2), reading the prefix
-        cache (``_prefill_rows``)."""
-        plp, last = await self._prefill_rows(ids, start, request_id, 2, last=True)
-        rows = [_row_top2(r) for r in plp] + [_row_top2(last)]
-        return [r[0] for r in rows], [r[1] for r in rows]
+        cache: a row the cache served (vLLM leaves it unwritten) is the one an earlier check computed from the
+        same tokens (``coinfer.cloud.checked_rows``); where no check kept it, the prefill is asked again without
+        the cache."""
+        keys = context_keys(ids)
+        for reuse in (True, False):
+            plp, cached, after = await self._prefill(ids, start, request_id, 2, last=True, reuse=reuse)
+            rows: list[TopRow] = []
+            for pos in range(start, len(ids) + 1):
+                if pos - 1 >= cached:  # position p's row is p - 1's output: computed where p - 1 is past the cache
+                    rows.append(_row_top2(plp[pos] if pos < len(ids) else after))
+                elif (kept := self._checked.get(keys[pos])) is not None:
+                    rows.append(kept)
+                else:
+                    break
+            else:
+                for pos, row in enumerate(rows, start):
+                    self._checked.put(keys[pos], row)
+                return [r[0] for r in rows], [r[1] for r in rows]
+        raise Unavailable("engine: prompt logprobs missing after a full prefill")
 
     async def token_rows(self, ids: list[int], start: int, request_id: str, k: int) -> list[Row]:
-        plp, _ = await self._prefill_rows(ids, start, request_id, k, last=False)
-        return [
-            sampled_row([(lp.rank, tok, lp.logprob) for tok, lp in r.items() if lp.rank is not None], own, k)
-            for r, own in zip(plp, ids[start:])
-        ]
+        """The top ``k`` rows of the positions from ``start`` on: one prefill reading the prefix cache, asked again
+        without it where the cache served one of them (a sampled check keeps no rows)."""
+        for reuse in (True, False):
+            plp, cached, _ = await self._prefill(ids, start, request_id, k, last=False, reuse=reuse)
+            if cached < start:
+                return [
+                    sampled_row([(lp.rank, tok, lp.logprob) for tok, lp in r.items() if lp.rank is not None], own, k)
+                    for r, own in zip(plp[start:], ids[start:])
+                ]
+        raise Unavailable("engine: prompt logprobs missing after a full prefill")
 
-    async def _prefill_rows(self, ids: list[int], start: int, request_id: str, k: int, last: bool) -> tuple[list, dict]:
-        """vLLM's prompt-logprobs rows (top ``k``) of the positions from ``start`` on, and, where ``last``, the
-        row of the token after ``ids``: one prefill reading the prefix cache. Positions the cache covered come
-        without logprobs (vLLM leaves their rows unwritten), so a hit that reaches past ``start - 1`` is asked
-        again without the cache (the positions before ``start`` are the prompt and the answer so far: a hit
-        there is the common case and costs nothing)."""
+    async def _prefill(
+        self, ids: list[int], start: int, request_id: str, k: int, *, last: bool, reuse: bool
+    ) -> tuple[list, int, dict | None]:
+        """One prefill of ``ids`` with vLLM's prompt-logprobs rows (top ``k``), reading the prefix cache where
+        ``reuse``: the rows, the positions the cache served (their rows unwritten) and, where ``last``, the row
+        of the token after ``ids``. The positions before ``start`` are the prompt and the answer so far: a hit
+        there is the common case and costs nothing."""
         if not 0 < start <= len(ids) < self.max_model_len:
             raise ValueError(f"top_tokens: start {start} out of 1..{len(ids)} (or past the context)")
-        for reuse in (True, False):
-            # detokenize off: rows the cache covered hold whatever memory vLLM left there, and decoding their
-            # "token ids" (negative ones) failed vLLM's output handler for every request in flight
-            sp = self._params(
-                GenParams(max_tokens=1),
-                1,
-                prompt_logprobs=k,
-                logprobs=k if last else None,
-                skip_reading_prefix_cache=not reuse,
-                detokenize=False,
-            )
-            plp, cached, after = None, 0, None
-            async for out in self._run(ids, sp, request_id if reuse else f"{request_id}-full"):
-                plp = out.prompt_logprobs or plp  # delta outputs: they come with the first one
-                cached = max(cached, out.num_cached_tokens or 0)
-                if out.outputs and out.outputs[0].logprobs:
-                    after = out.outputs[0].logprobs[0]
-            if plp is None or (last and after is None):
-                raise Unavailable("engine returned no prompt logprobs")
-            if cached < start:  # position p's row is p - 1: computed where p - 1 >= cached
-                return [plp[pos] for pos in range(start, len(ids))], after
-        raise Unavailable("engine: prompt logprobs missing after a full prefill")
+        # detokenize off: rows the cache covered hold whatever memory vLLM left there, and decoding their
+        # "token ids" (negative ones) failed vLLM's output handler for every request in flight
+        sp = self._params(
+            GenParams(max_tokens=1),
+            1,
+            prompt_logprobs=k,
+            logprobs=k if last else None,
+            skip_reading_prefix_cache=not reuse,
+            detokenize=False,
+        )
+        plp, cached, after = None, 0, None
+        async for out in self._run(ids, sp, request_id if reuse else f"{request_id}-full"):
+            plp = out.prompt_logprobs or plp  # delta outputs: they come with the first one
+            cached = max(cached, out.num_cached_tokens or 0)
+            if out.outputs and out.outputs[0].logprobs:
+                after = out.outputs[0].logprobs[0]
+        if plp is None or (last and after is None):
+            raise Unavailable("engine returned no prompt logprobs")
+        return plp, cached, after
 
     async def sample_token(self, ids: list[int], params: GenParams, request_id: str, refused: int | None) -> int | None:
         if len(ids) >= self.max_model_len:

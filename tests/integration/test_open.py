@@ -11,6 +11,7 @@ import pytest
 from coinfer import convert
 from coinfer import types as t
 from coinfer.chat import ChatMessage
+from coinfer.cloud.engine import metered
 from coinfer.demo import wordprob
 from coinfer.edge.pipeline import EdgePipeline, Plan
 from coinfer.edge.sampling import Sampling
@@ -111,6 +112,19 @@ async def test_exact_verification_answers_what_the_cloud_plan_writes_and_counts_
     assert summary.cost.draft_tokens_accepted == summary.cost.draft_tokens_offered > 0
     # the check's own next token, and the end of turn where the draft's was not taken: nothing more decoded
     assert summary.cost.decoded_tokens <= 2 and summary.cost.decoded_tokens < len(summary.answer.split())
+
+
+async def test_a_check_the_prefix_cache_served_reads_the_rows_an_earlier_check_kept(cloud):
+    # vLLM writes no prompt-logprob row where its prefix cache served a position: a check of tokens an earlier one
+    # computed used to be asked again without the cache (a second request, the prompt recomputed)
+    engine = cloud.core.engine
+    ids = await engine.prompt_ids(engine.render([ChatMessage("user", _problem(7).prompt)]))
+    draft = await engine.text_ids(" The answer is 42 because 6 * 7 = 42, and 42 is what was asked." * 4)
+    first = await engine.top_tokens(ids + draft, len(ids), "kept-1")
+    cost = metered()
+    again = await engine.top_tokens(ids + draft, len(ids), "kept-2")
+    assert cost.engine_requests == 1 and cost.cached_tokens >= len(ids) + 32  # past the prompt, into the draft
+    assert again[0] == first[0] and again[1] == pytest.approx(first[1], abs=0.05)
 
 
 async def test_likelihood_threshold_can_say_no(likelihood_stub):
