@@ -35,7 +35,9 @@ requests (the issue's suggestion): a system's capacity is the highest Poisson ar
 p95 latency stayed within it with no request failed. Every rate is a point of one absolute grid shared by every
 system and run (``load_stats.grid_rate``: 10% apart); a ladder starts at the point nearest half of what the
 saturated run served, moves ``--coarse-points`` points a step, each rate held for ``--step-s`` seconds of arrivals
-and the requests drained before the next, then bisects (``--refine-steps``) until the highest rate held and the
+(the requests in turn, each step going on where the last left off: ``--requests`` beyond what the ladder sends
+means no problem recurs within it, and no prefix cache serves a repeat) and the requests drained before the next,
+then bisects (``--refine-steps``) until the highest rate held and the
 lowest missed are neighbours: the capacity known to +-5%. A system that held every rate climbs ``--extend-steps``
 more, and a capacity no higher rate was seen to miss is marked a lower bound (``capacity_lower_bound``). Reported
 per system and workload at that rate: answers/s (``cloud_capacity_rps``: less the share the edge answered alone,

@@ -58,9 +58,17 @@ Ask = Callable[[Request, str], "asyncio.Future[Result]"]
 
 
 async def run_step(
-    ask: Ask, reqs: list[Request], rate: float, step_s: float, server: Server, rng: random.Random, tag: str
+    ask: Ask,
+    reqs: list[Request],
+    rate: float,
+    step_s: float,
+    server: Server,
+    rng: random.Random,
+    tag: str,
+    first: int = 0,
 ) -> Step:
-    """Poisson arrivals at ``rate`` for ``step_s`` seconds (requests in turn from ``reqs``), drained."""
+    """Poisson arrivals at ``rate`` for ``step_s`` seconds (requests in turn from ``reqs``, from its ``first``),
+    drained."""
     offsets = arrivals(rate, step_s, rng)
     t0 = time.perf_counter()
     cpu0 = server.cpu_s()
@@ -68,7 +76,7 @@ async def run_step(
     async def one(i: int, at: float) -> Result:
         await asyncio.sleep(max(0.0, at - (time.perf_counter() - t0)))
         try:
-            return await ask(reqs[i % len(reqs)], f"{tag}-{i}")
+            return await ask(reqs[(first + i) % len(reqs)], f"{tag}-{i}")
         except Exception as exc:  # noqa: BLE001 - a failed request is what this measures
             return Result(None, time.perf_counter() - t0 - at, 0.0, failed=f"{type(exc).__name__}: {exc}"[:160])
 
@@ -162,7 +170,11 @@ async def ladder(
 
     async def at(k: int) -> bool:
         rate = grid_rate(k)
-        step = await run_step(ask, reqs, rate, args.step_s, server, rng, f"{tag}-{rate:.2f}")
+        # each step goes on through the requests where the last left off: with more requests than a step sends, a
+        # problem recurs only once the list is through (each step from the first again re-sent the same problems,
+        # whose repeats the prefix cache -- and coinfer's kept check rows -- then served)
+        sent = sum(s.answers + s.failed for s in steps)
+        step = await run_step(ask, reqs, rate, args.step_s, server, rng, f"{tag}-{rate:.2f}", first=sent)
         steps.append(step)
         held = tried[k] = step.held(slo_s)
         progress(

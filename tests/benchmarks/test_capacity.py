@@ -203,3 +203,18 @@ def test_the_remote_engines_replica_is_both_servers_each_process_under_its_serve
     assert group.cpu_by_process() == {"coinfer/python": 0.5, "vllm/python": 2.0, "vllm/VLLM::EngineCore": 1.0}
     assert group.cpu_s() == 3.5
     assert not set(cap.REMOTE_SYSTEMS) & set(cap.SYSTEMS)  # asked for by name: not in every run
+
+
+def test_each_step_goes_on_through_the_requests_where_the_last_left_off(virtual_clock):
+    # a step from the first request again re-sent the same problems every step: their repeats were served by the
+    # prefix cache (and coinfer's kept check rows), which a list longer than the ladder never repeats
+    seen: list[int] = []
+
+    async def ask(req, rid):
+        seen.append(req)
+        return ladder.Result(True, 0.01, 0.005)
+
+    reqs = list(range(10_000))
+    steps = run(ladder.ladder(ask, reqs, 2.0, 0.2, ARGS, Idle(), "t", lambda _: None))
+    assert len(steps) > 1 and len(seen) == sum(s.answers for s in steps)
+    assert sorted(seen) == list(range(len(seen)))  # every request once, none twice
