@@ -24,8 +24,10 @@ from tests.virtual_time import run
 PROSE = "The sky is blue because air molecules scatter blue sunlight more than red."
 
 
-def _session(engine: ScriptedEngine, deadline_s: float = 10.0, **policy) -> Session:
-    req = t.OpenRequest(request_id="rid", task="", prompt="Explain why the sky is blue.")
+def _session(engine: ScriptedEngine, deadline_s: float = 10.0, drafts_on_request: bool = False, **policy) -> Session:
+    req = t.OpenRequest(
+        request_id="rid", task="", prompt="Explain why the sky is blue.", drafts_on_request=drafts_on_request
+    )
     return Session(
         cfg=CloudConfig(limits=Limits(max_drafts=4), policy=PolicyConfig(**{**LIKELIHOOD, **policy})),
         engine=engine,
@@ -146,17 +148,7 @@ def test_an_exact_answer_continues_from_a_draft_in_hand_before_it_asks_the_edge_
     # the greedy draft ends early (edge.remote.GREEDY_DRAFT_TOKENS); the round's next draft, read while the first
     # is checked, continues the target's text: it is checked too, and the answer needs no decode and no DraftFrom
     engine = SlowChecks(PROSE, check_s=0.05)
-    req = t.OpenRequest(request_id="rid", task="", prompt="Explain why the sky is blue.", drafts_on_request=True)
-    session = Session(
-        cfg=CloudConfig(policy=PolicyConfig(verifier="exact", hedge_below_odds=0.0)),
-        engine=engine,
-        req=req,
-        task=OPEN,
-        spec={},
-        rules=RuleSet([], OPEN, {}),
-        recommended_drafts=3,
-        deadline_s=10.0,
-    )
+    session = _session(engine, drafts_on_request=True, verifier="exact", hedge_below_odds=0.0)
     words = [" " + w for w in PROSE.split(" ")]  # the stand-in's text: a space before every word
     greedy = dataclasses.replace(draft(0, "".join(words[:5]), truncated=True), greedy=True)
 
