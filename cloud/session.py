@@ -165,9 +165,9 @@ class Session:
         self._judging: set[asyncio.Task] = set()
         self._answering: asyncio.Task | None = None
         self._first: list[t.Draft] = []
+        """The first round's drafts, as they came (exact verification proposes them)."""
         self._continued: list[t.Draft] = []
         """The drafts of the edge's continuation rounds (``DraftFrom``), each of the whole answer."""
-        """The first round's drafts, as they came (exact verification proposes them)."""
         self._more: asyncio.Future[list[t.Draft]] | None = None
         """A continuation round asked of the edge (``DraftFrom``), resolved with its drafts at its end."""
         self._more_drafts: list[t.Draft] = []
@@ -535,7 +535,7 @@ class Session:
         (the first round's, as repaired, the edge's continuations), which cost no round trip; else the edge's
         (``_ask_more``). The greedy draft ends early (``edge.remote.GREEDY_DRAFT_TOKENS``) and the round's others
         come while it is checked: on held-out word problems the answer so far was most often the beginning of
-        another draft's repair (docs/measurements.md, "Exact split: the drafts in hand")."""
+        another draft's repair (docs/measurements.md, "Exact split on word problems")."""
         held = [
             p
             for p in await self._proposed(self._whole_drafts)
