@@ -214,7 +214,8 @@ class VllmEngine(TokenizingEngine):
         unwritten). The positions before ``start`` are the prompt and the answer so far: a hit there is the
         common case and costs nothing. The rows come flat (vLLM's ``FlatLogprobs``: a few lists for the whole
         prompt, not a dict of objects per position, which its output handler built for every prompt position
-        of every check: ~5% of the cloud process's CPU under a word-problem load)."""
+        of every check: ~5% of the cloud process's profile under a word-problem load, though no change in its
+        CPU per answer was measured end to end: docs/measurements.md, "Exact split on word problems")."""
         if not 0 < start <= len(ids) < self.max_model_len:
             raise ValueError(f"top_tokens: start {start} out of 1..{len(ids)} (or past the context)")
         # detokenize off: rows the cache covered hold whatever memory vLLM left there, and decoding their
