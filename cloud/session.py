@@ -168,6 +168,9 @@ class Session:
         """The first round's drafts, as they came (exact verification proposes them)."""
         self._continued: list[t.Draft] = []
         """The drafts of the edge's continuation rounds (``DraftFrom``), each of the whole answer."""
+        self._repairs: dict[str, str | None] = {}
+        """Each proposed draft's calculator repair (None: none), computed once: every continuation proposes the
+        drafts in hand again."""
         self._more: asyncio.Future[list[t.Draft]] | None = None
         """A continuation round asked of the edge (``DraftFrom``), resolved with its drafts at its end."""
         self._more_drafts: list[t.Draft] = []
@@ -575,9 +578,14 @@ class Session:
     async def _proposed(self, drafts: Sequence[t.Draft]) -> list[Proposal]:
         """``drafts`` (of the whole answer) as exact verification is offered them (``speculation.proposed``): with
         their calculator repairs where the session repairs drafts (client rules: off the loop)."""
-        repair = self.ctx.rules.repaired if self.ctx.repairs else None
         pairs = [(d.text, not d.truncated) for d in drafts]
-        return await asyncio.to_thread(proposed, pairs, repair)
+        if not self.ctx.repairs:
+            return proposed(pairs, None)
+        todo = list({text for text, _ in pairs if text not in self._repairs})
+        if todo:
+            repaired = await asyncio.to_thread(lambda: [self.ctx.rules.repaired(text) for text in todo])
+            self._repairs.update(zip(todo, repaired))
+        return proposed(pairs, self._repairs.get)
 
     def _take_more(self, d: t.Draft) -> None:
         """A draft of a continuation round: kept for the round asked now, dropped where it answers an earlier
