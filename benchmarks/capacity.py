@@ -345,10 +345,21 @@ async def run(args, progress: Callable[[str], None]) -> dict:
         os.sched_setaffinity(0, cpus)
 
 
-async def _run(args, progress: Callable[[str], None]) -> dict:
-    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(128))  # replayed drafts sleep in threads
+def pair(real: bool) -> tuple[Path, Path, int, str]:
+    """The target's directory, the edge's INT8 draft, the servers' context and the target's dtype: the real model's
+    (``real``) or the demo pair's (built or read from the model cache)."""
+    if real:
+        from coinfer.quantize.real_model import CLOUD_DTYPE, edge_dir, imported_dir
+
+        return Path(imported_dir()), Path(edge_dir()), REAL_MAX_MODEL_LEN, CLOUD_DTYPE
     from coinfer.demo.artifacts import ensure_artifacts
 
+    art = ensure_artifacts()
+    return Path(art.target), Path(art.draft_int8), 1024, "auto"
+
+
+async def _run(args, progress: Callable[[str], None]) -> dict:
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(128))  # replayed drafts sleep in threads
     out: dict = {}
     slo: dict = {}
     common: dict = {}
@@ -358,12 +369,9 @@ async def _run(args, progress: Callable[[str], None]) -> dict:
     demo = [w for w in args.workloads if w in DEMO_KINDS]
     stacks = []
     if demo:
-        art = ensure_artifacts()
-        stacks.append((demo, Path(art.target), Path(art.draft_int8), 1024, "auto"))
+        stacks.append((demo, *pair(real=False)))
     if REAL in args.workloads:
-        from coinfer.quantize.real_model import CLOUD_DTYPE, edge_dir, imported_dir
-
-        stacks.append(([REAL], Path(imported_dir()), Path(edge_dir()), REAL_MAX_MODEL_LEN, CLOUD_DTYPE))
+        stacks.append(([REAL], *pair(real=True)))
     for wls, model, draft, max_len, dtype in stacks:
         reqs = {
             w: workload(w, args.requests if w != REAL else args.real_requests, args.seed, args.real_max_tokens)

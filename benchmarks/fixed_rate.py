@@ -72,15 +72,7 @@ def summary(rows: list[dict]) -> dict:
 
 async def run(args) -> dict:
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(128))  # replayed drafts sleep in threads
-    from coinfer.demo.artifacts import ensure_artifacts
-
-    if args.workload == capacity.REAL:
-        from coinfer.quantize.real_model import CLOUD_DTYPE, edge_dir, imported_dir
-
-        model, draft, max_len, dtype = Path(imported_dir()), Path(edge_dir()), capacity.REAL_MAX_MODEL_LEN, CLOUD_DTYPE
-    else:
-        art = ensure_artifacts()
-        model, draft, max_len, dtype = Path(art.target), Path(art.draft_int8), 1024, "auto"
+    model, draft, max_len, dtype = capacity.pair(real=args.workload == capacity.REAL)
     reqs = capacity.workload(args.workload, args.requests, args.seed)
     rows: list[dict] = []
     async with coinfer_stack(
