@@ -6,7 +6,9 @@
 SmolLM2-135M-Instruct on both sides (``coinfer.demo.real.real_stack``: the float model on the cloud's vLLM in
 ``CLOUD_DTYPE``, its INT8 export drafting on the edge), each of ``--prompts`` open prompts
 (``benchmarks.open_prompts``) asked through the edge's OpenAI API with the official SDK, greedy, one request at a
-time, under the cloud plan and under split, plain and streamed. Printed: how many of split's answers equal the
+time, under the cloud plan and under split, plain and streamed, each request on a cold cache (the in-process
+engine's prefix cache and the rows its checks kept reset before it: the same prompt asked before -- the cloud
+plan's answer is split's text -- would have left split's checks reading positions the cache served). Printed: how many of split's answers equal the
 cloud plan's (plain and streamed), each mismatch with the target's lead of its argmax where the two first differ
 (a near-tie that prefill and decode arithmetic break differently explains it), and per answer, from the cloud's
 own counts (``cloud_cost``): sequential engine steps, tokens decoded, positions scored by prefill, draft tokens
@@ -147,10 +149,15 @@ async def run(
     async with _stack(policy, remote) as (engine, daemon):
         client = AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
         await _ask(client, "Hello!", "split", 8, False)  # lazy set-up out of the measurement
+        # the in-process engine starts every request cold; vLLM's own server has no reset (its checks never read
+        # the cache, its decodes do: split's prompt is then cached by the cloud plan's request before it)
+        cold = not remote
         for i, prompt in enumerate(OPEN_PROMPTS[skip : skip + prompts]):
             row = {"prompt": prompt}
             for plan in PLANS:
                 for kind, stream in (("", False), ("_stream", True)):
+                    if cold:  # first sight: no request reads what the one before it computed
+                        await engine.reset_prefix_cache()
                     row[f"{plan}{kind}"] = await _ask(client, prompt, plan, max_tokens, stream, temperature, i)
             for kind in ("", "_stream"):
                 a, b = row[f"cloud{kind}"]["text"], row[f"split{kind}"]["text"]
@@ -165,7 +172,7 @@ async def run(
                 f"(cloud plan {row['cloud']['info']['cloud_cost']['steps']})  {prompt!r}",
                 file=sys.stderr,
             )
-    return report(rows, temperature) | {"engine": "remote" if remote else "in-process"}
+    return report(rows, temperature) | {"engine": "remote" if remote else "in-process", "cold": cold}
 
 
 def report(rows: list[dict], temperature: float = 0.0) -> dict:

@@ -50,6 +50,9 @@ class CheckedRows:
             self._rows.move_to_end(key)
         return row
 
+    def clear(self) -> None:
+        self._rows.clear()
+
     def put(self, key: bytes, row: TopRow) -> None:
         self._rows[key] = row
         self._rows.move_to_end(key)

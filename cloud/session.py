@@ -556,6 +556,7 @@ class Session:
         if not self._asking.ask(accepted):
             return []
         self._more, self._more_drafts = asyncio.get_running_loop().create_future(), []
+        log.debug("%s: continuation round %d asked after %d chars", self.ctx.key, self._asking.asked, len(text))
         self.stream.put(
             t.DraftFrom(text=text, max_new_tokens=p.draft_from_tokens, num_drafts=1, round=self._asking.asked)
         )

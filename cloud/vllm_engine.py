@@ -143,6 +143,7 @@ class VllmEngine(TokenizingEngine):
         self._running += 1
         cost, delta = current_cost(), sp.output_kind == RequestOutputKind.DELTA
         tally = RequestTally(prompt=len(ids), scored=sp.prompt_logprobs is not None)
+        t0 = time.perf_counter()
         try:
             # closed with the caller's iteration (each generator in the chain closes the one it reads),
             # so that a caller that stops early aborts the request now, not when the collector runs
@@ -160,6 +161,15 @@ class VllmEngine(TokenizingEngine):
         finally:
             self._running -= 1
             tally.charge(cost)
+            if log.isEnabledFor(logging.DEBUG):  # one line per engine request: what a session's answer cost, by kind
+                log.debug(
+                    "engine request %s: %d prompt, %d cached, %d decoded, %.1f ms",
+                    request_id,
+                    tally.prompt,
+                    tally.cached,
+                    sum(tally.per_sample.values()),
+                    (time.perf_counter() - t0) * 1e3,
+                )
 
     async def generate_ids(self, ids: list[int], params: GenParams, request_id: str) -> AsyncIterator[Chunk]:
         room = self.max_model_len - len(ids)
@@ -311,8 +321,9 @@ class VllmEngine(TokenizingEngine):
             await self._llm.abort(request_id)
 
     async def reset_prefix_cache(self) -> None:
-        """Forget cached prompt prefixes: a benchmark that sends the same prompts under several plans
-        starts each plan cold, so that a later plan does not run on an earlier one's cache."""
+        """Forget cached prompt prefixes and the rows checks kept of them: a benchmark that sends the same prompts
+        under several plans starts each plan cold, so that a later plan does not run on an earlier one's cache."""
+        self._checked.clear()
         if self._llm is not None:
             await self._llm.reset_prefix_cache()
 
