@@ -98,8 +98,9 @@ REAL_MAX_MODEL_LEN = 2048
 DEMO_MAX_TOKENS = 512
 """The demo pair's answer budget: the cloud's default (``PolicyConfig.refine_max_tokens``)."""
 
-REAL_PROMPTS = OPEN_PROMPTS[:16]
-"""The real-open workload's prompts: the historical set, the first 16 of ``benchmarks.open_prompts``."""
+REAL_PROMPTS = OPEN_PROMPTS
+"""The real-open workload's prompts, the first ``--real-requests`` of ``benchmarks.open_prompts`` (128 distinct; the
+first 16 are the historical set)."""
 
 
 def workload(name: str, n: int, seed: int, real_max_tokens: int = REAL_MAX_TOKENS) -> list[Request]:
@@ -448,7 +449,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS + REMOTE_SYSTEMS)
     ap.add_argument("--requests", type=int, default=16, help="distinct held-out problems per demo workload")
-    ap.add_argument("--real-requests", type=int, default=6, help="distinct open prompts for the real model")
+    ap.add_argument(
+        "--real-requests",
+        type=int,
+        default=6,
+        help="distinct open prompts for the real model (128 at most: more repeat)",
+    )
     ap.add_argument(
         "--real-max-tokens",
         type=int,

@@ -117,24 +117,7 @@ def refine_accuracy(
         chunk=32,
     )
 
-    # as the cloud does it: only drafts that pass the rules (marker extraction, every equation right)
-    # and the likelihood threshold are candidates (the best 2 by mean logprob); none: the target alone.
-    # A refinement that fails the rules is withdrawn and the best candidate returned (cloud.answering's
-    # Answerer._refined); "refine_raw" counts the refinements as written.
-    rules = _rules()
-    chosen = [_verified(tmodel, ttok, tfmt, it, d, rules) for it, d in zip(items, drafts)]
-    todo = [i for i, c in enumerate(chosen) if c]
-    via = _generate(
-        tmodel,
-        ttok,
-        [tfmt.render([ChatMessage("user", refine_question(items[i].question, chosen[i]))]) for i in todo],
-        MAX_NEW_TOKENS,
-        chunk=32,
-    )
-    verified, raw = [t[0] for t in alone], [t[0] for t in alone]
-    for i, (t,) in zip(todo, via):
-        raw[i] = t
-        verified[i] = cloud_answer(t, chosen[i], rules)
+    chosen, todo, verified, raw = _as_the_cloud_does(tmodel, ttok, tfmt, items, drafts, [t[0] for t in alone])
 
     def rate(xs) -> float:
         return round(sum(xs) / max(1, len(xs)), 3)
@@ -152,6 +135,29 @@ def refine_accuracy(
         "k": k,
         "draft_temperature": temperature,
     }
+
+
+def _as_the_cloud_does(tmodel, ttok, tfmt, items, drafts, alone: list[str]):
+    """Refinement as the cloud does it: only drafts that pass the rules (marker extraction, every equation right)
+    and the likelihood threshold are candidates (the best 2 by mean logprob); none: the target alone. A
+    refinement that fails the rules is withdrawn and the best candidate returned (cloud.answering's
+    Answerer._refined); "raw" holds the refinements as written. Returns (candidates per item, the items
+    refined, the answers, the raw answers)."""
+    rules = _rules()
+    chosen = [_verified(tmodel, ttok, tfmt, it, d, rules) for it, d in zip(items, drafts)]
+    todo = [i for i, c in enumerate(chosen) if c]
+    via = _generate(
+        tmodel,
+        ttok,
+        [tfmt.render([ChatMessage("user", refine_question(items[i].question, chosen[i]))]) for i in todo],
+        MAX_NEW_TOKENS,
+        chunk=32,
+    )
+    verified, raw = list(alone), list(alone)
+    for i, (t,) in zip(todo, via):
+        raw[i] = t
+        verified[i] = cloud_answer(t, chosen[i], rules)
+    return chosen, todo, verified, raw
 
 
 def cloud_answer(refinement: str, candidates: list[str], rules) -> str:

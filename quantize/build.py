@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from dataclasses import dataclass, field, replace
@@ -90,28 +91,8 @@ def int8_dir(src_dir: Path, out_dir: Path, cfg: QuantConfig = QuantConfig(), opt
     with staged(out_dir) as tmp:
         copy_sidecars(src_dir, tmp)
 
-        def reader():
-            from tokenizers import Tokenizer
-
-            from coinfer.quantize.calibrate import KvCalibrationReader
-
-            bar = tqdm(total=len(prompts), desc="calibrate", unit="prompt", disable=not opts.progress)
-            return KvCalibrationReader(
-                src,
-                Tokenizer.from_file(str(src_dir / "tokenizer.json")),
-                prompts,
-                cfg.calib_decode_steps,
-                on_prompt=bar.update,
-            )
-
-        outliers = None
-        if "auto" in cfg.keep_float:  # measured on train-side prompts: the gates' stay held out
-            from coinfer.quantize.outliers import activation_outliers, outlier_modules
-
-            outliers = activation_outliers(src, default_prompts(src_dir, OUTLIER_PROMPTS, held_out=False, seed=2))
-            cfg = replace(
-                cfg, keep_float=tuple(k for k in cfg.keep_float if k != "auto") + tuple(outlier_modules(outliers))
-            )
+        reader = functools.partial(_calibration_reader, src, src_dir, prompts, cfg, opts)
+        cfg, outliers = _outliers_kept_float(src, src_dir, cfg)
         info = quantize_model(src, tmp / MODEL_FILE, cfg, calibration=reader)
         if outliers is not None:  # the reason each kept MatMul stayed float, and the next ones
             info["outliers"] = dict(sorted(outliers.items(), key=lambda kv: -kv[1]["ratio"])[:6])
@@ -140,18 +121,54 @@ def int8_dir(src_dir: Path, out_dir: Path, cfg: QuantConfig = QuantConfig(), opt
             report["gates"] = gate_report(results, opts.gates)
             failures += [r.message for r in results if not r.passed]
         report["failures"] = failures
-        write_manifest(
-            tmp,
-            {
-                "scheme": cfg.scheme,
-                "params": report["params"],
-                "opset": opset_of(tmp / MODEL_FILE),
-                "source": {"path": str(src_dir), "sha256": sha256_file(src)},
-                "tokenizer_sha256": tokenizer_hash(tmp),
-                "providers": runs_on(cfg.scheme, src_dir),
-                "checks": {"structure": report["structure"], "gates": report.get("gates"), "passed": not failures},
-            },
-        )
+        _write_int8_manifest(tmp, src_dir, src, cfg, report)
         if failures and not opts.keep_failed:
             raise CheckFailed(report)
     return report
+
+
+def _calibration_reader(src: Path, src_dir: Path, prompts: list, cfg: QuantConfig, opts: BuildOptions):
+    """The static scheme's calibration data: ``prompts`` run through the float model, its KV cache included."""
+    from tokenizers import Tokenizer
+
+    from coinfer.quantize.calibrate import KvCalibrationReader
+
+    bar = tqdm(total=len(prompts), desc="calibrate", unit="prompt", disable=not opts.progress)
+    return KvCalibrationReader(
+        src,
+        Tokenizer.from_file(str(src_dir / "tokenizer.json")),
+        prompts,
+        cfg.calib_decode_steps,
+        on_prompt=bar.update,
+    )
+
+
+def _outliers_kept_float(src: Path, src_dir: Path, cfg: QuantConfig) -> tuple[QuantConfig, dict | None]:
+    """``cfg`` with ``keep_float``'s "auto" replaced by the MatMuls whose activations have outliers (measured on
+    train-side prompts: the gates' stay held out), and those measurements; ``cfg`` as it is without "auto"."""
+    if "auto" not in cfg.keep_float:
+        return cfg, None
+    from coinfer.quantize.outliers import activation_outliers, outlier_modules
+
+    outliers = activation_outliers(src, default_prompts(src_dir, OUTLIER_PROMPTS, held_out=False, seed=2))
+    keep = tuple(k for k in cfg.keep_float if k != "auto") + tuple(outlier_modules(outliers))
+    return replace(cfg, keep_float=keep), outliers
+
+
+def _write_int8_manifest(tmp: Path, src_dir: Path, src: Path, cfg: QuantConfig, report: dict) -> None:
+    write_manifest(
+        tmp,
+        {
+            "scheme": cfg.scheme,
+            "params": report["params"],
+            "opset": opset_of(tmp / MODEL_FILE),
+            "source": {"path": str(src_dir), "sha256": sha256_file(src)},
+            "tokenizer_sha256": tokenizer_hash(tmp),
+            "providers": runs_on(cfg.scheme, src_dir),
+            "checks": {
+                "structure": report["structure"],
+                "gates": report.get("gates"),
+                "passed": not report["failures"],
+            },
+        },
+    )

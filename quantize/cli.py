@@ -372,6 +372,19 @@ def _int8_command(sub) -> None:
         default=q.calib_decode_steps,
         help="static: decode steps recorded per calibration prompt",
     )
+    _int8_weight_args(p, q)
+    p.add_argument("--no-gates", action="store_true", help="skip the accuracy gates (structure is always checked)")
+    p.add_argument(
+        "--keep-failed",
+        action="store_true",
+        help="publish even if a check fails (the manifest records it; the edge refuses such a model)",
+    )
+    _gate_args(p)
+    p.set_defaults(func=cmd_int8)
+
+
+def _int8_weight_args(p, q: QuantConfig) -> None:
+    """``int8``'s options of which weights are quantized, and how."""
     p.add_argument(
         "--block-size",
         type=int,
@@ -399,14 +412,6 @@ def _int8_command(sub) -> None:
         default=q.reduce_range,
         help="dynamic/static: 7-bit weights (auto: on where the CPU lacks VNNI, whose u8s8 kernels saturate)",
     )
-    p.add_argument("--no-gates", action="store_true", help="skip the accuracy gates (structure is always checked)")
-    p.add_argument(
-        "--keep-failed",
-        action="store_true",
-        help="publish even if a check fails (the manifest records it; the edge refuses such a model)",
-    )
-    _gate_args(p)
-    p.set_defaults(func=cmd_int8)
 
 
 def _check_command(sub) -> None:

@@ -280,10 +280,8 @@ class ExportDecoder(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, t, _ = x.shape
         a = self.model.layers[i].self_attn
+        q, k, v = self._qkv(i, x)
         if self.kv_cache == "buffer" and self.rotary_node:  # [B, T, H*D] from projection to attention
-            from coinfer.quantize import gqa_op  # noqa: F401 - registers torch.ops.coinfer.gqa
-
-            q, k, v = self._qkv(i, x)
             if hasattr(a, "q_norm"):  # per head: over the last axis of the [B, T, H, D] view
                 q = self._norm(f"layers.{i}.self_attn.q_norm", q.view(b, t, self.num_heads, -1)).reshape(b, t, -1)
                 k = self._norm(f"layers.{i}.self_attn.k_norm", k.view(b, t, self.num_kv_heads, -1)).reshape(b, t, -1)
@@ -291,23 +289,7 @@ class ExportDecoder(nn.Module):
             cos_table, sin_table = getattr(self, f"cos_table_{j}"), getattr(self, f"sin_table_{j}")
             q = torch.ops.coinfer.rotary(q, positions, cos_table, sin_table, self.num_heads)
             k = torch.ops.coinfer.rotary(k, positions, cos_table, sin_table, self.num_kv_heads)
-            seqlens, total = mask
-            out, k, v = torch.ops.coinfer.gqa(
-                q,
-                k,
-                v,
-                pk,
-                pv,
-                seqlens,
-                total,
-                self.num_heads,
-                self.num_kv_heads,
-                float(a.scaling),
-                int(_window(self.config, a) or 0),
-                float(self.attn_cap or 0.0),
-            )
-            return a.o_proj(out), k, v
-        q, k, v = self._qkv(i, x)
+            return self._gqa(a, q, k, v, pk, pv, mask)
         q = q.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
         k = k.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
         v = v.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -315,24 +297,8 @@ class ExportDecoder(nn.Module):
             q, k = self._norm(f"layers.{i}.self_attn.q_norm", q), self._norm(f"layers.{i}.self_attn.k_norm", k)
         q, k = _rope(q, *rope), _rope(k, *rope)
         if self.kv_cache == "buffer":  # one GroupQueryAttention node: the cache may be a buffer written in place
-            from coinfer.quantize import gqa_op  # noqa: F401 - registers torch.ops.coinfer.gqa
-
-            seqlens, total = mask
-            out, k, v = torch.ops.coinfer.gqa(
-                q.transpose(1, 2).reshape(b, t, -1),
-                k.transpose(1, 2).reshape(b, t, -1),
-                v.transpose(1, 2).reshape(b, t, -1),
-                pk,
-                pv,
-                seqlens,
-                total,
-                self.num_heads,
-                self.num_kv_heads,
-                float(a.scaling),
-                int(_window(self.config, a) or 0),
-                float(self.attn_cap or 0.0),
-            )
-            return a.o_proj(out), k, v
+            flat = [y.transpose(1, 2).reshape(b, t, -1) for y in (q, k, v)]
+            return self._gqa(a, *flat, pk, pv, mask)
         k = torch.cat([pk, k], dim=2)  # [B, Hkv, P+T, D]
         v = torch.cat([pv, v], dim=2)
         rep = self.num_heads // self.num_kv_heads
@@ -343,6 +309,30 @@ class ExportDecoder(nn.Module):
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         out = torch.matmul(torch.softmax(scores, dim=-1), vv)  # [B, H, T, D]
         out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
+        return a.o_proj(out), k, v
+
+    def _gqa(
+        self, a, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pk: torch.Tensor, pv: torch.Tensor, mask
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Attention as one GroupQueryAttention node (``q``, ``k``, ``v``: [B, T, H*D]; ``mask``: the sequence
+        lengths and total length), the cache ``pk``, ``pv`` a buffer it writes in place; the output projected."""
+        from coinfer.quantize import gqa_op  # noqa: F401 - registers torch.ops.coinfer.gqa
+
+        seqlens, total = mask
+        out, k, v = torch.ops.coinfer.gqa(
+            q,
+            k,
+            v,
+            pk,
+            pv,
+            seqlens,
+            total,
+            self.num_heads,
+            self.num_kv_heads,
+            float(a.scaling),
+            int(_window(self.config, a) or 0),
+            float(self.attn_cap or 0.0),
+        )
         return a.o_proj(out), k, v
 
     def _mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:

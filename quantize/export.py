@@ -232,15 +232,7 @@ def export_dir(
         raise ExportError(f"kv_cache: unknown {kv_cache!r} (known: {', '.join(KV_CACHES)})")
     hf = load_source(model_dir)  # once; bad input fails before a temp dir exists
     with staged(out_dir) as tmp:
-        if dtype == "fp16":  # the fp32 graph (and its weights file) in a scratch dir, never published
-            (tmp / ".fp32").mkdir()
-            export_onnx(
-                hf, tmp / ".fp32" / MODEL_FILE, all_logits=all_logits, external_data=external_data, kv_cache=kv_cache
-            )
-            to_fp16(tmp / ".fp32" / MODEL_FILE, tmp / MODEL_FILE)
-            shutil.rmtree(tmp / ".fp32")
-        else:
-            export_onnx(hf, tmp / MODEL_FILE, all_logits=all_logits, external_data=external_data, kv_cache=kv_cache)
+        _export_graph(hf, tmp, dtype, all_logits=all_logits, external_data=external_data, kv_cache=kv_cache)
         copy_sidecars(model_dir, tmp)
         report: dict = {
             "source": str(model_dir),
@@ -251,14 +243,7 @@ def export_dir(
         if parity_prompt is not None:
             report["parity"] = asdict(parity(hf, tmp / MODEL_FILE, parity_prompt, parity_steps))
         par = report.get("parity")
-        report["failures"] = (
-            [
-                f"parity: greedy path differs from torch within {par['decode_steps']} decode steps "
-                f"(max logit diff {par['max_logit_diff']:.2e})"
-            ]
-            if par and not par["greedy_match"]
-            else []
-        )
+        report["failures"] = [_parity_failure(par)] if par and not par["greedy_match"] else []
         (tmp / "export.json").write_text(json.dumps(report, indent=2))
         write_manifest(
             tmp,
@@ -274,3 +259,21 @@ def export_dir(
         if report["failures"] and not keep_failed:
             raise ParityFailed(report)
     return report
+
+
+def _export_graph(hf, tmp: Path, dtype: str, **kw) -> None:
+    """The ONNX graph of ``hf`` as ``tmp``'s model file, in ``dtype`` (``kw``: ``export_onnx``'s options)."""
+    if dtype != "fp16":
+        export_onnx(hf, tmp / MODEL_FILE, **kw)
+        return
+    (tmp / ".fp32").mkdir()  # the fp32 graph (and its weights file) in a scratch dir, never published
+    export_onnx(hf, tmp / ".fp32" / MODEL_FILE, **kw)
+    to_fp16(tmp / ".fp32" / MODEL_FILE, tmp / MODEL_FILE)
+    shutil.rmtree(tmp / ".fp32")
+
+
+def _parity_failure(par: dict) -> str:
+    return (
+        f"parity: greedy path differs from torch within {par['decode_steps']} decode steps "
+        f"(max logit diff {par['max_logit_diff']:.2e})"
+    )

@@ -112,6 +112,57 @@ def gguf_metadata(path: Path, tensors: bool = False) -> dict:
         raise GgufError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
+class _Reader:
+    """GGUF's header values from ``pos`` on in the mapped file ``m`` (byte ``order``: "<" or ">")."""
+
+    def __init__(self, m, order: str, pos: int) -> None:
+        self.m, self.order, self.pos = m, order, pos
+
+    def scalar(self, fmt: str):
+        (v,) = struct.unpack_from(self.order + fmt, self.m, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return v
+
+    def string(self) -> str:
+        n = self.scalar("Q")
+        if self.pos + n > len(self.m):
+            raise ValueError("string past the end of the file")
+        self.pos += n
+        return bytes(self.m[self.pos - n : self.pos]).decode("utf-8")
+
+    def value(self, vtype: int):
+        if vtype in _SCALARS:
+            return self.scalar(_SCALARS[vtype])
+        if vtype == 8:
+            return self.string()
+        if vtype != 9:
+            raise ValueError(f"unknown value type {vtype}")
+        etype, n = self.scalar("I"), self.scalar("Q")
+        if n <= _LONG_ARRAY:
+            return [self.value(etype) for _ in range(n)]
+        if etype in _SCALARS:  # fixed-size elements: jump over them
+            self.pos += n * struct.calcsize(_SCALARS[etype])
+        else:
+            for _ in range(n):
+                self.value(etype)
+        if self.pos > len(self.m):
+            raise ValueError("array past the end of the file")
+        return ("array", n)
+
+    def tensors(self, n_tensors: int, align: int) -> dict:
+        """Each tensor's GGML type, shape (numpy order) and where its data begins in the file."""
+        from gguf import GGMLQuantizationType
+
+        infos = {}
+        for _ in range(n_tensors):
+            name = self.string()
+            dims = [self.scalar("Q") for _ in range(self.scalar("I"))]
+            kind, offset = self.scalar("I"), self.scalar("Q")
+            infos[name] = (GGMLQuantizationType(kind).name, tuple(reversed(dims)), offset)
+        start = -(-self.pos // align) * align  # the data section: after the header, aligned
+        return {n: (k, shape, start + off) for n, (k, shape, off) in infos.items()}
+
+
 def _read_header(m, tensors: bool) -> dict:
     if m[:4] != b"GGUF":
         raise ValueError("no GGUF magic")
@@ -123,58 +174,13 @@ def _read_header(m, tensors: bool) -> dict:
     if version not in (2, 3):
         raise ValueError(f"GGUF version {version} (read: 2, 3)")
     n_tensors, n_kv = struct.unpack_from(order + "QQ", m, 8)
-    pos = 24
-
-    def scalar(fmt: str):
-        nonlocal pos
-        (v,) = struct.unpack_from(order + fmt, m, pos)
-        pos += struct.calcsize(fmt)
-        return v
-
-    def string() -> str:
-        nonlocal pos
-        n = scalar("Q")
-        if pos + n > len(m):
-            raise ValueError("string past the end of the file")
-        pos += n
-        return bytes(m[pos - n : pos]).decode("utf-8")
-
-    def value(vtype: int):
-        nonlocal pos
-        if vtype in _SCALARS:
-            return scalar(_SCALARS[vtype])
-        if vtype == 8:
-            return string()
-        if vtype != 9:
-            raise ValueError(f"unknown value type {vtype}")
-        etype, n = scalar("I"), scalar("Q")
-        if n <= _LONG_ARRAY:
-            return [value(etype) for _ in range(n)]
-        if etype in _SCALARS:  # fixed-size elements: jump over them
-            pos += n * struct.calcsize(_SCALARS[etype])
-        else:
-            for _ in range(n):
-                value(etype)
-        if pos > len(m):
-            raise ValueError("array past the end of the file")
-        return ("array", n)
-
+    r = _Reader(m, order, 24)
     meta: dict = {"GGUF.version": version, "GGUF.tensor_count": n_tensors, "GGUF.kv_count": n_kv}
     for _ in range(n_kv):
-        key = string()
-        meta[key] = value(scalar("I"))
+        key = r.string()
+        meta[key] = r.value(r.scalar("I"))
     if tensors:
-        from gguf import GGMLQuantizationType
-
-        infos = {}
-        for _ in range(n_tensors):
-            name = string()
-            dims = [scalar("Q") for _ in range(scalar("I"))]
-            kind, offset = scalar("I"), scalar("Q")
-            infos[name] = (GGMLQuantizationType(kind).name, tuple(reversed(dims)), offset)  # numpy order
-        align = int(meta.get("general.alignment", 32))
-        start = -(-pos // align) * align  # the data section: after the header, aligned
-        meta["tensors"] = {n: (k, shape, start + off) for n, (k, shape, off) in infos.items()}
+        meta["tensors"] = r.tensors(n_tensors, int(meta.get("general.alignment", 32)))
     return meta
 
 
@@ -338,22 +344,11 @@ def import_gguf(gguf_file: Path, out_dir: Path, chat_template: str | None = None
     meta = gguf_metadata(gguf_file)
     arch = check_architecture(gguf_file)  # refused before a temp dir exists or any weight is read
     extra_cfg = gemma3_config(meta) if arch == "gemma3" else {}
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import GenerationConfig
 
     with staged(out_dir) as tmp:
         t0 = time.perf_counter()
-        src = dict(pretrained_model_name_or_path=str(gguf_file.parent), gguf_file=gguf_file.name)
-        try:
-            model = AutoModelForCausalLM.from_pretrained(**src, dtype=torch.float32, **_dequantized())
-            tokenizer = AutoTokenizer.from_pretrained(**src)
-        except (ValueError, KeyError, OSError, NotImplementedError) as exc:  # a tensor type or tokenizer it lacks
-            raise GgufError(
-                f"{gguf_file}: transformers cannot load it: {type(exc).__name__}: {str(exc)[:300]}"
-            ) from None
-        quantizer = getattr(model, "hf_quantizer", None)
-        if quantizer is not None:  # the weights are dense float32 now: drop the GGUF marker that forbids saving
-            quantizer.remove_quantization_config(model)
+        model, tokenizer = _load(gguf_file)
         load_s = time.perf_counter() - t0
         cfg = model.config
         # after the load: these fields shape no weight, only how they are used (the in-memory model keeps the
@@ -361,21 +356,11 @@ def import_gguf(gguf_file: Path, out_dir: Path, chat_template: str | None = None
         # metadata once more (40 s for Gemma 3's vocabulary).
         for k, v in extra_cfg.items():
             setattr(cfg, k, v)
-        loaded = type(model).__name__  # config.architectures is unset after a GGUF load; save_pretrained writes this
-        from coinfer.quantize.export import SUPPORTED
-
-        if loaded not in (*SUPPORTED, GGUF_ARCHITECTURES[arch]):  # e.g. a future loader mapping we do not know
-            raise GgufError(
-                f"{gguf_file}: loads as {loaded}, which neither the export nor the import states (supported: "
-                f"{', '.join(dict.fromkeys([*SUPPORTED, *GGUF_ARCHITECTURES.values()]))})"
-            )
-        if loaded not in SUPPORTED:
-            log.warning("%s loads as %s: vLLM serves it; `quantize export` does not state it yet", gguf_file, loaded)
+        loaded = _loaded_architecture(gguf_file, model, arch)
         _special_tokens_added(tokenizer, meta)
         file_template = bool(tokenizer.chat_template)
         if chat_template is not None:
             tokenizer.chat_template = chat_template
-        eot = end_of_turn(tokenizer)
         if not tokenizer.chat_template:
             log.warning(
                 "%s has no chat template: plain prompts only, requests in chat form are refused "
@@ -383,11 +368,7 @@ def import_gguf(gguf_file: Path, out_dir: Path, chat_template: str | None = None
                 gguf_file,
             )
         file_eos = tokenizer.eos_token
-        if eot is not None and eot != file_eos:
-            tokenizer.eos_token = eot  # what apply_chat_template's {{ eos_token }} and vLLM's stop use
-        stops = [t for t in dict.fromkeys([eot, file_eos]) if t is not None]
-        eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in stops]
-        eos: int | list[int] | None = eos_ids[0] if len(eos_ids) == 1 else (eos_ids or None)
+        eot, eos = _end_of_turn_ids(tokenizer)
         cfg.eos_token_id = eos  # the edge reads its stop ids from config.json
         cfg.bos_token_id = tokenizer.bos_token_id  # the file's own (None if it states none, not a class default)
         model.generation_config = GenerationConfig(
@@ -397,13 +378,7 @@ def import_gguf(gguf_file: Path, out_dir: Path, chat_template: str | None = None
         tokenizer.save_pretrained(str(tmp))
         _portable_tokenizer_class(tmp / "tokenizer_config.json")
         report = {
-            "source": {
-                "path": str(gguf_file),
-                "sha256": sha256_file(gguf_file),
-                "bytes": gguf_file.stat().st_size,
-                "architecture": arch,
-                "tensor_types": tensor_types(gguf_file),
-            },
+            "source": _source_report(gguf_file, arch),
             "architecture": loaded,
             "dtype": "float32",
             "parameters": sum(p.numel() for p in model.parameters()),
@@ -419,6 +394,60 @@ def import_gguf(gguf_file: Path, out_dir: Path, chat_template: str | None = None
         (tmp / IMPORT_FILE).write_text(json.dumps(report, indent=2))
         log.info("imported %s (%s) in %.1f s", gguf_file, arch, report["seconds"]["total"])
     return report
+
+
+def _source_report(gguf_file: Path, arch: str) -> dict:
+    return {
+        "path": str(gguf_file),
+        "sha256": sha256_file(gguf_file),
+        "bytes": gguf_file.stat().st_size,
+        "architecture": arch,
+        "tensor_types": tensor_types(gguf_file),
+    }
+
+
+def _load(gguf_file: Path):
+    """The file's model (dequantized to float32, saveable) and tokenizer, by transformers' GGUF loader."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = dict(pretrained_model_name_or_path=str(gguf_file.parent), gguf_file=gguf_file.name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(**src, dtype=torch.float32, **_dequantized())
+        tokenizer = AutoTokenizer.from_pretrained(**src)
+    except (ValueError, KeyError, OSError, NotImplementedError) as exc:  # a tensor type or tokenizer it lacks
+        raise GgufError(f"{gguf_file}: transformers cannot load it: {type(exc).__name__}: {str(exc)[:300]}") from None
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:  # the weights are dense float32 now: drop the GGUF marker that forbids saving
+        quantizer.remove_quantization_config(model)
+    return model, tokenizer
+
+
+def _loaded_architecture(gguf_file: Path, model, arch: str) -> str:
+    """The class the file loaded as (``config.architectures`` is unset after a GGUF load; save_pretrained writes
+    this), refused where neither the export nor the import states it."""
+    from coinfer.quantize.export import SUPPORTED
+
+    loaded = type(model).__name__
+    if loaded not in (*SUPPORTED, GGUF_ARCHITECTURES[arch]):  # e.g. a future loader mapping we do not know
+        raise GgufError(
+            f"{gguf_file}: loads as {loaded}, which neither the export nor the import states (supported: "
+            f"{', '.join(dict.fromkeys([*SUPPORTED, *GGUF_ARCHITECTURES.values()]))})"
+        )
+    if loaded not in SUPPORTED:
+        log.warning("%s loads as %s: vLLM serves it; `quantize export` does not state it yet", gguf_file, loaded)
+    return loaded
+
+
+def _end_of_turn_ids(tokenizer) -> tuple[str | None, int | list[int] | None]:
+    """The chat template's end-of-turn token (made the tokenizer's eos: what apply_chat_template's
+    ``{{ eos_token }}`` and vLLM's stop use) and the stop ids to state: it and the file's own eos."""
+    eot, file_eos = end_of_turn(tokenizer), tokenizer.eos_token
+    if eot is not None and eot != file_eos:
+        tokenizer.eos_token = eot
+    stops = [t for t in dict.fromkeys([eot, file_eos]) if t is not None]
+    eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in stops]
+    return eot, eos_ids[0] if len(eos_ids) == 1 else (eos_ids or None)
 
 
 def tensor_types(path: Path) -> dict[str, int]:

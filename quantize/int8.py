@@ -240,33 +240,38 @@ def quantize_model(src: Path, dst: Path, cfg: QuantConfig, calibration: Callable
             )
             info["calibration_feeds"] = getattr(reader, "feeds", None)
         else:
-            from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
-            model = onnx.load(str(named))  # the weights, once
-            inits = {i.name: i for i in model.graph.initializer}
-            chosen = set(nodes)
-            k_max = max(int(inits[n.input[1]].dims[0]) for n in model.graph.node if n.name in chosen)
-            block = cfg.block_size or max(16, 1 << (k_max - 1).bit_length())
-            # nodes_to_include only adds to op_types_to_quantize (every MatMul is taken): exclude instead
-            skip = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in chosen]
-            q = MatMulNBitsQuantizer(
-                model,
-                bits=8,
-                block_size=block,
-                is_symmetric=False,
-                accuracy_level=cfg.accuracy_level,
-                nodes_to_exclude=skip,
-                op_types_to_quantize=("MatMul",),
-            )
-            q.process()
-            data_file(dst).unlink(missing_ok=True)
-            q.model.save_model_to_file(str(dst), use_external_data_format=external)
-            info["block_size"] = block
+            info["block_size"] = _blockwise(named, dst, cfg, nodes, external)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if cfg.embeddings == "fp16":
         info["fp16_tables"] = fp16_embeddings(dst)
     return info
+
+
+def _blockwise(named: Path, dst: Path, cfg: QuantConfig, nodes: list[str], external: bool) -> int:
+    """The block-wise scheme (ONNX Runtime's MatMulNBits, 8 bits) of ``nodes``; returns the block size used."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    model = onnx.load(str(named))  # the weights, once
+    inits = {i.name: i for i in model.graph.initializer}
+    chosen = set(nodes)
+    k_max = max(int(inits[n.input[1]].dims[0]) for n in model.graph.node if n.name in chosen)
+    block = cfg.block_size or max(16, 1 << (k_max - 1).bit_length())
+    # nodes_to_include only adds to op_types_to_quantize (every MatMul is taken): exclude instead
+    skip = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in chosen]
+    q = MatMulNBitsQuantizer(
+        model,
+        bits=8,
+        block_size=block,
+        is_symmetric=False,
+        accuracy_level=cfg.accuracy_level,
+        nodes_to_exclude=skip,
+        op_types_to_quantize=("MatMul",),
+    )
+    q.process()
+    data_file(dst).unlink(missing_ok=True)
+    q.model.save_model_to_file(str(dst), use_external_data_format=external)
+    return block
 
 
 def fp16_embeddings(path: Path) -> list[str]:
