@@ -27,7 +27,7 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from coinfer import types as t
@@ -37,15 +37,15 @@ from coinfer.cloud.answering import Answerer
 from coinfer.cloud.config import CloudConfig
 from coinfer.cloud.context import SessionContext
 from coinfer.cloud.engine import TargetEngine
+from coinfer.cloud.exact_drafts import ExactDrafts
 from coinfer.cloud.hedge import Hedge
 from coinfer.cloud.judging import Judge
 from coinfer.cloud.learning import Outcome, outcome_rows
 from coinfer.cloud.policy import RoundOdds, retry
 from coinfer.cloud.ranking import MS_PER_S, Judged, Ranked
 from coinfer.cloud.rounds import Rounds, request_kind, retry_advice
-from coinfer.cloud.speculation import Continuation, Proposal, proposed
 from coinfer.cloud.summary import summary
-from coinfer.errors import DeadlineExceeded, InvalidArgument
+from coinfer.errors import DeadlineExceeded
 from coinfer.rules import RuleSet
 from coinfer.tasks import Task
 
@@ -164,20 +164,8 @@ class Session:
         """The edge's messages that came while a round closed: read once it is decided."""
         self._judging: set[asyncio.Task] = set()
         self._answering: asyncio.Task | None = None
-        self._first: list[t.Draft] = []
-        """The first round's drafts, as they came (exact verification proposes them)."""
-        self._continued: list[t.Draft] = []
-        """The drafts of the edge's continuation rounds (``DraftFrom``), each of the whole answer."""
-        self._repairs: dict[str, str | None] = {}
-        """Each proposed draft's calculator repair (None: none), computed once: every continuation proposes the
-        drafts in hand again."""
-        self._more: asyncio.Future[list[t.Draft]] | None = None
-        """A continuation round asked of the edge (``DraftFrom``), resolved with its drafts at its end."""
-        self._more_drafts: list[t.Draft] = []
-        p = self.ctx.policy
-        self._asking = Continuation(
-            rounds=p.draft_from_rounds, min_accepted=p.draft_from_min_accepted, misses=p.draft_from_misses
-        )
+        self.exact_drafts = ExactDrafts(self.ctx, self.stream)
+        """What exact verification proposes: the first round's drafts, the edge's continuations (``DraftFrom``)."""
         self._failed: BaseException | None = None
         """The part's error the session failed on (reported once, by the session)."""
 
@@ -307,7 +295,7 @@ class Session:
     # ---- handlers -----------------------------------------------------------------------------------------
     def _on_draft(self, d: t.Draft) -> None:
         if d.continues:
-            self._take_more(d)
+            self.exact_drafts.take(d)
             return
         self.rounds.take(d)  # every draft read is within the limits (an index sent twice is refused)
         answering_exactly = self.ctx.exact and self._phase is _Phase.ANSWERING
@@ -317,7 +305,7 @@ class Session:
         # rules' alone, which cost no engine time)
         d = self.ctx.engine.in_target_tokens(d)  # counted in the target's tokens from here on
         if self.rounds.attempt == 0:
-            self._first.append(d)
+            self.exact_drafts.first.append(d)
         self._judging.add(self._spawn(self.judge.verdict(d), f"d{d.index}", lambda tk, i=d.index: self._judged(tk, i)))
         if self.ctx.exact and d.greedy and self.rounds.attempt == 0 and self._phase is _Phase.COLLECTING:
             self._answer(self._ms())  # the greedy draft is the one the target takes most of: begin at once
@@ -339,8 +327,7 @@ class Session:
 
     def _on_round_end(self, done: DraftsDone) -> None:
         if done.continues:
-            if self._more is not None and done.continues == self._asking.asked:
-                self._end_more()
+            self.exact_drafts.round_ended(done.continues)
             return
         if self._phase is not _Phase.COLLECTING:
             return
@@ -350,8 +337,7 @@ class Session:
         self._close(self._round_over)
 
     def _on_edge_closed(self) -> None:
-        if self._more is not None:
-            self._end_more()
+        self.exact_drafts.edge_closed()
         if self._phase is not _Phase.COLLECTING:
             return
         # the edge closed its side without finishing a round: answer from what we have
@@ -416,9 +402,7 @@ class Session:
 
     async def _write(self, ranked: Ranked, hedged: bool) -> Answer:
         if self.ctx.exact:
-            first = sorted(self._first, key=lambda d: not d.greedy)
-            proposals = await self._proposed(first)
-            return await self.answerer.exact(proposals, self._more_proposals)
+            return await self.answerer.exact(await self.exact_drafts.first_proposals(), self.exact_drafts.more)
         if self.hedge is not None and (hedged or not ranked) and not self.hedge.failed():
             try:
                 return await self.hedge.answer(self.stream)
@@ -527,79 +511,3 @@ class Session:
         if odds is None:
             return True
         return not odds.rare(self.kind, p.hedge_below_odds) and odds.pays(self.kind, p.min_round_odds)
-
-    # ---- exact verification's continuation rounds ------------------------------------------------------------
-    def _asks_more(self) -> bool:
-        """Whether the answer may ask the edge for drafts that continue it (``PolicyConfig.draft_from_rounds``)."""
-        return self.ctx.req.drafts_on_request and self.ctx.policy.draft_from_rounds > 0
-
-    async def _more_proposals(self, text: str, accepted: int) -> list[Proposal]:
-        """Drafts of the whole answer that continue ``text`` (the answer so far): those the session holds already
-        (the first round's, as repaired, the edge's continuations), which cost no round trip; else the edge's
-        (``_ask_more``). The greedy draft ends early (``edge.remote.GREEDY_DRAFT_TOKENS``) and the round's others
-        come while it is checked: on held-out word problems the answer so far was most often the beginning of
-        another draft's repair (docs/measurements.md, "Exact split on word problems")."""
-        held = [
-            p
-            for p in await self._proposed(self._whole_drafts)
-            if p.text.startswith(text) and (len(p.text) > len(text) or p.ended)
-        ]
-        if held:
-            return held
-        return await self._ask_more(text, accepted) if self._asks_more() else []
-
-    async def _ask_more(self, text: str, accepted: int) -> list[Proposal]:
-        """Drafts that continue ``text`` (the answer so far), asked of the edge while the rounds' takes make
-        another worth its wait (``Continuation``); none where the edge's round does not end within
-        ``draft_from_wait_ms`` (the target then decodes the rest)."""
-        p = self.ctx.policy
-        if not self._asking.ask(accepted):
-            return []
-        self._more, self._more_drafts = asyncio.get_running_loop().create_future(), []
-        log.debug("%s: continuation round %d asked after %d chars", self.ctx.key, self._asking.asked, len(text))
-        self.stream.put(
-            t.DraftFrom(text=text, max_new_tokens=p.draft_from_tokens, num_drafts=1, round=self._asking.asked)
-        )
-        try:
-            async with asyncio.timeout(p.draft_from_wait_ms / MS_PER_S):
-                drafts = await self._more
-        except TimeoutError:
-            log.debug("no continuation drafts within %d ms: the target decodes the rest", p.draft_from_wait_ms)
-            return []
-        finally:
-            self._more = None
-        self._continued.extend(drafts)
-        return await self._proposed(drafts)
-
-    @property
-    def _whole_drafts(self) -> list[t.Draft]:
-        """Every draft of the whole answer the session has read: the first round's, then the continuations."""
-        return [*self._first, *self._continued]
-
-    async def _proposed(self, drafts: Sequence[t.Draft]) -> list[Proposal]:
-        """``drafts`` (of the whole answer) as exact verification is offered them (``speculation.proposed``): with
-        their calculator repairs where the session repairs drafts (client rules: off the loop)."""
-        pairs = [(d.text, not d.truncated) for d in drafts]
-        if not self.ctx.repairs:
-            return proposed(pairs, None)
-        todo = list({text for text, _ in pairs if text not in self._repairs})
-        if todo:
-            repaired = await asyncio.to_thread(lambda: [self.ctx.rules.repaired(text) for text in todo])
-            self._repairs.update(zip(todo, repaired))
-        return proposed(pairs, self._repairs.get)
-
-    def _take_more(self, d: t.Draft) -> None:
-        """A draft of a continuation round: kept for the round asked now, dropped where it answers an earlier
-        one (it came after the answer stopped waiting for it)."""
-        if self._more is None or d.continues != self._asking.asked:
-            return
-        lim = self.ctx.cfg.limits
-        if len(d.text) > lim.max_draft_chars:
-            raise InvalidArgument(f"draft.text: {len(d.text)} chars > limit {lim.max_draft_chars}")
-        if len(self._more_drafts) >= max(1, lim.max_drafts):
-            raise InvalidArgument(f"draft: more than {lim.max_drafts} drafts in one continuation round")
-        self._more_drafts.append(d)
-
-    def _end_more(self) -> None:
-        if self._more is not None and not self._more.done():
-            self._more.set_result(self._more_drafts)
