@@ -18,3 +18,10 @@ def test_the_rows_kept_are_the_last_ones_used_up_to_the_bound():
     assert rows.get(keys[0]) == (0, 1.0)  # used: kept over keys[1]
     rows.put(keys[3], (3, 1.0))
     assert len(rows) == 3 and rows.get(keys[1]) is None and rows.get(keys[0]) == (0, 1.0)
+
+
+def test_cleared_rows_are_gone_as_a_reset_prefix_cache_leaves_none_of_its_checks():
+    rows, keys = CheckedRows(), context_keys([1, 2])
+    rows.put(keys[1], (2, 0.5))
+    rows.clear()
+    assert len(rows) == 0 and rows.get(keys[1]) is None
