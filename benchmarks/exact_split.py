@@ -7,15 +7,15 @@ SmolLM2-135M-Instruct on both sides (``coinfer.demo.real.real_stack``: the float
 ``CLOUD_DTYPE``, its INT8 export drafting on the edge), each of ``--prompts`` open prompts
 (``benchmarks.open_prompts``) asked through the edge's OpenAI API with the official SDK, greedy, one request at a
 time, under the cloud plan and under split, plain and streamed, each request on a cold cache (the in-process
-engine's prefix cache and the rows its checks kept reset before it: the same prompt asked before -- the cloud
-plan's answer is split's text -- would have left split's checks reading positions the cache served). Printed: how
-many of split's answers equal the cloud plan's (plain and streamed), each mismatch with the target's lead of its
-argmax where the two first differ (a near-tie that prefill and decode arithmetic break differently explains it),
-and per answer, from the cloud's own counts (``cloud_cost``): sequential engine steps, tokens decoded, positions scored by prefill, draft tokens
-offered and taken, engine requests; latency p50 (plain) and time to first content p50 (streamed) per plan, and
-the edge's first draft; those counts priced on an A100 with an 8B target (``benchmarks.gpu_estimate``: an
-estimate). The cloud plan is plain greedy decoding on the same engine (no drafts): its counts are
-greedy's. One run, one machine: ratios side by side.
+engine's prefix cache and the rows its checks kept reset before it: the same prompt asked before -- the cloud plan's
+answer is split's text -- would have left split's checks reading positions the cache served). Printed: how many of
+split's answers equal the cloud plan's (plain and streamed), each mismatch with the target's lead of its argmax
+where the two first differ (a near-tie that prefill and decode arithmetic break differently explains it), and per
+answer, from the cloud's own counts (``cloud_cost``): sequential engine steps, tokens decoded, positions scored by
+prefill, draft tokens offered and taken, engine requests; latency p50 (plain) and time to first content p50
+(streamed) per plan, and the edge's first draft; those counts priced on an A100 with an 8B target
+(``benchmarks.gpu_estimate``: an estimate). The cloud plan is plain greedy decoding on the same engine (no drafts):
+its counts are greedy's. One run, one machine: ratios side by side.
 """
 
 from __future__ import annotations
