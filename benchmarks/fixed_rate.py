@@ -7,14 +7,16 @@ replica and edges (``benchmarks.replica.coinfer_stack``, the replica pinned to i
 ``--draws`` unloaded passes and replayed), then Poisson arrivals at ``--rate`` for ``--step-s`` seconds, and per
 request its latency, first content and ``Summary.cost`` (engine requests, prompt positions and those the prefix
 cache served, decoded tokens). Printed: p50 / p95, the work per answer, how many answers took each number of
-engine requests, the work of the slowest answers, and the replica's CPU per answer by process. One run, one machine: before / after a
-change, side by side, never a threshold.
+engine requests, the work of the slowest answers, and the replica's CPU per answer by process. A plan ending in
+``-remote`` runs over the remote engine (vLLM's own OpenAI server, both processes on the replica's core, their CPU by
+process). One run, one machine: before / after a change, side by side, never a threshold.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -27,7 +29,7 @@ from pathlib import Path
 
 from benchmarks import capacity
 from benchmarks.capacity_ladder import Request, Result, run_step, unloaded
-from benchmarks.replica import CLOUD_CORE, coinfer_stack
+from benchmarks.replica import CLOUD_CORE, ServerGroup, coinfer_stack, vllm_server
 
 
 def _row(req: Request, res: Result) -> dict:
@@ -75,12 +77,21 @@ async def run(args) -> dict:
     model, draft, max_len, dtype = capacity.pair(real=args.workload == capacity.REAL)
     reqs = capacity.workload(args.workload, args.requests, args.seed)
     rows: list[dict] = []
-    async with coinfer_stack(
-        model, draft, Path(tempfile.mkdtemp(prefix="fixed-rate-")), max_len, dtype, draws=args.draws
-    ) as (srv, core, drafts):
+    log_dir = Path(tempfile.mkdtemp(prefix="fixed-rate-"))
+    plan = args.plan.removesuffix(capacity.REMOTE)
+    async with contextlib.AsyncExitStack() as stack:
+        vllm = None
+        if plan != args.plan:  # the remote engine: vLLM's own server, the cloud service in front of it
+            details = ("--enable-prompt-tokens-details",)
+            vllm, _, _ = await stack.enter_async_context(vllm_server(model, log_dir, max_len, dtype, extra=details))
+        cloud = coinfer_stack(
+            model, draft, log_dir, max_len, dtype, engine_url=vllm.url if vllm else "", draws=args.draws
+        )
+        srv, core, drafts = await stack.enter_async_context(cloud)
+        srv = ServerGroup(coinfer=srv, vllm=vllm) if vllm else srv
 
         async def ask(req: Request, rid: str) -> Result:
-            res = await capacity.ask_coinfer(core, req, args.plan, rid, int(args.deadline_s * 1e3))
+            res = await capacity.ask_coinfer(core, req, plan, rid, int(args.deadline_s * 1e3))
             rows.append(_row(req, res))
             return res
 
@@ -101,7 +112,7 @@ async def run(args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", default="words", choices=capacity.WORKLOADS)
-    ap.add_argument("--plan", default="split", choices=capacity.COINFER_SYSTEMS)
+    ap.add_argument("--plan", default="split", choices=capacity.COINFER_SYSTEMS + capacity.REMOTE_SYSTEMS)
     ap.add_argument("--rate", type=float, default=22.0, help="offered requests per second")
     ap.add_argument("--step-s", type=float, default=10.0, help="seconds of arrivals")
     ap.add_argument("--requests", type=int, default=100, help="distinct problems (open prompts: up to 16)")

@@ -52,6 +52,13 @@ class EngineConfig:
     service mix (prompt-logprob scoring, seeded n>1 sampling and refinement in one batch) the
     target's greedy answers came out corrupted (benchmarks/open_accuracy.py: held-out accuracy
     0.175 -> 0.0). Turn it on only after that benchmark passes on your engine build (GPU untested)."""
+    stream_interval: int = bounded(1, ge=1, le=64)
+    """Tokens per streamed output of a generation (vLLM's per-request ``stream_interval``: the first token always
+    at once, then every this many, and the last): 1 hands over each token as it is decoded; more batch them, the
+    host work per token (the engine's output, the vLLM server's event and this process's parse of it, with
+    ``url``) divided by about that many, the client's stream in bursts of that many tokens, and a step-by-step
+    answer's failed step found up to that many tokens later (decoded, then cut: the same text).
+    Measured in docs/measurements.md, "The remote engine"."""
     enforce_eager: bool = True
     """Skip graph capture / compilation: seconds faster to start on CPU."""
     tensor_parallel_size: int = bounded(1, ge=1, le=MAX_PARALLEL)

@@ -12,7 +12,8 @@ to ``/v1/completions``, so that the server reads exactly what the in-process eng
 (and whenever the server comes back) the server must list the model (``/v1/models``) and tokenize a probe text
 as this tokenizer does, or it is refused (``WrongServer``). Per method:
 
-- ``generate_ids``, ``finished_samples``: streamed completions (``return_token_ids``: the tokens of each delta);
+- ``generate_ids``, ``finished_samples``: streamed completions (``return_token_ids``: the tokens of each delta;
+  ``stream_interval``: ``EngineConfig.stream_interval`` tokens an event, a whole completion for ``finished_samples``);
   ``sample``, ``judge`` (``structured_outputs``): one answer;
 - ``top_tokens``: ``prompt_logprobs`` 2 and ``logprobs`` 2 on one greedy token, not streamed (vLLM streams no
   prompt logprobs past 0). vLLM's OpenAI server never reads the prefix cache for a request with prompt logprobs
@@ -199,6 +200,7 @@ class RemoteEngine(TokenizingEngine):
         headers = {SESSION_HEADER: f"{id(cost):x}"} if cost is not None else None
         if body.get("stream"):
             body["stream_options"] = {"include_usage": True}
+            body.setdefault("stream_interval", self.cfg.stream_interval)
             events = remote_http.stream(self._http, COMPLETIONS, body, headers)
         else:
             events = _once(lambda: remote_http.post(self._http, COMPLETIONS, body, headers))
@@ -292,7 +294,8 @@ class RemoteEngine(TokenizingEngine):
         if room < 1:
             return
         texts, tokens = [""] * n, [0] * n
-        body = self._sampling(params, room) | {"n": n, "stream": True}
+        # only whole completions are read: their first token and their end sent, nothing between
+        body = self._sampling(params, room) | {"n": n, "stream": True, "stream_interval": min(params.max_tokens, room)}
         async with contextlib.aclosing(self._run(ids, body)) as outs:
             async for out in outs:
                 for c in out.get("choices") or ():  # the completions that advanced, by index

@@ -115,7 +115,8 @@ class VllmEngine(TokenizingEngine):
     def max_model_len(self) -> int:
         return self._max_len
 
-    def _params(self, p: GenParams, room: int, delta: bool = True, **extra):
+    def _params(self, p: GenParams, room: int, delta: bool = True, every: int = 0, **extra):
+        """``every``: a streamed output's tokens (``stream_interval``; 0: ``cfg.stream_interval``)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -129,6 +130,7 @@ class VllmEngine(TokenizingEngine):
             stop=list(p.stop) or None,
             stop_token_ids=sorted(self.stop_ids) or None,
             output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY,
+            stream_interval=(every or self.cfg.stream_interval) if delta else None,
             **extra,
         )
 
@@ -283,7 +285,11 @@ class VllmEngine(TokenizingEngine):
         if room < 1:
             return
         texts, tokens = [""] * n, [0] * n
-        async with contextlib.aclosing(self._run(ids, self._params(params, room, n=n), request_id)) as outs:
+        # only whole completions are read: their first token and their end sent, nothing between
+        every = min(params.max_tokens, room)
+        async with contextlib.aclosing(
+            self._run(ids, self._params(params, room, every=every, n=n), request_id)
+        ) as outs:
             async for out in outs:
                 for c in out.outputs:  # streamed with n > 1: the completions that advanced, by index
                     texts[c.index] += c.text

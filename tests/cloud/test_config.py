@@ -45,6 +45,7 @@ def test_the_defaults_and_no_per_edge_limit_are_accepted():
         ("ngram_speculative_tokens", 17, r"must be in \[0, 16\]"),
         ("tensor_parallel_size", 0, r"must be in \[1, 64\]"),
         ("data_parallel_size", 65, r"must be in \[1, 64\]"),
+        ("stream_interval", 0, r"must be in \[1, 64\]"),
     ],
 )
 def test_each_engine_bound_is_declared_on_its_field_and_named(field, value, msg):

@@ -17,3 +17,20 @@ def test_a_hand_serialised_probe_answer_is_the_message_protobuf_would_write():
         assert len(msg.payload) == n and msg.received_bytes == 4096 and msg.server_time_ns > 0
     big = pb.ProbeResponse.FromString(probe_answer(3 << 20, 0)).payload
     assert big[: 1 << 20] == big[1 << 20 : 2 << 20] and len(set(big[:4096])) > 200  # repeated random MiBs
+
+
+def test_a_streamed_generation_asks_vllm_for_the_configured_tokens_an_output_and_a_whole_answer_for_none():
+    from vllm.sampling_params import RequestOutputKind
+
+    from coinfer.cloud.config import EngineConfig
+    from coinfer.cloud.engine import GenParams
+    from coinfer.cloud.vllm_engine import VllmEngine
+
+    engine = VllmEngine(EngineConfig(model="target", stream_interval=4))  # not started: the parameters only
+    streamed, whole = (
+        engine._params(GenParams(max_tokens=8), 100),
+        engine._params(GenParams(max_tokens=8), 100, delta=False),
+    )
+    assert streamed.stream_interval == 4 and streamed.output_kind == RequestOutputKind.DELTA
+    assert whole.stream_interval is None and whole.output_kind == RequestOutputKind.FINAL_ONLY
+    assert engine._params(GenParams(max_tokens=8), 100, every=8).stream_interval == 8

@@ -50,10 +50,12 @@ class Scripted:
         return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
 
 
-async def _engine(server: Scripted, monkeypatch) -> RemoteEngine:
+async def _engine(server: Scripted, monkeypatch, **cfg) -> RemoteEngine:
     real_client = remote_http.client
     monkeypatch.setattr(remote_http, "client", lambda cfg: real_client(cfg, httpx.MockTransport(server.handle)))
-    return await RemoteEngine(EngineConfig(model=str(TARGET), url="http://vllm:8000", api_key=KEY)).start(wait_s=5)
+    return await RemoteEngine(EngineConfig(model=str(TARGET), url="http://vllm:8000", api_key=KEY, **cfg)).start(
+        wait_s=5
+    )
 
 
 def _server() -> Scripted:
@@ -86,6 +88,20 @@ async def test_each_sessions_requests_go_under_its_own_key_with_every_sampling_f
     for field in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "stop_token_ids"):
         assert field in body, field
     assert body["stop_token_ids"] == sorted(engine.stop_ids) and body["stream_options"] == {"include_usage": True}
+
+
+async def test_a_generation_streams_the_configured_tokens_an_event_and_whole_samples_one_event_each(monkeypatch):
+    server = _server()
+    engine = await _engine(server, monkeypatch, stream_interval=4)
+    try:
+        prompt = engine.render([ChatMessage("user", "Say ok.")])
+        assert "".join([c.text async for c in engine.generate(prompt, GenParams(max_tokens=8), "r")]) == "ok"
+        assert [c.text async for c in engine.finished_samples(prompt, GenParams(max_tokens=8), 2, "s")] == ["ok"]
+    finally:
+        await engine.close()
+    (generated, _), (sampled, _) = server.asked
+    # vLLM's per-request stream_interval: the first token at once, then every 4 (a whole sample: its end)
+    assert generated["stream_interval"] == 4 and sampled["stream_interval"] == 8 and sampled["n"] == 2
 
 
 async def test_a_key_the_server_refuses_turns_the_engine_down_until_the_server_takes_it_again(monkeypatch):
