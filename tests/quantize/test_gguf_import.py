@@ -516,6 +516,7 @@ def test_gemma3_continues_text_under_transformers_and_vllm(gemma3_hf, offline_vl
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from coinfer.cloud.config import EngineConfig
+    from coinfer.cloud.vllm_common import tie_nats
 
     tok = AutoTokenizer.from_pretrained(str(gemma3_hf))
     model = AutoModelForCausalLM.from_pretrained(str(gemma3_hf)).eval()
@@ -528,4 +529,12 @@ def test_gemma3_continues_text_under_transformers_and_vllm(gemma3_hf, offline_vl
         assert text.startswith(word), text
         served = offline_vllm.greedy(EngineConfig(model=str(gemma3_hf), max_model_len=1024), ids, 8)
         print(f"Gemma 3 (vLLM, greedy): {prompt!r} -> {tok.decode(served)!r}")
-        assert tok.decode(served).startswith(word) and served[:4] == out[:4], (served, out)
+        assert tok.decode(served).startswith(word), served
+        # past the first word, greedy runs part where two tokens nearly tie (" and is" / " and the": 0.05 nats
+        # apart, which AVX2 and AVX-512 kernels order differently): each token vLLM wrote is transformers' top
+        # on vLLM's own text, or within the lead under which two engines may disagree
+        with torch.no_grad():
+            logp = model(torch.tensor([ids + served])).logits[0, len(ids) - 1 : -1].float().log_softmax(-1)
+        behind = (logp.max(-1).values - logp[torch.arange(len(served)), served]).tolist()
+        print(f"  nats behind transformers' top, per token: {[round(b, 3) for b in behind]}")
+        assert max(behind) <= tie_nats("bfloat16"), (served, out, behind)
