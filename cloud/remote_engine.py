@@ -200,7 +200,8 @@ class RemoteEngine(TokenizingEngine):
         headers = {SESSION_HEADER: f"{id(cost):x}"} if cost is not None else None
         if body.get("stream"):
             body["stream_options"] = {"include_usage": True}
-            body.setdefault("stream_interval", self.cfg.stream_interval)
+            if self.cfg.stream_interval > 1:  # vLLM's default otherwise (a server older than the field ignores it)
+                body.setdefault("stream_interval", self.cfg.stream_interval)
             events = remote_http.stream(self._http, COMPLETIONS, body, headers)
         else:
             events = _once(lambda: remote_http.post(self._http, COMPLETIONS, body, headers))

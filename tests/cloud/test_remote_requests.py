@@ -88,6 +88,7 @@ async def test_each_sessions_requests_go_under_its_own_key_with_every_sampling_f
     for field in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "stop_token_ids"):
         assert field in body, field
     assert body["stop_token_ids"] == sorted(engine.stop_ids) and body["stream_options"] == {"include_usage": True}
+    assert "stream_interval" not in body  # 1: the server's own default, not asked
 
 
 async def test_a_generation_streams_the_configured_tokens_an_event_and_whole_samples_one_event_each(monkeypatch):
