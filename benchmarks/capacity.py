@@ -78,7 +78,7 @@ from benchmarks import capacity_vllm
 from benchmarks.capacity_ladder import Request, Result, measure, unloaded
 from benchmarks.load_stats import WORK_KEYS, grid_index, grid_rate
 from benchmarks.open_prompts import OPEN_PROMPTS
-from benchmarks.replica import CLOUD_CORE, NGRAM_SPECULATION, ServerGroup, coinfer_stack, vllm_server
+from benchmarks.replica import CLOUD_CORE, NGRAM_SPECULATION, PROMPT_DETAILS, coinfer_stack, remote_stack, vllm_server
 
 SYSTEMS = ("split", "cloud", "auto", "vllm-greedy", "vllm-repair", "vllm-resample", "vllm-ngram", "vllm-best-of-5")
 """What a run measures unless ``--systems`` says otherwise."""
@@ -190,9 +190,7 @@ async def _vllm_systems(
     ):
         if not systems:
             continue
-        # the prefix cache's hits in the usage: the work counted as coinfer's is (Summary.cost)
-        details = ("--enable-prompt-tokens-details",)
-        async with vllm_server(model, log_dir, max_len, dtype, speculative, details) as (srv, client, name):
+        async with vllm_server(model, log_dir, max_len, dtype, speculative, PROMPT_DETAILS) as (srv, client, name):
             for system in systems:
                 ask = capacity_vllm.asker(system, client, name)
                 for wl in wls:
@@ -272,13 +270,9 @@ async def _remote_systems(
 ) -> None:
     """coinfer's plans over the remote engine: vLLM's OpenAI server (its prefix-cache hits in its usage, which the
     cost counts read) and the cloud service in front of it, measured together."""
-    details = ("--enable-prompt-tokens-details",)
-    async with vllm_server(model, log_dir, max_len, dtype, extra=details) as (vllm, _, _):
-        stack = coinfer_stack(model, draft, log_dir, max_len, dtype, engine_url=vllm.url, draws=args.draws)
-        async with stack as (srv, core, drafts):
-            systems = [s for s in REMOTE_SYSTEMS if s in args.systems]
-            replica = ServerGroup(coinfer=srv, vllm=vllm)
-            await _coinfer_plans(systems, wls, reqs, args, replica, core, drafts, slo, common, out, progress)
+    async with remote_stack(model, draft, log_dir, max_len, dtype, draws=args.draws) as (replica, core, drafts):
+        systems = [s for s in REMOTE_SYSTEMS if s in args.systems]
+        await _coinfer_plans(systems, wls, reqs, args, replica, core, drafts, slo, common, out, progress)
 
 
 async def _coinfer_plans(

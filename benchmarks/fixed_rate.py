@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import random
@@ -29,7 +28,7 @@ from pathlib import Path
 
 from benchmarks import capacity
 from benchmarks.capacity_ladder import Request, Result, run_step, unloaded
-from benchmarks.replica import CLOUD_CORE, ServerGroup, coinfer_stack, vllm_server
+from benchmarks.replica import CLOUD_CORE, coinfer_stack, remote_stack
 
 
 def _row(req: Request, res: Result) -> dict:
@@ -79,16 +78,9 @@ async def run(args) -> dict:
     rows: list[dict] = []
     log_dir = Path(tempfile.mkdtemp(prefix="fixed-rate-"))
     plan = args.plan.removesuffix(capacity.REMOTE)
-    async with contextlib.AsyncExitStack() as stack:
-        vllm = None
-        if plan != args.plan:  # the remote engine: vLLM's own server, the cloud service in front of it
-            details = ("--enable-prompt-tokens-details",)
-            vllm, _, _ = await stack.enter_async_context(vllm_server(model, log_dir, max_len, dtype, extra=details))
-        cloud = coinfer_stack(
-            model, draft, log_dir, max_len, dtype, engine_url=vllm.url if vllm else "", draws=args.draws
-        )
-        srv, core, drafts = await stack.enter_async_context(cloud)
-        srv = ServerGroup(coinfer=srv, vllm=vllm) if vllm else srv
+    remote = plan != args.plan  # the remote engine: vLLM's own server, the cloud service in front of it
+    stack = remote_stack if remote else coinfer_stack
+    async with stack(model, draft, log_dir, max_len, dtype, draws=args.draws) as (srv, core, drafts):
 
         async def ask(req: Request, rid: str) -> Result:
             res = await capacity.ask_coinfer(core, req, plan, rid, int(args.deadline_s * 1e3))

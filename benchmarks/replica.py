@@ -200,6 +200,11 @@ NGRAM_SPECULATION = {"method": "ngram", "num_speculative_tokens": 4, "prompt_loo
 it: the baseline that speculates with no draft model (``benchmarks.capacity``'s ``vllm-ngram``)."""
 
 
+PROMPT_DETAILS = ("--enable-prompt-tokens-details",)
+"""vLLM's server argument that puts the prefix cache's hits in each usage block: the work counted beside coinfer's
+(``Summary.cost``), and what the remote engine's cost counts read."""
+
+
 @contextlib.asynccontextmanager
 async def vllm_server(
     model: Path,
@@ -326,3 +331,14 @@ async def coinfer_stack(
         if core is not None:
             await core.close()
         srv.stop()
+
+
+@contextlib.asynccontextmanager
+async def remote_stack(model: Path, draft: Path, log_dir: Path, max_len: int, dtype: str = "auto", draws: int = 1):
+    """coinfer's cloud service over the remote engine: vLLM's own OpenAI server (``PROMPT_DETAILS``) and the cloud in
+    front of it (``--engine.url``), measured together as one replica; yields (replica, core, drafts) as
+    ``coinfer_stack`` does."""
+    async with vllm_server(model, log_dir, max_len, dtype, extra=PROMPT_DETAILS) as (vllm, _, _):
+        stack = coinfer_stack(model, draft, log_dir, max_len, dtype, engine_url=vllm.url, draws=draws)
+        async with stack as (srv, core, drafts):
+            yield ServerGroup(coinfer=srv, vllm=vllm), core, drafts
