@@ -5,7 +5,8 @@
 
 One cloud replica with its engine on one core (core 0: the server process and vLLM's engine core,
 ``taskset`` and ``VLLM_CPU_OMP_THREADS_BIND``); the edges and the load generator on the other (this
-process). Systems, each on the same requests, the same target weights and dtype (vLLM's ``auto``; the real
+process). Systems, each on the same requests, the same target weights and dtype (``auto`` as coinfer resolves it,
+``coinfer.cloud.vllm_common.engine_dtype``: float32 on an x86 CPU without bfloat16 instructions; the real
 model in ``coinfer.quantize.real_model.CLOUD_DTYPE``, float32, which exact split needs), prefix caching on,
 32-token KV blocks, eager mode, 64 sequences a step:
 
@@ -79,6 +80,7 @@ from benchmarks.capacity_ladder import Request, Result, measure, unloaded
 from benchmarks.load_stats import WORK_KEYS, grid_index, grid_rate
 from benchmarks.open_prompts import OPEN_PROMPTS
 from benchmarks.replica import CLOUD_CORE, NGRAM_SPECULATION, PROMPT_DETAILS, coinfer_stack, remote_stack, vllm_server
+from coinfer.cloud.vllm_common import engine_dtype
 
 SYSTEMS = ("split", "cloud", "auto", "vllm-greedy", "vllm-repair", "vllm-resample", "vllm-ngram", "vllm-best-of-5")
 """What a run measures unless ``--systems`` says otherwise."""
@@ -367,7 +369,10 @@ async def _run(args, progress: Callable[[str], None]) -> dict:
         stacks.append((demo, *pair(real=False)))
     if REAL in args.workloads:
         stacks.append(([REAL], *pair(real=True)))
+    dtypes = {}
     for wls, model, draft, max_len, dtype in stacks:
+        dtype = args.dtype or dtype
+        dtypes[",".join(wls)] = engine_dtype(dtype)
         reqs = {
             w: workload(w, args.requests if w != REAL else args.real_requests, args.seed, args.real_max_tokens)
             for w in wls
@@ -382,6 +387,7 @@ async def _run(args, progress: Callable[[str], None]) -> dict:
         "slo_s": slo,
         "slo_rule": f"{args.slo_factor} x plain vLLM greedy's unloaded p50 on the workload",
         "common_rate_rps": common,
+        "target_dtype": dtypes,
         "args": {k: v for k, v in vars(args).items() if k != "json"},
         "wall_s": round(time.perf_counter() - t0, 1),
         "workloads": out,
@@ -489,6 +495,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slo-s", type=float, default=10.0, help="the SLO where vLLM greedy is not run")
     ap.add_argument("--deadline-s", type=float, default=60.0, help="coinfer requests' deadline")
     ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument(
+        "--dtype",
+        default="",
+        choices=("", "auto", "float32", "bfloat16", "float16"),
+        help="the target's dtype in every system (empty: the pair's own, auto for the demo pair)",
+    )
     ap.add_argument("--json", action="store_true", help="one JSON object last on stdout")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -4,7 +4,7 @@ Usage::
 
     .venv/bin/python -m benchmarks.open_accuracy                  # 100 held-out problems per task
     .venv/bin/python -m benchmarks.open_accuracy --problems 40 --tasks words --json out.json
-    .venv/bin/python -m benchmarks.open_accuracy --dtype-check     # + target accuracy float32 vs auto
+    .venv/bin/python -m benchmarks.open_accuracy --dtype-check     # only: the target in float32 vs bfloat16
 
 One run, one machine: the cloud service (vLLM, the demo target) on 127.0.0.1 and the edge's
 INT8 draft on ONNX Runtime, over gRPC. Three kinds of held-out problem: the presets ``arith``
@@ -21,8 +21,9 @@ answer); all graded here only. Printed per task, all measured in this run:
   a refinement of candidates (together: "from drafts", goal >= 50%), or the cloud alone;
 - the likelihood verifier: mean per-token logprob under the target of correct vs wrong drafts,
   and the accuracy of thresholds around the configured one (how the default was chosen);
-- with ``--dtype-check``: the target's greedy held-out accuracy under float32 and under vLLM's
-  ``auto`` dtype, and their time per answer.
+- with ``--dtype-check``, instead: the target alone, greedy, one problem at a time, in float32 and in
+  bfloat16 on the same held-out problems: accuracy per task, ms per answer, and which of the two
+  ``EngineConfig.dtype`` "auto" runs on this machine (``coinfer.cloud.vllm_common.engine_dtype``).
 """
 
 from __future__ import annotations
@@ -299,7 +300,6 @@ async def run(
     n_problems: int,
     drafts: int,
     seed: int,
-    dtype_check: bool,
     concurrency: int,
     kinds: tuple[str, ...] = KINDS,
     policy: dict | None = None,
@@ -346,22 +346,24 @@ async def run(
     }
     await srv.stop(grace=1.0)
     await engine.close()
-    if dtype_check:
-        report["dtype_check"] = await _dtype_check(str(art.target), [c for c in probs if c.kind == WORDS][:100])
     return report
 
 
-async def _dtype_check(model: str, probs) -> dict:
-    """Target greedy accuracy and ms per answer on the same problems under float32 and auto."""
+async def dtype_check(probs: list[Case]) -> dict:
+    """The target's greedy accuracy per task and ms per answer (one at a time) on ``probs`` under float32 and
+    bfloat16, and the one "auto" resolves to here."""
     from coinfer.chat import ChatMessage
     from coinfer.cloud.config import EngineConfig
     from coinfer.cloud.engine import GenParams
+    from coinfer.cloud.vllm_common import engine_dtype
     from coinfer.cloud.vllm_engine import VllmEngine
+    from coinfer.demo.artifacts import ensure_artifacts
 
-    out = {}
-    for dtype in ("float32", "auto"):
+    model = str(ensure_artifacts().target)
+    out: dict = {"auto_here": engine_dtype("auto"), "problems": len(probs)}
+    for dtype in ("float32", "bfloat16"):
         eng = await VllmEngine(EngineConfig(model=model, dtype=dtype)).start()
-        ok, times = 0, []
+        ok, times = Counter(), []
         for i, p in enumerate(probs):
             t0 = time.perf_counter()
             text = "".join(
@@ -373,9 +375,13 @@ async def _dtype_check(model: str, probs) -> dict:
                 ]
             )
             times.append((time.perf_counter() - t0) * 1e3)
-            ok += p.grade(text)
+            ok[p.kind] += p.grade(text)
         await eng.close()
-        out[dtype] = {"accuracy": round(ok / len(probs), 3), "p50_ms": round(statistics.median(times), 1)}
+        kinds = Counter(p.kind for p in probs)
+        out[dtype] = {
+            "accuracy": {k: round(ok[k] / n, 3) for k, n in kinds.items()},
+            "p50_ms": round(statistics.median(times), 1),
+        }
     return out
 
 
@@ -386,7 +392,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drafts", type=int, default=5, help="drafts per problem")
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--concurrency", type=int, default=4, help="problems in flight")
-    ap.add_argument("--dtype-check", action="store_true", help="also compare the target's float32 and auto dtype")
+    ap.add_argument(
+        "--dtype-check",
+        action="store_true",
+        help="only the target alone in float32 and in bfloat16 (accuracy, ms per answer)",
+    )
     ap.add_argument("--json", help="write the report here")
     ap.add_argument(
         "--policy",
@@ -410,12 +420,14 @@ def main(argv: list[str] | None = None) -> int:
         policy = policy_overrides(args.policy)
     except ValueError as exc:
         ap.error(str(exc))
+    if args.dtype_check:
+        print(json.dumps(asyncio.run(dtype_check(cases(kinds, args.problems, args.seed))), indent=2))
+        return 0
     report = asyncio.run(
         run(
             args.problems,
             args.drafts,
             args.seed,
-            args.dtype_check,
             args.concurrency,
             kinds,
             policy,

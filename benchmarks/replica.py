@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from coinfer.cloud.config import EngineConfig
+from coinfer.cloud.vllm_common import engine_dtype
 from scenarios.replicas import free_ports
 
 CLOUD_CORE = 0
@@ -235,7 +236,7 @@ async def vllm_server(
             "target",
             "--enforce-eager",
             "--dtype",
-            dtype,
+            engine_dtype(dtype),  # as coinfer's in-process engine resolves "auto"
             "--max-num-seqs",
             "64",
             "--seed",

@@ -25,9 +25,11 @@ class EngineConfig:
     max_model_len: int = 0
     """Context length; 0 = the model's own (``max_position_embeddings``)."""
     dtype: str = "auto"
-    """Weights/activations dtype. ``auto`` is vLLM's choice (bfloat16 on GPUs and on CPUs with bf16
-    instructions, measured 2.4x faster than float32 on the demo target with equal held-out
-    accuracy: see README); float32 only for a model whose accuracy needs it."""
+    """Weights/activations dtype. ``auto``: vLLM's choice (the model's, bfloat16 for a float32 one) on GPUs and on
+    CPUs with bfloat16 instructions (there measured 2.4x faster than float32 on the demo target with equal
+    held-out accuracy), float32 on an x86 CPU without them (2.7-4.2x faster than bfloat16 there; twice the
+    weights' memory): ``coinfer.cloud.vllm_common.engine_dtype``. float32 elsewhere for a model whose accuracy or
+    exact split needs it. With ``url`` the server's own ``--dtype`` rules; this only sets the tie margin."""
     served_name: str = ""
     """The model name reported in Status and metrics; empty = the model directory's name
     (never the path: a client must not learn the server's filesystem)."""

@@ -80,6 +80,26 @@ def tie_nats(dtype: str) -> float:
     return TIE_NATS.get(dtype.removeprefix("torch."), TIE_NATS["bfloat16"])
 
 
+def engine_dtype(dtype: str) -> str:
+    """The dtype to hand vLLM for ``EngineConfig.dtype``: as configured, but "auto" on an x86 CPU without bfloat16
+    instructions (neither AVX512-BF16 nor AMX) is float32. vLLM's "auto" takes bfloat16 on every x86 CPU, and on
+    one without them the demo target decodes 2.7-4.2x slower in bfloat16 than in float32 (docs/measurements.md,
+    "The target's dtype on a CPU without bfloat16 instructions"); with them, bfloat16 was 2.4x faster than float32.
+    float32 doubles the weights' memory: set ``bfloat16`` to halve it. GPUs and other CPUs: vLLM's choice."""
+    if dtype != "auto":
+        return dtype
+    import platform
+
+    import torch
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or platform.machine().lower() not in ("x86_64", "amd64"):
+        return dtype
+    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+        return dtype
+    return "float32"
+
+
 def top2(ranked: list[tuple[int, int, float]]) -> tuple[int, float]:
     """(argmax token, its lead in nats over the runner-up) of one logprobs row given as (rank, token, logprob)
     entries: the actual token and the top 2, each with its rank (the lead is infinite where vLLM reports no

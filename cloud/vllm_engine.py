@@ -19,7 +19,15 @@ from coinfer.cloud.checked_rows import CheckedRows, TopRow, context_keys
 from coinfer.cloud.config import EngineConfig
 from coinfer.cloud.engine import Chunk, EngineStats, GenParams, current_cost
 from coinfer.cloud.sampled import Row
-from coinfer.cloud.vllm_common import REFUSED_BIAS, TokenizingEngine, sampled_row, tie_nats, top2, vllm_temperature
+from coinfer.cloud.vllm_common import (
+    REFUSED_BIAS,
+    TokenizingEngine,
+    engine_dtype,
+    sampled_row,
+    tie_nats,
+    top2,
+    vllm_temperature,
+)
 from coinfer.errors import Unavailable
 from coinfer.serving import logs
 from coinfer.types import RequestTally
@@ -35,7 +43,7 @@ def engine_args(cfg: EngineConfig) -> dict:
         tokenizer=cfg.model,
         max_model_len=cfg.max_model_len or None,
         served_model_name=cfg.model_name,
-        dtype=cfg.dtype,
+        dtype=engine_dtype(cfg.dtype),
         max_num_seqs=cfg.max_num_seqs,
         enforce_eager=cfg.enforce_eager,
         gpu_memory_utilization=cfg.gpu_memory_utilization,

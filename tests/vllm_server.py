@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from coinfer.cloud.config import EngineConfig
+from coinfer.cloud.vllm_common import engine_dtype
 from scenarios.replicas import free_ports
 from tests.waiting import until
 
@@ -47,6 +48,7 @@ class VllmServer:
             *("--enforce-eager", "--max-num-seqs", "64", "--seed", "0", "--enable-prompt-tokens-details"),
             # the prefix cache's granularity as the in-process engine has it (EngineConfig.block_size)
             *("--block-size", str(EngineConfig().block_size)),
+            *("--dtype", engine_dtype(EngineConfig().dtype)),  # and its dtype
             "--enable-log-requests",  # "Aborted request(s) ..." in its log: what a test of cancellation reads
             *self.extra,
         ]

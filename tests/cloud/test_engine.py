@@ -34,3 +34,28 @@ def test_a_streamed_generation_asks_vllm_for_the_configured_tokens_an_output_and
     assert streamed.stream_interval == 4 and streamed.output_kind == RequestOutputKind.DELTA
     assert whole.stream_interval is None and whole.output_kind == RequestOutputKind.FINAL_ONLY
     assert engine._params(GenParams(max_tokens=8), 100, every=8).stream_interval == 8
+
+
+def test_auto_dtype_is_float32_only_on_an_x86_cpu_without_bfloat16_instructions(monkeypatch):
+    import torch
+    from vllm.platforms import current_platform
+
+    from coinfer.cloud.vllm_common import engine_dtype
+
+    def machine(arch: str, bf16: bool, amx: bool, cpu: bool = True):
+        monkeypatch.setattr("platform.machine", lambda: arch)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+        monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: cpu)
+
+    machine("x86_64", bf16=False, amx=False)
+    assert engine_dtype("auto") == "float32"
+    assert engine_dtype("bfloat16") == "bfloat16" and engine_dtype("float16") == "float16"  # said is kept
+    for arch, bf16, amx, cpu in (
+        ("x86_64", True, False, True),
+        ("x86_64", False, True, True),
+        ("aarch64", False, False, True),
+        ("x86_64", False, False, False),
+    ):
+        machine(arch, bf16, amx, cpu)
+        assert engine_dtype("auto") == "auto", (arch, bf16, amx, cpu)  # vLLM's own choice

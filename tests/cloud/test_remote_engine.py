@@ -26,6 +26,7 @@ from coinfer.cloud.engine import GenParams, metered
 from coinfer.cloud.remote_engine import RemoteEngine
 from coinfer.cloud.remote_http import WrongServer
 from coinfer.cloud.server import create_server
+from coinfer.cloud.vllm_common import engine_dtype, tie_nats
 from coinfer.rules import Rule
 from coinfer.v1 import coinfer_pb2_grpc as pb_grpc
 from tests.cloud.test_service import ARITH, GOOD, done, draft, expect_error, open_msg, run_session
@@ -126,6 +127,7 @@ async def test_both_engines_read_score_and_write_alike(cloud, remote):
     assert len(rt) == len(lt) == len(draft_ids) - len(ids) + 1
     assert all(a == b for a, b, x, y in zip(lt, rt, ll, rl) if min(x, y) >= rem.tie_nats), (lt, rt, ll, rl)
     assert rem.speculative and rem.tie_nats >= local.tie_nats
+    assert local.tie_nats == tie_nats(engine_dtype("auto"))  # vLLM ran the dtype "auto" resolves to here
     # the sampled check: each draft token's own logprob and the top k, alike; a refused token never sampled
     rows = [await e.token_rows(draft_ids, len(ids), f"rows-{i}", 20) for i, e in enumerate((local, rem))]
     assert [len(r) for r in rows] == [len(draft_ids) - len(ids)] * 2 and all(len(r.top) == 20 for r in rows[1])
