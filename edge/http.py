@@ -12,7 +12,9 @@ from the prompt, else an open request), ``extraction`` (``"marker"`` or ``{"kind
 ``presence_penalty``, ``frequency_penalty``, ``seed``, ``stop`` -- reach the drafts and the
 cloud's refinement; unset ones keep the daemon's draft defaults (docs/design.md §4.2: T=0.3, top_p 0.95,
 ...) and the cloud's refinement defaults (greedy). ``usage`` counts the draft model's tokenizer
-tokens of the prompt and the answer.
+tokens of the prompt and the answer; a stream sends it last when ``stream_options.include_usage`` asks.
+What it does not serve (``NOT_SERVED``: logprobs, tools, logit_bias, echo, ...; ``response_format`` other than
+text, ``best_of`` over 1) is a 400 naming the field when asked for, accepted when sent empty or off.
 
 Streaming sends answer text the moment it is final and never takes it back (an OpenAI stream cannot):
 the cloud marks each chunk final when every answer it can still end on begins with the text so far
@@ -49,7 +51,7 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from starlette.types import Receive, Scope, Send
 
 from coinfer import types as t
@@ -85,8 +87,21 @@ class CoinferExtra(BaseModel):
     deadline_ms: int = Field(default=0, ge=0)
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")  # OpenAI's newer options (include_obfuscation) change nothing here
+    include_usage: bool = False
+    """One more chunk before ``[DONE]``: ``choices`` empty, ``usage`` the request's; every other chunk's ``usage``
+    null (OpenAI's contract, vLLM's too)."""
+
+
+NOT_SERVED = ("logprobs", "top_logprobs", "tools", "functions", "logit_bias", "echo", "suffix")
+"""OpenAI fields that ask for something this API does not serve (token logprobs, tool calls, a biased
+vocabulary, the prompt echoed). Sent empty or off they are accepted; asking for it is a 400 naming the field --
+ignored, a client would read a response without what it asked for as if it had it."""
+
+
 class _Base(BaseModel):
-    model_config = ConfigDict(extra="allow")  # OpenAI fields we do not use are accepted and ignored
+    model_config = ConfigDict(extra="allow")  # OpenAI fields that change nothing here (user, metadata, ...)
     model: str
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -97,7 +112,56 @@ class _Base(BaseModel):
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=1)
     stream: bool = False
+    stream_options: StreamOptions | None = None
     coinfer: CoinferExtra = Field(default_factory=CoinferExtra)
+    logprobs: bool | int | None = None  # NOT_SERVED: chat's is a bool, completions' an int
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    functions: list[Any] | None = None
+    logit_bias: dict[str, Any] | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    best_of: int | None = None
+    response_format: dict[str, Any] | None = None
+
+    @field_validator(*NOT_SERVED)
+    @classmethod
+    def _not_served(cls, v: object) -> object:
+        if v:  # 0, False, "", [] and {} ask for nothing
+            raise ValueError("not served by coinfer (leave it unset)")
+        return v
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_call(cls, v: object) -> object:
+        if v not in (None, "none", "auto"):
+            raise ValueError("not served by coinfer: no tool calls (none or auto, or leave it unset)")
+        return v
+
+    @field_validator("best_of")
+    @classmethod
+    def _one_best(cls, v: int | None) -> int | None:
+        if v is not None and v != 1:
+            raise ValueError("not served by coinfer: one completion (1, or leave it unset)")
+        return v
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_format(cls, v: dict | None) -> dict | None:
+        if v is not None and v.get("type", "text") != "text":
+            raise ValueError(
+                'not served by coinfer: text only ({"type": "text"}); for a JSON answer, '
+                'coinfer.extraction "json" and rules check it'
+            )
+        return v
+
+    @field_validator("stream_options")
+    @classmethod
+    def _options_with_stream(cls, v: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        if v is not None and not info.data.get("stream"):  # OpenAI's rule: an option of a stream
+            raise ValueError("only with stream: true")
+        return v
 
 
 class CompletionBody(_Base):
@@ -418,7 +482,20 @@ class _Completion:
         }
         if extra:
             payload["coinfer"] = extra
+        if self.usage_chunk:
+            payload["usage"] = None
         return f"data: {json.dumps(payload)}\n\n"
+
+    @property
+    def usage_chunk(self) -> bool:
+        """Whether the stream ends with a usage chunk (``stream_options.include_usage``)."""
+        return self.body.stream_options is not None and self.body.stream_options.include_usage
+
+    def usage(self, usage: dict) -> str:
+        """The chunk ``include_usage`` asks for: no choices, the request's usage."""
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        payload = {"id": self.rid, "object": obj, "created": self.created, "model": self.body.model}
+        return f"data: {json.dumps(payload | {'choices': [], 'usage': usage})}\n\n"
 
     async def sse(self) -> AsyncIterator[str]:
         """The request's server-sent events, as its events come (the one generator between the lifecycle's
@@ -459,8 +536,10 @@ class _Completion:
                     f"({ev.result.fallback_reason or 'a replay'}): retry the request"
                 )
             rest, self.sent = answer[self.sent :], len(answer)
-            info = _info(ev) | {"usage": self.core.usage(self.req, ev), "answer": answer}
-            return [*([self.chunk(rest)] if rest else []), self.chunk(None, ev.result.finish_reason, info)]
+            usage = self.core.usage(self.req, ev)
+            info = _info(ev) | {"usage": usage, "answer": answer}
+            out = [*([self.chunk(rest)] if rest else []), self.chunk(None, ev.result.finish_reason, info)]
+            return out + [self.usage(usage)] if self.usage_chunk else out
         return []
 
 

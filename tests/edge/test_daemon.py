@@ -127,6 +127,21 @@ async def test_openai_sdk_streams_a_completion_and_a_chat(daemon):
     )
     parts = [c.choices[0].delta.content or "" async for c in chat]
     assert "answer" in "".join(parts)
+    # usage at the end of a stream when asked (OpenAI's chunk: no choices); what is not served, sent off, is fine
+    chat = await client.chat.completions.create(
+        model="coinfer-edge",
+        messages=[{"role": "user", "content": ARITH}],
+        stream=True,
+        stream_options={"include_usage": True},
+        logprobs=False,
+        tools=[],
+        tool_choice="none",
+        response_format={"type": "text"},
+    )
+    chunks = [c async for c in chat]
+    assert [c.usage for c in chunks[:-1]] == [None] * (len(chunks) - 1) and chunks[-1].choices == []
+    last = chunks[-1].usage
+    assert last.completion_tokens > 0 and last.total_tokens == last.prompt_tokens + last.completion_tokens
     plain = await client.completions.create(
         model="coinfer-edge", prompt=ARITH, extra_body={"coinfer": {"plan": "edge"}}
     )
@@ -208,6 +223,26 @@ async def test_finish_reason_is_length_exactly_when_the_answer_hit_its_budget(da
             400,
             "messages[0].content",
         ),  # half a UTF-16 pair: valid JSON, not a string UTF-8 can carry
+        # what this API does not serve is refused, not ignored: a client would read the answer as if it had it
+        *(
+            (
+                "/v1/chat/completions",
+                {"model": "coinfer-edge", "messages": [{"role": "user", "content": "hi"}]} | x,
+                400,
+                p,
+            )
+            for x, p in (
+                ({"logprobs": True}, "logprobs"),
+                ({"top_logprobs": 3}, "top_logprobs"),
+                ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+                ({"tool_choice": "required"}, "tool_choice"),
+                ({"response_format": {"type": "json_object"}}, "response_format"),
+                ({"logit_bias": {"50256": -100}}, "logit_bias"),
+                ({"stream_options": {"include_usage": True}}, "stream_options"),  # OpenAI's: only with a stream
+            )
+        ),
+        ("/v1/completions", {"model": "coinfer-edge", "prompt": ARITH, "echo": True}, 400, "echo"),
+        ("/v1/completions", {"model": "coinfer-edge", "prompt": ARITH, "best_of": 3}, 400, "best_of"),
     ],
 )
 async def test_bad_http_input_is_4xx_naming_the_field_and_the_daemon_keeps_serving(daemon, path, body, status, param):
