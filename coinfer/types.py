@@ -171,11 +171,16 @@ class SamplingParams:
             f"{field}.max_new_tokens",
             f"must be in 1..{max_new_tokens}, got {self.max_new_tokens}",
         )
-        require(
-            len(self.stop) <= 8 and all(isinstance(x, str) and 0 < len(x) <= 64 for x in self.stop),
-            f"{field}.stop",
-            "at most 8 strings of 1..64 chars",
-        )
+        require(stops_ok(self.stop), f"{field}.stop", STOPS_RULE)
+
+
+MAX_STOPS, MAX_STOP_CHARS = 8, 64
+STOPS_RULE = f"at most {MAX_STOPS} strings of 1..{MAX_STOP_CHARS} chars"
+
+
+def stops_ok(stop: tuple[str, ...] | list[str]) -> bool:
+    """Whether ``stop`` keeps ``STOPS_RULE`` (the gRPC API's and the HTTP API's one bound)."""
+    return len(stop) <= MAX_STOPS and all(isinstance(x, str) and 0 < len(x) <= MAX_STOP_CHARS for x in stop)
 
 
 @dataclass(kw_only=True)

@@ -125,6 +125,13 @@ class _Base(BaseModel):
     best_of: int | None = None
     response_format: dict[str, Any] | None = None
 
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if not t.stops_ok([v] if isinstance(v, str) else v or []):  # here, to name the field the client sent
+            raise ValueError(t.STOPS_RULE)
+        return v
+
     @field_validator(*NOT_SERVED)
     @classmethod
     def _not_served(cls, v: object) -> object:

@@ -239,6 +239,8 @@ async def test_finish_reason_is_length_exactly_when_the_answer_hit_its_budget(da
                 ({"response_format": {"type": "json_object"}}, "response_format"),
                 ({"logit_bias": {"50256": -100}}, "logit_bias"),
                 ({"stream_options": {"include_usage": True}}, "stream_options"),  # OpenAI's: only with a stream
+                ({"stop": ["a"] * 9}, "stop"),  # the field as this API names it, not the gRPC API's sampling.stop
+                ({"stop": "x" * 65}, "stop"),
             )
         ),
         ("/v1/completions", {"model": "coinfer-edge", "prompt": ARITH, "echo": True}, 400, "echo"),
