@@ -8,7 +8,7 @@ prompt as one user turn. coinfer's own knobs ride in an extra ``coinfer`` object
 (``extra_body={"coinfer": {...}}`` in the SDK): ``task`` (a built-in preset; default: inferred
 from the prompt, else an open request), ``extraction`` (``"marker"`` or ``{"kind": "regex",
 "pattern": ...}``: none | marker | boxed | last_line | json | regex), ``rules``, ``plan``,
-``num_drafts``, ``deadline_ms``. Standard fields -- ``max_tokens``, ``temperature``, ``top_p``,
+``num_drafts``, ``deadline_ms``. Standard fields -- ``max_tokens`` (or ``max_completion_tokens``), ``temperature``, ``top_p``,
 ``presence_penalty``, ``frequency_penalty``, ``seed``, ``stop`` -- reach the drafts and the
 cloud's refinement; unset ones keep the daemon's draft defaults (docs/design.md §4.2: T=0.3, top_p 0.95,
 ...) and the cloud's refinement defaults (greedy). ``usage`` counts the draft model's tokenizer
@@ -104,6 +104,9 @@ class _Base(BaseModel):
     model_config = ConfigDict(extra="allow")  # OpenAI fields that change nothing here (user, metadata, ...)
     model: str
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
+    """OpenAI's newer name for ``max_tokens`` (what its SDK sends for newer models); it wins where both are sent,
+    as in vLLM."""
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
@@ -201,7 +204,7 @@ def _error(status: int, message: str, param: str | None, kind: str = "invalid_re
 def _given(body: _Base) -> dict:
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     given = {
-        "max_new_tokens": body.max_tokens,
+        "max_new_tokens": body.max_completion_tokens or body.max_tokens,
         "temperature": body.temperature,
         "top_p": body.top_p,
         "presence_penalty": body.presence_penalty,

@@ -160,6 +160,14 @@ async def test_finish_reason_is_length_exactly_when_the_answer_hit_its_budget(da
         model="coinfer-edge", messages=messages, max_tokens=3, extra_body={"coinfer": {"plan": plan}}
     )
     assert cut.choices[0].finish_reason == "length", cut.model_extra["coinfer"]
+    newer = await client.chat.completions.create(  # OpenAI's newer name, over the older one as in vLLM
+        model="coinfer-edge",
+        messages=messages,
+        max_completion_tokens=3,
+        max_tokens=256,
+        extra_body={"coinfer": {"plan": plan}},
+    )
+    assert newer.choices[0].finish_reason == "length", newer.model_extra["coinfer"]
     stream = await client.chat.completions.create(
         model="coinfer-edge", messages=messages, max_tokens=3, stream=True, extra_body={"coinfer": {"plan": plan}}
     )
