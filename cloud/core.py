@@ -22,8 +22,9 @@ from coinfer.cloud.metrics import CloudMetrics
 from coinfer.cloud.policy import RoundOdds
 from coinfer.cloud.session import EdgeItem, Session
 from coinfer.errors import InvalidArgument, Reason, ResourceExhausted, Unavailable
-from coinfer.rules import RuleSet
+from coinfer.rules import RuleSet, request_check_size
 from coinfer.serving import logs
+from coinfer.serving.offload import run_sized
 from coinfer.tasks import get_task
 from coinfer.validate import MAX_NEW_TOKENS, check_deadline, check_draft_model, check_question, check_request_id
 
@@ -143,7 +144,7 @@ class CloudCore:
     ) -> AsyncIterator[t.CloudEvent]:
         """Run one session for caller ``edge``; raises CoinferError subclasses for bad input / limits.
         ``drafting``: drafts may come (False: ``generate``)."""
-        task, spec, rules = await asyncio.to_thread(self._check_request, req)
+        task, spec, rules = await run_sized(request_check_size(req), self._check_request, req)
         self._admit(edge)
         req.request_id = req.request_id or uuid.uuid4().hex[:16]
         deadline_ms = req.deadline_ms or self.cfg.policy.default_deadline_ms

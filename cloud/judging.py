@@ -23,6 +23,7 @@ from coinfer.cloud.policy import likelihood_score, mean_logprob
 from coinfer.cloud.ranking import MS_PER_S, Judged, Ranked, rank
 from coinfer.cloud.verifier import JUDGE_MAX_TOKENS, JUDGE_SCHEMA, judge_prompt, parse_judge
 from coinfer.rules import RuleResult
+from coinfer.serving.offload import run_sized
 from coinfer.tasks import Parsed
 
 ACCEPTED_FIRST = "a draft before it was accepted as is"
@@ -113,7 +114,7 @@ class Judge:
         turn, before = asyncio.get_running_loop().create_future(), self._turn
         self._turn = turn
         try:
-            res, parsed, text, repaired = await asyncio.to_thread(self._checked, d.text)  # client rules: off the loop
+            res, parsed, text, repaired = await run_sized(self.ctx.rules.check_size(d.text), self._checked, d.text)
             if repaired:
                 # what was judged, and what an answer takes; the draft model's own logprob was of the text
                 # as written: a repaired draft is held to the absolute likelihood threshold
@@ -260,7 +261,7 @@ class Judge:
         ``likelihood=False`` for the target's own answers: its greedy answer *is* its most likely one,
         and a threshold set for drafts of free prose would refuse it (then sample candidates, refuse
         those too, and run into the deadline)."""
-        res, parsed = await asyncio.to_thread(self.ctx.rules.check, text)
+        res, parsed = await run_sized(self.ctx.rules.check_size(text), self.ctx.rules.check, text)
         if not res.valid:
             return False, f"{res.failed_rule}: {res.error}", parsed
         if likelihood and self.ctx.thresholded and self.ctx.policy.verifier == t.VerifierKind.LIKELIHOOD:

@@ -47,6 +47,7 @@ from coinfer.cloud.rounds import Rounds, request_kind, retry_advice
 from coinfer.cloud.summary import summary
 from coinfer.errors import DeadlineExceeded
 from coinfer.rules import RuleSet
+from coinfer.serving.offload import run_sized
 from coinfer.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -441,9 +442,10 @@ class Session:
         )
         if (
             self.ctx.policy.learn_every and ranked
-        ):  # grading every draft only feeds the learner; client text: off the loop
+        ):  # grading every draft only feeds the learner: the drafts are parsed already, the answer is not
             ctx = self.ctx
-            self.outcome += await asyncio.to_thread(outcome_rows, ranked, a.text, ctx.task, ctx.spec, ctx.rules)
+            size = ctx.rules.check_size(a.text)
+            self.outcome += await run_sized(size, outcome_rows, ranked, a.text, ctx.task, ctx.spec, ctx.rules)
         self.stream.put(self._summary(ranked, a, timings))
 
     def _summary(self, ranked: Ranked, a: Answer, timings: t.Timings) -> t.Summary:

@@ -7,7 +7,6 @@ continuation the same way.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import json
@@ -19,6 +18,7 @@ from coinfer.chat import ChatFormat, ChatMessage
 from coinfer.cloud.config import EngineConfig
 from coinfer.cloud.engine import Chunk, GenParams, TargetEngine, TokenDecoder, restated
 from coinfer.cloud.sampled import Row
+from coinfer.serving.offload import run_sized
 from coinfer.types import Draft
 
 OFF_LOOP_CHARS = 4096
@@ -185,7 +185,7 @@ class TokenizingEngine(TargetEngine):
         """``fn(*args)``, in a worker thread when it tokenizes over ``OFF_LOOP_CHARS`` characters (the
         tokenizer releases the GIL): ~1 ms per KiB, and a prompt, its drafts and a continuation reach tens
         of KiB (66 ms on the loop was seen)."""
-        return fn(*args) if chars <= OFF_LOOP_CHARS else await asyncio.to_thread(fn, *args)
+        return await run_sized(chars, fn, *args, limit=OFF_LOOP_CHARS)
 
     def _ids(self, text: str) -> list[int]:
         # a chat template writes the BOS itself: adding special tokens would double it

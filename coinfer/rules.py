@@ -393,6 +393,9 @@ class RuleSet:
         self.exact = not rules and bool(task.name)
         """The preset's own checkers are in force (the request named no rules of its own): they grade an
         answer exactly against the problem (``Task.default_rules``), so an answer that passes them is right."""
+        self.own = not rules and not (extraction and extraction.kind)
+        """Every check is the project's own code, linear in the text (no client pattern, schema or extraction,
+        whose cost the client sets): a small text is checked on the event loop (``coinfer.serving.offload``)."""
         rules = list(rules) or task.default_rules(spec)
         self.task, self.spec = task, spec
         self.extraction = extraction or Extraction()
@@ -447,6 +450,11 @@ class RuleSet:
         if not all(c.judges_prefix or c.end_decides for c in self.rules):
             return False
         return not self.extraction.kind if self.task.name else self.extraction.kind == "marker"
+
+    def check_size(self, text: str) -> int | None:
+        """What a check of ``text`` costs, for ``coinfer.serving.offload.run_sized``: its length where the
+        rules are our own, None (no bound: a worker thread) where the client's are in force."""
+        return len(text) if self.own else None
 
     @property
     def only_loop_watch(self) -> bool:
@@ -549,3 +557,13 @@ class RuleSet:
         if long_number(text) or not (self.exact or self.repairs_equations):
             return None
         return self.task.repaired(self.spec, text)
+
+
+def request_check_size(req: Any) -> int | None:
+    """What checking a request costs, for ``coinfer.serving.offload.run_sized`` (the cloud's ``OpenRequest``, the
+    edge's ``SolveRequest``: its ``prompt``, ``messages``, ``rules``, ``extraction``): its question's characters
+    (and turns) where it names no rules or extraction of its own; None where it does (a client's schema or
+    pattern compiles at a cost the client sets: always in a worker thread)."""
+    if req.rules or req.extraction.kind:
+        return None
+    return len(req.prompt) + sum(len(m.content) + 1 for m in req.messages)

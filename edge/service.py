@@ -32,6 +32,8 @@ from coinfer.edge.planner.estimates import Estimates
 from coinfer.edge.planner.planner import EdgeState, Planner
 from coinfer.edge.request import SolveRequest, checked, infer_task  # noqa: F401 - re-exported (edge.plan, front ends)
 from coinfer.errors import Unavailable
+from coinfer.rules import request_check_size
+from coinfer.serving.offload import run_sized
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +219,8 @@ class EdgeCore:
         """The request checked once (its rules compiled: off the loop) and handed to its lifecycle, not yet run:
         the front ends read its events (``RequestLifecycle.events``) and, streaming, what the user has seen of
         its answer (``RequestLifecycle.shown``)."""
-        request = await asyncio.to_thread(checked, req, self.cfg, self.link.recommended_drafts)
+        size = request_check_size(req)  # a short preset request: checked faster than a thread hop
+        request = await run_sized(size, checked, req, self.cfg, self.link.recommended_drafts)
         return RequestLifecycle(self, request)
 
     @contextlib.contextmanager

@@ -15,7 +15,6 @@ milliseconds of the event loop otherwise.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import AsyncIterator, Callable
 
@@ -23,6 +22,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from coinfer.errors import InvalidArgument, abort
+from coinfer.serving.offload import run_sized
 
 
 def _reason(exc: DecodeError) -> str:
@@ -46,9 +46,7 @@ class UndecodableRequest(InvalidArgument):
 
 async def _parsed(parse: Callable[[bytes], object], raw: bytes, what: str):
     try:
-        if len(raw) <= OFF_LOOP_BYTES:
-            return parse(raw)
-        return await asyncio.to_thread(parse, raw)
+        return await run_sized(len(raw), parse, raw, limit=OFF_LOOP_BYTES)
     except DecodeError as exc:
         raise UndecodableRequest(f"request: undecodable {what} ({_reason(exc)})", field="request") from None
 

@@ -30,6 +30,10 @@ TAU_S = 10.0
 """Seconds in which a measurement's weight falls to 1/e (``coinfer.estimator``): the planner's memory.
 Its trade-off and status are in docs/planner.md (constants): shorter re-explores a plan measured under
 a burst sooner, longer explores less on a quiet edge. ``EdgeConfig.planner_tau_s`` sets it."""
+SAVE_EVERY_S = 1.0
+"""The estimates file is written at most this often while the daemon serves (every answer changes it): a
+crash loses at most this much learning; a shutdown flushes the latest."""
+
 FORMAT_VERSION = 2
 """The state file's format: decayed estimates (1, unversioned: EWMA means without spreads, ignored)."""
 
@@ -145,7 +149,7 @@ class Estimates:
         self.notes: list[str] = []
         self._logged: set[str] = set()
         """Caveats already logged: ``choose`` re-derives its defaults per request, the log says each once."""
-        self._writer = statefile.OffLoopWriter(path) if path is not None else None
+        self._writer = statefile.OffLoopWriter(path, SAVE_EVERY_S) if path is not None else None
 
     @property
     def tau_s(self) -> float:
@@ -270,10 +274,10 @@ class Estimates:
         return json.dumps({"version": FORMAT_VERSION, "saved_at": self.wall(), "estimates": states}, indent=1)
 
     def save(self) -> None:
-        """Persist (no path: nothing). From the event loop the write runs in a worker thread (``flush``
-        waits for it); outside one, at once."""
+        """Persist (no path: nothing). From the event loop the write runs in a worker thread, at most every
+        ``SAVE_EVERY_S`` (``flush`` writes the latest at once); outside one, at once."""
         if self._writer is not None:
-            self._writer.write(self.snapshot())
+            self._writer.write(self.snapshot)
 
     async def flush(self) -> None:
         """Wait for the writes ``save`` started."""

@@ -60,3 +60,20 @@ async def test_a_draft_model_identity_past_its_limit_is_refused_naming_the_field
         _ = [ev async for ev in core.session(req, _drafts())]
     ok = dataclasses.replace(apples(), draft_model="sha256:" + "0" * 64)
     assert isinstance([ev async for ev in core.session(ok, _drafts())][-1], t.Summary)
+
+
+def test_a_request_is_checked_on_the_loop_only_when_small_and_free_of_client_rules():
+    """A thread hop costs more than checking a short preset request (``coinfer.serving.offload``); a client's
+    rules or extraction compile at a cost it sets, and a long question parses for longer: both in a thread."""
+    from coinfer.chat import ChatMessage
+    from coinfer.extract import Extraction
+    from coinfer.rules import Rule, request_check_size
+
+    req = t.OpenRequest(request_id="r", task="arith", prompt="If x=3 and y=5, compute (x+y)^2-x*y.")
+    assert request_check_size(req) == len(req.prompt)
+    chat = t.OpenRequest(
+        request_id="c", task="", prompt="", messages=[ChatMessage("user", "hi"), ChatMessage("assistant", "")]
+    )
+    assert request_check_size(chat) == 4  # every turn counts, an empty one too
+    assert request_check_size(dataclasses.replace(req, rules=[Rule("regex", {"pattern": "a"})])) is None
+    assert request_check_size(dataclasses.replace(req, extraction=Extraction(kind="marker", marker="x"))) is None
