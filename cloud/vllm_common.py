@@ -18,6 +18,7 @@ from coinfer.chat import ChatFormat, ChatMessage
 from coinfer.cloud.config import EngineConfig
 from coinfer.cloud.engine import Chunk, GenParams, TargetEngine, TokenDecoder, restated
 from coinfer.cloud.sampled import Row
+from coinfer.cpu import fast_bfloat16
 from coinfer.serving.offload import run_sized
 from coinfer.types import Draft
 
@@ -90,14 +91,11 @@ def engine_dtype(dtype: str) -> str:
         return dtype
     import platform
 
-    import torch
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu() or platform.machine().lower() not in ("x86_64", "amd64"):
         return dtype
-    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
-        return dtype
-    return "float32"
+    return dtype if fast_bfloat16() else "float32"
 
 
 def top2(ranked: list[tuple[int, int, float]]) -> tuple[int, float]:

@@ -61,6 +61,7 @@ from tqdm import tqdm
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from coinfer.chat import ChatFormat, ChatMessage, refine_question, with_question
+from coinfer.cpu import fast_bfloat16
 from coinfer.demo import tokenizer as bpe
 from coinfer.demo import wordprob
 from coinfer.tasks import TASKS, is_held_out
@@ -136,7 +137,7 @@ class Recipe:
     refine_eval: int = 90  # held-out word problems for refine_accuracy (0 = skip)
 
 
-BF16_FAST = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+BF16_FAST = fast_bfloat16()
 
 
 # ---------------------------------------------------------------------------------- data
