@@ -103,11 +103,16 @@ class CloudLink:
         """Some replica serves."""
         return any(r.serving for r in self.replicas.values())
 
-    def _channel_to(self, target: str) -> grpc.aio.Channel:
+    def _channel_to(self, target: str, monitor: bool = False) -> grpc.aio.Channel:
+        """The pool's channel (``monitor=False``: sessions, balanced over the SERVING replicas) or one replica's
+        monitor's. A monitor's channel checks no health itself: with gRPC's client-side health checking a
+        NOT_SERVING replica takes no call at all, its own health watch included, so the monitor read a replica
+        that was up and loading its engine as UNAVAILABLE, the word for one it cannot reach."""
         c = self.cfg
         name = c.tls_server_name
-        if not name and target != self.target and self._names:  # a monitor dials an IP: TLS verifies the name
+        if not name and monitor and self._names:  # a monitor dials an IP: TLS verifies the name
             name = self._names[0][0]
+        config = SERVICE_CONFIG if not monitor else {"methodConfig": SERVICE_CONFIG["methodConfig"]}
         return cloud_channel(
             target,
             token=c.token,
@@ -122,7 +127,7 @@ class CloudLink:
                 ("grpc.max_receive_message_length", 32 << 20),
                 ("grpc.initial_reconnect_backoff_ms", 250),
                 ("grpc.max_reconnect_backoff_ms", 1000),
-                ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
+                ("grpc.service_config", json.dumps(config)),
                 ("grpc.enable_retries", 1),
             ],
         )
@@ -174,7 +179,7 @@ class CloudLink:
             if a not in self.replicas:
                 # the channel first: one that cannot be built leaves no replica registered without monitors
                 # (it would never be watched: the next pass sees it known)
-                r = Replica(address=a, _channel=self._channel_to(a))
+                r = Replica(address=a, _channel=self._channel_to(a, monitor=True))
                 r._tasks = [asyncio.create_task(self._watch(r)), asyncio.create_task(self._poll(r))]
                 self.replicas[a] = r
         for a in [a for a in self.replicas if addrs and a not in addrs]:  # gone from DNS
@@ -191,7 +196,8 @@ class CloudLink:
             try:
                 async for resp in stub.Watch(health_pb2.HealthCheckRequest(service=CLOUD_SERVICE)):
                     backoff = 0.2
-                    self._set(r, resp.status == health_pb2.HealthCheckResponse.SERVING, "health watch")
+                    status = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+                    self._set(r, resp.status == health_pb2.HealthCheckResponse.SERVING, f"health watch: {status}")
                 self._set(r, False, "health stream ended (shutdown)")
             except asyncio.CancelledError:
                 raise

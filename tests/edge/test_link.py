@@ -111,12 +111,12 @@ async def test_a_failed_pass_of_the_resolver_is_retried_and_leaves_no_replica_un
     built, dial = asyncio.Event(), link._channel_to
     calls: list[str] = []
 
-    def channel_to(target: str) -> grpc.aio.Channel:
+    def channel_to(target: str, monitor: bool = False) -> grpc.aio.Channel:
         calls.append(target)
-        if target != link.target and len(calls) == 2:
+        if monitor and len(calls) == 2:
             raise FileNotFoundError("ca.pem")
-        ch = dial(target)
-        if target != link.target:
+        ch = dial(target, monitor)
+        if monitor:
             built.set()
         return ch
 
@@ -130,3 +130,42 @@ async def test_a_failed_pass_of_the_resolver_is_retried_and_leaves_no_replica_un
         assert any("ca.pem" in m for m in caplog.messages)
     finally:
         await link.close()
+
+
+async def test_a_replica_up_but_not_serving_is_reported_so_not_as_unreachable():
+    """The monitor's channel used the pool's client-side health checking, under which a NOT_SERVING replica
+    takes no call, its own health watch included: the edge's /healthz said ``health watch: UNAVAILABLE`` for a
+    cloud that answered and was loading its engine (tried by hand, the cloud in front of a vLLM server still
+    compiling). The 10 s waits are hang guards: each change arrives within a second."""
+    from coinfer.edge.config import EdgeConfig
+    from coinfer.edge.link import CloudLink
+
+    s = grpc.aio.server()
+    pb_grpc.add_CoinferCloudServicer_to_server(_Replica("r"), s)
+    h = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(h, s)
+    port = s.add_insecure_port("127.0.0.1:0")
+    await s.start()
+    await h.set(CLOUD_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)  # up, its engine loading
+    link = CloudLink(EdgeConfig(model="m", cloud=f"127.0.0.1:{port}"), status_s=3600.0)
+    await link.start()
+
+    async def why_becomes(want: str) -> str:
+        for _ in range(100):
+            r = next(iter(link.replicas.values()), None)
+            if r is not None and r.why == want:
+                return r.why
+            await asyncio.sleep(0.1)
+        return r.why if r is not None else "no replica"
+
+    try:
+        assert await why_becomes("health watch: NOT_SERVING") == "health watch: NOT_SERVING"
+        assert not link.serving
+        await h.set(CLOUD_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        assert await why_becomes("health watch: SERVING") == "health watch: SERVING" and link.serving
+        await s.stop(None)  # gone: now it is unreachable
+        assert (await why_becomes("health watch: UNAVAILABLE")).startswith("health watch: UNAVAILABLE")
+        assert not link.serving
+    finally:
+        await link.close()
+        await s.stop(None)
