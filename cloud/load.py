@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+IDLE_BELOW = 1e-6
+"""A smoothed utilisation under this is 0: no request in flight for ~40 samples."""
+
 
 @dataclass(kw_only=True)
 class DraftCountController:
@@ -28,6 +31,8 @@ class DraftCountController:
     def update(self, utilisation: float) -> int:
         u = min(1.0, max(0.0, utilisation))
         self.smoothed += self.alpha * (u - self.smoothed)
+        if self.smoothed < IDLE_BELOW:  # an idle replica's EWMA decays without end: 1e-45 reached Status and /healthz
+            self.smoothed = 0.0
         up = (self.medium_at, self.heavy_at)
         s, h = self.smoothed, self.hysteresis
         while self.level < 2 and s >= up[self.level] + h:

@@ -111,3 +111,15 @@ def test_the_odds_table_stays_bounded_however_many_kinds_arrive():
         odds.observe((f"edge-{i}", "", ()), False)
         odds.odds("arith")  # in use: kept
     assert len(odds) == 256 and odds.odds("arith") == pytest.approx(1 / 3)
+
+
+def test_an_idle_replicas_smoothed_load_reaches_zero_not_a_denormal():
+    """The EWMA decays geometrically: an idle replica's Status said ``load`` 1.4e-45 (the float32 nearest)
+    and the edge's /healthz printed it."""
+    from coinfer.cloud.load import DraftCountController
+
+    c = DraftCountController()
+    c.update(1.0)
+    for _ in range(200):
+        c.update(0.0)
+    assert c.smoothed == 0.0 and c.recommended == c.light
