@@ -136,9 +136,10 @@ async def test_a_replica_up_but_not_serving_is_reported_so_not_as_unreachable():
     """The monitor's channel used the pool's client-side health checking, under which a NOT_SERVING replica
     takes no call, its own health watch included: the edge's /healthz said ``health watch: UNAVAILABLE`` for a
     cloud that answered and was loading its engine (tried by hand, the cloud in front of a vLLM server still
-    compiling). The 10 s waits are hang guards: each change arrives within a second."""
+    compiling). The 10 s waits are hang guards (each change arrived in 0.02 s here, `COINFER_TEST_WAITS`: 500x)."""
     from coinfer.edge.config import EdgeConfig
     from coinfer.edge.link import CloudLink
+    from tests.waiting import until
 
     s = grpc.aio.server()
     pb_grpc.add_CoinferCloudServicer_to_server(_Replica("r"), s)
@@ -150,21 +151,19 @@ async def test_a_replica_up_but_not_serving_is_reported_so_not_as_unreachable():
     link = CloudLink(EdgeConfig(model="m", cloud=f"127.0.0.1:{port}"), status_s=3600.0)
     await link.start()
 
-    async def why_becomes(want: str) -> str:
-        for _ in range(100):
-            r = next(iter(link.replicas.values()), None)
-            if r is not None and r.why == want:
-                return r.why
-            await asyncio.sleep(0.1)
+    def why() -> str:
+        r = next(iter(link.replicas.values()), None)
         return r.why if r is not None else "no replica"
 
     try:
-        assert await why_becomes("health watch: NOT_SERVING") == "health watch: NOT_SERVING"
+        # before the fix the first wait failed: the replica's why stayed "health watch: UNAVAILABLE"
+        await until(lambda: why() == "health watch: NOT_SERVING", guard_s=10, what="the monitor sees NOT_SERVING")
         assert not link.serving
         await h.set(CLOUD_SERVICE, health_pb2.HealthCheckResponse.SERVING)
-        assert await why_becomes("health watch: SERVING") == "health watch: SERVING" and link.serving
+        await until(lambda: why() == "health watch: SERVING", guard_s=10, what="the monitor sees SERVING")
+        assert link.serving
         await s.stop(None)  # gone: now it is unreachable
-        assert (await why_becomes("health watch: UNAVAILABLE")).startswith("health watch: UNAVAILABLE")
+        await until(lambda: why().startswith("health watch: UNAVAILABLE"), guard_s=10, what="the monitor loses it")
         assert not link.serving
     finally:
         await link.close()

@@ -5,6 +5,7 @@ import asyncio
 import time
 
 from coinfer.serving.statefile import OffLoopWriter
+from tests.waiting import until
 
 
 def test_saves_within_the_interval_are_one_write_of_the_latest_state_and_a_flush_cuts_the_wait(tmp_path):
@@ -22,12 +23,12 @@ def test_saves_within_the_interval_are_one_write_of_the_latest_state_and_a_flush
             state["n"] = n
             w.write(render)
             await asyncio.sleep(0)
-        while not path.exists():
-            await asyncio.sleep(0.001)
+        await until(path.exists, guard_s=10, what="the first save written")
         t0 = time.monotonic()
         await w.flush()  # the 30-second interval is cut short
         return time.monotonic() - t0
 
+    # a hang guard under the interval: the flush took a few ms here (the first write 0.02 s); uncut it takes 30 s
     assert asyncio.run(main()) < 10.0
     # the first save written at once; the 49 after it coalesced into one write of the last state
     assert rendered == [1, 50] and path.read_text() == "50"
