@@ -14,7 +14,8 @@ cloud's refinement; unset ones keep the daemon's draft defaults (docs/design.md 
 ...) and the cloud's refinement defaults (greedy). ``usage`` counts the draft model's tokenizer
 tokens of the prompt and the answer; a stream sends it last when ``stream_options.include_usage`` asks.
 What it does not serve (``NOT_SERVED``: logprobs, tools, logit_bias, echo, ...; ``response_format`` other than
-text, ``best_of`` over 1) is a 400 naming the field when asked for, accepted when sent empty or off.
+text, ``best_of`` over 1) is a 400 naming the field when asked for, accepted when sent empty or off; so is one of
+coinfer's own options sent at the top instead of in ``coinfer`` (``COINFER_OPTIONS``).
 
 Streaming sends answer text the moment it is final and never takes it back (an OpenAI stream cannot):
 the cloud marks each chunk final when every answer it can still end on begins with the text so far
@@ -94,6 +95,9 @@ class StreamOptions(BaseModel):
     null (OpenAI's contract, vLLM's too)."""
 
 
+COINFER_OPTIONS = tuple(CoinferExtra.model_fields)
+"""coinfer's own request options: they go in the ``coinfer`` object, and one sent at the top is a 400 naming it."""
+
 NOT_SERVED = ("logprobs", "top_logprobs", "tools", "functions", "logit_bias", "echo", "suffix")
 """OpenAI fields that ask for something this API does not serve (token logprobs, tool calls, a biased
 vocabulary, the prompt echoed). Sent empty or off they are accepted; asking for it is a 400 naming the field --
@@ -127,6 +131,23 @@ class _Base(BaseModel):
     tool_choice: str | dict[str, Any] | None = None
     best_of: int | None = None
     response_format: dict[str, Any] | None = None
+    # coinfer's own options sent beside OpenAI's (``COINFER_OPTIONS``): extra fields are accepted and change
+    # nothing, so {"plan": "split"} at the top ran the planner's choice and said nothing (tried by hand)
+    task: Any = None
+    extraction: Any = None
+    rules: Any = None
+    plan: Any = None
+    num_drafts: Any = None
+    deadline_ms: Any = None
+
+    @field_validator(*COINFER_OPTIONS)
+    @classmethod
+    def _in_the_coinfer_object(cls, v: object, info: ValidationInfo) -> object:
+        if v is not None:
+            raise ValueError(
+                f'coinfer\'s own option: send it in the coinfer object ({{"coinfer": {{"{info.field_name}": ...}}}})'
+            )
+        return v
 
     @field_validator("stop")
     @classmethod

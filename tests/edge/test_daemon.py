@@ -249,6 +249,9 @@ async def test_finish_reason_is_length_exactly_when_the_answer_hit_its_budget(da
                 ({"stream_options": {"include_usage": True}}, "stream_options"),  # OpenAI's: only with a stream
                 ({"stop": ["a"] * 9}, "stop"),  # the field as this API names it, not the gRPC API's sampling.stop
                 ({"stop": "x" * 65}, "stop"),
+                # coinfer's own options beside OpenAI's, not in the coinfer object: accepted and ignored before
+                ({"plan": "split"}, "plan"),
+                ({"num_drafts": 2}, "num_drafts"),
             )
         ),
         ("/v1/completions", {"model": "coinfer-edge", "prompt": ARITH, "echo": True}, 400, "echo"),
