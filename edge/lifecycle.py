@@ -316,7 +316,7 @@ class RequestLifecycle:
                 self._after_cloud()
                 self._learn(d)
                 result = self._result(d, waited_ms)
-                if not self.shown.streamed:  # a local answer arrives whole
+                if not self.shown.streamed and result.answer:  # a local answer arrives whole (none: no chunk)
                     whole = t.AnswerChunk(result.answer)
                     self.shown.see(whole)
                     yield whole

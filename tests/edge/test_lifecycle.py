@@ -426,3 +426,27 @@ async def test_closing_a_requests_events_cancels_its_cloud_call_before_the_close
     finally:
         await server.stop(None)
     assert log == ["cloud call cancelled", "events closed"] and core.active == 0
+
+
+class WritesNothing(Drafts):
+    """A draft model that ends every draft at once (an end-of-turn first, or a budget spent)."""
+
+    def generate(self, prompt, s, on_draft=None, cancelled=None, greedy=0, greedy_tokens=0) -> list[DraftResult]:
+        out = [
+            DraftResult(index=i, text="", token_ids=[], mean_logprob=0.0, edge_ms=1.0, finish_reason="stop")
+            for i in range(s.n)
+        ]
+        for d in out:
+            if on_draft is not None:
+                on_draft(d)
+        return out
+
+
+async def test_an_empty_local_answer_streams_no_empty_chunk(tmp_path):
+    """A local answer arrives as one chunk; an empty one was an empty chunk (a Node grpc-js client saw
+    ``chunk {text: ""}`` before the result, for a request whose 1 ms deadline left no time to draft)."""
+    core = _core(tmp_path)
+    core.engine = WritesNothing()
+    events = [ev async for ev in core.solve(SolveRequest(prompt=QUESTION, plan="edge"))]
+    assert not [e for e in events if isinstance(e, t.AnswerChunk)], events
+    assert isinstance(events[-1], Done) and events[-1].result.answer == ""
