@@ -47,182 +47,35 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
 from coinfer import types as t
 from coinfer.chat import ChatMessage
-from coinfer.edge.kinds import RequestedPlan
+from coinfer.edge.http_body import (
+    ChatBody,
+    CompletionBody,
+    RequestBody,
+)
 from coinfer.edge.service import Done, EdgeCore, SolveRequest
 from coinfer.edge.shown import AnswerView
 from coinfer.errors import CoinferError, DeadlineExceeded, ResourceExhausted, Unavailable, field_of, internal_error
-from coinfer.extract import KINDS, Extraction
+from coinfer.extract import Extraction
 from coinfer.rules import Rule
 from coinfer.validate import MAX_NEW_TOKENS
 
 MAX_BODY_BYTES = 1 << 20
 
 
-class ExtractionBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    kind: Literal[KINDS]
-    pattern: str = Field(default="", max_length=512)
-    marker: str = Field(default="", max_length=64)
-
-
-class CoinferExtra(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    task: str = ""
-    # a bare name for the kinds that need no parameter; {"kind": "regex", "pattern": ...} for a regex
-    extraction: Literal[tuple(k for k in KINDS if k != "regex")] | ExtractionBody | None = None
-    rules: list[dict[str, Any]] = Field(default_factory=list)
-    plan: RequestedPlan = RequestedPlan.AUTO
-    # upper bounds are the daemon's (EdgeConfig.max_drafts, coinfer.validate.MAX_DEADLINE_MS): checked once,
-    # by the core that serves gRPC too
-    num_drafts: int = Field(default=0, ge=0)
-    deadline_ms: int = Field(default=0, ge=0)
-
-
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")  # OpenAI's newer options (include_obfuscation) change nothing here
-    include_usage: bool = False
-    """One more chunk before ``[DONE]``: ``choices`` empty, ``usage`` the request's; every other chunk's ``usage``
-    null (OpenAI's contract, vLLM's too)."""
-
-
-COINFER_OPTIONS = tuple(CoinferExtra.model_fields)
-"""coinfer's own request options: they go in the ``coinfer`` object, and one sent at the top is a 400 naming it."""
-
-NOT_SERVED = ("logprobs", "top_logprobs", "tools", "functions", "logit_bias", "echo", "suffix")
-"""OpenAI fields that ask for something this API does not serve (token logprobs, tool calls, a biased
-vocabulary, the prompt echoed). Sent empty or off they are accepted; asking for it is a 400 naming the field --
-ignored, a client would read a response without what it asked for as if it had it."""
-
-
-class _Base(BaseModel):
-    model_config = ConfigDict(extra="allow")  # OpenAI fields that change nothing here (user, metadata, ...)
-    model: str
-    max_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
-    """OpenAI's newer name for ``max_tokens`` (what its SDK sends for newer models); it wins where both are sent,
-    as in vLLM."""
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
-    stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1, le=1)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    coinfer: CoinferExtra = Field(default_factory=CoinferExtra)
-    logprobs: bool | int | None = None  # NOT_SERVED: chat's is a bool, completions' an int
-    top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    functions: list[Any] | None = None
-    logit_bias: dict[str, Any] | None = None
-    echo: bool | None = None
-    suffix: str | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    best_of: int | None = None
-    response_format: dict[str, Any] | None = None
-    # coinfer's own options sent beside OpenAI's (``COINFER_OPTIONS``): extra fields are accepted and change
-    # nothing, so {"plan": "split"} at the top ran the planner's choice and said nothing (tried by hand)
-    task: Any = None
-    extraction: Any = None
-    rules: Any = None
-    plan: Any = None
-    num_drafts: Any = None
-    deadline_ms: Any = None
-
-    @field_validator(*COINFER_OPTIONS)
-    @classmethod
-    def _in_the_coinfer_object(cls, v: object, info: ValidationInfo) -> object:
-        if v is not None:
-            raise ValueError(
-                f'coinfer\'s own option: send it in the coinfer object ({{"coinfer": {{"{info.field_name}": ...}}}})'
-            )
-        return v
-
-    @field_validator("stop")
-    @classmethod
-    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if not t.stops_ok([v] if isinstance(v, str) else v or []):  # here, to name the field the client sent
-            raise ValueError(t.STOPS_RULE)
-        return v
-
-    @field_validator(*NOT_SERVED)
-    @classmethod
-    def _not_served(cls, v: object) -> object:
-        if v:  # 0, False, "", [] and {} ask for nothing
-            raise ValueError("not served by coinfer (leave it unset)")
-        return v
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _no_tool_call(cls, v: object) -> object:
-        if v not in (None, "none", "auto"):
-            raise ValueError("not served by coinfer: no tool calls (none or auto, or leave it unset)")
-        return v
-
-    @field_validator("best_of")
-    @classmethod
-    def _one_best(cls, v: int | None) -> int | None:
-        if v is not None and v != 1:
-            raise ValueError("not served by coinfer: one completion (1, or leave it unset)")
-        return v
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_format(cls, v: dict | None) -> dict | None:
-        if v is not None and v.get("type", "text") != "text":
-            raise ValueError(
-                'not served by coinfer: text only ({"type": "text"}); for a JSON answer, '
-                'coinfer.extraction "json" and rules check it'
-            )
-        return v
-
-    @field_validator("stream_options")
-    @classmethod
-    def _options_with_stream(cls, v: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
-        if v is not None and not info.data.get("stream"):  # OpenAI's rule: an option of a stream
-            raise ValueError("only with stream: true")
-        return v
-
-
-class CompletionBody(_Base):
-    prompt: str = Field(min_length=1)
-
-
-class TextPart(BaseModel):
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessageBody(BaseModel):
-    # "developer" is OpenAI's newer name for the system role
-    role: Literal["system", "user", "assistant", "developer"]
-    content: str | list[TextPart]
-
-    def domain(self) -> ChatMessage:
-        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return ChatMessage("system" if self.role == "developer" else self.role, text)
-
-
-class ChatBody(_Base):
-    messages: list[ChatMessageBody] = Field(min_length=1, max_length=64)
-
-
 def _error(status: int, message: str, param: str | None, kind: str = "invalid_request_error") -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code=status)
 
 
-def _given(body: _Base) -> dict:
+def _given(body: RequestBody) -> dict:
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     given = {
         "max_new_tokens": body.max_completion_tokens or body.max_tokens,
@@ -254,7 +107,7 @@ def refine_sampling(given: dict) -> t.SamplingParams | None:
     return t.SamplingParams(**(greedy | {"max_new_tokens": MAX_NEW_TOKENS} | given))
 
 
-def _request(body: _Base, prompt: str, messages: list[ChatMessage]) -> SolveRequest:
+def _request(body: RequestBody, prompt: str, messages: list[ChatMessage]) -> SolveRequest:
     x, given = body.coinfer, _given(body)
     rules = []
     for i, r in enumerate(x.rules):
@@ -377,13 +230,13 @@ def lone_surrogate(obj: object) -> str | None:
     return None
 
 
-async def _parse(core: EdgeCore, request: Request, cls: type[_Base]) -> _Base | JSONResponse:
+async def _parse(core: EdgeCore, request: Request, cls: type[RequestBody]) -> RequestBody | JSONResponse:
     """The request body as ``cls``, or the 4xx response naming the field."""
     raw = await _read_body(request, core.cfg.http_body_timeout_s)
     if isinstance(raw, JSONResponse):
         return raw
 
-    def load() -> _Base | JSONResponse:
+    def load() -> RequestBody | JSONResponse:
         obj = json.loads(raw)
         if (where := lone_surrogate(obj)) is not None:  # JSON may escape half a UTF-16 pair; UTF-8 cannot hold it
             return _error(400, f"{where}: invalid Unicode (an unpaired surrogate escape)", where)
@@ -411,7 +264,7 @@ async def _parse(core: EdgeCore, request: Request, cls: type[_Base]) -> _Base | 
 
 
 async def _respond(
-    core: EdgeCore, body: _Base, prompt: str, chat: bool, messages: list[ChatMessage] | None = None
+    core: EdgeCore, body: RequestBody, prompt: str, chat: bool, messages: list[ChatMessage] | None = None
 ) -> Response:
     """Solve the request: the whole answer as JSON, or a stream of server-sent events. Validation runs
     before the first event, so bad input is still a 4xx here, never an error inside a 200 stream."""
@@ -453,7 +306,7 @@ class _Completion:
     def __init__(
         self,
         core: EdgeCore,
-        body: _Base,
+        body: RequestBody,
         req: SolveRequest,
         chat: bool,
         first: object,
