@@ -6,7 +6,10 @@ against them run in a worker thread. But the hop itself has a price: ``asyncio.t
 does nothing cost 159 us of CPU per call on a 2-core AVX2 VM (the executor's queue, the worker's wake-up, the
 loop's wake-up through its self-pipe; 2,000 calls, idle and spaced 2 ms apart alike), more than the work it
 moved for a typical draft. A split arithmetic session made 5.6 such hops (the open's conversion, the request's
-check, 2.4 drafts' checks, the outcome rows), about a tenth of its 9-10 ms of session-layer CPU.
+check, 2.4 drafts' checks, the outcome rows); 0.17 since. Under load that saved no CPU that three interleaved runs
+could see (9.0, 8.3, 11.3 ms per answer after, 9.1, 9.1, 10.7 before: docs/measurements.md, "Where the session
+layer's CPU goes"): there the worker and the loop are awake anyway. What stays is a check that needs no thread,
+no queue and no wake-up to answer.
 
 So work whose cost is bounded by its input's size runs inline below a size: a preset's rules (the project's own
 checkers, linear in the text) on at most ``INLINE_CHARS`` characters took 1.6 ms at worst on that machine
