@@ -114,13 +114,13 @@ def _mean(rows: list[dict], plan: str, key: str) -> float:
 
 
 @contextlib.asynccontextmanager
-async def _stack(policy, remote: bool):
+async def _stack(policy, remote: bool, engine_fields: dict | None = None):
     """``real_stack``; ``remote``: the cloud in front of vLLM's own OpenAI server on the same model and dtype
     (``coinfer.cloud.remote_engine``), started here and stopped after."""
     from coinfer.demo.real import real_stack
 
     if not remote:
-        async with real_stack(policy) as stack:
+        async with real_stack(policy, engine_fields=engine_fields) as stack:
             yield stack
         return
     from benchmarks.replica import vllm_server
@@ -139,6 +139,7 @@ async def run(
     skip: int = 0,
     temperature: float = 0.0,
     remote: bool = False,
+    engine_fields: dict | None = None,
 ) -> dict:
     from openai import AsyncOpenAI
 
@@ -146,7 +147,7 @@ async def run(
 
     rows = []
     policy = PolicyConfig(**policy_fields) if policy_fields else None
-    async with _stack(policy, remote) as (engine, daemon):
+    async with _stack(policy, remote, engine_fields) as (engine, daemon):
         client = AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
         await _ask(client, "Hello!", "split", 8, False)  # lazy set-up out of the measurement
         # the in-process engine starts every request cold; vLLM's own server has no reset (its checks never read
@@ -244,6 +245,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FIELD=VALUE",
         help="override a cloud PolicyConfig field (repeatable), e.g. --policy draft_from_wait_ms=30000",
     )
+    ap.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="set a cloud EngineConfig field (repeatable), e.g. --engine draft_speculative_tokens=8",
+    )
     ap.add_argument("--skip", type=int, default=0, help="start at this open prompt (default 0)")
     ap.add_argument(
         "--temperature",
@@ -265,9 +273,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
     args = ap.parse_args(argv)
+    from coinfer.cloud.config import EngineConfig
+
     fields = policy_overrides(args.policy)
     n = min(args.prompts, len(OPEN_PROMPTS) - args.skip)
-    out = asyncio.run(run(n, args.max_tokens, fields, args.skip, args.temperature, args.remote))
+    engine = policy_overrides(args.engine, EngineConfig) if args.engine else None
+    out = asyncio.run(run(n, args.max_tokens, fields, args.skip, args.temperature, args.remote, engine))
+    out["engine_fields"] = engine or {}
     if args.against:
         out["same_as_against"] = same_answers(out, load([args.against])[0])
     print(json.dumps(out, indent=None if args.json else 1))

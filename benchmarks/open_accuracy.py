@@ -279,18 +279,22 @@ def _verifier(rows: list[dict], floor: float) -> dict:
     }
 
 
-def policy_overrides(pairs: list[str]) -> dict:
-    """``--policy name=value`` pairs as PolicyConfig fields, each value parsed as its field's type."""
+def policy_overrides(pairs: list[str], config: type | None = None) -> dict:
+    """``--policy name=value`` pairs as fields of ``config`` (default ``PolicyConfig``), each value parsed as its
+    field's type."""
     import dataclasses
 
     from coinfer.cloud.config import PolicyConfig
 
-    types = {f.name: type(getattr(PolicyConfig(), f.name)) for f in dataclasses.fields(PolicyConfig)}
+    config = config or PolicyConfig
+    flag = "--policy" if config is PolicyConfig else "--engine"
+    defaults = config(model="-") if "model" in {f.name for f in dataclasses.fields(config)} else config()
+    types = {f.name: type(getattr(defaults, f.name)) for f in dataclasses.fields(config)}
     out = {}
     for pair in pairs:
         name, _, value = pair.partition("=")
         if name not in types:
-            raise ValueError(f"--policy: unknown field {name!r} (known: {', '.join(sorted(types))})")
+            raise ValueError(f"{flag}: unknown field {name!r} (known: {', '.join(sorted(types))})")
         kind = types[name]
         out[name] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
     return out

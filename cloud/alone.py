@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from coinfer import types as t
@@ -73,6 +73,7 @@ class CloudAlone:
         self.no_drafts = no_drafts
         self.proposals: Sequence[Proposal] = ()
         self.more: More | None = None
+        self.later: AsyncIterator[Proposal] | None = None
         self.draft_valid = False
         """A valid draft answers where this answer fails (``SessionContext.own_over_candidates``): no unchecked
         text of its own is streamed then."""
@@ -80,7 +81,8 @@ class CloudAlone:
     def _write(self, *args, **kwargs) -> Awaitable[Written]:
         """``Writer.write`` offered the drafts' tokens (exact verification; none otherwise): a greedy generation
         takes those it would write itself, and is the same text (``coinfer.cloud.speculation``)."""
-        return self.writer.write(*args, proposals=self.proposals, more=self.more, **kwargs)
+        later, self.later = self.later, None  # the drafts still to come go to the first generation
+        return self.writer.write(*args, proposals=self.proposals, more=self.more, later=later, **kwargs)
 
     def _room(self, prefix: str) -> int:
         """The tokens the answer may still add after ``prefix``: the whole answer stays within the request's
@@ -88,14 +90,20 @@ class CloudAlone:
         return max(0, self.ctx.answer_budget - self.ctx.engine.count_tokens(prefix))
 
     async def answer(
-        self, not_as_is: str = "", *, proposals: Sequence[Proposal] = (), more: More | None = None
+        self,
+        not_as_is: str = "",
+        *,
+        proposals: Sequence[Proposal] = (),
+        more: More | None = None,
+        later: AsyncIterator[Proposal] | None = None,
     ) -> Answer:
         """The cloud's answer, from the steps the drafts judged so far got right. ``not_as_is``: why the best
         valid draft was not the answer (``SessionContext.own_over_candidates``; '': no draft was valid).
         ``proposals`` / ``more``: drafts of the whole answer whose tokens the target takes where it writes
-        the same (exact verification: then no draft's steps are continued, the answer being the target's own)."""
+        the same (exact verification: then no draft's steps are continued, the answer being the target's own);
+        ``later``: drafts still to come, sent to the first generation on an engine that takes drafts inside it."""
         ctx, p = self.ctx, self.ctx.policy
-        self.proposals, self.more = proposals, more
+        self.proposals, self.more, self.later = proposals, more, later
         self.draft_valid = bool(not_as_is)  # a valid draft is the caller's answer where this one fails
         drafts = [j.draft.text for j in self.judge.judged.values()]
         verified = [] if proposals else await asyncio.to_thread(lambda: [self._prefix_steps(text) for text in drafts])

@@ -18,7 +18,7 @@ Everything else is held by a client that cannot take text back (docs/api.md).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from coinfer import types as t
@@ -101,11 +101,14 @@ class Answerer:
         a.ttft_ms, a.steps, a.generated = own.ttft_ms, own.steps, own.generated
         return a
 
-    async def exact(self, proposals: Sequence[Proposal], more: More | None) -> Answer:
+    async def exact(
+        self, proposals: Sequence[Proposal], more: More | None, later: AsyncIterator[Proposal] | None = None
+    ) -> Answer:
         """Exact verification: the answer the cloud plan writes (``CloudAlone``), taking the drafts' tokens where
         they are the ones the target writes itself (``proposals``: the first round's drafts, the greedy one first;
-        ``more``: the edge's drafts that continue the answer)."""
-        a = await self.alone.answer(proposals=proposals, more=more)
+        ``more``: the edge's drafts that continue the answer; ``later``: the first round's drafts still to come,
+        for an engine that takes them inside the generation)."""
+        a = await self.alone.answer(proposals=proposals, more=more, later=later)
         if proposals:
             a.mode, a.source = t.RefineMode.EXACT, t.AnswerSource.REFINED
             a.note = f"exact: the target's own answer, {a.accepted} draft tokens taken where it writes the same, {a.generated} decoded; {a.note}"

@@ -54,6 +54,14 @@ class EngineConfig:
     service mix (prompt-logprob scoring, seeded n>1 sampling and refinement in one batch) the
     target's greedy answers came out corrupted (benchmarks/open_accuracy.py: held-out accuracy
     0.175 -> 0.0). Turn it on only after that benchmark passes on your engine build (GPU untested)."""
+    draft_speculative_tokens: int = bounded(0, ge=0, le=MAX_NGRAM_TOKENS)
+    """Exact split inside the engine: the edge's drafts are vLLM's own speculative proposals, at most this many
+    tokens a step, checked in the live request with its KV cache (``coinfer.cloud.draft_proposer``; vLLM's
+    ``custom_class`` method). 0: exact split checks a draft in a prefill request of its own (prompt logprobs,
+    ``coinfer.cloud.speculation``), which recomputes the prompt and answer past the last full KV block at every
+    check. Either way the answer is the target's own. In-process engines only (with ``url`` the server's own
+    ``--speculative-config`` rules); not with ``ngram_speculative_tokens``. Measured in docs/measurements.md,
+    "Exact split inside the engine"."""
     stream_interval: int = bounded(1, ge=1, le=64)
     """Tokens per streamed output of a generation (vLLM's per-request ``stream_interval``: the first token always
     at once, then every this many, and the last): 1 hands over each token as it is decoded; more batch them, the
@@ -123,6 +131,14 @@ class EngineConfig:
         check_bounds(self, "engine")
         if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
             raise ValueError(f"engine.dtype: must be float32|bfloat16|float16|auto, got {self.dtype!r}")
+        if self.draft_speculative_tokens and self.ngram_speculative_tokens:
+            raise ValueError(
+                "engine.draft_speculative_tokens / engine.ngram_speculative_tokens: vLLM takes one proposer"
+            )
+        if self.draft_speculative_tokens and self.remote:
+            raise ValueError(
+                "engine.draft_speculative_tokens: in-process engines only (a server's proposer is its own)"
+            )
 
     def _check_remote(self) -> None:
         """The server's address and the files that reach it, said at start."""

@@ -71,6 +71,9 @@ class Chunk:
     accepted: int = 0
     """Of ``tokens``, those taken from a draft the target checked (``coinfer.cloud.speculation``): written
     without a decode step of their own."""
+    offered: int = 0
+    """Draft tokens the engine checked inside the generation (``takes_drafts``), on its last chunk: accepted or
+    not, each a position computed."""
 
 
 class TokenDecoder(ABC):
@@ -180,8 +183,20 @@ class TargetEngine(ABC):
     a prefill and a decode step round differently (bfloat16 logits: two tokens 0.06 nats apart, one decode and
     the other prefill; ``coinfer.cloud.speculation`` takes no token there)."""
 
-    def generate_ids(self, ids: list[int], params: GenParams, request_id: str) -> AsyncIterator[Chunk]:
-        """``generate`` from token ids: the continuation of exactly these tokens (no re-tokenizing)."""
+    def generate_ids(
+        self, ids: list[int], params: GenParams, request_id: str, drafts: Sequence[Sequence[int]] = ()
+    ) -> AsyncIterator[Chunk]:
+        """``generate`` from token ids: the continuation of exactly these tokens (no re-tokenizing). ``drafts``
+        (token ids of what may follow ``ids``; only where ``takes_drafts``): proposals the engine checks inside
+        the generation, which writes the same tokens with or without them."""
+        raise NotImplementedError
+
+    takes_drafts: bool = False
+    """Whether ``generate_ids`` takes ``drafts`` as the engine's own speculative proposals, checked in the live
+    request (``coinfer.cloud.draft_proposer``), and ``add_drafts`` sends more to a generation under way."""
+
+    async def add_drafts(self, request_id: str, drafts: Sequence[Sequence[int]]) -> None:
+        """More ``drafts`` for generation ``request_id`` under way (``takes_drafts``); no effect after it ends."""
         raise NotImplementedError
 
     def decoder(self, ids: list[int]) -> TokenDecoder:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 from coinfer import types as t
 from coinfer.cloud.answer_stream import AnswerStream
@@ -36,13 +36,40 @@ class ExactDrafts:
         self._more: asyncio.Future[list[t.Draft]] | None = None
         """A continuation round asked of the edge, resolved with its drafts at its end."""
         self._more_drafts: list[t.Draft] = []
+        self._arrivals: asyncio.Queue[t.Draft | None] | None = None
+        """First-round drafts that came after ``later`` began (None: the round is over)."""
+        self._round_over = False
         p = ctx.policy
         self._asking = Continuation(
             rounds=p.draft_from_rounds, min_accepted=p.draft_from_min_accepted, misses=p.draft_from_misses
         )
 
+    def arrived(self, d: t.Draft) -> None:
+        """A draft of the first round (in the target's tokens)."""
+        self.first.append(d)
+        if self._arrivals is not None:
+            self._arrivals.put_nowait(d)
+
+    def first_round_over(self) -> None:
+        """No more drafts of the first round come (its end, or the edge closed)."""
+        self._round_over = True
+        if self._arrivals is not None:
+            self._arrivals.put_nowait(None)
+
+    async def later(self) -> AsyncIterator[Proposal]:
+        """The first round's drafts that come from now on, each as proposed (its repair first), until the round
+        is over: what an engine that takes drafts inside the generation is sent while it writes."""
+        if self._arrivals is None:
+            return
+        while (d := await self._arrivals.get()) is not None:
+            for p in await self._proposed([d]):
+                yield p
+
     async def first_proposals(self) -> list[Proposal]:
-        """The first round's drafts as proposed, the greedy one first (the one the target takes most of)."""
+        """The first round's drafts as proposed, the greedy one first (the one the target takes most of); on an
+        engine that takes drafts inside the generation, those that come after this call are ``later``'s."""
+        if self.ctx.engine.takes_drafts and not self._round_over:
+            self._arrivals = asyncio.Queue()
         return await self._proposed(sorted(self.first, key=lambda d: not d.greedy))
 
     async def more(self, text: str, accepted: int) -> list[Proposal]:
@@ -114,5 +141,6 @@ class ExactDrafts:
 
     def edge_closed(self) -> None:
         """No more drafts come for the round asked now (if any): it is answered with what came."""
+        self.first_round_over()
         if self._more is not None and not self._more.done():
             self._more.set_result(self._more_drafts)

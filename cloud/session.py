@@ -306,7 +306,7 @@ class Session:
         # rules' alone, which cost no engine time)
         d = self.ctx.engine.in_target_tokens(d)  # counted in the target's tokens from here on
         if self.rounds.attempt == 0:
-            self.exact_drafts.first.append(d)
+            self.exact_drafts.arrived(d)
         self._judging.add(self._spawn(self.judge.verdict(d), f"d{d.index}", lambda tk, i=d.index: self._judged(tk, i)))
         if self.ctx.exact and d.greedy and self.rounds.attempt == 0 and self._phase is _Phase.COLLECTING:
             self._answer(self._ms())  # the greedy draft is the one the target takes most of: begin at once
@@ -330,6 +330,8 @@ class Session:
         if done.continues:
             self.exact_drafts.round_ended(done.continues)
             return
+        if self.rounds.attempt == 0:
+            self.exact_drafts.first_round_over()
         if self._phase is not _Phase.COLLECTING:
             return
         self.rounds.close(done.count)
@@ -403,7 +405,8 @@ class Session:
 
     async def _write(self, ranked: Ranked, hedged: bool) -> Answer:
         if self.ctx.exact:
-            return await self.answerer.exact(await self.exact_drafts.first_proposals(), self.exact_drafts.more)
+            x = self.exact_drafts
+            return await self.answerer.exact(await x.first_proposals(), x.more, x.later())
         if self.hedge is not None and (hedged or not ranked) and not self.hedge.failed():
             try:
                 return await self.hedge.answer(self.stream)

@@ -24,8 +24,10 @@ a step as it ends) see the same text at the same token counts as when the target
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
+import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +36,8 @@ from coinfer.cloud import sampled
 from coinfer.cloud.engine import Chunk, GenParams, TargetEngine, current_cost
 from coinfer.cloud.vllm_common import vllm_temperature
 from coinfer.types import speculation_kind
+
+log = logging.getLogger(__name__)
 
 MAX_CHECKS = 3
 """Exact checks per round: the first draft, and up to two that extend its accepted tokens. Each costs a prefill
@@ -281,13 +285,21 @@ async def speculate(
     request_id: str,
     proposals: Sequence[Proposal],
     more: More | None = None,
+    later: AsyncIterator[Proposal] | None = None,
 ) -> AsyncIterator[Chunk]:
     """The target's generation of ``prompt`` (as ``engine.generate``), taking the tokens of ``proposals`` it
     would write itself (exact: greedy, unpenalised; otherwise, or with no proposals, the engine's own
-    generation); ``more``: the next round of drafts once a round is taken (None: the target decodes the rest)."""
+    generation); ``more``: the next round of drafts once a round is taken (None: the target decodes the rest).
+    On an engine that takes drafts inside the generation (``TargetEngine.takes_drafts``) the proposals, and
+    ``later`` ones as they come, are its speculative proposals instead (``in_engine``)."""
     sampling = exact_sampled(engine, params)
     if not proposals or not (sampling or exact(engine, params)):
         async with contextlib.aclosing(engine.generate(prompt, params, request_id)) as own:
+            async for c in own:
+                yield c
+        return
+    if engine.takes_drafts:
+        async with contextlib.aclosing(in_engine(engine, prompt, params, request_id, proposals, later, more)) as own:
             async for c in own:
                 yield c
         return
@@ -326,6 +338,89 @@ async def speculate(
                 yield Chunk(c.text[: len(c.text) - (len(w.text) - cut)], c.tokens, "stop")
                 return
             yield c
+
+
+DRY_STEPS = 4
+"""Engine steps in a row that took no draft token before a generation taking drafts inside the engine asks for
+drafts that continue its text (``More``): its proposals have run out or left the target's text."""
+
+
+async def in_engine(
+    engine: TargetEngine,
+    prompt: str,
+    params: GenParams,
+    request_id: str,
+    proposals: Sequence[Proposal],
+    later: AsyncIterator[Proposal] | None,
+    more: More | None = None,
+) -> AsyncIterator[Chunk]:
+    """One generation whose engine checks the proposals' tokens in its own steps (vLLM's speculative decoding
+    with ``coinfer.cloud.draft_proposer``): no prefill of its own per check, no prompt re-read, one engine
+    request; the tokens are the target's (its rejection sampler: greedy takes the argmax, a sampled request
+    keeps the target's distribution). ``later`` proposals are sent to the generation as they come; where
+    ``DRY_STEPS`` steps take nothing, ``more`` is asked for drafts that continue the text so far, sent as they
+    come while the target goes on writing (the engine never waits for the edge)."""
+    ids = await engine.prompt_ids(prompt)
+    room = engine.max_model_len - len(ids)
+    drafts = [await _ids(engine, p, room) for p in proposals]
+    cost = current_cost()
+    tasks: set[asyncio.Task] = set()
+    if later is not None:
+        tasks.add(asyncio.create_task(_send_later(engine, request_id, later, room)))
+    asking: asyncio.Task | None = None
+    text, dry, taken, accepted, offered = "", 0, 0, 0, 0
+    try:
+        async with contextlib.aclosing(engine.generate_ids(ids, params, request_id, drafts=drafts)) as own:
+            async for c in own:
+                if cost is not None:  # counted as the answer takes them (a caller may stop reading: a loop cut)
+                    cost.draft_tokens_accepted += c.accepted
+                text += c.text
+                taken += c.accepted
+                accepted += c.accepted
+                offered += c.offered
+                dry = 0 if c.accepted else dry + 1
+                if (
+                    more is not None
+                    and dry >= DRY_STEPS
+                    and c.finish_reason is None
+                    and (asking is None or asking.done())
+                ):
+                    asking = asyncio.create_task(_send_more(engine, request_id, more, text, taken, room))
+                    tasks.add(asking)
+                    dry = taken = 0
+                yield c
+    finally:
+        for tk in tasks:
+            tk.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if cost is not None:  # the engine says what it checked at the end (none when cut before: then the taken)
+            offered = max(offered, accepted)
+            cost.draft_tokens_offered += offered
+            cost.scored_tokens += offered - accepted  # the positions the refused proposals took
+
+
+async def _send_later(engine: TargetEngine, request_id: str, later: AsyncIterator[Proposal], room: int) -> None:
+    """Each proposal of ``later`` to generation ``request_id`` as it comes (until cancelled or ``later`` ends)."""
+    async for p in later:
+        if not await _send(engine, request_id, [await _ids(engine, p, room)]):
+            return
+
+
+async def _send_more(engine: TargetEngine, request_id: str, more: More, text: str, taken: int, room: int) -> None:
+    """``more``'s drafts that continue ``text`` (the generation's text so far; ``taken``: draft tokens it took
+    since the last ask) to generation ``request_id``, each whole from the generation's start, so that the
+    proposer finds where the answer, grown since, stands in it."""
+    continued = await more(text, taken)
+    await _send(engine, request_id, [await _ids(engine, Proposal(text + p.text, p.ended), room) for p in continued])
+
+
+async def _send(engine: TargetEngine, request_id: str, drafts: list[list[int]]) -> bool:
+    try:
+        await engine.add_drafts(request_id, [d for d in drafts if d])
+        return True
+    except Exception:  # noqa: BLE001 - a proposal is only a guess: the generation goes on without it
+        log.warning("drafts not sent to generation %s", request_id, exc_info=True)
+        return False
 
 
 async def _ids(engine: TargetEngine, p: Proposal, room: int) -> list[int]:

@@ -13,10 +13,11 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from coinfer.cloud.checked_rows import CheckedRows, TopRow, context_keys
 from coinfer.cloud.config import EngineConfig
+from coinfer.cloud.draft_proposer import ADD_DRAFTS, DRAFTS_KEY, KEY_KEY, DraftProposer
 from coinfer.cloud.engine import Chunk, EngineStats, GenParams, current_cost
 from coinfer.cloud.sampled import Row
 from coinfer.cloud.vllm_common import (
@@ -53,17 +54,27 @@ def engine_args(cfg: EngineConfig) -> dict:
         block_size=cfg.block_size,
         tensor_parallel_size=cfg.tensor_parallel_size,
         data_parallel_size=cfg.data_parallel_size,
-        speculative_config=(
-            {
-                "method": "ngram",
-                "num_speculative_tokens": cfg.ngram_speculative_tokens,
-                "prompt_lookup_max": 4,
-                "prompt_lookup_min": 2,
-            }
-            if cfg.ngram_speculative_tokens
-            else None
-        ),
+        speculative_config=_speculative_config(cfg),
+        # each request's proposed and accepted draft tokens on its last output (``Chunk.offered``)
+        per_request_spec_decode_metrics="summary" if cfg.draft_speculative_tokens else "none",
     )
+
+
+def _speculative_config(cfg: EngineConfig) -> dict | None:
+    if cfg.draft_speculative_tokens:
+        return {
+            "method": "custom_class",
+            "model": f"{DraftProposer.__module__}.{DraftProposer.__qualname__}",
+            "num_speculative_tokens": cfg.draft_speculative_tokens,
+        }
+    if cfg.ngram_speculative_tokens:
+        return {
+            "method": "ngram",
+            "num_speculative_tokens": cfg.ngram_speculative_tokens,
+            "prompt_lookup_max": 4,
+            "prompt_lookup_min": 2,
+        }
+    return None
 
 
 class VllmEngine(TokenizingEngine):
@@ -152,7 +163,9 @@ class VllmEngine(TokenizingEngine):
 
         self._running += 1
         cost, delta = current_cost(), sp.output_kind == RequestOutputKind.DELTA
-        tally = RequestTally(prompt=len(ids), scored=sp.prompt_logprobs is not None)
+        tally = RequestTally(
+            prompt=len(ids), scored=sp.prompt_logprobs is not None, stepwise=bool((sp.extra_args or {}).get(DRAFTS_KEY))
+        )
         t0 = time.perf_counter()
         try:
             # closed with the caller's iteration (each generator in the chain closes the one it reads),
@@ -181,15 +194,64 @@ class VllmEngine(TokenizingEngine):
                     (time.perf_counter() - t0) * 1e3,
                 )
 
-    async def generate_ids(self, ids: list[int], params: GenParams, request_id: str) -> AsyncIterator[Chunk]:
+    async def generate_ids(
+        self, ids: list[int], params: GenParams, request_id: str, drafts: Sequence[Sequence[int]] = ()
+    ) -> AsyncIterator[Chunk]:
         room = self.max_model_len - len(ids)
         if room < 1:
+            return
+        if drafts and self.takes_drafts:
+            async with contextlib.aclosing(self._generate_taking(ids, params, room, request_id, drafts)) as outs:
+                async for c in outs:
+                    yield c
             return
         async with contextlib.aclosing(self._run(ids, self._params(params, room), request_id)) as outs:
             async for out in outs:
                 c = out.outputs[0]
                 if c.text or c.token_ids or c.finish_reason:
                     yield Chunk(c.text, len(c.token_ids), c.finish_reason)
+
+    async def _generate_taking(
+        self, ids: list[int], params: GenParams, room: int, request_id: str, drafts: Sequence[Sequence[int]]
+    ) -> AsyncIterator[Chunk]:
+        """``generate_ids`` with ``drafts`` as the engine's proposals (``coinfer.cloud.draft_proposer``): one output
+        a step, a step's tokens past its first the draft tokens it took, each yielded as a chunk of its own (its
+        text as the engine's detokenizer writes it), so that a caller's checks every so many tokens see the same
+        text at the same counts as without drafts; the proposals' count (``Chunk.offered``) on the last."""
+        extra = {DRAFTS_KEY: [list(d) for d in drafts], KEY_KEY: request_id}
+        dec = self.decoder(ids)
+        async with contextlib.aclosing(
+            self._run(ids, self._params(params, room, every=1, extra_args=extra), request_id)
+        ) as outs:
+            async for out in outs:
+                c = out.outputs[0]
+                if not (c.text or c.token_ids or c.finish_reason):
+                    continue
+                m = c.spec_decode_metrics
+                offered = m.num_draft_tokens if m is not None else 0
+                pieces = [dec.step(tok) or "" for tok in c.token_ids]
+                if len(pieces) < 2 or "".join(pieces) != c.text:  # one token, or the engine cut a stop string
+                    yield Chunk(
+                        c.text, len(c.token_ids), c.finish_reason, accepted=max(0, len(pieces) - 1), offered=offered
+                    )
+                    continue
+                for i, piece in enumerate(pieces):
+                    last = i == len(pieces) - 1
+                    yield Chunk(
+                        piece,
+                        1,
+                        c.finish_reason if last else None,
+                        accepted=int(not last),
+                        offered=offered if last else 0,
+                    )
+
+    @property
+    def takes_drafts(self) -> bool:
+        return self.cfg.draft_speculative_tokens > 0
+
+    async def add_drafts(self, request_id: str, drafts: Sequence[Sequence[int]]) -> None:
+        if self._llm is not None and drafts:
+            await self._llm.collective_rpc(ADD_DRAFTS, args=(request_id, [list(d) for d in drafts]))
 
     # ---- token level (``coinfer.cloud.speculation``) --------------------------------------------------
     speculative = True

@@ -81,6 +81,7 @@ class Writer:
         grow: Callable[[str], int | None] | None = None,
         proposals: Sequence[Proposal] = (),
         more: More | None = None,
+        later: AsyncIterator[Proposal] | None = None,
     ) -> Written:
         """Stream the target's answer to ``prompt`` after ``prefix`` (streamed first), each chunk final
         when ``final`` holds for the text so far. A generation that falls into a loop is stopped there
@@ -98,7 +99,8 @@ class Writer:
 
         ``proposals``: drafts of the whole answer; those that begin with ``prefix`` offer the target the rest of
         their text, which it takes where it would write the same tokens (``coinfer.cloud.speculation``: the
-        text is the target's own); ``more``: the next round of such drafts (whole answers) once one is taken."""
+        text is the target's own); ``more``: the next round of such drafts (whole answers) once one is taken;
+        ``later``: drafts still to come, sent to the generation as they come (an engine that takes drafts)."""
         t_start = time.perf_counter()
         steps = _Steps(self.stream, prefix, check, max_chars, grow) if check else None
         if steps is None and prefix:
@@ -115,6 +117,7 @@ class Writer:
             self.ctx.request_id(tag),
             after(proposals, prefix),
             _after_more(more, prefix) if more is not None else None,
+            _after_later(later, prefix) if later is not None else None,
         )
         async with contextlib.aclosing(stream):  # leaving early closes it: the engine aborts the request
             return await self._streamed(stream, t_start, prefix, final, steps, max_chars)
@@ -171,6 +174,14 @@ def _after_more(more: More, prefix: str) -> More:
         return after(await more(prefix + text, accepted), prefix + text)
 
     return here
+
+
+async def _after_later(later: AsyncIterator[Proposal], prefix: str) -> AsyncIterator[Proposal]:
+    """``later``'s proposals for a generation that began after ``prefix`` (``after``)."""
+    async with contextlib.aclosing(later):
+        async for p in later:
+            for q in after([p], prefix):
+                yield q
 
 
 class _Steps:

@@ -324,14 +324,18 @@ class CloudCost:
         """Tokens the engine computed: prefill past the cache, plus decoding."""
         return self.prompt_tokens - self.cached_tokens + self.decoded_tokens
 
-    def add_request(self, *, prompt: int, cached: int, decoded: int, longest: int, scored: bool) -> None:
+    def add_request(
+        self, *, prompt: int, cached: int, decoded: int, longest: int, scored: bool, steps: int = 0
+    ) -> None:
         """Fold one engine request into the count: its prompt, prefix-cache hits, generated tokens (all
-        samples), its longest sample's tokens, and whether it scored a text (``scored_tokens``)."""
+        samples), its longest sample's tokens, and whether it scored a text (``scored_tokens``); ``steps``:
+        its engine steps where counted (a generation taking drafts inside the engine writes several tokens a
+        step), else one per token of its longest sample."""
         self.engine_requests += 1
         self.prompt_tokens += prompt
         self.cached_tokens += cached
         self.decoded_tokens += decoded
-        self.steps += 1 + max(0, longest - 1)  # the prefill writes the first token
+        self.steps += steps or 1 + max(0, longest - 1)  # the prefill writes the first token
         if scored:
             self.scored_tokens += prompt - cached
 
@@ -343,14 +347,18 @@ class RequestTally:
 
     prompt: int
     scored: bool
+    stepwise: bool = False
+    """Each output is one engine step (a generation taking drafts inside the engine, one output a step)."""
     cached: int = 0
     per_sample: dict[int, int] = field(default_factory=dict)
     seen: bool = False
+    outputs: int = 0
 
     def output(self, cached: int, samples: list[tuple[int, int]], *, delta: bool = True) -> None:
         """An output: its prefix-cache hits and, per sample index, its tokens (new ones if ``delta``, else
         the sample's total so far)."""
         self.seen = True
+        self.outputs += 1
         self.cached = max(self.cached, cached)
         for index, n in samples:
             self.per_sample[index] = (self.per_sample.get(index, 0) if delta else 0) + n
@@ -364,6 +372,7 @@ class RequestTally:
                 decoded=sum(self.per_sample.values()),
                 longest=max(self.per_sample.values(), default=0),
                 scored=self.scored,
+                steps=self.outputs if self.stepwise else 0,
             )
 
 

@@ -44,11 +44,12 @@ QUESTIONS = [
 
 
 @contextlib.asynccontextmanager
-async def real_stack(policy=None, engine_url: str = ""):
+async def real_stack(policy=None, engine_url: str = "", engine_fields: dict | None = None):
     """The real model on both sides: the float model on the cloud's vLLM (``policy``: a
     ``coinfer.cloud.config.PolicyConfig``, else the defaults; ``engine_url``: a vLLM OpenAI server serving that
     model, which the cloud then reaches over HTTP, ``coinfer.cloud.remote_engine``), an edge daemon drafting with
-    its INT8 export, the daemon's gRPC and HTTP ports free ones. Yields (cloud engine, daemon); stops both."""
+    its INT8 export, the daemon's gRPC and HTTP ports free ones; ``engine_fields``: ``EngineConfig`` fields set.
+    Yields (cloud engine, daemon); stops both."""
     from coinfer.cloud.config import CloudConfig, EngineConfig
     from coinfer.cloud.server import create_server, start_engine
     from coinfer.edge.config import EdgeConfig
@@ -58,7 +59,8 @@ async def real_stack(policy=None, engine_url: str = ""):
     t0 = time.perf_counter()
     hf, int8 = imported_dir(), edge_dir()
     print(f"model: {hf}\nedge INT8: {int8}  (ready in {time.perf_counter() - t0:.0f} s)")
-    cfg = CloudConfig(engine=EngineConfig(model=str(hf), max_model_len=2048, dtype=CLOUD_DTYPE, url=engine_url))
+    ecfg = EngineConfig(model=str(hf), max_model_len=2048, dtype=CLOUD_DTYPE, url=engine_url, **(engine_fields or {}))
+    cfg = CloudConfig(engine=ecfg)
     if policy is not None:
         cfg = dataclasses.replace(cfg, policy=policy)
     srv = await create_server(cfg)

@@ -11,8 +11,7 @@ pytestmark = pytest.mark.slow
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture(scope="module")
-async def real_stack(smollm2_hf):
+async def _stack(model, **engine_fields):
     """The float model on the cloud's vLLM (its engine, for the test's own checks) and an edge daemon drafting
     with the INT8 export."""
     from coinfer.cloud.config import CloudConfig, EngineConfig
@@ -23,11 +22,26 @@ async def real_stack(smollm2_hf):
     from coinfer.quantize.real_model import CLOUD_DTYPE, edge_dir
 
     int8 = edge_dir()  # export + default INT8 (gated); cached by the model and the build code
-    cfg = CloudConfig(engine=EngineConfig(model=str(smollm2_hf), max_model_len=2048, dtype=CLOUD_DTYPE))
+    cfg = CloudConfig(engine=EngineConfig(model=str(model), max_model_len=2048, dtype=CLOUD_DTYPE, **engine_fields))
     srv = await create_server(cfg)
     engine = await VllmEngine(cfg.engine).start()
     await srv.attach_engine(engine)
     d = await EdgeDaemon(EdgeConfig(model=str(int8), cloud=f"127.0.0.1:{srv.port}", grpc_port=0, http_port=0)).start()
+    return srv, engine, d
+
+
+@pytest.fixture(scope="module")
+async def real_stack(smollm2_hf):
+    srv, engine, d = await _stack(smollm2_hf)
+    yield engine, d
+    await d.stop()
+    await srv.stop(grace=1.0)
+
+
+@pytest.fixture(scope="module")
+async def real_stack_in_engine(smollm2_hf):
+    """As ``real_stack``, the drafts checked inside the engine's generation (``draft_speculative_tokens``)."""
+    srv, engine, d = await _stack(smollm2_hf, draft_speculative_tokens=8)
     yield engine, d
     await d.stop()
     await srv.stop(grace=1.0)
@@ -126,9 +140,20 @@ async def _lead_where_they_differ(engine, messages: list[dict], a: str, b: str) 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_splits_greedy_answer_is_the_cloud_plans_word_for_word(real_stack, stream):
     # issue 52: on open text split answers what the target itself writes; the drafts only save it work
+    await _split_answers_as_the_cloud_plan(real_stack, stream)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_splits_greedy_answer_is_the_cloud_plans_with_drafts_checked_inside_the_engine(
+    real_stack_in_engine, stream
+):
+    await _split_answers_as_the_cloud_plan(real_stack_in_engine, stream)
+
+
+async def _split_answers_as_the_cloud_plan(stack, stream: bool) -> None:
     from openai import AsyncOpenAI
 
-    engine, daemon = real_stack
+    engine, daemon = stack
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused", max_retries=0)
     taken = 0
     for prompt in EXACT_PROMPTS:
