@@ -275,3 +275,58 @@ class SampledWords(GreedyWords):
 
     def next_token(self, ids: list[int], params: GenParams, rng: random.Random) -> int:
         return self._draw(ids, params, rng)
+
+
+class TakingWords(GreedyWords):
+    """``GreedyWords`` that takes drafts inside its generation, as vLLM does with coinfer's proposer
+    (``coinfer.cloud.draft_proposer``): each step proposes up to ``k`` tokens (``Lookup``), takes those equal to its
+    argmax and writes its own next one; ``add_drafts`` reaches the generation under way. ``added``: what was sent;
+    ``steps``: the steps taken."""
+
+    takes_drafts = True
+
+    def __init__(self, answer: str, k: int = 4) -> None:
+        super().__init__(answer)
+        self.k, self.added, self.steps = k, [], 0
+        self._lookups: dict[str, object] = {}
+
+    async def add_drafts(self, request_id: str, drafts) -> None:
+        self.added.append([list(d) for d in drafts])
+        if request_id in self._lookups:
+            self._lookups[request_id].add(drafts)
+
+    async def generate_ids(self, ids: list[int], params: GenParams, request_id: str, drafts=()):
+        from coinfer.cloud.draft_proposer import Lookup
+
+        self.request_ids.append(request_id)
+        look = self._lookups[request_id] = Lookup(list(drafts))
+        n, out, offered = len(ids), list(ids), 0
+        while True:
+            await asyncio.sleep(0)  # a step: sends from other tasks land between steps
+            self.steps += 1
+            proposal = look.propose(out[n:], self.k) if len(out) > n else []
+            offered += len(proposal)
+            step = []
+            for tok in proposal:
+                if tok != self.argmax(out[n:]):
+                    break
+                out.append(tok)
+                step.append(tok)
+                if tok == self.END:
+                    break
+            if not step or step[-1] != self.END:
+                out.append(self.argmax(out[n:]))
+                step.append(out[-1])
+            for i, tok in enumerate(step):
+                written = len(out) - n - (len(step) - 1 - i)
+                end = tok == self.END or written >= params.max_tokens
+                text = "" if tok == self.END else " " + self.word(tok)
+                yield Chunk(
+                    text,
+                    1,
+                    ("stop" if tok == self.END else "length") if end else None,
+                    accepted=int(i < len(step) - 1),
+                    offered=offered if end else 0,
+                )
+                if end:
+                    return

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from coinfer.cloud.engine import GenParams, metered
 from coinfer.cloud.speculation import Proposal, accepted_length, proposed, speculate
-from tests.cloud.engines import GreedyWords, SampledWords
+from tests.cloud.engines import GreedyWords, SampledWords, TakingWords
 
 ANSWER = "the sky is blue because air scatters blue light"
 PROMPT = "why blue sky"
@@ -236,3 +236,63 @@ def test_drafts_that_cannot_be_taken_further_cost_no_check_of_the_limit():
     chunks, cost = _run(engine, [first, *skipped, longer])
     assert _text(chunks) == _plain()
     assert len(engine.checks) == 2 and cost.draft_tokens_accepted == 7
+
+
+def _run_taking(engine, proposals, later=(), more=None, max_tokens=64):
+    async def go():
+        async def arriving():
+            for p in later:
+                await asyncio.sleep(0)
+                yield p
+
+        cost = metered()
+        stream = speculate(engine, PROMPT, GenParams(max_tokens=max_tokens), "r", proposals, more, arriving())
+        return [c async for c in stream], cost
+
+    return asyncio.run(go())
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    answer=st.lists(WORDS, min_size=1, max_size=12),
+    drafts=st.lists(st.lists(WORDS, max_size=14), min_size=1, max_size=3),
+    budget=st.integers(1, 16),
+)
+def test_inside_the_engine_whatever_the_drafts_the_text_is_the_targets_own(answer, drafts, budget):
+    text = " ".join(answer)
+    plain = _text(_run(GreedyWords(text), [], GenParams(max_tokens=budget))[0])
+    proposals = [Proposal(" " + " ".join(d), ended=False) for d in drafts]
+    chunks, cost = _run_taking(TakingWords(text), proposals[:1], later=proposals[1:], max_tokens=budget)
+    assert _text(chunks) == plain
+    assert cost.engine_requests == 0 or cost.draft_tokens_offered >= cost.draft_tokens_accepted
+    assert cost.scored_tokens == cost.draft_tokens_offered - cost.draft_tokens_accepted
+
+
+def test_inside_the_engine_later_drafts_reach_the_generation_and_its_steps_take_them():
+    engine = TakingWords(ANSWER, k=4)
+    chunks, cost = _run_taking(
+        engine, [Proposal(" the sky", ended=False)], later=[Proposal(ANSWER_PROPOSAL, ended=True)]
+    )
+    assert _text(chunks) == _plain()
+    assert engine.added and engine.request_ids == ["r"]  # one generation; the later draft sent to it
+    assert cost.draft_tokens_accepted > 2 and engine.steps < len(ANSWER.split())
+
+
+ANSWER_PROPOSAL = " " + ANSWER
+
+
+def test_inside_the_engine_steps_that_take_nothing_ask_for_drafts_that_continue_the_text():
+    engine = TakingWords(ANSWER, k=4)
+    asked: list[str] = []
+
+    async def more(text: str, accepted: int):
+        asked.append(text)
+        return [Proposal(ANSWER_PROPOSAL[len(text) :], ended=True)]
+
+    chunks, cost = _run_taking(engine, [Proposal(" the", ended=False)], more=more)
+    assert _text(chunks) == _plain()
+    # four steps in a row took nothing ("the" then "sky is blue" decoded): the text so far was asked to continue,
+    # and the continuation sent whole from the generation's start, so that the answer, grown since, finds itself in it
+    assert asked == [" the sky is blue"]
+    assert engine.added == [[asyncio.run(engine.text_ids(ANSWER_PROPOSAL)) + [engine.END]]]  # it ended: its end too
+    assert cost.draft_tokens_accepted > 0 and engine.steps < len(ANSWER.split()) + 1
