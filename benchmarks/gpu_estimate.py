@@ -13,20 +13,24 @@ usage, the same names; a system whose server does not report its steps gets no l
 
 Per answer at a batch of ``B`` concurrent answers (the step's cost shared by the batch)::
 
-    decode_s  = decoded_tokens * step_s(B, context) / B
+    decode_s  = max(decode_steps * mem_step_s(B, context) / B, positions * 2 * params / peak_flops)
     prefill_s = (prompt_tokens - cached_tokens) * 2 * params / (peak_flops * prefill_efficiency)
     gpu_s     = decode_s + prefill_s + engine_requests * request_s
     latency_floor_s = steps * step_s(B, context)          (sequential steps: the answer's own wait)
 
-``step_s(B, ctx) = max((weight_bytes + B * ctx * kv_bytes_per_token) / mem_bw, 2 * params * B / peak_flops)``.
+``step_s(B, ctx) = max((weight_bytes + B * ctx * kv_bytes_per_token) / mem_bw, 2 * params * B / peak_flops)``;
+``decode_steps`` and ``positions`` are ``decoded_tokens``, except where an answer's steps were fewer than its tokens
+(drafts checked inside the engine's generation, ``EngineConfig.draft_speculative_tokens``, or samples decoded in
+lockstep): then ``decode_steps = steps`` and ``positions`` adds the refused proposals (offered - accepted). With one
+token a step this is ``decoded_tokens * step_s(B, context) / B``.
 
 That prices a prefill as work of its own, after the decode steps: an upper bound. vLLM V1 schedules prefill chunks
 into the decode steps (chunked prefill), where a memory-bound step has FLOPs to spare, so a second figure prices the
 answer as the whole machine's roofline, the weights streamed once per shared decode step against every position's
 FLOPs (a lower bound)::
 
-    chunked_s = max(decoded_tokens * mem_step_s(B, context) / B,
-                    decoded_tokens * 2 * params / peak_flops + prefill_s)
+    chunked_s = max(decode_steps * mem_step_s(B, context) / B,
+                    positions * 2 * params / peak_flops + prefill_s)
                 + engine_requests * request_s
 
 (never above ``gpu_s``: ``max(a, b + c) <= max(a, b) + c``).
@@ -143,16 +147,24 @@ def prefill_s(gpu: Gpu, model: Model, positions: float) -> float:
 def per_answer(cost: dict, gpu: Gpu, model: Model, batch: int) -> dict:
     """Estimated GPU-seconds per answer (the batch shares each decode step) and the floor of its latency from
     its sequential steps, from one answer's mean counts ``cost`` (``CloudCost`` fields)."""
-    context = cost.get("prompt_tokens", 0) / max(1, cost.get("engine_requests", 1)) + cost["decoded_tokens"]
+    decoded = cost["decoded_tokens"]
+    context = cost.get("prompt_tokens", 0) / max(1, cost.get("engine_requests", 1)) + decoded
     steps = cost.get("steps")
     step = step_s(gpu, model, batch, context)
-    decode = cost["decoded_tokens"] * step / batch
+    # a step that writes several tokens (drafts checked inside the engine, samples in lockstep) streams the
+    # weights once: the memory term counts steps, the FLOPs term every position computed, a refused proposal's too
+    n_steps, positions = decoded, decoded
+    if steps is not None and steps < decoded:
+        n_steps = steps
+        positions += max(0, cost.get("draft_tokens_offered", 0) - cost.get("draft_tokens_accepted", 0))
+    mem, token_flops_s = mem_step_s(gpu, model, batch, context), 2 * model.params_b * 1e9 / (gpu.peak_tflops * 1e12)
+    decode = max(n_steps * mem / batch, positions * token_flops_s)
     computed = cost.get("prompt_tokens", 0) - cost.get("cached_tokens", 0)
     prefill = prefill_s(gpu, model, computed)
     requests = cost["engine_requests"] * REQUEST_S
     chunked = max(  # decoding's FLOPs at peak as step_s prices them, the prefill's at PREFILL_EFFICIENCY
-        cost["decoded_tokens"] * mem_step_s(gpu, model, batch, context) / batch,
-        cost["decoded_tokens"] * 2 * model.params_b * 1e9 / (gpu.peak_tflops * 1e12) + prefill,
+        n_steps * mem / batch,
+        positions * token_flops_s + prefill,
     )
     return {
         "gpu_ms": round((decode + prefill + requests) * 1e3, 2),

@@ -42,6 +42,18 @@ def test_fewer_decoded_tokens_cost_less_gpu_time_where_decoding_dominates_and_th
             assert x["requests_ms"] <= x["gpu_ms_chunked"] <= x["gpu_ms"] + 0.01, (b, plan)
 
 
+def test_drafts_checked_inside_the_engine_cost_a_step_each_where_memory_binds_and_their_positions_where_flops_do():
+    # the counts of one exact_split run inside the engine (8 open prompts, SmolLM2): one request, fewer steps than tokens
+    cloud = {"steps": 63.5, "decoded_tokens": 63.5, "prompt_tokens": 37.5, "cached_tokens": 0, "engine_requests": 1}
+    split = dict(cloud, steps=28.6, decoded_tokens=64, draft_tokens_offered=55.6, draft_tokens_accepted=35)
+    out = estimate({"cloud": cloud, "split": split}, A100, LLAMA, [1, 16, 8192])
+    assert out["batches"][1]["split_over_cloud_gpu"] == pytest.approx(28.6 / 63.5, rel=0.05)  # weights read per step
+    assert out["batches"][16]["split_over_cloud_gpu"] < 0.6
+    # compute-bound: every position is paid, the refused proposals' too
+    big = out["batches"][8192]
+    assert big["split"]["decode_ms"] / big["cloud"]["decode_ms"] == pytest.approx((64 + 55.6 - 35) / 63.5, rel=0.05)
+
+
 def test_the_cli_reads_the_benchmarks_report_after_its_progress_lines(tmp_path, capsys):
     cost = {"steps": 9, "decoded_tokens": 9, "prompt_tokens": 20, "cached_tokens": 0, "engine_requests": 1}
     path = tmp_path / "r.json"
