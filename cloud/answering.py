@@ -109,7 +109,7 @@ class Answerer:
         ``more``: the edge's drafts that continue the answer; ``later``: the first round's drafts still to come,
         for an engine that takes them inside the generation)."""
         a = await self.alone.answer(proposals=proposals, more=more, later=later)
-        if proposals:
+        if proposals or (later is not None and self.ctx.engine.takes_drafts):
             a.mode, a.source = t.RefineMode.EXACT, t.AnswerSource.REFINED
             a.note = f"exact: the target's own answer, {a.accepted} draft tokens taken where it writes the same, {a.generated} decoded; {a.note}"
         return a

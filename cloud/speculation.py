@@ -293,12 +293,13 @@ async def speculate(
     On an engine that takes drafts inside the generation (``TargetEngine.takes_drafts``) the proposals, and
     ``later`` ones as they come, are its speculative proposals instead (``in_engine``)."""
     sampling = exact_sampled(engine, params)
-    if not proposals or not (sampling or exact(engine, params)):
+    inside = engine.takes_drafts and (proposals or later is not None)
+    if not (proposals or inside) or not (sampling or exact(engine, params)):
         async with contextlib.aclosing(engine.generate(prompt, params, request_id)) as own:
             async for c in own:
                 yield c
         return
-    if engine.takes_drafts:
+    if inside:
         async with contextlib.aclosing(in_engine(engine, prompt, params, request_id, proposals, later, more)) as own:
             async for c in own:
                 yield c

@@ -281,13 +281,13 @@ class TakingWords(GreedyWords):
     """``GreedyWords`` that takes drafts inside its generation, as vLLM does with coinfer's proposer
     (``coinfer.cloud.draft_proposer``): each step proposes up to ``k`` tokens (``Lookup``), takes those equal to its
     argmax and writes its own next one; ``add_drafts`` reaches the generation under way. ``added``: what was sent;
-    ``steps``: the steps taken."""
+    ``steps``: the steps taken; ``step_s``: (virtual) seconds a step."""
 
     takes_drafts = True
 
-    def __init__(self, answer: str, k: int = 4) -> None:
+    def __init__(self, answer: str, k: int = 4, step_s: float = 0.0) -> None:
         super().__init__(answer)
-        self.k, self.added, self.steps = k, [], 0
+        self.k, self.added, self.steps, self.step_s = k, [], 0, step_s
         self._lookups: dict[str, object] = {}
 
     async def add_drafts(self, request_id: str, drafts) -> None:
@@ -302,7 +302,7 @@ class TakingWords(GreedyWords):
         look = self._lookups[request_id] = Lookup(list(drafts))
         n, out, offered = len(ids), list(ids), 0
         while True:
-            await asyncio.sleep(0)  # a step: sends from other tasks land between steps
+            await asyncio.sleep(self.step_s)  # a step: sends from other tasks land between steps
             self.steps += 1
             proposal = look.propose(out[n:], self.k) if len(out) > n else []
             offered += len(proposal)

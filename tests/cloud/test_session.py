@@ -18,7 +18,7 @@ from coinfer.cloud.session import DraftsDone, Session
 from coinfer.errors import DeadlineExceeded, InvalidArgument
 from coinfer.rules import RuleSet
 from coinfer.tasks import OPEN
-from tests.cloud.engines import LIKELIHOOD, RIGHT, GreedyWords, ScriptedEngine, apples, draft
+from tests.cloud.engines import LIKELIHOOD, RIGHT, GreedyWords, ScriptedEngine, TakingWords, apples, draft
 from tests.virtual_time import run
 
 PROSE = "The sky is blue because air molecules scatter blue sunlight more than red."
@@ -165,3 +165,26 @@ def test_an_exact_answer_continues_from_a_draft_in_hand_before_it_asks_the_edge_
     assert events[-1].answer == "".join(words)
     assert not [e for e in events if isinstance(e, t.DraftFrom)]
     assert engine.decoded == 0 and len(engine.checks) == 2
+
+
+def test_inside_the_engine_an_exact_answer_begins_at_open_and_takes_the_drafts_as_they_come():
+    # the target never waits for the edge: its generation starts before any draft, each draft reaches it when read
+    engine = TakingWords(PROSE, k=4, step_s=0.01)
+    session = _session(engine, verifier="exact", hedge_below_odds=0.0)
+    words = [" " + w for w in PROSE.split(" ")]
+    first_chunk_before_any_draft = []
+
+    async def inbox():
+        await asyncio.sleep(0.05)  # the edge's drafting
+        first_chunk_before_any_draft.append(engine.steps > 0)
+        yield dataclasses.replace(draft(0, "".join(words), truncated=False), greedy=True)
+        yield DraftsDone(1)
+
+    async def go() -> list:
+        return [ev async for ev in session.run(inbox())]
+
+    events = run(go())
+    assert events[-1].answer == "".join(words) and events[-1].refine_mode is t.RefineMode.EXACT
+    assert first_chunk_before_any_draft == [True]
+    assert len(engine.request_ids) == 1 and engine.added  # one generation, the draft sent to it under way
+    assert engine.steps < len(words)  # it took draft tokens: fewer steps than words
