@@ -184,11 +184,12 @@ class TargetEngine(ABC):
     the other prefill; ``coinfer.cloud.speculation`` takes no token there)."""
 
     def generate_ids(
-        self, ids: list[int], params: GenParams, request_id: str, drafts: Sequence[Sequence[int]] = ()
+        self, ids: list[int], params: GenParams, request_id: str, drafts: Sequence[Sequence[int]] | None = None
     ) -> AsyncIterator[Chunk]:
         """``generate`` from token ids: the continuation of exactly these tokens (no re-tokenizing). ``drafts``
         (token ids of what may follow ``ids``; only where ``takes_drafts``): proposals the engine checks inside
-        the generation, which writes the same tokens with or without them."""
+        the generation, which writes the same tokens with or without them; ``[]``: none yet, ``add_drafts`` may
+        send some (None: a generation that takes none)."""
         raise NotImplementedError
 
     takes_drafts: bool = False

@@ -164,7 +164,7 @@ class VllmEngine(TokenizingEngine):
         self._running += 1
         cost, delta = current_cost(), sp.output_kind == RequestOutputKind.DELTA
         tally = RequestTally(
-            prompt=len(ids), scored=sp.prompt_logprobs is not None, stepwise=bool((sp.extra_args or {}).get(DRAFTS_KEY))
+            prompt=len(ids), scored=sp.prompt_logprobs is not None, stepwise=DRAFTS_KEY in (sp.extra_args or {})
         )
         t0 = time.perf_counter()
         try:
@@ -195,12 +195,12 @@ class VllmEngine(TokenizingEngine):
                 )
 
     async def generate_ids(
-        self, ids: list[int], params: GenParams, request_id: str, drafts: Sequence[Sequence[int]] = ()
+        self, ids: list[int], params: GenParams, request_id: str, drafts: Sequence[Sequence[int]] | None = None
     ) -> AsyncIterator[Chunk]:
         room = self.max_model_len - len(ids)
         if room < 1:
             return
-        if drafts and self.takes_drafts:
+        if drafts is not None and self.takes_drafts:
             async with contextlib.aclosing(self._generate_taking(ids, params, room, request_id, drafts)) as outs:
                 async for c in outs:
                     yield c

@@ -295,11 +295,11 @@ class TakingWords(GreedyWords):
         if request_id in self._lookups:
             self._lookups[request_id].add(drafts)
 
-    async def generate_ids(self, ids: list[int], params: GenParams, request_id: str, drafts=()):
+    async def generate_ids(self, ids: list[int], params: GenParams, request_id: str, drafts=None):
         from coinfer.cloud.draft_proposer import Lookup
 
         self.request_ids.append(request_id)
-        look = self._lookups[request_id] = Lookup(list(drafts))
+        look = self._lookups[request_id] = Lookup(list(drafts or []))
         n, out, offered = len(ids), list(ids), 0
         while True:
             await asyncio.sleep(self.step_s)  # a step: sends from other tasks land between steps

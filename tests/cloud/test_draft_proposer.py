@@ -74,7 +74,7 @@ async def taking_engine(artifacts):
     await eng.close()
 
 
-async def _gen(eng, prompt: str, params, rid: str, drafts=()):
+async def _gen(eng, prompt: str, params, rid: str, drafts=None):
     """The chunks of one generation and the engine work it was counted (its own task: its own count)."""
     from coinfer.cloud.engine import metered
 
@@ -114,10 +114,11 @@ async def test_drafts_sent_to_a_generation_under_way_are_taken(taking_engine):
     text = "".join(c.text for c in (await _gen(eng, PROMPTS[0], greedy, "whole"))[0])
     whole = await eng.text_ids(text)
     ids = await eng.prompt_ids(PROMPTS[0])
-    chunks = []
-    async for c in eng.generate_ids(ids, greedy, "pushed", drafts=[whole[:2]]):
-        if not chunks:
-            await eng.add_drafts("pushed", [whole])
-        chunks.append(c)
-    assert "".join(c.text for c in chunks) == text
-    assert sum(c.accepted for c in chunks) > 2  # more than the first draft's tokens
+    for first in ([whole[:2]], []):  # a short draft first, or none yet (an answer begun at open)
+        chunks = []
+        async for c in eng.generate_ids(ids, greedy, f"pushed-{len(first)}", drafts=first):
+            if not chunks:
+                await eng.add_drafts(f"pushed-{len(first)}", [whole])
+            chunks.append(c)
+        assert "".join(c.text for c in chunks) == text
+        assert sum(c.accepted for c in chunks) > 2  # more than the first draft's tokens
