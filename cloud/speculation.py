@@ -290,17 +290,16 @@ async def speculate(
     """The target's generation of ``prompt`` (as ``engine.generate``), taking the tokens of ``proposals`` it
     would write itself (exact: greedy, unpenalised; otherwise, or with no proposals, the engine's own
     generation); ``more``: the next round of drafts once a round is taken (None: the target decodes the rest).
-    On an engine that takes drafts inside the generation (``TargetEngine.takes_drafts``) the proposals, and
-    ``later`` ones as they come, are its speculative proposals instead (``in_engine``)."""
+    Where ``engine.takes_drafts``, they and ``later`` ones are its own speculative proposals (``in_engine``)."""
     sampling = exact_sampled(engine, params)
     inside = engine.takes_drafts and (proposals or later is not None)
+    whole = None  # a generation that is the whole answer: the engine's own, or one taking drafts inside it
     if not (proposals or inside) or not (sampling or exact(engine, params)):
-        async with contextlib.aclosing(engine.generate(prompt, params, request_id)) as own:
-            async for c in own:
-                yield c
-        return
-    if inside:
-        async with contextlib.aclosing(in_engine(engine, prompt, params, request_id, proposals, later, more)) as own:
+        whole = engine.generate(prompt, params, request_id)
+    elif inside:
+        whole = in_engine(engine, prompt, params, request_id, proposals, later, more)
+    if whole is not None:
+        async with contextlib.aclosing(whole) as own:
             async for c in own:
                 yield c
         return
