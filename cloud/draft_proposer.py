@@ -87,9 +87,8 @@ class Lookup:
         draft continues it."""
         if not self.drafts or k < 1:
             return []
-        if self.pos >= len(self.drafts[self.draft]) and self._realign(answer):  # parked: a draft added since?
-            pass
-        elif not self._follows(answer) and not self._realign(answer):
+        parked = self.pos >= len(self.drafts[self.draft])  # a draft added since may have the answer
+        if not (parked and self._realign(answer)) and not self._follows(answer) and not self._realign(answer):
             self.seen = len(answer)
             self.pos = len(self.drafts[self.draft]) if self.drafts else 0  # parked until an n-gram re-aligns
             return []
@@ -159,6 +158,7 @@ class DraftProposer:
         _expose_add_drafts()
         self._lookups: dict[str, Lookup] = {}
         self._keys: dict[str, str] = {}  # request id -> the key its later drafts come under
+        self._by_key: dict[str, Lookup] = {}
         self._early: dict[str, list[list[int]]] = {}  # drafts sent under a key before its request's first step
 
     def load_model(self, *args, **kwargs) -> None:  # no model: the drafts come with the requests
@@ -182,21 +182,20 @@ class DraftProposer:
                 extra = (state.sampling_params.extra_args or {}) if state.sampling_params else {}
                 lookup = self._lookups[req_id] = Lookup(extra.get(DRAFTS_KEY) or ())
                 if key := extra.get(KEY_KEY):
-                    self._keys[req_id] = key
+                    self._keys[req_id], self._by_key[key] = key, lookup
                     lookup.add(self._early.pop(key, ()))
             k = min(self.k, self.max_model_len - n - 1)
             out.append(lookup.propose(token_ids_cpu[i, state.num_prompt_tokens : n].tolist(), k))
         for gone in self._lookups.keys() - live - set(requests):
             del self._lookups[gone]
-            self._keys.pop(gone, None)
+            self._by_key.pop(self._keys.pop(gone, ""), None)
         return out
 
     def add(self, key: str, drafts: Sequence[Sequence[int]]) -> None:
         """Drafts for the request whose ``extra_args`` carry ``key`` (``add_drafts``)."""
-        for req_id, k in self._keys.items():
-            if k == key:
-                self._lookups[req_id].add(drafts)
-                return
+        if (lookup := self._by_key.get(key)) is not None:
+            lookup.add(drafts)
+            return
         early = self._early.setdefault(key, [])
         if len(self._early) > EARLY_KEYS:  # keys whose request ended before its first step: forget the oldest
             self._early.pop(next(iter(self._early)))
