@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from benchmarks.capacity import REAL_MAX_TOKENS
+from benchmarks.open_accuracy import add_engine_argument, policy_overrides
 from benchmarks.open_prompts import OPEN_PROMPTS
 from benchmarks.replica import CLOUD_CORE
 from coinfer.cloud.judging import NOT_SCORED
@@ -135,6 +136,7 @@ async def pair(
     *,
     pin: bool = False,
     dtype: str = "float32",
+    engine_fields: dict | None = None,
     **policy,
 ) -> AsyncIterator[object]:
     """An edge daemon on ``edge_dir`` over a cloud serving ``cloud_dir`` (with ``chat_template``: vLLM's
@@ -142,14 +144,19 @@ async def pair(
     the cloud server. ``pin``: the two machines apart on one box, as ``benchmarks.capacity`` runs them: the
     target's engine process on ``CLOUD_CORE`` (vLLM's OpenMP threads bound there), this process (the edge's
     ORT drafting, one thread, and both daemons' Python) on the other cores. Unpinned, the edge's drafting
-    and the target's decoding share every core: a draft round slows the cloud's own answer it races."""
+    and the target's decoding share every core: a draft round slows the cloud's own answer it races.
+    ``engine_fields``: further ``EngineConfig`` fields (``--engine``)."""
     from coinfer.cloud.config import CloudConfig, EngineConfig, PolicyConfig
     from coinfer.cloud.server import create_server
     from coinfer.cloud.vllm_engine import VllmEngine
 
     # float32: the target's answer under exact split is its own greedy text token for token (quantize.real_model.CLOUD_DTYPE)
     engine = EngineConfig(
-        model=str(cloud_dir), max_model_len=max_model_len, chat_template=str(chat_template or ""), dtype=dtype
+        model=str(cloud_dir),
+        max_model_len=max_model_len,
+        chat_template=str(chat_template or ""),
+        dtype=dtype,
+        **(engine_fields or {}),
     )
     srv = await create_server(CloudConfig(engine=engine, policy=PolicyConfig(**policy)))
     before = None
@@ -369,13 +376,19 @@ def table(lines: list[dict]) -> str:
 
 
 async def run_direction(
-    direction: str, prompts: list[str], plans: tuple[str, ...], max_tokens: int, pin: bool = False, **policy
+    direction: str,
+    prompts: list[str],
+    plans: tuple[str, ...],
+    max_tokens: int,
+    pin: bool = False,
+    engine_fields: dict | None = None,
+    **policy,
 ) -> list[Row]:
     edge_name, cloud_name = DIRECTIONS[direction]
     edge_dir = edge_model(edge_name)
     cloud_dir, template = cloud_model(cloud_name)
     rows: list[Row] = []
-    async with pair(edge_dir, cloud_dir, template, pin=pin, **policy) as d:
+    async with pair(edge_dir, cloud_dir, template, pin=pin, engine_fields=engine_fields, **policy) as d:
         await ask(d, direction, "Say hello.", "cloud", stream=False, max_tokens=8)  # the first request's set-up
         for plan in plans:
             await d.pair_cloud.core.engine.reset_prefix_cache()  # each plan starts cold
@@ -404,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the target's engine on one core, the edge on the others, as two machines would be (default: "
         "where there are two cores)",
     )
+    add_engine_argument(ap)
     ap.add_argument("--json", type=Path, help="write the rows, the table and the goals here")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -411,11 +425,15 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).setLevel(logging.WARNING)
     prompts = (OPEN_PROMPTS * (args.prompts // len(OPEN_PROMPTS) + 1))[: args.prompts]
     rows: list[Row] = []
+    from coinfer.cloud.config import EngineConfig
+
+    engine_fields = policy_overrides(args.engine, EngineConfig)
     for direction in args.directions:
         policy = {} if args.max_retries is None else {"max_retries": args.max_retries}
-        rows += asyncio.run(
-            run_direction(direction, prompts, tuple(args.plans), args.max_tokens, pin=args.pin, **policy)
+        run = run_direction(
+            direction, prompts, tuple(args.plans), args.max_tokens, pin=args.pin, engine_fields=engine_fields, **policy
         )
+        rows += asyncio.run(run)
     lines = summarise(rows)
     print(table(lines))
     met = goals(lines)

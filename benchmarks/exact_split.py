@@ -32,7 +32,7 @@ from pathlib import Path
 
 from benchmarks.capacity_runs import load
 from benchmarks.gpu_estimate import GPUS, MODELS, estimate
-from benchmarks.open_accuracy import policy_overrides
+from benchmarks.open_accuracy import add_engine_argument, policy_overrides
 from benchmarks.open_prompts import OPEN_PROMPTS
 
 PLANS = ("cloud", "split")
@@ -245,13 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FIELD=VALUE",
         help="override a cloud PolicyConfig field (repeatable), e.g. --policy draft_from_wait_ms=30000",
     )
-    ap.add_argument(
-        "--engine",
-        action="append",
-        default=[],
-        metavar="FIELD=VALUE",
-        help="set a cloud EngineConfig field (repeatable), e.g. --engine draft_speculative_tokens=8",
-    )
+    add_engine_argument(ap)
     ap.add_argument("--skip", type=int, default=0, help="start at this open prompt (default 0)")
     ap.add_argument(
         "--temperature",

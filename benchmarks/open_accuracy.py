@@ -279,6 +279,17 @@ def _verifier(rows: list[dict], floor: float) -> dict:
     }
 
 
+def add_engine_argument(ap) -> None:
+    """``--engine FIELD=VALUE`` (repeatable) on ``ap``: cloud ``EngineConfig`` fields (``policy_overrides``)."""
+    ap.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="set a cloud EngineConfig field (repeatable), e.g. --engine draft_speculative_tokens=8",
+    )
+
+
 def policy_overrides(pairs: list[str], config: type | None = None) -> dict:
     """``--policy name=value`` pairs as fields of ``config`` (default ``PolicyConfig``), each value parsed as its
     field's type."""

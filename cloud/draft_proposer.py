@@ -123,14 +123,18 @@ def _fix_cpu_expand() -> None:
 
 ADD_DRAFTS = "coinfer_add_drafts"
 """The worker method ``collective_rpc`` names to send a request's later drafts (``add_drafts``)."""
+DRAFTS_OFFERED = "coinfer_drafts_offered"
+"""The worker method ``collective_rpc`` names to read the draft tokens proposed to a request (``drafts_offered``)."""
 
 
-def _expose_add_drafts() -> None:
-    """Make ``add_drafts`` a method of vLLM's workers (in this worker process): ``collective_rpc`` reaches a worker
-    method by name, and vLLM serialises no function between processes unless told to unpickle insecurely."""
+def _expose_worker_methods() -> None:
+    """Make ``add_drafts`` and ``drafts_offered`` methods of vLLM's workers (in this worker process):
+    ``collective_rpc`` reaches a worker method by name, and vLLM serialises no function between processes unless
+    told to unpickle insecurely."""
     from vllm.v1.worker.worker_base import WorkerBase
 
     setattr(WorkerBase, ADD_DRAFTS, add_drafts)
+    setattr(WorkerBase, DRAFTS_OFFERED, drafts_offered)
 
 
 def _model_runner():
@@ -155,11 +159,12 @@ class DraftProposer:
         self.max_model_len = vllm_config.model_config.max_model_len
         self._runner = _model_runner()
         _fix_cpu_expand()
-        _expose_add_drafts()
+        _expose_worker_methods()
         self._lookups: dict[str, Lookup] = {}
         self._keys: dict[str, str] = {}  # request id -> the key its later drafts come under
         self._by_key: dict[str, Lookup] = {}
         self._early: dict[str, list[list[int]]] = {}  # drafts sent under a key before its request's first step
+        self._offered: dict[str, int] = {}  # key -> draft tokens proposed to its request (``offered``)
 
     def load_model(self, *args, **kwargs) -> None:  # no model: the drafts come with the requests
         pass
@@ -186,10 +191,22 @@ class DraftProposer:
                     lookup.add(self._early.pop(key, ()))
             k = min(self.k, self.max_model_len - n - 1)
             out.append(lookup.propose(token_ids_cpu[i, state.num_prompt_tokens : n].tolist(), k))
+            if out[-1] and (key := self._keys.get(req_id)):
+                self._count(key, len(out[-1]))
         for gone in self._lookups.keys() - live - set(requests):
             del self._lookups[gone]
             self._by_key.pop(self._keys.pop(gone, ""), None)
         return out
+
+    def _count(self, key: str, n: int) -> None:
+        if key not in self._offered and len(self._offered) >= OFFERED_KEYS:  # never read (ended with the
+            self._offered.pop(next(iter(self._offered)))  # engine's own count): the oldest go
+        self._offered[key] = self._offered.get(key, 0) + n
+
+    def offered(self, key: str) -> int:
+        """Draft tokens proposed so far to the request under ``key`` (read once): vLLM reports its own count on a
+        request's last output only, which a reader that stops early (a loop cut) never sees."""
+        return self._offered.pop(key, 0)
 
     def add(self, key: str, drafts: Sequence[Sequence[int]]) -> None:
         """Drafts for the request whose ``extra_args`` carry ``key`` (``add_drafts``)."""
@@ -204,6 +221,8 @@ class DraftProposer:
 
 EARLY_KEYS = 64
 """Keys whose drafts came before their request's first step (or after its end) kept at most: the oldest go."""
+OFFERED_KEYS = 1024
+"""Requests whose proposed count is kept at most (a count is read once, by a generation cut before its end)."""
 
 
 def add_drafts(worker, key: str, drafts: list[list[int]]) -> None:
@@ -211,3 +230,9 @@ def add_drafts(worker, key: str, drafts: list[list[int]]) -> None:
     drafter = getattr(worker.model_runner, "drafter", None)
     if isinstance(drafter, DraftProposer):
         drafter.add(key, drafts)
+
+
+def drafts_offered(worker, key: str) -> int:
+    """Run in vLLM's worker by ``collective_rpc``: the draft tokens proposed to the request under ``key``."""
+    drafter = getattr(worker.model_runner, "drafter", None)
+    return drafter.offered(key) if isinstance(drafter, DraftProposer) else 0

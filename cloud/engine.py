@@ -200,6 +200,11 @@ class TargetEngine(ABC):
         """More ``drafts`` for generation ``request_id`` under way (``takes_drafts``); no effect after it ends."""
         raise NotImplementedError
 
+    async def drafts_offered(self, request_id: str) -> int:
+        """Draft tokens proposed to generation ``request_id`` (``takes_drafts``), read once: for a generation its
+        reader stopped before the last chunk, which carries the engine's own count (``Chunk.offered``)."""
+        raise NotImplementedError
+
     def decoder(self, ids: list[int]) -> TokenDecoder:
         """A decoder of the tokens written after ``ids``, as this engine's own generations detokenize them."""
         raise NotImplementedError

@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import logging
 import random
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -368,7 +369,7 @@ async def in_engine(
     if later is not None:
         tasks.add(asyncio.create_task(_send_later(engine, request_id, later, room)))
     asking: asyncio.Task | None = None
-    text, dry, taken, accepted, offered = "", 0, 0, 0, 0
+    text, dry, taken, accepted, offered, finished = "", 0, 0, 0, 0, False
     try:
         async with contextlib.aclosing(engine.generate_ids(ids, params, request_id, drafts=drafts)) as own:
             async for c in own:
@@ -378,6 +379,7 @@ async def in_engine(
                 taken += c.accepted
                 accepted += c.accepted
                 offered += c.offered
+                finished = c.finish_reason is not None
                 dry = 0 if c.accepted else dry + 1
                 if (
                     more is not None
@@ -393,10 +395,27 @@ async def in_engine(
         for tk in tasks:
             tk.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if cost is not None:  # the engine says what it checked at the end (none when cut before: then the taken)
+        if cost is not None:
+            if not finished and not isinstance(sys.exc_info()[1], asyncio.CancelledError):  # cut by its reader
+                offered = await _proposed(engine, request_id)
             offered = max(offered, accepted)
             cost.draft_tokens_offered += offered
             cost.scored_tokens += offered - accepted  # the positions the refused proposals took
+
+
+OFFERED_WAIT_S = 0.5
+"""How long a generation cut before its end waits for the proposer's count of its draft tokens: the engine answers
+between two steps; past this, the tokens it took stand for those proposed."""
+
+
+async def _proposed(engine: TargetEngine, request_id: str) -> int:
+    """The draft tokens proposed to generation ``request_id``, as the engine's proposer counted them (the engine
+    reports its own count on a generation's last chunk, which a reader that cut it never reads); 0 if unknown."""
+    try:
+        return await asyncio.wait_for(engine.drafts_offered(request_id), OFFERED_WAIT_S)
+    except Exception:  # noqa: BLE001 - a count only: the answer stands without it
+        log.debug("no proposed count for generation %s", request_id, exc_info=True)
+        return 0
 
 
 async def _send_later(engine: TargetEngine, request_id: str, later: AsyncIterator[Proposal], room: int) -> None:

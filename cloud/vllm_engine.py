@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 from coinfer.cloud.checked_rows import CheckedRows, TopRow, context_keys
 from coinfer.cloud.config import EngineConfig
-from coinfer.cloud.draft_proposer import ADD_DRAFTS, DRAFTS_KEY, KEY_KEY, DraftProposer
+from coinfer.cloud.draft_proposer import ADD_DRAFTS, DRAFTS_KEY, DRAFTS_OFFERED, KEY_KEY, DraftProposer
 from coinfer.cloud.engine import Chunk, EngineStats, GenParams, current_cost
 from coinfer.cloud.sampled import Row
 from coinfer.cloud.vllm_common import (
@@ -252,6 +252,12 @@ class VllmEngine(TokenizingEngine):
     async def add_drafts(self, request_id: str, drafts: Sequence[Sequence[int]]) -> None:
         if self._llm is not None and drafts:
             await self._llm.collective_rpc(ADD_DRAFTS, args=(request_id, [list(d) for d in drafts]))
+
+    async def drafts_offered(self, request_id: str) -> int:
+        if self._llm is None:
+            return 0
+        counts = await self._llm.collective_rpc(DRAFTS_OFFERED, args=(request_id,))
+        return max((int(c or 0) for c in counts), default=0)  # every worker of a tensor-parallel engine proposes alike
 
     # ---- token level (``coinfer.cloud.speculation``) --------------------------------------------------
     speculative = True

@@ -5,6 +5,7 @@ same tokens with drafts as without them, in a step it shares with a sampled requ
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 import torch
@@ -122,3 +123,26 @@ async def test_drafts_sent_to_a_generation_under_way_are_taken(taking_engine):
             chunks.append(c)
         assert "".join(c.text for c in chunks) == text
         assert sum(c.accepted for c in chunks) > 2  # more than the first draft's tokens
+
+
+@pytest.mark.slow
+async def test_a_generation_cut_by_its_reader_has_its_proposals_counted_by_the_proposer(taking_engine):
+    # vLLM reports the proposed count on a request's last output only; a reader that stops early (a loop cut)
+    # reads the proposer's own count instead (speculation.in_engine)
+    from coinfer.cloud.engine import GenParams
+
+    eng = taking_engine
+    greedy = GenParams(max_tokens=48)
+    whole = await eng.text_ids("".join(c.text for c in (await _gen(eng, PROMPTS[1], greedy, "own"))[0]))
+    wrong = [*whole[:3], (whole[3] + 1) % eng.vocab_size, *whole[4:]]  # refused at its fourth token
+    ids = await eng.prompt_ids(PROMPTS[1])
+    chunks = []
+    async with contextlib.aclosing(eng.generate_ids(ids, greedy, "cut", drafts=[wrong])) as gen:
+        async for c in gen:
+            chunks.append(c)
+            if len(chunks) == 8:
+                break
+    assert chunks[-1].finish_reason is None and not any(c.offered for c in chunks)  # the engine's count never came
+    offered = await eng.drafts_offered("cut")
+    assert offered > sum(c.accepted for c in chunks) > 0  # the refused fourth token was proposed and counted
+    assert await eng.drafts_offered("cut") == 0  # read once

@@ -5,6 +5,7 @@ tests/integration/test_exact_split.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 
 import pytest
@@ -296,3 +297,27 @@ def test_inside_the_engine_steps_that_take_nothing_ask_for_drafts_that_continue_
     assert asked == [" the sky is blue"]
     assert engine.added == [[asyncio.run(engine.text_ids(ANSWER_PROPOSAL)) + [engine.END]]]  # it ended: its end too
     assert cost.draft_tokens_accepted > 0 and engine.steps < len(ANSWER.split()) + 1
+
+
+def test_inside_the_engine_a_generation_its_reader_cuts_counts_the_proposals_the_engine_refused():
+    # the engine's own count comes on a generation's last chunk, which a reader that stops early (the writer's
+    # loop cut) never reads: the proposer's count stands in, so the refused proposals' positions are not lost
+    engine = TakingWords(ANSWER, k=4)
+    wrong = Proposal(" the sky is green because air scatters blue light", ended=True)
+
+    async def go():
+        cost = metered()
+        chunks = []
+        async with contextlib.aclosing(
+            speculate(engine, PROMPT, GenParams(max_tokens=64), "r", [wrong], None, None)
+        ) as stream:
+            async for c in stream:
+                chunks.append(c)
+                if len(chunks) == 6:
+                    break
+        return chunks, cost
+
+    chunks, cost = asyncio.run(go())
+    assert all(c.finish_reason is None for c in chunks)  # cut before the last chunk
+    assert cost.draft_tokens_offered > cost.draft_tokens_accepted > 0  # "green" and what the step after it proposed
+    assert cost.scored_tokens == cost.draft_tokens_offered - cost.draft_tokens_accepted
