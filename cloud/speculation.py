@@ -29,7 +29,6 @@ import contextlib
 import dataclasses
 import logging
 import random
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -396,25 +395,28 @@ async def in_engine(
             tk.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if cost is not None:
-            if not finished and not isinstance(sys.exc_info()[1], asyncio.CancelledError):  # cut by its reader
-                offered = await _proposed(engine, request_id)
+            task = asyncio.current_task()
+            if not finished and not (task is not None and task.cancelling()):  # cut by its reader, not cancelled
+                offered = accepted + await _refused(engine, request_id)
             offered = max(offered, accepted)
             cost.draft_tokens_offered += offered
             cost.scored_tokens += offered - accepted  # the positions the refused proposals took
 
 
-OFFERED_WAIT_S = 0.5
-"""How long a generation cut before its end waits for the proposer's count of its draft tokens: the engine answers
-between two steps; past this, the tokens it took stand for those proposed."""
+REFUSED_WAIT_S = 0.5
+"""How long a generation cut before its end waits for the proposer's count of the draft tokens it refused: the
+engine answers between two steps; past this, none are counted."""
 
 
-async def _proposed(engine: TargetEngine, request_id: str) -> int:
-    """The draft tokens proposed to generation ``request_id``, as the engine's proposer counted them (the engine
-    reports its own count on a generation's last chunk, which a reader that cut it never reads); 0 if unknown."""
+async def _refused(engine: TargetEngine, request_id: str) -> int:
+    """The draft tokens generation ``request_id`` checked and refused, as the engine's proposer read them from its
+    steps (the engine reports its own count on a generation's last chunk, which a reader that cut it never
+    reads); 0 if unknown. ``asyncio.timeout``, not ``wait_for``: a cancellation that comes meanwhile stands."""
     try:
-        return await asyncio.wait_for(engine.drafts_offered(request_id), OFFERED_WAIT_S)
+        async with asyncio.timeout(REFUSED_WAIT_S):
+            return await engine.drafts_refused(request_id)
     except Exception:  # noqa: BLE001 - a count only: the answer stands without it
-        log.debug("no proposed count for generation %s", request_id, exc_info=True)
+        log.info("no refused-draft count for generation %s", request_id, exc_info=True)
         return 0
 
 

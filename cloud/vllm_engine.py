@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 from coinfer.cloud.checked_rows import CheckedRows, TopRow, context_keys
 from coinfer.cloud.config import EngineConfig
-from coinfer.cloud.draft_proposer import ADD_DRAFTS, DRAFTS_KEY, DRAFTS_OFFERED, KEY_KEY, DraftProposer
+from coinfer.cloud.draft_proposer import ADD_DRAFTS, DRAFTS_KEY, DRAFTS_REFUSED, KEY_KEY, DraftProposer
 from coinfer.cloud.engine import Chunk, EngineStats, GenParams, current_cost
 from coinfer.cloud.sampled import Row
 from coinfer.cloud.vllm_common import (
@@ -251,13 +251,22 @@ class VllmEngine(TokenizingEngine):
 
     async def add_drafts(self, request_id: str, drafts: Sequence[Sequence[int]]) -> None:
         if self._llm is not None and drafts:
-            await self._llm.collective_rpc(ADD_DRAFTS, args=(request_id, [list(d) for d in drafts]))
+            await self._in_every_worker(ADD_DRAFTS, request_id, [list(d) for d in drafts])
 
-    async def drafts_offered(self, request_id: str) -> int:
+    async def drafts_refused(self, request_id: str) -> int:
         if self._llm is None:
             return 0
-        counts = await self._llm.collective_rpc(DRAFTS_OFFERED, args=(request_id,))
-        return max((int(c or 0) for c in counts), default=0)  # every worker of a tensor-parallel engine proposes alike
+        # the engine that ran the request counts it (every worker of it alike); the others say 0
+        return max((int(c or 0) for c in await self._in_every_worker(DRAFTS_REFUSED, request_id)), default=0)
+
+    async def _in_every_worker(self, method: str, *args) -> list:
+        """Worker method ``method`` in every worker of every engine, each worker's result: under data parallelism
+        ``AsyncLLM.collective_rpc`` reaches the first engine only, or answers with the first engine's results."""
+        core = self._llm.engine_core
+        if not hasattr(core, "call_utility_all_async"):  # the engine in this process
+            return await self._llm.collective_rpc(method, args=args)
+        per_engine = await core.call_utility_all_async("collective_rpc", method, None, args, None)
+        return [r for results in per_engine for r in (results or [])]
 
     # ---- token level (``coinfer.cloud.speculation``) --------------------------------------------------
     speculative = True

@@ -289,10 +289,10 @@ class TakingWords(GreedyWords):
         super().__init__(answer)
         self.k, self.added, self.steps, self.step_s = k, [], 0, step_s
         self._lookups: dict[str, object] = {}
-        self._offered: dict[str, int] = {}
+        self._refused: dict[str, int] = {}
 
-    async def drafts_offered(self, request_id: str) -> int:
-        return self._offered.pop(request_id, 0)
+    async def drafts_refused(self, request_id: str) -> int:
+        return self._refused.pop(request_id, 0)
 
     async def add_drafts(self, request_id: str, drafts) -> None:
         self.added.append([list(d) for d in drafts])
@@ -310,7 +310,6 @@ class TakingWords(GreedyWords):
             self.steps += 1
             proposal = look.propose(out[n:], self.k) if len(out) > n else []
             offered += len(proposal)
-            self._offered[request_id] = offered
             step = []
             for tok in proposal:
                 if tok != self.argmax(out[n:]):
@@ -319,6 +318,7 @@ class TakingWords(GreedyWords):
                 step.append(tok)
                 if tok == self.END:
                     break
+            self._refused[request_id] = self._refused.get(request_id, 0) + len(proposal) - len(step)
             if not step or step[-1] != self.END:
                 out.append(self.argmax(out[n:]))
                 step.append(out[-1])

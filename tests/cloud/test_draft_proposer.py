@@ -10,7 +10,7 @@ import contextlib
 import pytest
 import torch
 
-from coinfer.cloud.draft_proposer import Lookup, expand_batch_to_tokens
+from coinfer.cloud.draft_proposer import Checked, Lookup, expand_batch_to_tokens
 
 
 def test_a_draft_the_answer_follows_proposes_its_next_tokens():
@@ -126,9 +126,11 @@ async def test_drafts_sent_to_a_generation_under_way_are_taken(taking_engine):
 
 
 @pytest.mark.slow
-async def test_a_generation_cut_by_its_reader_has_its_proposals_counted_by_the_proposer(taking_engine):
+async def test_the_proposer_counts_the_refused_draft_tokens_as_the_engine_does_and_for_a_generation_cut_early(
+    taking_engine,
+):
     # vLLM reports the proposed count on a request's last output only; a reader that stops early (a loop cut)
-    # reads the proposer's own count instead (speculation.in_engine)
+    # reads the proposer's count of refused tokens instead (speculation.in_engine), read from the answer's steps
     from coinfer.cloud.engine import GenParams
 
     eng = taking_engine
@@ -136,6 +138,10 @@ async def test_a_generation_cut_by_its_reader_has_its_proposals_counted_by_the_p
     whole = await eng.text_ids("".join(c.text for c in (await _gen(eng, PROMPTS[1], greedy, "own"))[0]))
     wrong = [*whole[:3], (whole[3] + 1) % eng.vocab_size, *whole[4:]]  # refused at its fourth token
     ids = await eng.prompt_ids(PROMPTS[1])
+    full = [c async for c in eng.generate_ids(ids, greedy, "full", drafts=[wrong])]
+    engine_refused = sum(c.offered for c in full) - sum(c.accepted for c in full)  # vLLM's own count
+    # the proposer reads a step's verdict at its next call, so the last step's is not seen (at most k tokens)
+    assert engine_refused > 0 and engine_refused - 8 <= await eng.drafts_refused("full") <= engine_refused
     chunks = []
     async with contextlib.aclosing(eng.generate_ids(ids, greedy, "cut", drafts=[wrong])) as gen:
         async for c in gen:
@@ -143,6 +149,16 @@ async def test_a_generation_cut_by_its_reader_has_its_proposals_counted_by_the_p
             if len(chunks) == 8:
                 break
     assert chunks[-1].finish_reason is None and not any(c.offered for c in chunks)  # the engine's count never came
-    offered = await eng.drafts_offered("cut")
-    assert offered > sum(c.accepted for c in chunks) > 0  # the refused fourth token was proposed and counted
-    assert await eng.drafts_offered("cut") == 0  # read once
+    assert 0 < await eng.drafts_refused("cut") <= engine_refused
+    assert await eng.drafts_refused("cut") == 0  # read once
+
+
+def test_a_proposal_is_counted_refused_from_where_the_next_steps_answer_leaves_it():
+    checked = Checked()
+    checked.step([1, 2], [5, 6, 7])  # proposed after the answer's second token
+    checked.step([1, 2, 5, 6, 9], [4])  # took 5 and 6, refused 7, wrote 9 itself
+    assert checked.refused == 1
+    checked.step([1, 2, 5, 6, 9, 4, 8], [3, 3])  # took the whole proposal (4) and wrote 8
+    assert checked.refused == 1
+    checked.step([1, 2, 5, 6, 9, 4, 8, 1], [2])  # refused both 3s
+    assert checked.refused == 3  # and the last proposal, never checked, is not counted
