@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from benchmarks.capacity import REAL_MAX_TOKENS
-from benchmarks.open_accuracy import add_engine_argument, policy_overrides
+from benchmarks.open_accuracy import add_engine_argument, engine_overrides
 from benchmarks.open_prompts import OPEN_PROMPTS
 from benchmarks.replica import CLOUD_CORE
 from coinfer.cloud.judging import NOT_SCORED
@@ -425,9 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).setLevel(logging.WARNING)
     prompts = (OPEN_PROMPTS * (args.prompts // len(OPEN_PROMPTS) + 1))[: args.prompts]
     rows: list[Row] = []
-    from coinfer.cloud.config import EngineConfig
-
-    engine_fields = policy_overrides(args.engine, EngineConfig)
+    engine_fields = engine_overrides(args.engine)
     for direction in args.directions:
         policy = {} if args.max_retries is None else {"max_retries": args.max_retries}
         run = run_direction(

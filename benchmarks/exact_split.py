@@ -32,7 +32,7 @@ from pathlib import Path
 
 from benchmarks.capacity_runs import load
 from benchmarks.gpu_estimate import GPUS, MODELS, estimate
-from benchmarks.open_accuracy import add_engine_argument, policy_overrides
+from benchmarks.open_accuracy import add_engine_argument, engine_overrides, policy_overrides
 from benchmarks.open_prompts import OPEN_PROMPTS
 
 PLANS = ("cloud", "split")
@@ -267,11 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
     args = ap.parse_args(argv)
-    from coinfer.cloud.config import EngineConfig
-
     fields = policy_overrides(args.policy)
     n = min(args.prompts, len(OPEN_PROMPTS) - args.skip)
-    engine = policy_overrides(args.engine, EngineConfig) if args.engine else None
+    engine = engine_overrides(args.engine) if args.engine else None
     out = asyncio.run(run(n, args.max_tokens, fields, args.skip, args.temperature, args.remote, engine))
     out["engine_fields"] = engine or {}
     if args.against:

@@ -290,6 +290,13 @@ def add_engine_argument(ap) -> None:
     )
 
 
+def engine_overrides(pairs: list[str]) -> dict:
+    """``--engine FIELD=VALUE`` pairs (``add_engine_argument``) as cloud ``EngineConfig`` fields."""
+    from coinfer.cloud.config import EngineConfig
+
+    return policy_overrides(pairs, EngineConfig)
+
+
 def policy_overrides(pairs: list[str], config: type | None = None) -> dict:
     """``--policy name=value`` pairs as fields of ``config`` (default ``PolicyConfig``), each value parsed as its
     field's type."""

@@ -42,6 +42,8 @@ class Lookup:
     draft: int = 0
     pos: int = 0
     seen: int = 0
+    checked: Checked | None = None
+    """What the request's steps refused, for a request sent under a key (``DraftProposer.refused``)."""
     _index: dict[tuple[int, ...], list[tuple[int, int]]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -188,7 +190,7 @@ class DraftProposer:
         self._keys: dict[str, str] = {}  # request id -> the key its later drafts come under
         self._by_key: dict[str, Lookup] = {}
         self._early: dict[str, list[list[int]]] = {}  # drafts sent under a key before its request's first step
-        self._checked: dict[str, Checked] = {}  # key -> its request's checked proposals (``refused``), recent last
+        self._checked: dict[str, Checked] = {}  # key -> its request's checked proposals (``refused``), newest last
 
     def load_model(self, *args, **kwargs) -> None:  # no model: the drafts come with the requests
         pass
@@ -213,21 +215,23 @@ class DraftProposer:
                 if key := extra.get(KEY_KEY):
                     self._keys[req_id], self._by_key[key] = key, lookup
                     lookup.add(self._early.pop(key, ()))
+                    lookup.checked = self._checked_under(key)
             k = min(self.k, self.max_model_len - n - 1)
             answer = token_ids_cpu[i, state.num_prompt_tokens : n].tolist()
             out.append(lookup.propose(answer, k))
-            if key := self._keys.get(req_id):
-                self._checked_for(key).step(answer, out[-1])
+            if lookup.checked is not None:
+                lookup.checked.step(answer, out[-1])
         for gone in self._lookups.keys() - live - set(requests):
             del self._lookups[gone]
             self._by_key.pop(self._keys.pop(gone, ""), None)
         return out
 
-    def _checked_for(self, key: str) -> Checked:
-        checked = self._checked.pop(key, None) or Checked()
-        if len(self._checked) >= CHECKED_KEYS:  # never read (ended with the engine's own count): the least recent go
+    def _checked_under(self, key: str) -> Checked:
+        """A new request's count, kept under its key until read or until ``CHECKED_KEYS`` newer requests came
+        (a request's own steps update it through its ``Lookup``, no dictionary touched per step)."""
+        if len(self._checked) >= CHECKED_KEYS:  # never read (ended with the engine's own count): the oldest go
             self._checked.pop(next(iter(self._checked)))
-        self._checked[key] = checked
+        checked = self._checked[key] = Checked()
         return checked
 
     def refused(self, key: str) -> int:
@@ -250,17 +254,23 @@ class DraftProposer:
 EARLY_KEYS = 64
 """Keys whose drafts came before their request's first step (or after its end) kept at most: the oldest go."""
 CHECKED_KEYS = 1024
-"""Requests whose refused count is kept at most (a count is read once, by a generation cut before its end)."""
+"""Requests whose refused count is kept at most (a count is read once, by a generation cut before its end), the
+oldest forgotten first: a request still running is forgotten only after 1024 newer ones, far over any engine's
+``max_num_seqs``."""
+
+
+def _drafter(worker) -> DraftProposer | None:
+    """The worker's proposer where it is this one (an engine started with another has none of these methods' state)."""
+    drafter = getattr(worker.model_runner, "drafter", None)
+    return drafter if isinstance(drafter, DraftProposer) else None
 
 
 def add_drafts(worker, key: str, drafts: list[list[int]]) -> None:
     """Run in vLLM's worker by ``collective_rpc``: more drafts for the request under ``key``."""
-    drafter = getattr(worker.model_runner, "drafter", None)
-    if isinstance(drafter, DraftProposer):
+    if (drafter := _drafter(worker)) is not None:
         drafter.add(key, drafts)
 
 
 def drafts_refused(worker, key: str) -> int:
     """Run in vLLM's worker by ``collective_rpc``: the draft tokens the request under ``key`` had refused."""
-    drafter = getattr(worker.model_runner, "drafter", None)
-    return drafter.refused(key) if isinstance(drafter, DraftProposer) else 0
+    return drafter.refused(key) if (drafter := _drafter(worker)) is not None else 0

@@ -16,6 +16,29 @@ settings.register_profile("coinfer", deadline=None, suppress_health_check=[Healt
 settings.load_profile("coinfer")
 
 
+LONGEST_FIRST = (
+    "tests/integration/test_real_model.py",  # 452 s
+    "tests/quantize/test_families.py",  # 374 s
+    "tests/benchmarks/test_capacity.py",  # 317 s
+    "tests/integration/test_cross_pair.py",  # 254 s
+    "tests/integration/test_faults.py",  # 251 s
+    "tests/cloud/test_remote_engine.py",  # 187 s
+    "tests/integration/test_replicas.py",  # 183 s
+    "tests/quantize/test_gguf_import.py",  # 124 s
+    "tests/quantize/test_gemma3_real.py",  # 87 s
+)
+"""The test modules that run longest, longest first, each with its seconds in a run of ``make test``'s two
+workers on 2 cores (2026-12-07; the 104 modules' sum 2,756 s; docs/tests.md). pytest-xdist's ``--dist
+loadfile`` hands each worker whole modules in the order given (``--no-loadscope-reorder``; its default order,
+by the number of tests, put the one-test modules last: one worker ran the replicas' test alone for its last 3
+minutes). A scheduling hint only: a module missing here runs after them, in the order collected."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))  # stable: the rest as collected
+
+
 @pytest.fixture(scope="session")
 def artifacts():
     from coinfer.demo.artifacts import ensure_artifacts
