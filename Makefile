@@ -51,9 +51,9 @@ demo-real: setup
 	$(PY) -m coinfer.demo.real
 
 # artefacts first, outside pytest: a fresh machine builds them here (cached after)
-# TEST_WORKERS pytest-xdist workers (2: 27.0 against 36.1 minutes of tests on 2 cores, docs/tests.md), each
-# taking whole modules (--dist loadfile: a module's engines start once), the longest first (tests/conftest.py's
-# LONGEST_FIRST, kept in that order by --no-loadscope-reorder); TEST_WORKERS=0 runs in one process
+# TEST_WORKERS pytest-xdist workers (2: 24.9 against 36.1 minutes of tests in a fresh-clone CI run on 2 cores,
+# docs/tests.md), each taking whole modules (--dist loadfile: a module's engines start once), the longest first
+# (tests/conftest.py's LONGEST_FIRST, kept in that order by --no-loadscope-reorder); TEST_WORKERS=0: one process
 TEST_WORKERS ?= 2
 test: artifacts
 	$(PY) -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
