@@ -47,11 +47,13 @@ from coinfer.cloud.core import CloudCore
 from coinfer.cloud.engine import TargetEngine
 from coinfer.cloud.remote_http import WrongServer
 from coinfer.cloud.servicer import CoinferCloudServicer
+from coinfer.cloud.vllm_common import exactness_caveat
 from coinfer.cloud.vllm_engine import VllmEngine
 from coinfer.errors import Reason, Unavailable
 from coinfer.serving import logs, process, settings
 from coinfer.serving.decode_guard import DecodeGuard
 from coinfer.serving.loopwatch import LoopWatch, lag_histogram
+from coinfer.types import VerifierKind
 from coinfer.v1 import coinfer_pb2, coinfer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -95,6 +97,8 @@ class CloudServer:
         if self._watch is None:
             self._watch = asyncio.create_task(self._watch_engine())
             self._load = asyncio.create_task(self._sample_load())
+            if self.cfg.policy.verifier is VerifierKind.EXACT and (caveat := exactness_caveat(engine.tie_nats)):
+                log.warning("%s", caveat)
 
     async def _sample_load(self) -> None:
         """Engine load into the draft-count controller at a fixed rate (its smoothing is per sample)."""

@@ -81,6 +81,24 @@ def tie_nats(dtype: str) -> float:
     return TIE_NATS.get(dtype.removeprefix("torch."), TIE_NATS["bfloat16"])
 
 
+def exactness_caveat(tie: float) -> str | None:
+    """What an operator must know when exact split runs on a target whose near-ties are ``tie`` nats wide
+    (``TargetEngine.tie_nats``), None in float32. In bfloat16 or float16 a decode step and a prefill round a
+    near-tie differently, and the cloud plan's own greedy text moves with the batch's shape: split's greedy answer
+    is then the target's up to those ties, not the cloud plan's word for word (SmolLM2-135M on a CPU with
+    bfloat16 instructions, where "auto" takes bfloat16: "molecules in the atmosphere" from split against
+    "molecules of air" from the cloud plan, 2026-12-07)."""
+    if tie <= TIE_NATS["float32"]:
+        return None
+    name = next((k for k, v in TIE_NATS.items() if v == tie), "an unknown dtype")
+    return (
+        f"verifier 'exact' on a {name} target (near-ties {tie:g} nats wide): split's greedy answers equal the "
+        "cloud plan's only up to those ties, where a prefill and a decode step round differently; "
+        "--engine.dtype float32 (the in-process engine) or the server's --dtype float32 for word-for-word "
+        "answers (docs/api.md, 'How close')"
+    )
+
+
 def engine_dtype(dtype: str) -> str:
     """The dtype to hand vLLM for ``EngineConfig.dtype``: as configured, but "auto" on an x86 CPU without bfloat16
     instructions (neither AVX512-BF16 nor AMX) is float32. vLLM's "auto" takes bfloat16 on every x86 CPU, and on

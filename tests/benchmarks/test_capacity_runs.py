@@ -57,6 +57,8 @@ def test_answers_the_edge_gave_alone_are_no_cloud_capacity_and_split_is_weighed_
     assert s["systems"]["auto"]["median"] == 25.0 and s["systems"]["auto"]["edge_only_share"]["median"] == 0.5
     assert s["ratios"]["split / best baseline"]["median"] == 2.5  # 100 / vllm-resample's 40
     assert s["ratios"]["auto / best of split, cloud"]["median"] == 0.25
+    # and read as the whole system's rate within the SLO, the edge's answers included: 50 / 100
+    assert s["ratios"]["auto / best of split, cloud, every answer at the SLO"]["median"] == 0.5
     assert s["systems"]["vllm-repair"]["work_per_answer"] == {"engine_requests": 1, "steps": 9}
 
 

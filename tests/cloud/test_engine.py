@@ -59,3 +59,13 @@ def test_auto_dtype_is_float32_only_on_an_x86_cpu_without_bfloat16_instructions(
     ):
         machine(arch, bf16, amx, cpu)
         assert engine_dtype("auto") == "auto", (arch, bf16, amx, cpu)  # vLLM's own choice
+
+
+def test_exact_split_on_a_target_whose_dtype_rounds_near_ties_is_said_with_the_remedy():
+    from coinfer.cloud.vllm_common import TIE_NATS, exactness_caveat, tie_nats
+
+    assert exactness_caveat(tie_nats("torch.float32")) is None and exactness_caveat(0.0) is None  # a fake's 0
+    said = exactness_caveat(tie_nats("torch.bfloat16"))
+    assert said is not None and "bfloat16" in said and "--engine.dtype float32" in said and "0.25 nats" in said
+    assert "float16" in exactness_caveat(TIE_NATS["float16"]) and "auto" not in said
+    assert "an unknown dtype" in exactness_caveat(0.5)

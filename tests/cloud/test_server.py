@@ -46,3 +46,35 @@ async def test_the_engine_load_is_start_up_and_serving_stalls_are_warned(caplog)
     # (25x) to see the loop held past the 50 ms threshold; the engine's load was start-up's, never warned
     assert any("_check_on_the_loop" in w for w in warnings) and not any("_import_vllm" in w for w in warnings)
     assert any("start-up held the event loop" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
+
+
+async def test_exact_split_on_a_target_that_rounds_near_ties_is_warned_at_start_and_only_then(caplog):
+    """A bfloat16 target (``tie_nats`` 0.25: what ``auto`` takes on a CPU with bfloat16 instructions) under the
+    default verifier, "exact": the operator is told split answers the cloud plan's text only up to near-ties, and
+    how to get word for word. Not for float32, nor for a verifier that never promised the cloud plan's text."""
+    import dataclasses
+
+    from coinfer.cloud.config import PolicyConfig
+    from coinfer.cloud.vllm_common import TIE_NATS
+    from coinfer.types import VerifierKind
+
+    async def said(tie: float, verifier: VerifierKind = VerifierKind.EXACT) -> list[str]:
+        caplog.clear()
+        cfg = CloudConfig(engine=EngineConfig(model="/unused"), port=0)
+        cfg = dataclasses.replace(cfg, policy=PolicyConfig(verifier=verifier))
+        srv = await create_server(cfg)
+        engine = StandIn()
+        engine.tie_nats = tie
+        with caplog.at_level(logging.WARNING, logger="coinfer.cloud.server"):
+            try:
+                await srv.attach_engine(engine)
+            finally:
+                await srv.stop(grace=0.1)
+        return [
+            r.getMessage() for r in caplog.records if r.name == "coinfer.cloud.server" and "'exact'" in r.getMessage()
+        ]
+
+    warned = await said(TIE_NATS["bfloat16"])
+    assert len(warned) == 1 and "bfloat16" in warned[0] and "--engine.dtype float32" in warned[0]
+    assert await said(TIE_NATS["float32"]) == []
+    assert await said(TIE_NATS["bfloat16"], VerifierKind.LIKELIHOOD) == []
