@@ -43,6 +43,16 @@ QUESTIONS = [
 ]
 
 
+def engine_config(hf, engine_url: str = "", engine_fields: dict | None = None):
+    """The real model's ``EngineConfig``: float32 (``CLOUD_DTYPE``: exact split's word-for-word answers on a CPU),
+    2048 positions; ``engine_fields`` win over these (``--engine dtype=bfloat16`` was refused as a second dtype)."""
+    from coinfer.cloud.config import EngineConfig
+    from coinfer.quantize.real_model import CLOUD_DTYPE
+
+    fields = {"model": str(hf), "max_model_len": 2048, "dtype": CLOUD_DTYPE, "url": engine_url} | (engine_fields or {})
+    return EngineConfig(**fields)
+
+
 @contextlib.asynccontextmanager
 async def real_stack(policy=None, engine_url: str = "", engine_fields: dict | None = None):
     """The real model on both sides: the float model on the cloud's vLLM (``policy``: a
@@ -50,16 +60,16 @@ async def real_stack(policy=None, engine_url: str = "", engine_fields: dict | No
     model, which the cloud then reaches over HTTP, ``coinfer.cloud.remote_engine``), an edge daemon drafting with
     its INT8 export, the daemon's gRPC and HTTP ports free ones; ``engine_fields``: ``EngineConfig`` fields set.
     Yields (cloud engine, daemon); stops both."""
-    from coinfer.cloud.config import CloudConfig, EngineConfig
+    from coinfer.cloud.config import CloudConfig
     from coinfer.cloud.server import create_server, start_engine
     from coinfer.edge.config import EdgeConfig
     from coinfer.edge.daemon import EdgeDaemon
-    from coinfer.quantize.real_model import CLOUD_DTYPE, edge_dir, imported_dir
+    from coinfer.quantize.real_model import edge_dir, imported_dir
 
     t0 = time.perf_counter()
     hf, int8 = imported_dir(), edge_dir()
     print(f"model: {hf}\nedge INT8: {int8}  (ready in {time.perf_counter() - t0:.0f} s)")
-    ecfg = EngineConfig(model=str(hf), max_model_len=2048, dtype=CLOUD_DTYPE, url=engine_url, **(engine_fields or {}))
+    ecfg = engine_config(hf, engine_url, engine_fields)
     cfg = CloudConfig(engine=ecfg)
     if policy is not None:
         cfg = dataclasses.replace(cfg, policy=policy)
