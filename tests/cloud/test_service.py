@@ -392,8 +392,11 @@ async def test_finished_samples_come_as_they_finish_and_stopping_early_aborts_th
     await gen.aclose()  # the caller has what it wanted: the other three are aborted, not decoded to 256
     assert first.tokens <= 256
     # aborted by the time aclose returns (not left to finish or to the garbage collector): vLLM's own
-    # count of unfinished requests, the candidates' child requests included
-    assert eng._llm.output_processor.get_num_unfinished_requests() == 0 and eng.stats().running == 0
+    # record of unfinished requests, the candidates' child requests included. The server's heartbeat (a
+    # one-token "ping" every few seconds) may be in flight then: it is the one request allowed (a CI run
+    # failed on it, 2026-12-07)
+    left = {s.external_req_id for s in eng._llm.output_processor.request_states.values()}
+    assert not {r for r in left if not r.startswith("heartbeat-")}, left
 
 
 async def test_the_engine_counts_each_sessions_work_apart(cloud):
