@@ -4,7 +4,7 @@
 #   make test   - install (CPU), run the test suite (what CI runs, after make lint)
 #   make test-stress - the timing-sensitive tests with every core kept busy (docs/tests.md)
 #   make lint   - ruff check + ruff format --check
-#   make capacity-table - the capacity table: five runs of benchmarks.capacity, the table and its pictures (~1.5 h)
+#   make capacity-table - the capacity table: five runs of benchmarks.capacity, the table and its pictures (~1.5-1.8 h)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -85,7 +85,7 @@ lint: setup
 
 # The capacity table (issue 53; docs/measurements.md, "The capacity table"): a run per seed of the demo workloads,
 # 100 problems each, two recorded draws of every request's drafts, each run's JSON kept under CAPACITY_OUT; then the
-# table (medians and ranges, ratios within each run) and one picture per workload. Each run ~17-19 min on 2 cores:
+# table (medians and ranges, ratios within each run) and one picture per workload. Each run 17-23 min on 2 cores:
 # nothing else on the machine meanwhile.
 CAPACITY_SEEDS ?= 21 22 23 24 25
 CAPACITY_OUT ?= docs/capacity/table
